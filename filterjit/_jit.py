@@ -1,0 +1,397 @@
+"""The `filter_jit` wrapper and its caches."""
+
+import functools as ft
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+
+import jax
+import jax.tree_util as jtu
+
+from . import _trace
+from ._cache import LRUCache
+from ._output import PendingOutput, pack_output
+from ._partition import (
+    DYNAMIC,
+    captured_bytes,
+    partition_staged,
+    partition_top,
+    static_key,
+)
+from ._trace import TraceLevel
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+DonateOption = (
+    Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
+    | tuple[str, ...]
+)
+_DONATE_STRINGS = ("none", "all", "all-except-first", "warn", "warn-except-first")
+
+# jax.jit options that filter_jit replaces, and what to use instead.
+_REJECTED_JIT_KWARGS = {
+    "static_argnums": "filter_jit makes every non-array leaf static already; pass "
+    "the value as a Python object, or wrap it in an array to trace it",
+    "static_argnames": "filter_jit makes every non-array leaf static already; pass "
+    "the value as a Python object, or wrap it in an array to trace it",
+    "donate_argnums": "use filter_jit(..., donate='all'), 'all-except-first', or a "
+    "tuple of parameter names such as donate=('state',)",
+    "donate_argnames": "use filter_jit(..., donate=('name', ...)) with the "
+    "parameter names",
+}
+
+# Bounds on the caches of one wrapper. A top-level entry pins only static Python
+# values; a nested entry pins the concrete arrays it was traced with, so its
+# cache is also bounded in bytes.
+_TOP_MAXSIZE = 4096
+_STAGED_MAXSIZE = 256
+_STAGED_MAXBYTES = 16 * 2**20
+
+_UNUSED_DONATION = "Some donated buffers were not usable"
+
+
+def _signature_of(fun: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fun)
+    except (TypeError, ValueError):  # builtins and other callables without one
+        return None
+
+
+def _name_of(fun: Any) -> str:
+    while isinstance(fun, ft.partial):
+        fun = fun.func
+    return getattr(fun, "__qualname__", None) or type(fun).__qualname__
+
+
+class _TraceCounter:
+    __slots__ = ("count",)
+
+    def __init__(self):
+        self.count = 0
+
+
+class FilterJitWrapper(Generic[_P, _R]):
+    """A function compiled with `filter_jit`. See `filterjit.filter_jit`."""
+
+    def __init__(
+        self,
+        fun: Callable[_P, _R],
+        donate: DonateOption,
+        inline: bool,
+        jitkwargs: dict[str, Any],
+    ):
+        if isinstance(fun, ft.partial) and not isinstance(fun, jtu.Partial):
+            # functools.partial is not a pytree; jtu.Partial is, so the arrays
+            # bound in it are traced like any other argument.
+            fun = jtu.Partial(fun.func, *fun.args, **fun.keywords)
+        self._fun = fun
+        self._signature = _signature_of(fun)
+        self._arity = _fast_arity(self._signature)
+        self._donate = donate
+        self._inline = inline
+        self._jitkwargs = jitkwargs
+        self._top_cache: LRUCache[Any] = LRUCache(_TOP_MAXSIZE)
+        eager_cache = self._top_cache if donate == "none" else LRUCache(_TOP_MAXSIZE)
+        staged_cache = LRUCache(_STAGED_MAXSIZE, _STAGED_MAXBYTES)
+        self._caches = (self._top_cache, eager_cache, staged_cache)
+        self._traces = _TraceCounter()
+        self.__wrapped__ = fun
+        self.__name__ = getattr(fun, "__name__", _name_of(fun))
+        self.__qualname__ = _name_of(fun)
+        self.__doc__ = getattr(fun, "__doc__", None)
+        self.__module__ = getattr(fun, "__module__", None) or __name__
+        self.__annotations__ = getattr(fun, "__annotations__", {})
+
+    def __repr__(self) -> str:
+        return f"<filter_jit-wrapped {self.__qualname__} at {id(self):#x}>"
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        # A pytree, so `self` of a method is partitioned like any other argument.
+        return jtu.Partial(self, instance)
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if _trace.jit_disabled():
+            return self._fun(*args, **kwargs)
+        if kwargs or len(args) != self._arity:
+            args, kwargs = self._bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
+        leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
+        level = _trace.trace_level()
+        if level is TraceLevel.STAGED:
+            dynamic, leaf_keys = partition_staged(leaves)
+        else:
+            dynamic, leaf_keys = partition_top(leaves)
+        key = (treedef, leaf_keys)
+        cache = self._caches[level]
+        try:
+            jitted = cache.get(key)
+        except TypeError:
+            raise self._unhashable_error(args, kwargs) from None
+        if jitted is None:
+            jitted = self._jit(level, treedef, leaves, leaf_keys)
+            cache.put(key, jitted, captured_bytes(leaves, leaf_keys))
+        if level is TraceLevel.TOP and self._donate in ("all", "all-except-first"):
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
+                out = jitted(*dynamic)
+        else:
+            out = jitted(*dynamic)
+        if type(out) is PendingOutput:
+            out = out.resolve(leaves)
+        return out
+
+    def _bind(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        # Bind defaults before keying, so that f(x), f(x, 3) and f(x, n=3) are
+        # one call.
+        if self._signature is None:
+            return args, kwargs
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.__qualname__}(): {e}") from None
+        bound.apply_defaults()
+        return bound.args, bound.kwargs
+
+    def _jit(
+        self,
+        level: TraceLevel,
+        treedef: jtu.PyTreeDef,
+        leaves: list[Any],
+        leaf_keys: tuple[Any, ...],
+    ) -> Callable[..., Any]:
+        dynamic_positions = [i for i, k in enumerate(leaf_keys) if k is DYNAMIC]
+        # The traced leaves' values are not part of the trace; keep none alive.
+        template = [None if k is DYNAMIC else leaf for leaf, k in zip(leaves, leaf_keys)]
+        counter = self._traces if level is not TraceLevel.STAGED else None
+
+        def run(*dynamic: Any) -> Any:
+            inputs = list(template)
+            for position, leaf in zip(dynamic_positions, dynamic):
+                inputs[position] = leaf
+            fun, args, kwargs = jtu.tree_unflatten(treedef, inputs)
+            if counter is not None:
+                counter.count += 1
+            return pack_output(fun(*args, **kwargs), inputs)
+
+        run.__name__ = self.__name__
+        run.__qualname__ = self.__qualname__
+        jitkwargs = dict(self._jitkwargs)
+        if level is TraceLevel.STAGED:
+            jitkwargs["inline"] = self._inline
+        elif level is TraceLevel.TOP:
+            donated = self._donated_positions(treedef, leaves, dynamic_positions)
+            if donated:
+                jitkwargs["donate_argnums"] = donated
+        return jax.jit(run, **jitkwargs)
+
+    def _donated_positions(
+        self,
+        treedef: jtu.PyTreeDef,
+        leaves: list[Any],
+        dynamic_positions: list[int],
+    ) -> tuple[int, ...]:
+        if self._donate == "none":
+            return ()
+        owners = self._leaf_owners(jtu.tree_unflatten(treedef, leaves))
+        if isinstance(self._donate, tuple):
+            donated_names = set(self._donate)
+            return tuple(
+                i
+                for i, position in enumerate(dynamic_positions)
+                if owners[position][0] in donated_names
+            )
+        spare_first = self._donate.endswith("except-first")
+        return tuple(
+            i
+            for i, position in enumerate(dynamic_positions)
+            if not (spare_first and owners[position][1] == 0)
+        )
+
+    def _leaf_owners(self, call: Any) -> list[tuple[str, int | None, str]]:
+        """For each leaf of `(fun, args, kwargs)`: the parameter it belongs to, its
+        position if passed positionally, and the path to it in the user's terms."""
+        positional_names: list[str] = []
+        var_positional = None
+        if self._signature is not None:
+            for parameter in self._signature.parameters.values():
+                if parameter.kind in (
+                    inspect.Parameter.POSITIONAL_ONLY,
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                ):
+                    positional_names.append(parameter.name)
+                elif parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+                    var_positional = parameter.name
+        owners = []
+        for path, _ in jtu.tree_flatten_with_path(call)[0]:
+            part, rest = path[0], path[1:]
+            assert isinstance(part, jtu.SequenceKey)
+            if part.idx == 0:
+                owners.append(("<function>", None, f"{self.__qualname__}{jtu.keystr(rest)}"))
+                continue
+            top, rest = rest[0], rest[1:]
+            if part.idx == 1:
+                assert isinstance(top, jtu.SequenceKey)
+                index = top.idx
+                if index < len(positional_names):
+                    name = positional_names[index]
+                    label = name
+                elif var_positional is not None:
+                    name = var_positional
+                    label = f"{name}[{index - len(positional_names)}]"
+                else:
+                    name = label = f"<positional argument {index}>"
+                owners.append((name, index, label + jtu.keystr(rest)))
+            else:
+                assert isinstance(top, jtu.DictKey)
+                name = str(top.key)
+                owners.append((name, None, name + jtu.keystr(rest)))
+        return owners
+
+    def _unhashable_error(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> TypeError:
+        call = (self._fun, args, kwargs)
+        leaves = jtu.tree_leaves(call)
+        for (_, _, label), leaf in zip(self._leaf_owners(call), leaves):
+            try:
+                hash(static_key(leaf))
+            except TypeError:
+                kind = type(leaf).__qualname__
+                return TypeError(
+                    f"{self.__qualname__}(): argument `{label}` is a static value "
+                    f"of unhashable type `{kind}`. filter_jit keys its cache on every "
+                    "non-array leaf, so static values must be hashable. Pass a "
+                    "hashable value instead (a tuple rather than a list, say), or "
+                    "make it an array (`jnp.asarray(...)`) so that it is traced."
+                )
+        return TypeError(f"{self.__qualname__}(): the call's arguments are unhashable.")
+
+
+def _fast_arity(signature: inspect.Signature | None) -> int:
+    """The number of positional arguments for which a call needs no binding
+    (nothing to default, nothing passed by keyword), or -1 if there is none."""
+    if signature is None:
+        return -1
+    count = 0
+    for parameter in signature.parameters.values():
+        if parameter.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            count += 1
+        elif parameter.kind is not inspect.Parameter.VAR_KEYWORD:
+            return -1
+    return count
+
+
+@overload
+def filter_jit(
+    fun: Callable[_P, _R],
+    /,
+    *,
+    donate: DonateOption = "none",
+    inline: bool = False,
+    **jitkwargs: Any,
+) -> FilterJitWrapper[_P, _R]: ...
+
+
+@overload
+def filter_jit(
+    fun: None = None,
+    /,
+    *,
+    donate: DonateOption = "none",
+    inline: bool = False,
+    **jitkwargs: Any,
+) -> Callable[[Callable[_P, _R]], FilterJitWrapper[_P, _R]]: ...
+
+
+def filter_jit(
+    fun: Callable[_P, _R] | None = None,
+    /,
+    *,
+    donate: DonateOption = "none",
+    inline: bool = False,
+    **jitkwargs: Any,
+) -> FilterJitWrapper[_P, _R] | Callable[[Callable[_P, _R]], FilterJitWrapper[_P, _R]]:
+    """Compiles `fun` like `jax.jit`, tracing its array leaves and keeping every
+    other leaf static; and when called inside another trace, changes nothing.
+
+    At the top level (and under eager `grad`/`vjp`/`jvp`/`vmap`), JAX arrays,
+    NumPy arrays and NumPy scalars anywhere in the arguments are traced, and every
+    other leaf (Python `bool`/`int`/`float`/`complex` included) is static. A call
+    inside a staged computation (an outer `jax.jit`, a `lax.scan` body,
+    `jax.checkpoint`, `make_jaxpr`, ...) traces only the leaves that are already
+    tracers: concrete arrays and Python values reach `fun` unchanged, exactly as
+    they would without the decorator, so decorating a function never changes what
+    a program computes, whether it can be differentiated, or what is known at
+    trace time.
+
+    Outputs that are traced come back as arrays; anything else `fun` returns comes
+    back unchanged.
+
+    **Arguments:**
+
+    - `fun`: the function to compile. It may be a pytree (an `eqx.Module`, a
+        `jax.tree_util.Partial`), whose leaves are partitioned like arguments.
+        Omit it to use `filter_jit(...)` as a decorator factory.
+    - `donate`: which argument buffers to donate at the top level: `"none"`,
+        `"all"`, `"all-except-first"` (these two silence JAX's warning about
+        unusable donations), `"warn"`, `"warn-except-first"` (the same, warning),
+        or a tuple of parameter names. Ignored when nested.
+    - `inline`: inline a nested call into the outer jaxpr rather than emitting a
+        `jit` equation. Changes structure only, never results.
+    - `jitkwargs`: passed on to `jax.jit`.
+
+    **Returns:**
+
+    A wrapper with the signature of `fun`, usable as a method.
+
+    !!! example
+
+        ```python
+        @filterjit.filter_jit
+        def f(init, lower):
+            return jax.lax.fori_loop(lower, 1, lambda _, y: y + 1, init)
+
+        jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))()  # Array(1.)
+        ```
+    """
+    if not isinstance(donate, tuple) and donate not in _DONATE_STRINGS:
+        raise ValueError(
+            f"filter_jit: donate={donate!r} is not an option. Use one of "
+            f"{', '.join(repr(s) for s in _DONATE_STRINGS)}, or a tuple of "
+            "parameter names such as donate=('state',)."
+        )
+    for name, advice in _REJECTED_JIT_KWARGS.items():
+        if name in jitkwargs:
+            raise ValueError(f"filter_jit does not take `{name}`: {advice}.")
+    if fun is None:
+        return ft.partial(
+            filter_jit, donate=donate, inline=inline, **jitkwargs
+        )  # pyright: ignore[reportReturnType]
+    if not callable(fun):
+        raise TypeError(
+            f"filter_jit expects a callable, but got {fun!r} of type "
+            f"`{type(fun).__qualname__}`. Use it as `@filter_jit` or "
+            "`filter_jit(function)`."
+        )
+    if isinstance(donate, tuple):
+        _check_donated_names(fun, donate)
+    return FilterJitWrapper(fun, donate, inline, jitkwargs)
+
+
+def _check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None:
+    signature = _signature_of(fun)
+    known = set() if signature is None else set(signature.parameters)
+    for name in names:
+        if not isinstance(name, str) or name not in known:
+            raise ValueError(
+                f"filter_jit: donate={names!r} names {name!r}, which is not a "
+                f"parameter of {_name_of(fun)} (parameters: {sorted(known)})."
+            )

@@ -114,6 +114,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         return jtu.Partial(self, instance)
 
     def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
         if _trace.jit_disabled():
             return self._fun(*args, **kwargs)
         if kwargs or len(args) != self._arity:

@@ -1,0 +1,157 @@
+"""Composition with transforms and control flow (contract point 11): every result
+equals the same program without the decorator."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_tree_equal
+from jax import lax
+
+from filterjit import filter_jit
+
+
+TABLE = np.linspace(0.5, 1.5, 3, dtype=np.float32)
+SHIFT = jnp.float32(0.25)  # a concrete jax Array made outside every trace
+
+
+def body(x, n, table, shift):
+    # Needs n concrete: fori_loop bounds (-> scan, so reverse-mode works) and a
+    # shape. Under eager transforms `table` and `shift` are traced, as at the top
+    # level, so this body uses them only through jnp.
+    y = lax.fori_loop(0, n, lambda i, y: jnp.sin(y) * table + shift, x)
+    return y + jnp.ones(n, jnp.float32).sum()
+
+
+def numpy_body(x, n, table, shift):
+    # Also needs `table` concrete: staged contexts pass it through unchanged.
+    return body(x, n, table, shift) * float(np.sum(table))
+
+
+EAGER = ("jvp", "vjp", "hessian")
+
+
+CONTEXTS = {
+    "jit_grad": lambda g, x: jax.jit(jax.grad(lambda x: g(x, 2, TABLE, SHIFT).sum()))(x),
+    "jit_vmap": lambda g, x: jax.jit(jax.vmap(lambda x: g(x, 2, TABLE, SHIFT)))(jnp.stack([x, 2 * x])),
+    "vmap_jit": lambda g, x: jax.vmap(jax.jit(lambda x: g(x, 2, TABLE, SHIFT)))(jnp.stack([x, 2 * x])),
+    "jit_vmap_grad": lambda g, x: jax.jit(
+        jax.vmap(jax.grad(lambda x: g(x, 2, TABLE, SHIFT).sum()))
+    )(jnp.stack([x, 2 * x])),
+    "scan_body": lambda g, x: lax.scan(lambda c, _: (g(c, 2, TABLE, SHIFT), c.sum()), x, None, length=3),
+    "grad_scan_body": lambda g, x: jax.grad(
+        lambda x: lax.scan(lambda c, _: (g(c, 2, TABLE, SHIFT), None), x, None, length=3)[0].sum()
+    )(x),
+    "while_body": lambda g, x: lax.while_loop(
+        lambda s: s[0] < 3, lambda s: (s[0] + 1, g(s[1], 2, TABLE, SHIFT)), (0, x)
+    ),
+    "cond_branch": lambda g, x: lax.cond(
+        x.sum() > 0, lambda x: g(x, 2, TABLE, SHIFT), lambda x: -x, x
+    ),
+    "jit_grad_checkpoint": lambda g, x: jax.jit(
+        jax.grad(jax.checkpoint(lambda x: g(x, 2, TABLE, SHIFT).sum()))
+    )(x),
+    "jvp": lambda g, x: jax.jvp(lambda x: g(x, 2, TABLE, SHIFT), (x,), (jnp.ones_like(x),)),
+    "vjp": lambda g, x: jax.vjp(lambda x: g(x, 2, TABLE, SHIFT), x)[1](jnp.ones_like(x)),
+    "hessian": lambda g, x: jax.hessian(lambda x: g(x, 2, TABLE, SHIFT).sum())(x),
+    "eval_shape": lambda g, x: jax.eval_shape(lambda x: g(x, 2, TABLE, SHIFT), x),
+    "jit_in_jit": lambda g, x: jax.jit(lambda x: jax.jit(lambda x: g(x, 2, TABLE, SHIFT))(x) + 1)(x),
+}
+
+
+@pytest.mark.parametrize("context", list(CONTEXTS))
+def test_equals_undecorated(context):
+    run = CONTEXTS[context]
+    x = jnp.array([0.1, 0.5, -0.3], jnp.float32)
+    assert_tree_equal(run(filter_jit(body), x), run(body, x))
+    if context not in EAGER:
+        assert_tree_equal(run(filter_jit(numpy_body), x), run(numpy_body, x))
+
+
+def test_eager_grad_keeps_python_scalars_static():
+    f = filter_jit(lambda x, n: jnp.sum(body(x, n, TABLE, SHIFT) ** 2))
+    g = lambda x, n: jnp.sum(body(x, n, TABLE, SHIFT) ** 2)  # noqa: E731
+    x = jnp.array([0.1, 0.5, -0.3], jnp.float32)
+    assert_tree_equal(jax.grad(f)(x, 2), jax.grad(g)(x, 2))
+
+
+def test_custom_jvp_and_custom_vjp_rules_inside_are_respected():
+    @jax.custom_jvp
+    def clipped_grad(x):
+        return jnp.sin(x)
+
+    @clipped_grad.defjvp
+    def _(primals, tangents):
+        (x,), (t,) = primals, tangents
+        return jnp.sin(x), 0.1 * t
+
+    @jax.custom_vjp
+    def doubled_grad(x):
+        return x
+
+    doubled_grad.defvjp(lambda x: (x, None), lambda _, ct: (2 * ct,))
+
+    def g(x, n):
+        return clipped_grad(x) * n + doubled_grad(x)
+
+    x = jnp.array([0.3, 0.7], jnp.float32)
+    for run in (
+        lambda g: jax.grad(lambda x: g(x, 3.0).sum())(x),
+        lambda g: jax.jit(jax.grad(lambda x: g(x, 3.0).sum()))(x),
+    ):
+        assert_tree_equal(run(filter_jit(g)), run(g))
+    np.testing.assert_allclose(jax.grad(lambda x: filter_jit(g)(x, 3.0).sum())(x), 0.3 + 2.0)
+
+
+class MLP(eqx.Module):
+    layers: tuple[eqx.nn.Linear, ...]
+    depth: int = eqx.field(static=True)
+
+    def __init__(self, key):
+        keys = jax.random.split(key, 2)
+        self.layers = (eqx.nn.Linear(3, 4, key=keys[0]), eqx.nn.Linear(4, 1, key=keys[1]))
+        self.depth = 2
+
+    def __call__(self, x):
+        for layer in self.layers[: self.depth]:
+            x = jnp.tanh(layer(x))
+        return x
+
+
+def loss(model, x, y, table):
+    pred = jax.vmap(model)(x)[:, 0]
+    return jnp.mean((pred - y) ** 2 * table[: x.shape[0]])
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda f: eqx.filter_grad(f),
+        lambda f: eqx.filter_value_and_grad(f),
+        lambda f: eqx.filter_jit(eqx.filter_grad(f)),
+        lambda f: eqx.filter_jit(eqx.filter_value_and_grad(f)),
+    ],
+)
+def test_equinox_transforms_outside(transform):
+    model = MLP(jax.random.key(0))
+    x = jnp.linspace(-1, 1, 6, dtype=jnp.float32).reshape(3, 2)
+    x = jnp.concatenate([x, x[:, :1]], axis=1)
+    y = jnp.array([0.1, 0.2, 0.3], jnp.float32)
+    table = np.ones(3, np.float32)
+    assert_tree_equal(
+        transform(filter_jit(loss))(model, x, y, table), transform(loss)(model, x, y, table)
+    )
+
+
+def test_equinox_transforms_inside():
+    model = MLP(jax.random.key(0))
+    xs = jnp.linspace(-1, 1, 12, dtype=jnp.float32).reshape(4, 3)
+
+    def step(model, xs):
+        grads = eqx.filter_grad(lambda m: jnp.sum(eqx.filter_vmap(m)(xs)))(model)
+        value, _ = eqx.filter_value_and_grad(lambda m: jnp.sum(m(xs[0])))(model)
+        return grads, value
+
+    assert_tree_equal(filter_jit(step)(model, xs), step(model, xs))
+    assert_tree_equal(jax.jit(lambda xs: filter_jit(step)(model, xs))(xs), step(model, xs))

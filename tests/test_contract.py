@@ -1,0 +1,372 @@
+"""The contract of DESIGN.md §2: which leaf is traced where, outputs, keys, caching."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import TraceCounter, assert_tree_equal, jit_equation_count
+from jax import lax
+
+import filterjit
+from filterjit import filter_jit
+
+
+def _kinds_seen(fun):
+    """A decorated function that records what it was called with."""
+    seen = []
+
+    def record(*args):
+        seen.append(args)
+        return args[0]
+
+    return filter_jit(record), seen
+
+
+# -- 1. Top level ---------------------------------------------------------------
+
+
+def test_top_level_traces_arrays_and_keeps_python_values_static():
+    seen = []
+
+    @filter_jit
+    def f(a, b, c, d, e, g, h, s):
+        seen.append((a, b, c, d, e, g, h, s))
+        return a
+
+    f(jnp.ones(2), np.ones(2), np.float32(1), True, 2, 3.0, 1j, "s")
+    a, b, c, d, e, g, h, s = seen[0]
+    for traced in (a, b, c):
+        assert isinstance(traced, jax.core.Tracer)
+    assert (d, e, g, h, s) == (True, 2, 3.0, 1j, "s")
+    assert [type(v) for v in (d, e, g, h, s)] == [bool, int, float, complex, str]
+
+
+def test_top_level_new_values_do_not_retrace():
+    counter = TraceCounter(lambda x, y, n: x + y * n)
+    f = filter_jit(counter)
+    for i in range(4):
+        out = f(jnp.full(3, i, jnp.float32), np.full(3, i, np.float32), 2.0)
+        np.testing.assert_allclose(out, 3.0 * i)
+    assert counter.count == 1
+    f(jnp.ones(4), np.ones(4, np.float32), 2.0)  # new shape: one more trace
+    assert counter.count == 2
+
+
+def test_is_array():
+    assert filterjit.is_array(jnp.ones(2))
+    assert filterjit.is_array(np.ones(2))
+    assert filterjit.is_array(np.int32(1))
+    for static in (1, 1.0, True, 1j, "a", None, object(), [1]):
+        assert not filterjit.is_array(static)
+
+
+# -- 2. Inside a staged computation ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "stage",
+    [
+        lambda g: jax.jit(g)(jnp.float32(1)),
+        lambda g: jax.make_jaxpr(g)(jnp.float32(1)),
+        lambda g: jax.eval_shape(g, jnp.float32(1)),
+        lambda g: lax.scan(lambda c, _: (g(c), None), jnp.float32(1), None, length=1),
+        lambda g: lax.while_loop(lambda c: c < 2, g, jnp.float32(1)),
+        lambda g: lax.cond(jnp.bool_(True), g, lambda c: c, jnp.float32(1)),
+        lambda g: lax.switch(jnp.int32(0), [g, lambda c: c], jnp.float32(1)),
+        lambda g: jax.checkpoint(g)(jnp.float32(1)),
+        lambda g: jax.grad(jax.checkpoint(g))(jnp.float32(1)),
+    ],
+    ids=["jit", "make_jaxpr", "eval_shape", "scan", "while", "cond", "switch",
+         "checkpoint", "grad_checkpoint"],
+)
+def test_staged_concrete_leaves_reach_the_function_unchanged(stage):
+    concrete = (3, 2.5, True, np.int32(4), np.arange(3), np.float32(0.5),
+                jnp.arange(2), "mode", None)
+    f, seen = _kinds_seen(None)
+
+    def body(c):
+        f(c, *concrete)
+        return c + 1
+
+    stage(body)
+    assert seen
+    for args in seen:
+        assert isinstance(args[0], jax.core.Tracer)
+        for got, want in zip(args[1:], concrete):
+            assert got is want
+
+
+def test_custom_vjp_rules_are_staged():
+    f, seen = _kinds_seen(None)
+    n = np.int32(3)
+
+    @jax.custom_vjp
+    def g(x):
+        f(x, n)
+        return x * 2
+
+    def g_fwd(x):
+        f(x, n)
+        return x * 2, None
+
+    def g_bwd(_, ct):
+        f(ct, n)
+        return (ct * 2,)
+
+    g.defvjp(g_fwd, g_bwd)
+    assert jax.jit(jax.grad(g))(jnp.float32(1.0)) == 2.0
+    assert len(seen) == 2  # the forward rule and the backward rule
+    for args in seen:
+        assert args[1] is n
+
+
+def test_print_inside_shows_the_concrete_value(capsys):
+    @filter_jit
+    def f(x, table):
+        print("table:", table)
+        return x + table.sum()
+
+    jax.jit(lambda x: f(x, np.array([1.0, 2.0], np.float32)))(jnp.float32(0))
+    assert "table: [1. 2.]" in capsys.readouterr().out
+
+
+def test_seed_case():
+    @filter_jit
+    def f(init, lower):
+        return lax.fori_loop(lower, 1, lambda _, y: y + 1, init)
+
+    assert jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))() == 1.0
+    assert jax.jit(lambda: jax.grad(f)(0.0, 0))() == 1.0
+    lower = jnp.int32(0)  # a concrete jax Array, made outside the trace
+    assert jax.jit(lambda: jax.grad(f)(0.0, lower))() == 1.0
+
+
+# -- 3. Eager transforms ------------------------------------------------------------
+
+
+def test_eager_grad_traces_numpy_batches_once():
+    counter = TraceCounter(lambda params, batch: jnp.sum((params["w"] * batch) ** 2))
+    loss = filter_jit(counter)
+    params = {"w": jnp.ones(3)}
+    grads = []
+    for i in range(4):
+        batch = np.full(3, i, np.float32)
+        grads.append(jax.grad(loss)(params, batch))
+    assert counter.count == 1
+    for i, g in enumerate(grads):
+        np.testing.assert_allclose(g["w"], 2.0 * i * i)
+
+
+def test_eager_vmap_and_jvp_trace_arrays():
+    f, seen = _kinds_seen(None)
+    jax.vmap(lambda x: f(x, np.float32(1)))(jnp.ones(3))
+    jax.jvp(lambda x: f(x, np.float32(1)), (jnp.float32(1),), (jnp.float32(1),))
+    for args in seen:
+        assert isinstance(args[1], jax.core.Tracer)
+
+
+# -- 4. Outputs ---------------------------------------------------------------------
+
+
+def test_outputs_top_level():
+    table = np.arange(3)
+    marker = object()
+
+    @filter_jit
+    def f(x, n, obj, s):
+        return {"y": x * 2, "n": n + 1, "obj": obj, "s": s, "np": np.arange(n), "none": None}
+
+    out = f(jnp.ones(2), 3, marker, "name")
+    assert isinstance(out["y"], jax.Array)
+    assert out["n"] == 4 and type(out["n"]) is int
+    assert out["obj"] is marker
+    assert out["s"] == "name"
+    assert isinstance(out["np"], np.ndarray)
+    np.testing.assert_array_equal(out["np"], np.arange(3))
+    assert out["none"] is None
+    del table
+
+
+def test_static_outputs_hand_back_this_calls_objects():
+    @filter_jit
+    def f(x, s):
+        return x, s
+
+    first = "".join(["na", "me"])
+    second = "".join(["nam", "e"])
+    assert first == second and first is not second
+    assert f(jnp.ones(1), first)[1] is first
+    assert f(jnp.ones(1), second)[1] is second
+
+
+def test_nested_concrete_outputs_stay_concrete():
+    @filter_jit
+    def sizes(x, n, table):
+        return x * 2, n + 1, table, table.shape[0] * 2
+
+    table = np.arange(4)
+
+    def outer(x):
+        y, m, t, k = sizes(x, np.int32(2), table)
+        assert t is table
+        assert not isinstance(m, jax.core.Tracer)
+        # Usable as shapes and loop bounds.
+        return y.sum() + jnp.ones(int(m)).sum() + lax.fori_loop(0, k, lambda i, c: c + 1.0, 0.0)
+
+    ref = jnp.float32(2 * 3 + 3 + 8)
+    assert jax.jit(outer)(jnp.ones(3)) == ref
+    assert jax.jit(jax.grad(outer))(jnp.ones(3)).tolist() == [2.0, 2.0, 2.0]
+
+
+def test_nested_concrete_jax_array_handed_back_is_the_same_object():
+    a = jnp.arange(3.0)
+    f = filter_jit(lambda x, c: (x, c))
+
+    def outer(x):
+        _, c = f(x, a)
+        assert c is a
+        return x
+
+    jax.jit(outer)(jnp.float32(1))
+
+
+# -- 5. Static keys -----------------------------------------------------------------
+
+
+def test_static_keys_are_type_aware():
+    counter = TraceCounter(lambda x, n: (x, n))
+    f = filter_jit(counter)
+    x = jnp.ones(1)
+    outs = [f(x, v)[1] for v in (1, 1.0, True)]
+    assert [type(o) for o in outs] == [int, float, bool]
+    assert counter.count == 3
+
+
+def test_signed_zero_and_nan_keys():
+    counter = TraceCounter(lambda x, s: x * s)
+    f = filter_jit(counter)
+    x = jnp.float32(1)
+    assert jnp.signbit(f(x, 0.0)) == False  # noqa: E712
+    assert jnp.signbit(f(x, -0.0)) == True  # noqa: E712
+    assert counter.count == 2
+    assert jnp.isnan(f(x, float("nan")))
+    assert jnp.isnan(f(x, float("nan")))  # a different NaN object: same key
+    assert counter.count == 3
+
+
+# -- 6. Defaults ----------------------------------------------------------------------
+
+
+def test_defaults_are_bound_before_keying():
+    def g(x, n=3, *, scale=1.0):
+        return x * n * scale
+
+    counter = TraceCounter(g)
+    counter.__signature__ = __import__("inspect").signature(g)  # pyright: ignore
+    f = filter_jit(counter)
+    x = jnp.ones(2)
+    for out in (f(x), f(x, 3), f(x, n=3), f(x, 3, scale=1.0), f(n=3, x=x)):
+        np.testing.assert_allclose(out, 3.0)
+    assert counter.count == 1
+
+
+# -- 7. Nested caching ----------------------------------------------------------------
+
+
+def test_nested_calls_share_one_trace():
+    counter = TraceCounter(lambda x, n, table: x * n + table.sum())
+    f = filter_jit(counter)
+    table = np.ones(3, np.float32)
+
+    def outer(x):
+        for _ in range(10):
+            x = f(x, 2.0, table)
+        return x
+
+    closed = jax.make_jaxpr(outer)(jnp.float32(1))
+    assert counter.count == 1
+    assert jit_equation_count(closed) == 10
+    inner = {id(eqn.params["jaxpr"]) for eqn in closed.jaxpr.eqns}
+    assert len(inner) == 1
+
+
+def test_inline_gives_a_flat_jaxpr_and_equal_results():
+    g = lambda x, n: jnp.sin(x) * n  # noqa: E731
+    f = filter_jit(g, inline=True)
+    closed = jax.make_jaxpr(lambda x: f(f(x, 2.0), 3.0))(jnp.float32(1))
+    assert jit_equation_count(closed) == 0
+    assert jax.jit(lambda x: f(f(x, 2.0), 3.0))(jnp.float32(1)) == g(g(jnp.float32(1), 2.0), 3.0)
+
+
+# -- 8. No stale constants ------------------------------------------------------------
+
+
+def test_mutated_numpy_array_is_seen_with_its_new_value():
+    add = lambda x, table: x + table  # noqa: E731
+    f = filter_jit(add)
+    for size in (3, 10_000):  # keyed by bytes, and by a digest of them
+        table = np.zeros(size, np.float32)
+        x = jnp.zeros(size)
+        # Each jax.jit(lambda ...) is a fresh outer trace.
+        np.testing.assert_allclose(jax.jit(lambda x: f(x, table))(x), 0.0)
+        table[-1] = 5.0
+        for g in (f, add):  # decorated, and the reference without the decorator
+            assert jax.jit(lambda x: g(x, table))(x)[-1] == 5.0
+            closed = jax.make_jaxpr(lambda x: g(x, table))(x)
+            assert jax.core.eval_jaxpr(closed.jaxpr, closed.consts, x)[0][-1] == 5.0
+
+
+# -- 9. Async dispatch ------------------------------------------------------------------
+
+
+def test_top_level_call_does_not_block():
+    @filter_jit
+    def heavy(x):
+        for _ in range(8):
+            x = jnp.tanh(x @ x)
+        return x
+
+    x = jnp.ones((600, 600), jnp.float32) / 600
+    heavy(x).block_until_ready()
+    ratios = []
+    for _ in range(5):
+        start = time.perf_counter()
+        out = heavy(x)
+        returned = time.perf_counter() - start
+        out.block_until_ready()
+        ready = time.perf_counter() - start
+        ratios.append(returned / ready)
+    # Not a timing target, only "does not wait for the result": a blocking call
+    # returns at ratio ~1.
+    assert min(ratios) < 0.5, ratios
+
+
+# -- 12. filter_jit of filter_jit -------------------------------------------------------
+
+
+def test_filter_jit_of_filter_jit_traces_once():
+    counter = TraceCounter(lambda x, n: x * n)
+    f = filter_jit(filter_jit(counter))
+    for i in range(3):
+        assert f(jnp.float32(i), 2) == 2.0 * i
+    assert counter.count == 1
+
+
+# -- 13. disable_jit -------------------------------------------------------------------------
+
+
+def test_disable_jit_calls_the_function_directly():
+    seen = []
+
+    @filter_jit
+    def f(x, n):
+        seen.append(x)
+        return x * n
+
+    x = np.ones(2, np.float32)
+    with jax.disable_jit():
+        f(x, 2)
+        f(x, 2)
+    assert len(seen) == 2 and all(s is x for s in seen)

@@ -1,0 +1,84 @@
+"""The private-JAX access in `filterjit._trace`, and its fallback."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import filterjit
+from filterjit import _trace
+from filterjit._trace import TraceLevel
+
+
+def test_private_api_is_available():
+    # If this fails, JAX has moved `trace_ctx`, `EvalTrace`, `DynamicJaxprTrace`
+    # or the `disable_jit` state: update filterjit/_trace.py. The fallback keeps
+    # working meanwhile, but cannot tell eager transforms from the top level.
+    assert _trace.private_api_available
+    assert _trace.trace_level is _trace._trace_level_private
+    assert _trace.jit_disabled is _trace._jit_disabled_private
+
+
+def _levels_seen(run) -> list[TraceLevel]:
+    seen = []
+
+    def probe(x):
+        seen.append(_trace.trace_level())
+        return x
+
+    run(probe)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "run, expected",
+    [
+        (lambda p: p(1.0), TraceLevel.TOP),
+        (lambda p: jax.grad(p)(1.0), TraceLevel.EAGER),
+        (lambda p: jax.vjp(p, 1.0), TraceLevel.EAGER),
+        (lambda p: jax.jvp(p, (1.0,), (1.0,)), TraceLevel.EAGER),
+        (lambda p: jax.linearize(p, 1.0), TraceLevel.EAGER),
+        (lambda p: jax.vmap(p)(jnp.ones(2)), TraceLevel.EAGER),
+        (lambda p: jax.jit(p)(1.0), TraceLevel.STAGED),
+        (lambda p: jax.make_jaxpr(p)(1.0), TraceLevel.STAGED),
+        (lambda p: jax.eval_shape(p, 1.0), TraceLevel.STAGED),
+        (lambda p: jax.checkpoint(p)(1.0), TraceLevel.STAGED),
+        (lambda p: lax.scan(lambda c, _: (p(c), None), 1.0, None, length=1), TraceLevel.STAGED),
+        (lambda p: lax.cond(True, p, p, 1.0), TraceLevel.STAGED),
+        (lambda p: jax.jit(jax.grad(p))(1.0), TraceLevel.STAGED),
+        (lambda p: jax.grad(jax.checkpoint(p))(1.0), TraceLevel.STAGED),
+    ],
+)
+def test_trace_level(run, expected):
+    assert set(_levels_seen(run)) == {expected}
+
+
+def test_fallback_keeps_the_nested_contract(monkeypatch):
+    # Simulate a JAX that moved the private API: the public fallback must still
+    # keep nested calls no-ops.
+    monkeypatch.setattr(_trace, "trace_level", _trace._trace_level_public)
+    monkeypatch.setattr(_trace, "jit_disabled", _trace._jit_disabled_public)
+
+    @filterjit.filter_jit
+    def f(init, lower):
+        return lax.fori_loop(lower, 1, lambda _, y: y + 1, init)
+
+    assert jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))() == 1.0
+    assert f(jnp.float32(1.0), 0) == 2.0
+    with jax.disable_jit():
+        assert _trace.jit_disabled()
+
+
+def test_no_deprecation_warning():
+    @filterjit.filter_jit
+    def f(x, n):
+        return x * n
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f(jnp.ones(2), 2.0)
+        jax.jit(lambda x: f(x, np.float32(2)))(jnp.ones(2))
+        jax.grad(lambda x: f(x, 2.0).sum())(jnp.ones(2))

@@ -17,7 +17,6 @@ from ._partition import (
     captured_bytes,
     partition_staged,
     partition_top,
-    static_key,
 )
 from ._trace import TraceLevel
 
@@ -130,7 +129,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         try:
             jitted = cache.get(key)
         except TypeError:
-            raise self._unhashable_error(args, kwargs) from None
+            raise self._unhashable_error(args, kwargs, leaf_keys) from None
         if jitted is None:
             jitted = self._jit(level, treedef, leaves, leaf_keys)
             cache.put(key, jitted, captured_bytes(leaves, leaf_keys))
@@ -254,13 +253,13 @@ class FilterJitWrapper(Generic[_P, _R]):
         return owners
 
     def _unhashable_error(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaf_keys: tuple[Any, ...]
     ) -> TypeError:
         call = (self._fun, args, kwargs)
         leaves = jtu.tree_leaves(call)
-        for (_, _, label), leaf in zip(self._leaf_owners(call), leaves):
+        for (_, _, label), leaf, leaf_key in zip(self._leaf_owners(call), leaves, leaf_keys):
             try:
-                hash(static_key(leaf))
+                hash(leaf_key)
             except TypeError:
                 kind = type(leaf).__qualname__
                 return TypeError(
@@ -313,13 +312,15 @@ def filter_jit(
 
 
 def filter_jit(
-    fun: Callable[_P, _R] | None = None,
+    # Checked below with messages that say what to do; a runtime type checker
+    # (jaxtyping's import hook, say) must not pre-empt them.
+    fun: Any = None,
     /,
     *,
-    donate: DonateOption = "none",
+    donate: Any = "none",
     inline: bool = False,
     **jitkwargs: Any,
-) -> FilterJitWrapper[_P, _R] | Callable[[Callable[_P, _R]], FilterJitWrapper[_P, _R]]:
+) -> Any:
     """Compiles `fun` like `jax.jit`, tracing its array leaves and keeping every
     other leaf static; and when called inside another trace, changes nothing.
 

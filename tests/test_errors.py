@@ -1,0 +1,97 @@
+"""Bad input gets a clear error naming the user's argument (contract point 14)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import TraceCounter
+
+from filterjit import filter_jit
+
+
+def test_unhashable_static_names_the_parameter_and_path():
+    @filter_jit
+    def f(x, config):
+        return x
+
+    # A list is a pytree node; a set is a leaf, and unhashable.
+    with pytest.raises(TypeError) as info:
+        f(jnp.ones(1), {"opts": (1, {2, 3})})
+    message = str(info.value)
+    assert "config['opts'][1]" in message
+    assert "set" in message
+    assert "hashable" in message and "jnp.asarray" in message
+
+
+def test_unhashable_static_by_keyword_and_nested():
+    @filter_jit
+    def f(x, *, opts):
+        return x
+
+    with pytest.raises(TypeError, match=r"`opts\[0\]`"):
+        f(jnp.ones(1), opts=[{1}])
+    with pytest.raises(TypeError, match=r"`opts\[0\]`"):
+        jax.jit(lambda x: f(x, opts=[{1}]))(jnp.ones(1))
+
+
+def test_exception_while_tracing_propagates_and_does_not_poison_the_cache():
+    calls = []
+
+    @filter_jit
+    def f(x, fail):
+        calls.append(fail)
+        if fail:
+            raise RuntimeError("boom")
+        return x + 1
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="boom"):
+            f(jnp.ones(1), True)
+        with pytest.raises(RuntimeError, match="boom"):
+            jax.jit(lambda x: f(x, True))(jnp.ones(1))
+    assert f(jnp.ones(1), False).tolist() == [2.0]
+    assert jax.jit(lambda x: f(x, False))(jnp.ones(1)).tolist() == [2.0]
+
+
+def test_wrong_signature_raises_type_error():
+    @filter_jit
+    def f(x, n=1):
+        return x * n
+
+    with pytest.raises(TypeError, match="f"):
+        f()
+    with pytest.raises(TypeError, match="too many positional"):
+        f(jnp.ones(1), 2, 3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'm'"):
+        f(jnp.ones(1), m=2)
+    with pytest.raises(TypeError, match="multiple values"):
+        f(jnp.ones(1), x=2)
+
+
+def test_not_callable():
+    with pytest.raises(TypeError, match="callable"):
+        filter_jit(3)  # pyright: ignore[reportArgumentType, reportCallIssue]
+
+
+def test_bad_donate_and_rejected_jit_options_fail_at_decoration():
+    with pytest.raises(ValueError, match="donate='everything'"):
+        filter_jit(lambda x: x, donate="everything")  # pyright: ignore[reportArgumentType]
+    with pytest.raises(ValueError, match="'y'"):
+        filter_jit(lambda x: x, donate=("y",))
+    with pytest.raises(ValueError, match="static_argnums"):
+        filter_jit(lambda x: x, static_argnums=0)
+    with pytest.raises(ValueError, match="donate="):
+        filter_jit(lambda x: x, donate_argnums=0)
+
+
+def test_unexpected_jit_keyword_is_python_type_error():
+    with pytest.raises(TypeError):
+        filter_jit(lambda x: x, not_an_option=1)(jnp.ones(1))
+
+
+def test_nested_array_exception_leaves_outer_trace_usable():
+    counter = TraceCounter(lambda x, n: x.reshape(n))
+    f = filter_jit(counter)
+    with pytest.raises(TypeError):
+        jax.jit(lambda x: f(x, np.int32(5)))(jnp.ones(4))
+    assert jax.jit(lambda x: f(x, np.int32(4)))(jnp.ones(4)).shape == (4,)

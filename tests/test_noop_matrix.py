@@ -1,0 +1,424 @@
+"""The differential matrix: decorating a function must not change what it computes.
+
+Each row is a function `row(x, c)` that only works when `c` is known at trace time
+(a loop bound, a shape, a Python `if`, a slice, a concrete output used as a shape,
+NumPy applied to it). Each row is run with several kinds of concrete `c`, inside
+several transforms ("contexts"), once undecorated and once decorated. A cell
+agrees when both succeed with equal results, or both raise.
+
+Inside a staged computation every cell must agree for `filterjit.filter_jit`.
+Under eager transforms alone (and at the top level) `filter_jit` traces NumPy
+and JAX arrays by contract, like `jax.jit` would; there the cells with an array
+`c` must match the top-level reference (the row with `c` passed as a traced
+argument of `jax.jit`), and the cells with a Python scalar `c` must agree with
+the undecorated function.
+
+Run as a script, this file prints how many cells agree for `jax.jit`,
+`equinox.filter_jit` and `filterjit.filter_jit`.
+"""
+
+import dataclasses
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import filterjit
+
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+# The row's own code around the (possibly decorated) function: `caller(f, x, c)`.
+Caller = Callable[[Callable[..., Any], jax.Array, Any], jax.Array]
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _fori_bound(x: jax.Array, c: Any) -> jax.Array:
+    # A concrete bound makes fori_loop a scan, which reverse-mode can differentiate.
+    return lax.fori_loop(0, c, lambda _, y: jnp.sin(y), x)
+
+
+def _ones_shape(x: jax.Array, c: Any) -> jax.Array:
+    return x * jnp.sum(jnp.ones(c, dtype=x.dtype))
+
+
+def _python_if(x: jax.Array, c: Any) -> jax.Array:
+    if c > 1:
+        return jnp.sin(x)
+    return jnp.cos(x)
+
+
+def _static_slice(x: jax.Array, c: Any) -> jax.Array:
+    return x * jnp.sum(x[:c])
+
+
+def _concrete_output(x: jax.Array, c: Any) -> tuple[jax.Array, Any]:
+    return x * 2, c + 1
+
+
+def _numpy_on_argument(x: jax.Array, c: Any) -> jax.Array:
+    return x * float(np.sum(np.asarray(c) ** 2))
+
+
+def _call(f: Callable[..., Any], x: jax.Array, c: Any) -> jax.Array:
+    return f(x, c)
+
+
+def _use_output_as_shape(f: Callable[..., Any], x: jax.Array, c: Any) -> jax.Array:
+    # Undecorated caller code: the second output must be concrete to be a shape.
+    y, m = f(x, c)
+    return y * jnp.sum(jnp.ones(m, dtype=y.dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    # The function that gets decorated.
+    inner: Callable[..., Any]
+    caller: Caller = _call
+
+
+ROWS: tuple[Row, ...] = (
+    Row("fori_loop bound", _fori_bound),
+    Row("jnp.ones(c)", _ones_shape),
+    Row("python if", _python_if),
+    Row("static slice", _static_slice),
+    Row("output as shape", _concrete_output, _use_output_as_shape),
+    Row("numpy on c", _numpy_on_argument),
+)
+
+
+# -------------------------------------------------------------------------- kinds
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    name: str
+    make: Callable[[], Any]
+    # Whether filter_jit traces it at the top level and under eager transforms.
+    array: bool
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("int", lambda: 2, array=False),
+    Kind("float", lambda: 2.0, array=False),
+    Kind("np.int32", lambda: np.int32(2), array=True),
+    Kind("np 0-d", lambda: np.array(2), array=True),
+    Kind("np (1,)", lambda: np.array([2]), array=True),
+    Kind("jax Array", lambda: jnp.asarray(2), array=True),
+)
+
+
+# ----------------------------------------------------------------------- contexts
+
+Fn = Callable[[jax.Array], jax.Array]
+
+
+def _batch(x: jax.Array) -> jax.Array:
+    return jnp.stack([x, 2 * x])
+
+
+def _scalar(g: Fn) -> Callable[[jax.Array], jax.Array]:
+    return lambda x: jnp.sum(g(x))
+
+
+def _scan(g: Fn, x: jax.Array) -> jax.Array:
+    def body(carry: jax.Array, _: None) -> tuple[jax.Array, None]:
+        return g(carry), None
+
+    return lax.scan(body, x, None, length=2)[0]
+
+
+def _while(g: Fn, x: jax.Array) -> jax.Array:
+    def body(state: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        i, y = state
+        return i + 1, g(y)
+
+    return lax.while_loop(lambda state: state[0] < 2, body, (jnp.asarray(0), x))[1]
+
+
+def _cond(g: Fn, x: jax.Array) -> jax.Array:
+    # Under jit, so that the predicate is a tracer.
+    return lax.cond(jnp.sum(x) > 0, g, lambda y: -y, x)
+
+
+def _jvp(g: Fn, x: jax.Array) -> Any:
+    return jax.jvp(g, (x,), (jnp.ones_like(x),))
+
+
+def _vjp(g: Fn, x: jax.Array) -> Any:
+    y, pullback = jax.vjp(g, x)
+    return y, pullback(jnp.ones_like(y))
+
+
+def _jit_in_jit(g: Fn, x: jax.Array) -> jax.Array:
+    middle = jax.jit(lambda y: g(y) + 1)
+    return jax.jit(lambda y: middle(y) * 2)(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    name: str
+    # Whether the row runs inside a staged computation (a DynamicJaxprTrace).
+    staged: bool
+    apply: Callable[[Fn, jax.Array], Any]
+
+
+CONTEXTS: tuple[Context, ...] = (
+    Context("jit(grad)", True, lambda g, x: jax.jit(jax.grad(_scalar(g)))(x)),
+    Context("jit(vmap)", True, lambda g, x: jax.jit(jax.vmap(g))(_batch(x))),
+    Context("vmap(jit)", True, lambda g, x: jax.vmap(jax.jit(g))(_batch(x))),
+    Context(
+        "jit(vmap(grad))",
+        True,
+        lambda g, x: jax.jit(jax.vmap(jax.grad(_scalar(g))))(_batch(x)),
+    ),
+    Context("scan body", True, _scan),
+    Context(
+        "grad(scan body)",
+        True,
+        lambda g, x: jax.grad(lambda y: jnp.sum(_scan(g, y)))(x),
+    ),
+    Context("while body", True, _while),
+    Context("cond branch", True, lambda g, x: jax.jit(lambda y: _cond(g, y))(x)),
+    Context(
+        "jit(grad(checkpoint))",
+        True,
+        lambda g, x: jax.jit(jax.grad(jax.checkpoint(_scalar(g))))(x),
+    ),
+    Context("eval_shape", True, lambda g, x: jax.eval_shape(g, x)),
+    Context("jit in jit", True, _jit_in_jit),
+    Context("jit(jvp)", True, lambda g, x: jax.jit(lambda y: _jvp(g, y))(x)),
+    Context("jit(vjp)", True, lambda g, x: jax.jit(lambda y: _vjp(g, y))(x)),
+    Context("jit(hessian)", True, lambda g, x: jax.jit(jax.hessian(_scalar(g)))(x)),
+    Context("top level", False, lambda g, x: g(x)),
+    Context("jvp", False, _jvp),
+    Context("vjp", False, _vjp),
+    Context("hessian", False, lambda g, x: jax.hessian(_scalar(g))(x)),
+    Context("grad", False, lambda g, x: jax.grad(_scalar(g))(x)),
+    Context("vmap", False, lambda g, x: jax.vmap(g)(_batch(x))),
+)
+
+
+# ------------------------------------------------------------------------ running
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """A cell's result as NumPy values (or shapes, for eval_shape), or its error."""
+
+    value: Any
+    error: str | None
+
+    def __str__(self) -> str:
+        if self.error is not None:
+            return f"raises {self.error}"
+        return "returns " + repr(jax.tree.map(_describe, self.value))
+
+
+def _describe(leaf: Any) -> str:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return f"ShapeDtypeStruct{leaf.shape}:{leaf.dtype}"
+    value = np.asarray(leaf)
+    return f"{value.dtype}{list(value.shape)}={np.array2string(value, precision=4)}"
+
+
+def _to_host(leaf: Any) -> Any:
+    if isinstance(leaf, jax.ShapeDtypeStruct):
+        return leaf
+    return np.asarray(leaf)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def _run(thunk: Callable[[], Any]) -> Outcome:
+    try:
+        value = jax.tree.map(_to_host, thunk())
+    except Exception as error:
+        return Outcome(None, _first_line(error))
+    return Outcome(value, None)
+
+
+def _leaves_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, jax.ShapeDtypeStruct) or isinstance(b, jax.ShapeDtypeStruct):
+        return (
+            isinstance(a, jax.ShapeDtypeStruct)
+            and isinstance(b, jax.ShapeDtypeStruct)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+        )
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and bool(np.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True))
+    )
+
+
+def agree(a: Outcome, b: Outcome) -> bool:
+    """Both raise, or both return equal trees (same structure, shapes, dtypes)."""
+    if a.error is not None or b.error is not None:
+        return a.error is not None and b.error is not None
+    a_leaves, a_def = jax.tree.flatten(a.value)
+    b_leaves, b_def = jax.tree.flatten(b.value)
+    return a_def == b_def and all(map(_leaves_equal, a_leaves, b_leaves))
+
+
+_X = np.array([0.5, -1.0, 2.0], dtype=np.float32)
+_decorated: dict[tuple[int, str], Callable[..., Any]] = {}
+
+
+def decorate(decorator: Decorator | None, row: Row) -> Callable[..., Any]:
+    """The row's inner function under `decorator` (None: undecorated). One wrapper
+    per decorator and row, shared by every cell, so that the wrapper's caches see
+    every kind of `c` in every context."""
+    if decorator is None:
+        return row.inner
+    key = (id(decorator), row.name)
+    if key not in _decorated:
+        _decorated[key] = decorator(row.inner)
+    return _decorated[key]
+
+
+def run_cell(
+    context: Context, row: Row, kind: Kind, decorator: Decorator | None
+) -> Outcome:
+    """Runs `row` (its inner function decorated with `decorator`, or undecorated
+    if None) with `c` of `kind` closed over, inside `context`."""
+    f = decorate(decorator, row)
+    c = kind.make()
+    x = jnp.asarray(_X)
+    return _run(lambda: context.apply(lambda y: row.caller(f, y, c), x))
+
+
+def check_context(context: Context, decorator: Decorator) -> list[str]:
+    """The cells of `context` where `decorator` breaks the contract: staged cells
+    must agree with the undecorated function; unstaged cells too for Python
+    scalars, and with the top-level reference (`jax.jit`, `c` traced) for arrays."""
+    failures = []
+    for row in ROWS:
+        for kind in KINDS:
+            got = run_cell(context, row, kind, decorator)
+            if context.staged or not kind.array:
+                expected = run_cell(context, row, kind, None)
+                reference = "undecorated"
+            else:
+                expected = run_cell(context, row, kind, jax.jit)
+                reference = "top-level reference (jax.jit, c traced)"
+            if not agree(got, expected):
+                failures.append(
+                    f"[{context.name} | {row.name} | c: {kind.name}]\n"
+                    f"    decorated   {got}\n"
+                    f"    {reference} {expected}"
+                )
+    return failures
+
+
+# -------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("context", CONTEXTS, ids=[c.name for c in CONTEXTS])
+def test_filter_jit_is_a_noop(context: Context) -> None:
+    failures = check_context(context, filterjit.filter_jit)
+    assert not failures, (
+        f"filter_jit breaks the contract in {len(failures)} cell(s):\n"
+        + "\n".join(failures)
+    )
+
+
+def test_matrix_is_discriminating() -> None:
+    # The matrix must catch the bug it is for: jax.jit disagrees in staged cells.
+    context = next(c for c in CONTEXTS if c.name == "jit(grad)")
+    assert check_context(context, jax.jit)
+
+
+# ------------------------------------------------------------------------- script
+
+
+@dataclasses.dataclass
+class _Tally:
+    agree: int = 0
+    total: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.agree:3d}/{self.total:<3d}"
+
+
+def main() -> None:
+    jax.config.update("jax_numpy_dtype_promotion", "strict")  # as in conftest.py
+    warnings.simplefilter("error")  # as in pyproject.toml
+    decorators: dict[str, Decorator] = {
+        "jax.jit": jax.jit,
+        "equinox.filter_jit": eqx.filter_jit,
+        "filterjit.filter_jit": filterjit.filter_jit,
+    }
+    start = time.perf_counter()
+    tallies = {
+        (name, group): _Tally()
+        for name in decorators
+        for group in ("all", "staged", "eager", "contract")
+    }
+    disagreements: dict[str, list[str]] = {name: [] for name in decorators}
+    for context in CONTEXTS:
+        for row in ROWS:
+            for kind in KINDS:
+                plain = run_cell(context, row, kind, None)
+                reference = run_cell(context, row, kind, jax.jit)
+                for name, decorator in decorators.items():
+                    got = reference if decorator is jax.jit else None
+                    got = got or run_cell(context, row, kind, decorator)
+                    same = agree(got, plain)
+                    group = "staged" if context.staged else "eager"
+                    for g in ("all", group):
+                        tallies[name, g].total += 1
+                        tallies[name, g].agree += same
+                    expected = (
+                        reference
+                        if not context.staged and kind.array
+                        else plain
+                    )
+                    tallies[name, "contract"].total += 1
+                    tallies[name, "contract"].agree += agree(got, expected)
+                    if not same:
+                        disagreements[name].append(
+                            f"{context.name} | {row.name} | {kind.name}"
+                        )
+    print(
+        f"{len(CONTEXTS)} contexts ({sum(c.staged for c in CONTEXTS)} staged) x "
+        f"{len(ROWS)} rows x {len(KINDS)} kinds of c; cells agreeing with the "
+        "undecorated function (both raise, or equal results):\n"
+    )
+    header = ("decorator", "all", "staged", "eager", "contract*")
+    print(f"{header[0]:<22}" + "".join(f"{h:>11}" for h in header[1:]))
+    for name in decorators:
+        print(
+            f"{name:<22}"
+            + "".join(
+                f"{str(tallies[name, g]):>11}"
+                for g in ("all", "staged", "eager", "contract")
+            )
+        )
+    print(
+        "\n* contract: staged cells and Python-scalar cells agree with the "
+        "undecorated function;\n  eager cells with an array c agree with the "
+        "top-level reference (jax.jit, c traced)."
+    )
+    if "-v" in sys.argv:
+        for name, cells in disagreements.items():
+            print(f"\n{name} disagrees in:\n  " + "\n  ".join(cells))
+    print(f"\n({time.perf_counter() - start:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

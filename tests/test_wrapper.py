@@ -46,7 +46,7 @@ def test_thread_safety_with_different_statics():
                 y, s = f(x, n, "ab")
                 np.testing.assert_allclose(y, np.arange(3.0) * n)
                 assert s == "ab" * n
-                z = jax.jit(lambda x: f(x, np.int32(n), "c")[0])(x)
+                z = jax.jit(lambda x: f(x, np.float32(n), "c")[0])(x)
                 np.testing.assert_allclose(z, np.arange(3.0) * n)
         except Exception as e:  # collected and re-raised in the main thread
             errors.append(e)

@@ -3,4 +3,5 @@
 from ._jit import filter_jit as filter_jit
 from ._partition import is_array as is_array
 
+
 __version__ = "0.1.0"

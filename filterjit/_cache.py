@@ -5,6 +5,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+
 _V = TypeVar("_V")
 
 

@@ -4,21 +4,22 @@ import functools as ft
 import inspect
 import warnings
 from collections.abc import Callable
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Literal, overload, ParamSpec, TypeVar
 
 import jax
 import jax.tree_util as jtu
 
 from . import _trace
 from ._cache import LRUCache
-from ._output import PendingOutput, pack_output
+from ._output import pack_output, PendingOutput
 from ._partition import (
-    DYNAMIC,
     captured_bytes,
+    DYNAMIC,
     partition_staged,
     partition_top,
 )
 from ._trace import TraceLevel
+
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -166,7 +167,9 @@ class FilterJitWrapper(Generic[_P, _R]):
     ) -> Callable[..., Any]:
         dynamic_positions = [i for i, k in enumerate(leaf_keys) if k is DYNAMIC]
         # The traced leaves' values are not part of the trace; keep none alive.
-        template = [None if k is DYNAMIC else leaf for leaf, k in zip(leaves, leaf_keys)]
+        template = [
+            None if k is DYNAMIC else leaf for leaf, k in zip(leaves, leaf_keys)
+        ]
         counter = self._traces if level is not TraceLevel.STAGED else None
 
         def run(*dynamic: Any) -> Any:
@@ -231,7 +234,9 @@ class FilterJitWrapper(Generic[_P, _R]):
             part, rest = path[0], path[1:]
             assert isinstance(part, jtu.SequenceKey)
             if part.idx == 0:
-                owners.append(("<function>", None, f"{self.__qualname__}{jtu.keystr(rest)}"))
+                owners.append(
+                    ("<function>", None, f"{self.__qualname__}{jtu.keystr(rest)}")
+                )
                 continue
             top, rest = rest[0], rest[1:]
             if part.idx == 1:
@@ -257,7 +262,9 @@ class FilterJitWrapper(Generic[_P, _R]):
     ) -> TypeError:
         call = (self._fun, args, kwargs)
         leaves = jtu.tree_leaves(call)
-        for (_, _, label), leaf, leaf_key in zip(self._leaf_owners(call), leaves, leaf_keys):
+        for (_, _, label), leaf, leaf_key in zip(
+            self._leaf_owners(call), leaves, leaf_keys
+        ):
             try:
                 hash(leaf_key)
             except TypeError:
@@ -374,9 +381,7 @@ def filter_jit(
         if name in jitkwargs:
             raise ValueError(f"filter_jit does not take `{name}`: {advice}.")
     if fun is None:
-        return ft.partial(
-            filter_jit, donate=donate, inline=inline, **jitkwargs
-        )  # pyright: ignore[reportReturnType]
+        return ft.partial(filter_jit, donate=donate, inline=inline, **jitkwargs)  # pyright: ignore[reportReturnType]
     if not callable(fun):
         raise TypeError(
             f"filter_jit expects a callable, but got {fun!r} of type "

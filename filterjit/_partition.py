@@ -7,6 +7,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
+
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
 # Stands in a cache key for a leaf that is traced: its aval is jax.jit's business.

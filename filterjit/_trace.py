@@ -23,8 +23,7 @@ class TraceLevel(enum.IntEnum):
 
 try:
     from jax._src.config import disable_jit as _disable_jit_state
-    from jax._src.core import EvalTrace as _EvalTrace
-    from jax._src.core import trace_ctx as _trace_ctx
+    from jax._src.core import EvalTrace as _EvalTrace, trace_ctx as _trace_ctx
     from jax._src.interpreters.partial_eval import (
         DynamicJaxprTrace as _DynamicJaxprTrace,
     )

@@ -33,15 +33,25 @@ EAGER = ("jvp", "vjp", "hessian")
 
 
 CONTEXTS = {
-    "jit_grad": lambda g, x: jax.jit(jax.grad(lambda x: g(x, 2, TABLE, SHIFT).sum()))(x),
-    "jit_vmap": lambda g, x: jax.jit(jax.vmap(lambda x: g(x, 2, TABLE, SHIFT)))(jnp.stack([x, 2 * x])),
-    "vmap_jit": lambda g, x: jax.vmap(jax.jit(lambda x: g(x, 2, TABLE, SHIFT)))(jnp.stack([x, 2 * x])),
+    "jit_grad": lambda g, x: jax.jit(jax.grad(lambda x: g(x, 2, TABLE, SHIFT).sum()))(
+        x
+    ),
+    "jit_vmap": lambda g, x: jax.jit(jax.vmap(lambda x: g(x, 2, TABLE, SHIFT)))(
+        jnp.stack([x, 2 * x])
+    ),
+    "vmap_jit": lambda g, x: jax.vmap(jax.jit(lambda x: g(x, 2, TABLE, SHIFT)))(
+        jnp.stack([x, 2 * x])
+    ),
     "jit_vmap_grad": lambda g, x: jax.jit(
         jax.vmap(jax.grad(lambda x: g(x, 2, TABLE, SHIFT).sum()))
     )(jnp.stack([x, 2 * x])),
-    "scan_body": lambda g, x: lax.scan(lambda c, _: (g(c, 2, TABLE, SHIFT), c.sum()), x, None, length=3),
+    "scan_body": lambda g, x: lax.scan(
+        lambda c, _: (g(c, 2, TABLE, SHIFT), c.sum()), x, None, length=3
+    ),
     "grad_scan_body": lambda g, x: jax.grad(
-        lambda x: lax.scan(lambda c, _: (g(c, 2, TABLE, SHIFT), None), x, None, length=3)[0].sum()
+        lambda x: lax.scan(
+            lambda c, _: (g(c, 2, TABLE, SHIFT), None), x, None, length=3
+        )[0].sum()
     )(x),
     "while_body": lambda g, x: lax.while_loop(
         lambda s: s[0] < 3, lambda s: (s[0] + 1, g(s[1], 2, TABLE, SHIFT)), (0, x)
@@ -52,11 +62,17 @@ CONTEXTS = {
     "jit_grad_checkpoint": lambda g, x: jax.jit(
         jax.grad(jax.checkpoint(lambda x: g(x, 2, TABLE, SHIFT).sum()))
     )(x),
-    "jvp": lambda g, x: jax.jvp(lambda x: g(x, 2, TABLE, SHIFT), (x,), (jnp.ones_like(x),)),
-    "vjp": lambda g, x: jax.vjp(lambda x: g(x, 2, TABLE, SHIFT), x)[1](jnp.ones_like(x)),
+    "jvp": lambda g, x: jax.jvp(
+        lambda x: g(x, 2, TABLE, SHIFT), (x,), (jnp.ones_like(x),)
+    ),
+    "vjp": lambda g, x: jax.vjp(lambda x: g(x, 2, TABLE, SHIFT), x)[1](
+        jnp.ones_like(x)
+    ),
     "hessian": lambda g, x: jax.hessian(lambda x: g(x, 2, TABLE, SHIFT).sum())(x),
     "eval_shape": lambda g, x: jax.eval_shape(lambda x: g(x, 2, TABLE, SHIFT), x),
-    "jit_in_jit": lambda g, x: jax.jit(lambda x: jax.jit(lambda x: g(x, 2, TABLE, SHIFT))(x) + 1)(x),
+    "jit_in_jit": lambda g, x: jax.jit(
+        lambda x: jax.jit(lambda x: g(x, 2, TABLE, SHIFT))(x) + 1
+    )(x),
 }
 
 
@@ -101,7 +117,9 @@ def test_custom_jvp_and_custom_vjp_rules_inside_are_respected():
         lambda g: jax.jit(jax.grad(lambda x: g(x, 3.0).sum()))(x),
     ):
         assert_tree_equal(run(filter_jit(g)), run(g))
-    np.testing.assert_allclose(jax.grad(lambda x: filter_jit(g)(x, 3.0).sum())(x), 0.3 + 2.0)
+    np.testing.assert_allclose(
+        jax.grad(lambda x: filter_jit(g)(x, 3.0).sum())(x), 0.3 + 2.0
+    )
 
 
 class MLP(eqx.Module):
@@ -110,7 +128,10 @@ class MLP(eqx.Module):
 
     def __init__(self, key):
         keys = jax.random.split(key, 2)
-        self.layers = (eqx.nn.Linear(3, 4, key=keys[0]), eqx.nn.Linear(4, 1, key=keys[1]))
+        self.layers = (
+            eqx.nn.Linear(3, 4, key=keys[0]),
+            eqx.nn.Linear(4, 1, key=keys[1]),
+        )
         self.depth = 2
 
     def __call__(self, x):
@@ -140,7 +161,8 @@ def test_equinox_transforms_outside(transform):
     y = jnp.array([0.1, 0.2, 0.3], jnp.float32)
     table = np.ones(3, np.float32)
     assert_tree_equal(
-        transform(filter_jit(loss))(model, x, y, table), transform(loss)(model, x, y, table)
+        transform(filter_jit(loss))(model, x, y, table),
+        transform(loss)(model, x, y, table),
     )
 
 
@@ -154,4 +176,6 @@ def test_equinox_transforms_inside():
         return grads, value
 
     assert_tree_equal(filter_jit(step)(model, xs), step(model, xs))
-    assert_tree_equal(jax.jit(lambda xs: filter_jit(step)(model, xs))(xs), step(model, xs))
+    assert_tree_equal(
+        jax.jit(lambda xs: filter_jit(step)(model, xs))(xs), step(model, xs)
+    )

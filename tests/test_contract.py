@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import TraceCounter, assert_tree_equal, jit_equation_count
+from helpers import jit_equation_count, TraceCounter
 from jax import lax
 
 import filterjit
@@ -24,7 +24,7 @@ def _kinds_seen(fun):
     return filter_jit(record), seen
 
 
-# -- 1. Top level ---------------------------------------------------------------
+# -- 1. Top level
 
 
 def test_top_level_traces_arrays_and_keeps_python_values_static():
@@ -62,7 +62,7 @@ def test_is_array():
         assert not filterjit.is_array(static)
 
 
-# -- 2. Inside a staged computation ----------------------------------------------
+# -- 2. Inside a staged computation
 
 
 @pytest.mark.parametrize(
@@ -78,12 +78,30 @@ def test_is_array():
         lambda g: jax.checkpoint(g)(jnp.float32(1)),
         lambda g: jax.grad(jax.checkpoint(g))(jnp.float32(1)),
     ],
-    ids=["jit", "make_jaxpr", "eval_shape", "scan", "while", "cond", "switch",
-         "checkpoint", "grad_checkpoint"],
+    ids=[
+        "jit",
+        "make_jaxpr",
+        "eval_shape",
+        "scan",
+        "while",
+        "cond",
+        "switch",
+        "checkpoint",
+        "grad_checkpoint",
+    ],
 )
 def test_staged_concrete_leaves_reach_the_function_unchanged(stage):
-    concrete = (3, 2.5, True, np.int32(4), np.arange(3), np.float32(0.5),
-                jnp.arange(2), "mode", None)
+    concrete = (
+        3,
+        2.5,
+        True,
+        np.int32(4),
+        np.arange(3),
+        np.float32(0.5),
+        jnp.arange(2),
+        "mode",
+        None,
+    )
     f, seen = _kinds_seen(None)
 
     def body(c):
@@ -143,7 +161,7 @@ def test_seed_case():
     assert jax.jit(lambda: jax.grad(f)(0.0, lower))() == 1.0
 
 
-# -- 3. Eager transforms ------------------------------------------------------------
+# -- 3. Eager transforms
 
 
 def test_eager_grad_traces_numpy_batches_once():
@@ -167,7 +185,7 @@ def test_eager_vmap_and_jvp_trace_arrays():
         assert isinstance(args[1], jax.core.Tracer)
 
 
-# -- 4. Outputs ---------------------------------------------------------------------
+# -- 4. Outputs
 
 
 def test_outputs_top_level():
@@ -176,7 +194,14 @@ def test_outputs_top_level():
 
     @filter_jit
     def f(x, n, obj, s):
-        return {"y": x * 2, "n": n + 1, "obj": obj, "s": s, "np": np.arange(n), "none": None}
+        return {
+            "y": x * 2,
+            "n": n + 1,
+            "obj": obj,
+            "s": s,
+            "np": np.arange(n),
+            "none": None,
+        }
 
     out = f(jnp.ones(2), 3, marker, "name")
     assert isinstance(out["y"], jax.Array)
@@ -213,7 +238,11 @@ def test_nested_concrete_outputs_stay_concrete():
         assert t is table
         assert not isinstance(m, jax.core.Tracer)
         # Usable as shapes and loop bounds.
-        return y.sum() + jnp.ones(int(m)).sum() + lax.fori_loop(0, k, lambda i, c: c + 1.0, 0.0)
+        return (
+            y.sum()
+            + jnp.ones(int(m)).sum()
+            + lax.fori_loop(0, k, lambda i, c: c + 1.0, 0.0)
+        )
 
     ref = jnp.float32(2 * 3 + 3 + 8)
     assert jax.jit(outer)(jnp.ones(3)) == ref
@@ -232,7 +261,7 @@ def test_nested_concrete_jax_array_handed_back_is_the_same_object():
     jax.jit(outer)(jnp.float32(1))
 
 
-# -- 5. Static keys -----------------------------------------------------------------
+# -- 5. Static keys
 
 
 def test_static_keys_are_type_aware():
@@ -256,7 +285,7 @@ def test_signed_zero_and_nan_keys():
     assert counter.count == 3
 
 
-# -- 6. Defaults ----------------------------------------------------------------------
+# -- 6. Defaults
 
 
 def test_defaults_are_bound_before_keying():
@@ -272,7 +301,7 @@ def test_defaults_are_bound_before_keying():
     assert counter.count == 1
 
 
-# -- 7. Nested caching ----------------------------------------------------------------
+# -- 7. Nested caching
 
 
 def test_nested_calls_share_one_trace():
@@ -297,10 +326,12 @@ def test_inline_gives_a_flat_jaxpr_and_equal_results():
     f = filter_jit(g, inline=True)
     closed = jax.make_jaxpr(lambda x: f(f(x, 2.0), 3.0))(jnp.float32(1))
     assert jit_equation_count(closed) == 0
-    assert jax.jit(lambda x: f(f(x, 2.0), 3.0))(jnp.float32(1)) == g(g(jnp.float32(1), 2.0), 3.0)
+    assert jax.jit(lambda x: f(f(x, 2.0), 3.0))(jnp.float32(1)) == g(
+        g(jnp.float32(1), 2.0), 3.0
+    )
 
 
-# -- 8. No stale constants ------------------------------------------------------------
+# -- 8. No stale constants
 
 
 def test_mutated_numpy_array_is_seen_with_its_new_value():
@@ -318,7 +349,7 @@ def test_mutated_numpy_array_is_seen_with_its_new_value():
             assert jax.core.eval_jaxpr(closed.jaxpr, closed.consts, x)[0][-1] == 5.0
 
 
-# -- 9. Async dispatch ------------------------------------------------------------------
+# -- 9. Async dispatch
 
 
 def test_top_level_call_does_not_block():
@@ -343,7 +374,7 @@ def test_top_level_call_does_not_block():
     assert min(ratios) < 0.5, ratios
 
 
-# -- 12. filter_jit of filter_jit -------------------------------------------------------
+# -- 12. filter_jit of filter_jit
 
 
 def test_filter_jit_of_filter_jit_traces_once():
@@ -354,7 +385,7 @@ def test_filter_jit_of_filter_jit_traces_once():
     assert counter.count == 1
 
 
-# -- 13. disable_jit -------------------------------------------------------------------------
+# -- 13. disable_jit
 
 
 def test_disable_jit_calls_the_function_directly():

@@ -40,7 +40,9 @@ def test_module_call_partitions_self():
     model = _linear()
     x = jnp.arange(3.0)
     np.testing.assert_allclose(model(x), _reference(model, x), rtol=1e-6)
-    np.testing.assert_allclose(model.scaled(x, 2.0), 2 * _reference(model, x), rtol=1e-6)
+    np.testing.assert_allclose(
+        model.scaled(x, 2.0), 2 * _reference(model, x), rtol=1e-6
+    )
     # Arrays in `self` are traced: a gradient flows to them.
     grads = jax.grad(lambda m: m(x).sum())(model)
     assert grads.weight.shape == (2, 3)
@@ -87,7 +89,9 @@ def test_filter_jit_of_a_module_instance_and_of_a_bound_method():
     x = jnp.arange(3.0)
     plain = eqx.nn.Linear(3, 2, key=jax.random.key(1))
     np.testing.assert_allclose(filter_jit(plain)(x), plain(x), rtol=1e-6)
-    np.testing.assert_allclose(filter_jit(model.scaled)(x, 2.0), 2 * _reference(model, x), rtol=1e-6)
+    np.testing.assert_allclose(
+        filter_jit(model.scaled)(x, 2.0), 2 * _reference(model, x), rtol=1e-6
+    )
 
     class WithMethod(eqx.Module):
         w: jax.Array
@@ -133,7 +137,9 @@ def test_hand_partitioned_pytrees():
     def apply(params, static, x):
         return eqx.combine(params, static)(x)
 
-    np.testing.assert_allclose(apply(params, static, x), _reference(model, x), rtol=1e-6)
+    np.testing.assert_allclose(
+        apply(params, static, x), _reference(model, x), rtol=1e-6
+    )
     grads = jax.grad(lambda p: apply(p, static, x).sum())(params)
     assert grads.weight.shape == (2, 3)
     # And nested inside a jitted step.

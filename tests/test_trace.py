@@ -46,7 +46,10 @@ def _levels_seen(run) -> list[TraceLevel]:
         (lambda p: jax.make_jaxpr(p)(1.0), TraceLevel.STAGED),
         (lambda p: jax.eval_shape(p, 1.0), TraceLevel.STAGED),
         (lambda p: jax.checkpoint(p)(1.0), TraceLevel.STAGED),
-        (lambda p: lax.scan(lambda c, _: (p(c), None), 1.0, None, length=1), TraceLevel.STAGED),
+        (
+            lambda p: lax.scan(lambda c, _: (p(c), None), 1.0, None, length=1),
+            TraceLevel.STAGED,
+        ),
         (lambda p: lax.cond(True, p, p, 1.0), TraceLevel.STAGED),
         (lambda p: jax.jit(jax.grad(p))(1.0), TraceLevel.STAGED),
         (lambda p: jax.grad(jax.checkpoint(p))(1.0), TraceLevel.STAGED),

@@ -35,7 +35,7 @@ def test_metadata():
 
 
 def test_thread_safety_with_different_statics():
-    f = filter_jit(lambda x, n, s: (x * n, s * n))
+    f = filter_jit(lambda x, n, s: (x * n, s * int(n)))
     x = jnp.arange(3.0)
     errors = []
 

@@ -4,7 +4,15 @@ import functools as ft
 import inspect
 import warnings
 from collections.abc import Callable
-from typing import Any, Generic, Literal, overload, ParamSpec, TypeVar
+from typing import (
+    Any,
+    Concatenate,
+    Generic,
+    Literal,
+    overload,
+    ParamSpec,
+    TypeVar,
+)
 
 import jax
 import jax.tree_util as jtu
@@ -22,7 +30,9 @@ from ._trace import TraceLevel
 
 
 _P = ParamSpec("_P")
+_Q = ParamSpec("_Q")
 _R = TypeVar("_R")
+_S = TypeVar("_S")
 
 DonateOption = (
     Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
@@ -107,6 +117,18 @@ class FilterJitWrapper(Generic[_P, _R]):
     def __repr__(self) -> str:
         return f"<filter_jit-wrapped {self.__qualname__} at {id(self):#x}>"
 
+    @overload
+    def __get__(
+        self, instance: None, owner: Any = None
+    ) -> "FilterJitWrapper[_P, _R]": ...
+
+    @overload
+    def __get__(
+        self: "FilterJitWrapper[Concatenate[_S, _Q], _R]",
+        instance: _S,
+        owner: Any = None,
+    ) -> Callable[_Q, _R]: ...
+
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
             return self
@@ -161,7 +183,7 @@ class FilterJitWrapper(Generic[_P, _R]):
     def _jit(
         self,
         level: TraceLevel,
-        treedef: jtu.PyTreeDef,
+        treedef: Any,  # a PyTreeDef
         leaves: list[Any],
         leaf_keys: tuple[Any, ...],
     ) -> Callable[..., Any]:
@@ -194,7 +216,7 @@ class FilterJitWrapper(Generic[_P, _R]):
 
     def _donated_positions(
         self,
-        treedef: jtu.PyTreeDef,
+        treedef: Any,  # a PyTreeDef
         leaves: list[Any],
         dynamic_positions: list[int],
     ) -> tuple[int, ...]:

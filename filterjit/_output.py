@@ -21,7 +21,7 @@ class _OutputSpec:
 
     def __init__(
         self,
-        treedef: jtu.PyTreeDef,
+        treedef: Any,  # a PyTreeDef
         leaves: list[Any],
         dynamic_positions: tuple[int, ...],
         passthrough: tuple[tuple[int, int], ...],

@@ -59,23 +59,23 @@ def test_wrong_signature_raises_type_error():
         return x * n
 
     with pytest.raises(TypeError, match="f"):
-        f()
+        f()  # pyright: ignore[reportCallIssue]
     with pytest.raises(TypeError, match="too many positional"):
-        f(jnp.ones(1), 2, 3)
+        f(jnp.ones(1), 2, 3)  # pyright: ignore[reportCallIssue]
     with pytest.raises(TypeError, match="unexpected keyword argument 'm'"):
-        f(jnp.ones(1), m=2)
+        f(jnp.ones(1), m=2)  # pyright: ignore[reportCallIssue]
     with pytest.raises(TypeError, match="multiple values"):
-        f(jnp.ones(1), x=2)
+        f(jnp.ones(1), x=2)  # pyright: ignore[reportCallIssue]
 
 
 def test_not_callable():
     with pytest.raises(TypeError, match="callable"):
-        filter_jit(3)  # pyright: ignore[reportArgumentType, reportCallIssue]
+        filter_jit(3)  # pyright: ignore
 
 
 def test_bad_donate_and_rejected_jit_options_fail_at_decoration():
     with pytest.raises(ValueError, match="donate='everything'"):
-        filter_jit(lambda x: x, donate="everything")  # pyright: ignore[reportArgumentType]
+        filter_jit(lambda x: x, donate="everything")  # pyright: ignore
     with pytest.raises(ValueError, match="'y'"):
         filter_jit(lambda x: x, donate=("y",))
     with pytest.raises(ValueError, match="static_argnums"):

@@ -1,5 +1,15 @@
 """filterjit: a filtered `jax.jit` whose nested calls are semantic no-ops."""
 
+from ._diagnostics import (
+    Explanation as Explanation,
+    RetraceWarning as RetraceWarning,
+    set_retrace_warning_threshold as set_retrace_warning_threshold,
+)
+from ._introspect import (
+    clear_caches as clear_caches,
+    explain as explain,
+    num_traces as num_traces,
+)
 from ._jit import filter_jit as filter_jit
 from ._partition import is_array as is_array
 

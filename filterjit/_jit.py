@@ -2,7 +2,9 @@
 
 import functools as ft
 import inspect
+import re
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import (
     Any,
@@ -18,15 +20,11 @@ import jax
 import jax.tree_util as jtu
 
 from . import _trace
-from ._cache import LRUCache
+from ._cache import BoundedCache
+from ._diagnostics import describe, Explanation, Row, TraceLog
 from ._output import pack_output, PendingOutput
-from ._partition import (
-    captured_bytes,
-    DYNAMIC,
-    partition_staged,
-    partition_top,
-)
-from ._trace import TraceLevel
+from ._partition import Partition
+from ._trace import EAGER, STAGED, TOP
 
 
 _P = ParamSpec("_P")
@@ -61,6 +59,14 @@ _STAGED_MAXBYTES = 16 * 2**20
 
 _UNUSED_DONATION = "Some donated buffers were not usable"
 
+# Every live wrapper, for `clear_caches`.
+_wrappers: "weakref.WeakSet[FilterJitWrapper[..., Any]]" = weakref.WeakSet()
+
+
+@ft.cache
+def _jit_parameters() -> frozenset[str]:
+    return frozenset(inspect.signature(jax.jit).parameters) - {"fun"}
+
 
 def _signature_of(fun: Callable[..., Any]) -> inspect.Signature | None:
     try:
@@ -75,11 +81,18 @@ def _name_of(fun: Any) -> str:
     return getattr(fun, "__qualname__", None) or type(fun).__qualname__
 
 
-class _TraceCounter:
-    __slots__ = ("count",)
-
-    def __init__(self):
-        self.count = 0
+def _parameter_names(labels: list[str]) -> list[str]:
+    """Identifiers from argument paths (`params['w']` -> `params_w`), unique, so
+    that JAX's own messages about the jitted function name the user's arguments."""
+    names: list[str] = []
+    for label in labels:
+        name = re.sub(r"\W+", "_", label).strip("_") or "arg"
+        if name[0].isdigit():
+            name = f"_{name}"
+        while name in names:
+            name += "_"
+        names.append(name)
+    return names
 
 
 class FilterJitWrapper(Generic[_P, _R]):
@@ -98,15 +111,34 @@ class FilterJitWrapper(Generic[_P, _R]):
             fun = jtu.Partial(fun.func, *fun.args, **fun.keywords)
         self._fun = fun
         self._signature = _signature_of(fun)
+        self._parameters = (
+            ()
+            if self._signature is None
+            else tuple(self._signature.parameters.values())
+        )
         self._arity = _fast_arity(self._signature)
         self._donate = donate
+        self._silence_donation = donate in ("all", "all-except-first")
         self._inline = inline
         self._jitkwargs = jitkwargs
-        self._top_cache: LRUCache[Any] = LRUCache(_TOP_MAXSIZE)
-        eager_cache = self._top_cache if donate == "none" else LRUCache(_TOP_MAXSIZE)
-        staged_cache = LRUCache(_STAGED_MAXSIZE, _STAGED_MAXBYTES)
-        self._caches = (self._top_cache, eager_cache, staged_cache)
-        self._traces = _TraceCounter()
+        # One cache per trace level. The top level and eager transforms differ
+        # only in donation, so without it they share.
+        top_cache = BoundedCache(_TOP_MAXSIZE)
+        eager_cache = top_cache if donate == "none" else BoundedCache(_TOP_MAXSIZE)
+        staged_cache = BoundedCache(_STAGED_MAXSIZE, _STAGED_MAXBYTES)
+        self._caches: tuple[BoundedCache[Any], ...] = (
+            top_cache,
+            eager_cache,
+            staged_cache,
+        )
+        top_partitions = BoundedCache(_TOP_MAXSIZE)
+        self._partitions: tuple[BoundedCache[Partition], ...] = (
+            top_partitions,
+            top_partitions,
+            BoundedCache(_TOP_MAXSIZE),
+        )
+        self._trace_log = TraceLog(_name_of(fun))
+        _wrappers.add(self)
         self.__wrapped__ = fun
         self.__name__ = getattr(fun, "__name__", _name_of(fun))
         self.__qualname__ = _name_of(fun)
@@ -116,6 +148,10 @@ class FilterJitWrapper(Generic[_P, _R]):
 
     def __repr__(self) -> str:
         return f"<filter_jit-wrapped {self.__qualname__} at {id(self):#x}>"
+
+    def _clear(self) -> None:
+        for cache in (*self._caches, *self._partitions):
+            cache.clear()
 
     @overload
     def __get__(
@@ -143,20 +179,26 @@ class FilterJitWrapper(Generic[_P, _R]):
             args, kwargs = self._bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
         leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
         level = _trace.trace_level()
-        if level is TraceLevel.STAGED:
-            dynamic, leaf_keys = partition_staged(leaves)
-        else:
-            dynamic, leaf_keys = partition_top(leaves)
-        key = (treedef, leaf_keys)
+        partitions = self._partitions[level]
+        partition_key = (treedef, tuple(map(type, leaves)))
+        try:
+            partition = partitions.get(partition_key)
+        except TypeError:
+            raise self._unhashable_error(args, kwargs, None) from None
+        if partition is None:
+            partition = Partition(treedef, partition_key[1], level == STAGED)
+            partitions.put(partition_key, partition)
+        dynamic, statics = partition.split(leaves)
+        key = (partition, statics)
         cache = self._caches[level]
         try:
             jitted = cache.get(key)
         except TypeError:
-            raise self._unhashable_error(args, kwargs, leaf_keys) from None
+            raise self._unhashable_error(args, kwargs, partition) from None
         if jitted is None:
-            jitted = self._jit(level, treedef, leaves, leaf_keys)
-            cache.put(key, jitted, captured_bytes(leaves, leaf_keys))
-        if level is TraceLevel.TOP and self._donate in ("all", "all-except-first"):
+            jitted = self._jit(level, partition, leaves)
+            cache.put(key, jitted, partition.captured_bytes(leaves))
+        if self._silence_donation and level == TOP:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
                 out = jitted(*dynamic)
@@ -181,48 +223,100 @@ class FilterJitWrapper(Generic[_P, _R]):
         return bound.args, bound.kwargs
 
     def _jit(
-        self,
-        level: TraceLevel,
-        treedef: Any,  # a PyTreeDef
-        leaves: list[Any],
-        leaf_keys: tuple[Any, ...],
+        self, level: int, partition: Partition, leaves: list[Any]
     ) -> Callable[..., Any]:
-        dynamic_positions = [i for i, k in enumerate(leaf_keys) if k is DYNAMIC]
+        treedef = partition.treedef
+        dynamic_positions = partition.dynamic_positions
         # The traced leaves' values are not part of the trace; keep none alive.
-        template = [
-            None if k is DYNAMIC else leaf for leaf, k in zip(leaves, leaf_keys)
-        ]
-        counter = self._traces if level is not TraceLevel.STAGED else None
+        template = list(leaves)
+        for position in dynamic_positions:
+            template[position] = None
+        labels = [label for _, _, label in self._leaf_owners(treedef, leaves)]
+        roles = partition.roles(len(leaves))
+        trace_log = self._trace_log if level != STAGED else None
+        traced_avals: set[tuple[Any, ...]] = set()
 
         def run(*dynamic: Any) -> Any:
             inputs = list(template)
             for position, leaf in zip(dynamic_positions, dynamic):
                 inputs[position] = leaf
+            traced_avals.add(tuple(map(jax.typeof, dynamic)))
+            if trace_log is not None:
+                trace_log.record(
+                    [
+                        Row(label, role, describe(leaf, role), type(leaf))
+                        for label, role, leaf in zip(labels, roles, inputs)
+                    ]
+                )
             fun, args, kwargs = jtu.tree_unflatten(treedef, inputs)
-            if counter is not None:
-                counter.count += 1
             return pack_output(fun(*args, **kwargs), inputs)
 
+        # So that JAX's own messages (jax_explain_cache_misses, errors) point at
+        # the user's function and name the user's arguments, not at this closure.
         run.__name__ = self.__name__
         run.__qualname__ = self.__qualname__
+        run.__wrapped__ = self._fun  # pyright: ignore[reportFunctionMemberAccess]
+        run.__signature__ = inspect.Signature(  # pyright: ignore[reportFunctionMemberAccess]
+            [
+                inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY)
+                for name in _parameter_names([labels[i] for i in dynamic_positions])
+            ]
+        )
+        run.traced_avals = traced_avals  # pyright: ignore[reportFunctionMemberAccess]
         jitkwargs = dict(self._jitkwargs)
-        if level is TraceLevel.STAGED:
+        if level == STAGED:
             jitkwargs["inline"] = self._inline
-        elif level is TraceLevel.TOP:
+        elif level == TOP:
             donated = self._donated_positions(treedef, leaves, dynamic_positions)
             if donated:
                 jitkwargs["donate_argnums"] = donated
         return jax.jit(run, **jitkwargs)
 
+    def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
+        args, kwargs = self._bind(args, kwargs)
+        leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
+        level = _trace.trace_level()
+        partition_key = (treedef, tuple(map(type, leaves)))
+        try:
+            partition = self._partitions[level].get(partition_key)
+        except TypeError:
+            raise self._unhashable_error(args, kwargs, None) from None
+        cache_hit = partition is not None
+        if partition is None:
+            partition = Partition(treedef, partition_key[1], level == STAGED)
+        dynamic, statics = partition.split(leaves)
+        try:
+            jitted = self._caches[level].get((partition, statics))
+        except TypeError:
+            raise self._unhashable_error(args, kwargs, partition) from None
+        cache_hit = (
+            jitted is not None
+            and tuple(map(jax.typeof, dynamic)) in jitted.__wrapped__.traced_avals
+        )
+        roles = partition.roles(len(leaves))
+        rows = [
+            Row(label, role, describe(leaf, role), type(leaf))
+            for (_, _, label), role, leaf in zip(
+                self._leaf_owners(treedef, leaves), roles, leaves
+            )
+            if leaf is not self._fun  # the function itself, when it is a leaf
+        ]
+        where = {
+            TOP: "at the top level",
+            EAGER: "under eager transforms",
+            STAGED: "inside a staged trace",
+        }
+        return Explanation(self.__qualname__, where[level], rows, cache_hit)
+
     def _donated_positions(
         self,
         treedef: Any,  # a PyTreeDef
         leaves: list[Any],
-        dynamic_positions: list[int],
+        dynamic_positions: tuple[int, ...],
     ) -> tuple[int, ...]:
         if self._donate == "none":
             return ()
-        owners = self._leaf_owners(jtu.tree_unflatten(treedef, leaves))
+        owners = self._leaf_owners(treedef, leaves)
         if isinstance(self._donate, tuple):
             donated_names = set(self._donate)
             return tuple(
@@ -237,67 +331,86 @@ class FilterJitWrapper(Generic[_P, _R]):
             if not (spare_first and owners[position][1] == 0)
         )
 
-    def _leaf_owners(self, call: Any) -> list[tuple[str, int | None, str]]:
+    def _label(self, where: int | str) -> tuple[str, str]:
+        """The parameter that receives positional argument `where` (an int) or
+        keyword argument `where` (a str), and how to name the argument to a user."""
+        if isinstance(where, str):
+            return where, where
+        positional = [
+            p.name
+            for p in self._parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if where < len(positional):
+            return positional[where], positional[where]
+        for p in self._parameters:
+            if p.kind is p.VAR_POSITIONAL:
+                return p.name, f"{p.name}[{where - len(positional)}]"
+        return f"<argument {where}>", f"<argument {where}>"
+
+    def _leaf_owners(
+        self, treedef: Any, leaves: list[Any]
+    ) -> list[tuple[str, int | None, str]]:
         """For each leaf of `(fun, args, kwargs)`: the parameter it belongs to, its
         position if passed positionally, and the path to it in the user's terms."""
-        positional_names: list[str] = []
-        var_positional = None
-        if self._signature is not None:
-            for parameter in self._signature.parameters.values():
-                if parameter.kind in (
-                    inspect.Parameter.POSITIONAL_ONLY,
-                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                ):
-                    positional_names.append(parameter.name)
-                elif parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-                    var_positional = parameter.name
         owners = []
+        call = jtu.tree_unflatten(treedef, leaves)
         for path, _ in jtu.tree_flatten_with_path(call)[0]:
             part, rest = path[0], path[1:]
             assert isinstance(part, jtu.SequenceKey)
             if part.idx == 0:
-                owners.append(
-                    ("<function>", None, f"{self.__qualname__}{jtu.keystr(rest)}")
-                )
+                label = f"{self.__qualname__}{jtu.keystr(rest)}"
+                owners.append(("<function>", None, label))
                 continue
             top, rest = rest[0], rest[1:]
-            if part.idx == 1:
-                assert isinstance(top, jtu.SequenceKey)
-                index = top.idx
-                if index < len(positional_names):
-                    name = positional_names[index]
-                    label = name
-                elif var_positional is not None:
-                    name = var_positional
-                    label = f"{name}[{index - len(positional_names)}]"
-                else:
-                    name = label = f"<positional argument {index}>"
-                owners.append((name, index, label + jtu.keystr(rest)))
+            if isinstance(top, jtu.SequenceKey):
+                name, label = self._label(top.idx)
+                owners.append((name, top.idx, label + jtu.keystr(rest)))
             else:
                 assert isinstance(top, jtu.DictKey)
-                name = str(top.key)
-                owners.append((name, None, name + jtu.keystr(rest)))
+                name, label = self._label(str(top.key))
+                owners.append((name, None, label + jtu.keystr(rest)))
         return owners
 
     def _unhashable_error(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], leaf_keys: tuple[Any, ...]
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        partition: Partition | None,
     ) -> TypeError:
-        call = (self._fun, args, kwargs)
-        leaves = jtu.tree_leaves(call)
-        for (_, _, label), leaf, leaf_key in zip(
-            self._leaf_owners(call), leaves, leaf_keys
-        ):
-            try:
-                hash(leaf_key)
-            except TypeError:
-                kind = type(leaf).__qualname__
-                return TypeError(
-                    f"{self.__qualname__}(): argument `{label}` is a static value "
-                    f"of unhashable type `{kind}`. filter_jit keys its cache on every "
-                    "non-array leaf, so static values must be hashable. Pass a "
-                    "hashable value instead (a tuple rather than a list, say), or "
-                    "make it an array (`jnp.asarray(...)`) so that it is traced."
-                )
+        leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
+        if partition is None:
+            # The structure itself is unhashable: auxiliary data of a pytree node,
+            # such as a static field of an eqx.Module, holds an unhashable value.
+            named = [*enumerate(args), *kwargs.items()]
+            for where, value in [("<function>", self._fun), *named]:
+                try:
+                    hash(jtu.tree_structure(value))
+                except TypeError as e:
+                    _, label = self._label(where)
+                    return TypeError(
+                        f"{self.__qualname__}(): the pytree structure of argument "
+                        f"`{label}` is unhashable ({e}). A static field "
+                        "(`eqx.field(static=True)`) or other pytree auxiliary data "
+                        "holds an unhashable value; make it hashable (a tuple "
+                        "rather than a list, say), or make it a regular field."
+                    )
+        else:
+            _, statics = partition.split(leaves)
+            for position, key in zip(partition.static_positions, statics):
+                try:
+                    hash(key)
+                except TypeError:
+                    label = self._leaf_owners(treedef, leaves)[position][2]
+                    kind = type(leaves[position]).__qualname__
+                    return TypeError(
+                        f"{self.__qualname__}(): argument `{label}` is a static "
+                        f"value of unhashable type `{kind}`. filter_jit keys its "
+                        "cache on every non-array leaf, so static values must be "
+                        "hashable. Pass a hashable value instead (a tuple rather "
+                        "than a list, say), or make it an array (`jnp.asarray(...)`) "
+                        "so that it is traced."
+                    )
         return TypeError(f"{self.__qualname__}(): the call's arguments are unhashable.")
 
 
@@ -399,9 +512,13 @@ def filter_jit(
             f"{', '.join(repr(s) for s in _DONATE_STRINGS)}, or a tuple of "
             "parameter names such as donate=('state',)."
         )
-    for name, advice in _REJECTED_JIT_KWARGS.items():
-        if name in jitkwargs:
-            raise ValueError(f"filter_jit does not take `{name}`: {advice}.")
+    for name in jitkwargs:
+        if name in _REJECTED_JIT_KWARGS:
+            raise ValueError(
+                f"filter_jit does not take `{name}`: {_REJECTED_JIT_KWARGS[name]}."
+            )
+        if name not in _jit_parameters():
+            raise TypeError(f"filter_jit() got an unexpected keyword argument {name!r}")
     if fun is None:
         return ft.partial(filter_jit, donate=donate, inline=inline, **jitkwargs)  # pyright: ignore[reportReturnType]
     if not callable(fun):

@@ -1,6 +1,8 @@
 """Which leaves are traced, and the cache key made from the others."""
 
 import hashlib
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -9,9 +11,6 @@ from jax.core import Tracer
 
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
-
-# Stands in a cache key for a leaf that is traced: its aval is jax.jit's business.
-DYNAMIC = object()
 
 # NumPy arrays up to this size are keyed by their bytes; larger ones by a digest.
 _INLINE_BYTES = 256
@@ -36,85 +35,128 @@ def is_array(element: Any) -> bool:
     !!! example
 
         ```python
-        filterjit.is_array(jnp.ones(3))   # True
-        filterjit.is_array(np.float32(1)) # True
-        filterjit.is_array(1.0)           # False
+        filterjit.is_array(jnp.ones(3))    # True
+        filterjit.is_array(np.float32(1))  # True
+        filterjit.is_array(1.0)            # False
         ```
     """
     return isinstance(element, _ARRAY_TYPES)
 
 
-def static_key(leaf: Any) -> Any:
-    """A key for a static leaf that tells apart what `==` conflates.
+# Static leaves are keyed by value, and the partition they belong to is keyed by
+# their types, so `1`, `1.0` and `True` are told apart. Two kinds of value need
+# more than `==`: floats (`0.0 == -0.0`, `nan != nan`) and, inside a staged trace,
+# the concrete arrays that become constants of the nested program.
 
-    `1`, `1.0` and `True` compare equal but give different programs; so do `0.0`
-    and `-0.0`. And `nan != nan` would make every call with a NaN a cache miss.
+
+def _float_key(x: float) -> str:
+    return x.hex()
+
+
+def _complex_key(x: complex) -> tuple[str, str]:
+    return x.real.hex(), x.imag.hex()
+
+
+def _ndarray_key(x: np.ndarray) -> tuple[Any, ...]:
+    data = x.tobytes()
+    if len(data) > _INLINE_BYTES:
+        data = hashlib.blake2b(data, digest_size=20).digest()
+    return x.shape, x.dtype, data
+
+
+def _generic_key(x: np.generic) -> tuple[Any, ...]:
+    return x.dtype, x.tobytes()
+
+
+def _identity_key(x: jax.Array) -> int:
+    # jax Arrays are immutable, and a cache entry holds its arrays alive, so the
+    # id cannot be reused while the key exists. Keying by value would copy the
+    # array to the host on every nested call.
+    return id(x)
+
+
+def _take(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    if len(positions) == 0:
+        return lambda leaves: ()
+    if len(positions) == 1:
+        (position,) = positions
+        return lambda leaves: (leaves[position],)
+    return operator.itemgetter(*positions)
+
+
+class Partition:
+    """How to split the leaves of one pytree structure with one sequence of leaf
+    types, at one trace level: which are traced, and how the others are keyed.
+
+    Built once per (structure, types, level) and cached, so a call costs two
+    C-level item gets instead of a Python loop over its leaves. Hashed by identity.
     """
-    if isinstance(leaf, float):
-        return (type(leaf), leaf.hex())
-    if isinstance(leaf, complex):
-        return (type(leaf), leaf.real.hex(), leaf.imag.hex())
-    return (type(leaf), leaf)
 
-
-def _concrete_key(leaf: Any) -> Any:
-    # A concrete leaf inside a staged trace becomes a constant of the nested
-    # program, so the key must pin its value.
-    if isinstance(leaf, np.ndarray):
-        data = leaf.tobytes()
-        if len(data) > _INLINE_BYTES:
-            data = hashlib.blake2b(data, digest_size=20).digest()
-        return (type(leaf), leaf.shape, leaf.dtype, data)
-    if isinstance(leaf, np.generic):
-        return (type(leaf), leaf.dtype, leaf.tobytes())
-    if isinstance(leaf, jax.Array):
-        # jax Arrays are immutable, and the cache entry holds this one alive, so
-        # its id cannot be reused while the key exists. Reading its value would
-        # copy it to the host on every nested call.
-        return (jax.Array, id(leaf))
-    return static_key(leaf)
-
-
-def partition_top(leaves: list[Any]) -> tuple[list[Any], tuple[Any, ...]]:
-    """Split leaves at the top level: arrays are traced, the rest are static.
-
-    **Returns:**
-
-    The traced leaves, and a key with `DYNAMIC` in their places and a static key
-    for every other leaf.
-    """
-    dynamic = []
-    key = []
-    for leaf in leaves:
-        if isinstance(leaf, _ARRAY_TYPES):
-            dynamic.append(leaf)
-            key.append(DYNAMIC)
-        else:
-            key.append(static_key(leaf))
-    return dynamic, tuple(key)
-
-
-def partition_staged(leaves: list[Any]) -> tuple[list[Any], tuple[Any, ...]]:
-    """Split leaves inside a staged trace: only tracers are traced.
-
-    Concrete arrays reach the function unchanged and are keyed by value, so that a
-    trace is never reused for different constants.
-    """
-    dynamic = []
-    key = []
-    for leaf in leaves:
-        if isinstance(leaf, Tracer):
-            dynamic.append(leaf)
-            key.append(DYNAMIC)
-        else:
-            key.append(_concrete_key(leaf))
-    return dynamic, tuple(key)
-
-
-def captured_bytes(leaves: list[Any], key: tuple[Any, ...]) -> int:
-    """Bytes of the concrete arrays among the static leaves: what a cache entry pins."""
-    return sum(
-        leaf.nbytes
-        for leaf, leaf_key in zip(leaves, key)
-        if leaf_key is not DYNAMIC and isinstance(leaf, _ARRAY_TYPES)
+    __slots__ = (
+        "treedef",
+        "dynamic_positions",
+        "static_positions",
+        "array_positions",
+        "_rekey",
+        "_take_dynamic",
+        "_take_static",
     )
+
+    def __init__(self, treedef: Any, types: tuple[type, ...], staged: bool):
+        self.treedef = treedef
+        dynamic_positions = []
+        static_positions = []
+        array_positions = []
+        rekey = []
+        for position, kind in enumerate(types):
+            if issubclass(kind, Tracer) or (
+                not staged and issubclass(kind, _ARRAY_TYPES)
+            ):
+                dynamic_positions.append(position)
+                continue
+            static_index = len(static_positions)
+            static_positions.append(position)
+            if staged and issubclass(kind, _ARRAY_TYPES):
+                array_positions.append(position)
+            # np.generic before float: np.float64 subclasses float.
+            if staged and issubclass(kind, np.ndarray):
+                rekey.append((static_index, _ndarray_key))
+            elif staged and issubclass(kind, np.generic):
+                rekey.append((static_index, _generic_key))
+            elif staged and issubclass(kind, jax.Array):
+                rekey.append((static_index, _identity_key))
+            elif issubclass(kind, float):
+                rekey.append((static_index, _float_key))
+            elif issubclass(kind, complex):
+                rekey.append((static_index, _complex_key))
+        self.dynamic_positions: tuple[int, ...] = tuple(dynamic_positions)
+        self.static_positions: tuple[int, ...] = tuple(static_positions)
+        self.array_positions: tuple[int, ...] = tuple(array_positions)
+        self._rekey = tuple(rekey)
+        self._take_dynamic = _take(dynamic_positions)
+        self._take_static = _take(static_positions)
+
+    def split(self, leaves: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        """The traced leaves, and the key of the static ones."""
+        statics = self._take_static(leaves)
+        if self._rekey:
+            keys = list(statics)
+            for index, rekey in self._rekey:
+                keys[index] = rekey(keys[index])
+            statics = tuple(keys)
+        return self._take_dynamic(leaves), statics
+
+    def roles(self, count: int) -> list[str]:
+        """What happens to each of `count` leaves: "traced", "concrete" (an array
+        passed through unchanged inside a staged trace) or "static"."""
+        roles = ["static"] * count
+        for position in self.dynamic_positions:
+            roles[position] = "traced"
+        for position in self.array_positions:
+            roles[position] = "concrete"
+        return roles
+
+    def captured_bytes(self, leaves: Sequence[Any]) -> int:
+        """Bytes of the concrete arrays among the static leaves: what a cache
+        entry for these leaves pins."""
+        return sum(leaves[position].nbytes for position in self.array_positions)

@@ -1,40 +1,43 @@
-"""Where in JAX's trace stack a call happens.
+"""Where in JAX's trace stack a call happens, and which frames JAX shows.
 
 This is the only module that touches private JAX API. Every private access has a
 public fallback, and `tests/test_trace.py` fails loudly if the private path moves.
 """
 
-import enum
+import os
 
 import jax
 import jax.extend.core
+import jax.extend.source_info_util
 
 
-class TraceLevel(enum.IntEnum):
-    """Where a call happens, as far as `filter_jit` cares."""
-
-    # No trace at all: a plain Python call.
-    TOP = 0
-    # Only eager transforms (grad, vjp, jvp, linearize, vmap) around the call.
-    EAGER = 1
-    # A staged computation (jit, make_jaxpr, scan/while/cond bodies, checkpoint,
-    # custom_vjp, ...) somewhere in the trace chain.
-    STAGED = 2
+# Where a call happens, as far as `filter_jit` cares. Plain ints, not an enum: they
+# index per-level caches on every call.
+TOP = 0  # no trace at all: a plain Python call
+EAGER = 1  # only eager transforms (grad, vjp, jvp, linearize, vmap) around it
+STAGED = 2  # a staged computation (jit, make_jaxpr, scan/while/cond bodies,
+#             checkpoint, custom_vjp, ...) somewhere in the trace chain
 
 
-def _trace_level_public() -> TraceLevel:
+def _trace_level_public() -> int:
     # Public but explicitly unstable. It cannot tell eager transforms from the top
     # level, so it says TOP for both; that only matters for donation.
     if jax.extend.core.unsafe_am_i_under_a_jit_DO_NOT_USE():  # pyright: ignore[reportPrivateImportUsage]
-        return TraceLevel.STAGED
-    return TraceLevel.TOP
+        return STAGED
+    return TOP
 
 
 def _jit_disabled_public() -> bool:
     return bool(jax.config.jax_disable_jit)  # pyright: ignore[reportAttributeAccessIssue]
 
 
+# JAX attributes operations and cache misses to the first frame outside its own
+# files; with these, to the user's frame rather than filterjit's.
+_package_dir = os.path.dirname(os.path.abspath(__file__))
+jax.extend.source_info_util.register_exclusion(_package_dir)
+
 try:
+    from jax._src import traceback_util as _traceback_util
     from jax._src.config import disable_jit as _disable_jit_state
     from jax._src.core import EvalTrace as _EvalTrace, trace_ctx as _trace_ctx
     from jax._src.interpreters.partial_eval import (
@@ -46,17 +49,20 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     jit_disabled = _jit_disabled_public
 else:
     private_api_available = True
+    # Hide filterjit's frames from tracebacks of errors in user code, as JAX hides
+    # its own (JAX_TRACEBACK_FILTERING=off shows them).
+    _traceback_util.register_exclusion(_package_dir)
 
-    def _trace_level_private() -> TraceLevel:
+    def _trace_level_private() -> int:
         # The current trace points at the one it was opened under through
         # `parent_trace`; the chain ends at an `EvalTrace`, which has none.
         trace = _trace_ctx.trace
-        level = TraceLevel.TOP
+        level = TOP
         while trace is not None:
             if isinstance(trace, _DynamicJaxprTrace):
-                return TraceLevel.STAGED
+                return STAGED
             if not isinstance(trace, _EvalTrace):
-                level = TraceLevel.EAGER
+                level = EAGER
             trace = getattr(trace, "parent_trace", None)
         return level
 

@@ -10,7 +10,7 @@ from jax import lax
 
 import filterjit
 from filterjit import _trace
-from filterjit._trace import TraceLevel
+from filterjit._trace import EAGER, STAGED, TOP
 
 
 def test_private_api_is_available():
@@ -22,7 +22,7 @@ def test_private_api_is_available():
     assert _trace.jit_disabled.__name__ == "_jit_disabled_private"
 
 
-def _levels_seen(run) -> list[TraceLevel]:
+def _levels_seen(run) -> list[int]:
     seen = []
 
     def probe(x):
@@ -36,23 +36,23 @@ def _levels_seen(run) -> list[TraceLevel]:
 @pytest.mark.parametrize(
     "run, expected",
     [
-        (lambda p: p(1.0), TraceLevel.TOP),
-        (lambda p: jax.grad(p)(1.0), TraceLevel.EAGER),
-        (lambda p: jax.vjp(p, 1.0), TraceLevel.EAGER),
-        (lambda p: jax.jvp(p, (1.0,), (1.0,)), TraceLevel.EAGER),
-        (lambda p: jax.linearize(p, 1.0), TraceLevel.EAGER),
-        (lambda p: jax.vmap(p)(jnp.ones(2)), TraceLevel.EAGER),
-        (lambda p: jax.jit(p)(1.0), TraceLevel.STAGED),
-        (lambda p: jax.make_jaxpr(p)(1.0), TraceLevel.STAGED),
-        (lambda p: jax.eval_shape(p, 1.0), TraceLevel.STAGED),
-        (lambda p: jax.checkpoint(p)(1.0), TraceLevel.STAGED),
+        (lambda p: p(1.0), TOP),
+        (lambda p: jax.grad(p)(1.0), EAGER),
+        (lambda p: jax.vjp(p, 1.0), EAGER),
+        (lambda p: jax.jvp(p, (1.0,), (1.0,)), EAGER),
+        (lambda p: jax.linearize(p, 1.0), EAGER),
+        (lambda p: jax.vmap(p)(jnp.ones(2)), EAGER),
+        (lambda p: jax.jit(p)(1.0), STAGED),
+        (lambda p: jax.make_jaxpr(p)(1.0), STAGED),
+        (lambda p: jax.eval_shape(p, 1.0), STAGED),
+        (lambda p: jax.checkpoint(p)(1.0), STAGED),
         (
             lambda p: lax.scan(lambda c, _: (p(c), None), 1.0, None, length=1),
-            TraceLevel.STAGED,
+            STAGED,
         ),
-        (lambda p: lax.cond(True, p, p, 1.0), TraceLevel.STAGED),
-        (lambda p: jax.jit(jax.grad(p))(1.0), TraceLevel.STAGED),
-        (lambda p: jax.grad(jax.checkpoint(p))(1.0), TraceLevel.STAGED),
+        (lambda p: lax.cond(True, p, p, 1.0), STAGED),
+        (lambda p: jax.jit(jax.grad(p))(1.0), STAGED),
+        (lambda p: jax.grad(jax.checkpoint(p))(1.0), STAGED),
     ],
 )
 def test_trace_level(run, expected):

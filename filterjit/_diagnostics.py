@@ -1,0 +1,224 @@
+"""What filter_jit did with each argument, and why it traced again."""
+
+import collections
+import logging
+import os
+import reprlib
+import sys
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+
+logger = logging.getLogger("filterjit")
+
+_short_repr = reprlib.Repr()
+_short_repr.maxstring = 40
+_short_repr.maxother = 40
+_short_repr.maxlist = _short_repr.maxtuple = _short_repr.maxdict = 6
+
+_retrace_warning_threshold: int | None = int(
+    os.environ.get("FILTERJIT_RETRACE_WARNING_THRESHOLD", "10")
+)
+
+
+class RetraceWarning(UserWarning):
+    """Emitted once per decorated function when it has been traced more often than
+    the threshold set by `filterjit.set_retrace_warning_threshold` (10 unless
+    changed). It names the argument that keeps changing."""
+
+
+def set_retrace_warning_threshold(threshold: int | None) -> None:
+    """Sets after how many top-level traces a function emits a `RetraceWarning`.
+
+    **Arguments:**
+
+    - `threshold`: a function traced more than this many times warns, once.
+        `None` disables the warning. The default is 10, or the value of the
+        environment variable `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
+
+    **Returns:**
+
+    Nothing.
+    """
+    global _retrace_warning_threshold
+    if threshold is not None and (not isinstance(threshold, int) or threshold < 1):
+        raise ValueError(
+            f"set_retrace_warning_threshold: expected a positive int or None, but "
+            f"got {threshold!r}."
+        )
+    _retrace_warning_threshold = threshold
+
+
+_internal_dirs = (
+    os.path.dirname(os.path.abspath(__file__)),
+    os.path.dirname(os.path.abspath(jax.__file__)),
+)
+
+
+def _warn_at_user_frame(message: str, category: type[Warning]) -> None:
+    # Point the warning at the first frame outside filterjit and JAX: the user's
+    # call that triggered the trace.
+    frame = sys._getframe(1)
+    stacklevel = 2
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(
+        _internal_dirs
+    ):
+        frame = frame.f_back
+        stacklevel += 1
+    warnings.warn(message, category, stacklevel=stacklevel)
+
+
+def _explain_retraces() -> bool:
+    return os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1" or bool(
+        jax.config.jax_explain_cache_misses  # pyright: ignore[reportAttributeAccessIssue]
+    )
+
+
+class Row(NamedTuple):
+    """One leaf of a call: where it is, what filter_jit does with it, and its
+    abstract value (when traced) or its value (otherwise)."""
+
+    path: str
+    role: str  # "traced", "static" or "concrete"
+    value: str
+    kind: type
+
+
+def describe(leaf: Any, role: str) -> str:
+    """A short description of a leaf: its aval if traced, else its value."""
+    if role == "traced":
+        aval = jax.typeof(leaf)
+        text = aval.str_short(short_dtypes=True)
+        return f"weak {text}" if getattr(aval, "weak_type", False) else text
+    if isinstance(leaf, np.ndarray | jax.Array) and leaf.size > 6:
+        return f"{type(leaf).__name__}({jax.typeof(leaf).str_short(short_dtypes=True)})"
+    return _short_repr.repr(leaf)
+
+
+def _hint(old: Row | None, new: Row | None) -> str:
+    if old is None:
+        return "a new argument: the structure of the arguments changed"
+    if new is None:
+        return "no longer passed: the structure of the arguments changed"
+    if old.role != new.role:
+        return f"was {old.role}, now {new.role}"
+    if new.role == "traced":
+        return "traced: every new shape, dtype or weak type is traced anew"
+    kind = new.kind.__name__
+    if new.kind in (bool, int, float, complex):
+        return f"a Python {kind} is static; pass jnp.asarray({new.path}) to trace it"
+    if new.role == "concrete":
+        return (
+            f"a concrete {kind} inside a staged trace is a compile-time constant, "
+            "keyed by value"
+        )
+    return f"a {kind} is static: every new value is traced anew"
+
+
+def _changes(
+    old: dict[str, Row], new: dict[str, Row]
+) -> list[tuple[str, Row | None, Row | None]]:
+    changed = []
+    for path in dict.fromkeys([*old, *new]):
+        before, after = old.get(path), new.get(path)
+        if before is None or after is None or before[1:3] != after[1:3]:
+            changed.append((path, before, after))
+    return changed
+
+
+class TraceLog:
+    """The top-level traces of one wrapper: how many, what changed between them,
+    and whether the RetraceWarning has been emitted."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.count = 0
+        self._previous: dict[str, Row] | None = None
+        self._change_counts: collections.Counter[str] = collections.Counter()
+        self._hints: dict[str, str] = {}
+        self._warned = False
+
+    def record(self, rows: list[Row]) -> None:
+        """Called each time the wrapped function is traced at the top level or
+        under eager transforms."""
+        self.count += 1
+        current = {row.path: row for row in rows}
+        if self._previous is not None:
+            changes = _changes(self._previous, current)
+            for path, before, after in changes:
+                self._change_counts[path] += 1
+                self._hints[path] = _hint(before, after)
+            if _explain_retraces():
+                logger.warning(self._retrace_message(changes))
+        self._previous = current
+        threshold = _retrace_warning_threshold
+        if not self._warned and threshold is not None and self.count > threshold:
+            self._warned = True
+            _warn_at_user_frame(self._warning_message(), RetraceWarning)
+
+    def _retrace_message(
+        self, changes: list[tuple[str, Row | None, Row | None]]
+    ) -> str:
+        if not changes:
+            return (
+                f"filter_jit: {self.name} traced again (trace {self.count}) with "
+                "arguments like those of its previous trace: an earlier trace was "
+                "evicted, or JAX keyed on something else (sharding, committed "
+                "device, a jax.config setting)."
+            )
+        parts = []
+        for path, before, after in changes:
+            old = "<absent>" if before is None else before.value
+            new = "<absent>" if after is None else after.value
+            parts.append(f"{path}: {old} -> {new} ({_hint(before, after)})")
+        return (
+            f"filter_jit: {self.name} traced again (trace {self.count}) because "
+            + "; ".join(parts)
+        )
+
+    def _warning_message(self) -> str:
+        if not self._change_counts:
+            culprit = "no argument changed between traces"
+        else:
+            path, times = self._change_counts.most_common(1)[0]
+            culprit = f"`{path}` changed in {times} of them ({self._hints[path]})"
+        return (
+            f"filter_jit: {self.name} has been traced {self.count} times; {culprit}. "
+            "Set FILTERJIT_EXPLAIN_RETRACES=1 (or jax_explain_cache_misses) to log "
+            "every retrace to the 'filterjit' logger."
+        )
+
+
+class Explanation:
+    """What a `filter_jit` call would do: one row per leaf, and whether it would
+    hit the cache. `str()` gives a table."""
+
+    def __init__(self, name: str, level: str, rows: list[Row], cache_hit: bool):
+        self.name = name
+        self.level = level
+        self.rows = rows
+        self.cache_hit = cache_hit
+
+    def __str__(self) -> str:
+        hit = "would hit the cache" if self.cache_hit else "would trace"
+        header = ("argument", "role", "value")
+        lines = [tuple(row[:3]) for row in self.rows]
+        widths = [max(len(line[i]) for line in [header, *lines]) for i in range(3)]
+
+        def fmt(line: tuple[str, ...]) -> str:
+            return "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
+
+        return "\n".join(
+            [
+                f"filter_jit({self.name}), called {self.level}: {hit}",
+                fmt(header),
+                fmt(tuple("-" * w for w in widths)),
+                *(fmt(line) for line in lines),
+            ]
+        )
+
+    def __repr__(self) -> str:
+        return str(self)

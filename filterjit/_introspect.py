@@ -1,0 +1,78 @@
+"""Looking at what filter_jit does: explain a call, count traces, clear caches."""
+
+from collections.abc import Callable
+from typing import Any
+
+from ._diagnostics import Explanation
+from ._jit import _wrappers, filter_jit, FilterJitWrapper
+
+
+def explain(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Explanation:
+    """Explains what calling `fun(*args, **kwargs)` here would do, without calling it.
+
+    **Arguments:**
+
+    - `fun`: a `filter_jit`-wrapped function, or a plain function (explained as if
+        decorated with `filter_jit`).
+    - `*args`, `**kwargs`: the arguments of the call to explain.
+
+    **Returns:**
+
+    An `Explanation`. Its `str()` is a table with one row per leaf of the
+    arguments: its path (`params['w']`), its role (`traced`, `static`, or
+    `concrete`: an array passed through unchanged inside a staged trace), and its
+    abstract value or its shortened value. It also says whether the call would
+    hit the cache. Its attributes `rows`, `level` and `cache_hit` hold the same.
+
+    The roles are those a call at this point would get: called inside `jax.jit`,
+    `explain` reports the nested contract.
+
+    !!! example
+
+        ```python
+        @filter_jit
+        def f(params, n):
+            ...
+
+        print(filterjit.explain(f, {"w": jnp.ones(3)}, 2))
+        # filter_jit(f), called at the top level: would trace
+        # argument     role    value
+        # -----------  ------  -----
+        # params['w']  traced  f32[3]
+        # n            static  2
+        ```
+    """
+    if not isinstance(fun, FilterJitWrapper):
+        fun = filter_jit(fun)
+    return fun._explain(args, kwargs)
+
+
+def num_traces(fun: FilterJitWrapper[..., Any]) -> int:
+    """How many times `fun` has been traced at the top level or under eager
+    transforms (nested calls inside staged traces are not counted).
+
+    **Arguments:**
+
+    - `fun`: a `filter_jit`-wrapped function.
+
+    **Returns:**
+
+    The number of traces so far.
+    """
+    if not isinstance(fun, FilterJitWrapper):
+        raise TypeError(
+            f"num_traces expects a filter_jit-wrapped function, but got {fun!r}."
+        )
+    return fun._trace_log.count
+
+
+def clear_caches() -> None:
+    """Clears the caches of every live `filter_jit` wrapper. The next call of each
+    traces again. Trace counts are kept.
+
+    **Returns:**
+
+    Nothing.
+    """
+    for wrapper in list(_wrappers):
+        wrapper._clear()

@@ -1,6 +1,7 @@
 """What filter_jit did with each argument, and why it traced again."""
 
 import collections
+import dataclasses
 import logging
 import os
 import reprlib
@@ -8,7 +9,9 @@ import sys
 import warnings
 from typing import Any, NamedTuple
 
+import equinox as eqx
 import jax
+import jax.tree_util as jtu
 import numpy as np
 
 
@@ -75,6 +78,29 @@ def _explain_retraces() -> bool:
     return os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1" or bool(
         jax.config.jax_explain_cache_misses  # pyright: ignore[reportAttributeAccessIssue]
     )
+
+
+def find_static_array_field(value: Any, label: str) -> str | None:
+    """The path to the first static field of an `eqx.Module` inside `value` that
+    holds an array, or `None`. Such a field makes the pytree structure fail to
+    compare, since `==` on arrays gives arrays."""
+    if isinstance(value, eqx.Module):
+        for field in dataclasses.fields(value):
+            child = getattr(value, field.name, None)
+            child_label = f"{label}.{field.name}"
+            if field.metadata.get("static", False):
+                leaves = jtu.tree_leaves(child)
+                if any(isinstance(leaf, np.ndarray | jax.Array) for leaf in leaves):
+                    return child_label
+            elif found := find_static_array_field(child, child_label):
+                return found
+        return None
+    is_module = lambda x: x is not value and isinstance(x, eqx.Module)  # noqa: E731
+    for path, leaf in jtu.tree_flatten_with_path(value, is_leaf=is_module)[0]:
+        if isinstance(leaf, eqx.Module):
+            if found := find_static_array_field(leaf, label + jtu.keystr(path)):
+                return found
+    return None
 
 
 class Row(NamedTuple):

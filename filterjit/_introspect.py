@@ -47,7 +47,7 @@ def explain(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Explanatio
     return fun._explain(args, kwargs)
 
 
-def num_traces(fun: FilterJitWrapper[..., Any]) -> int:
+def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """How many times `fun` has been traced at the top level or under eager
     transforms (nested calls inside staged traces are not counted).
 

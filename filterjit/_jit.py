@@ -21,7 +21,13 @@ import jax.tree_util as jtu
 
 from . import _trace
 from ._cache import BoundedCache
-from ._diagnostics import describe, Explanation, Row, TraceLog
+from ._diagnostics import (
+    describe,
+    Explanation,
+    find_static_array_field,
+    Row,
+    TraceLog,
+)
 from ._output import pack_output, PendingOutput
 from ._partition import Partition
 from ._trace import EAGER, STAGED, TOP
@@ -183,8 +189,8 @@ class FilterJitWrapper(Generic[_P, _R]):
         partition_key = (treedef, tuple(map(type, leaves)))
         try:
             partition = partitions.get(partition_key)
-        except TypeError:
-            raise self._unhashable_error(args, kwargs, None) from None
+        except Exception as e:
+            raise self._key_error(args, kwargs, None, e) from e
         if partition is None:
             partition = Partition(treedef, partition_key[1], level == STAGED)
             partitions.put(partition_key, partition)
@@ -193,8 +199,8 @@ class FilterJitWrapper(Generic[_P, _R]):
         cache = self._caches[level]
         try:
             jitted = cache.get(key)
-        except TypeError:
-            raise self._unhashable_error(args, kwargs, partition) from None
+        except Exception as e:
+            raise self._key_error(args, kwargs, partition, e) from e
         if jitted is None:
             jitted = self._jit(level, partition, leaves)
             cache.put(key, jitted, partition.captured_bytes(leaves))
@@ -279,16 +285,16 @@ class FilterJitWrapper(Generic[_P, _R]):
         partition_key = (treedef, tuple(map(type, leaves)))
         try:
             partition = self._partitions[level].get(partition_key)
-        except TypeError:
-            raise self._unhashable_error(args, kwargs, None) from None
+        except Exception as e:
+            raise self._key_error(args, kwargs, None, e) from e
         cache_hit = partition is not None
         if partition is None:
             partition = Partition(treedef, partition_key[1], level == STAGED)
         dynamic, statics = partition.split(leaves)
         try:
             jitted = self._caches[level].get((partition, statics))
-        except TypeError:
-            raise self._unhashable_error(args, kwargs, partition) from None
+        except Exception as e:
+            raise self._key_error(args, kwargs, partition, e) from e
         cache_hit = (
             jitted is not None
             and tuple(map(jax.typeof, dynamic)) in jitted.__wrapped__.traced_avals
@@ -372,46 +378,68 @@ class FilterJitWrapper(Generic[_P, _R]):
                 owners.append((name, None, label + jtu.keystr(rest)))
         return owners
 
-    def _unhashable_error(
+    def _key_error(
         self,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         partition: Partition | None,
+        error: Exception,
     ) -> TypeError:
+        """The error for a cache lookup that failed: it names the argument whose
+        hash or `==` failed."""
         leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
         if partition is None:
-            # The structure itself is unhashable: auxiliary data of a pytree node,
-            # such as a static field of an eqx.Module, holds an unhashable value.
+            # The structure itself failed: auxiliary data of a pytree node, such
+            # as a static field of an eqx.Module, holds a value that cannot be
+            # hashed or compared.
             named = [*enumerate(args), *kwargs.items()]
             for where, value in [("<function>", self._fun), *named]:
-                try:
-                    hash(jtu.tree_structure(value))
-                except TypeError as e:
-                    _, label = self._label(where)
+                _, label = self._label(where)
+                field = find_static_array_field(value, label)
+                if field is not None:
+                    return TypeError(
+                        f"{self.__qualname__}(): `{field}` is a static field "
+                        "(`eqx.field(static=True)`) holding an array. Static "
+                        "fields are compared with `==` to find cached traces, and "
+                        "arrays cannot be. Make it a regular field so that it is "
+                        "traced, or hold a hashable value (a tuple, say)."
+                    )
+                if _hash_and_eq_fail(jtu.tree_structure(value)):
                     return TypeError(
                         f"{self.__qualname__}(): the pytree structure of argument "
-                        f"`{label}` is unhashable ({e}). A static field "
-                        "(`eqx.field(static=True)`) or other pytree auxiliary data "
-                        "holds an unhashable value; make it hashable (a tuple "
-                        "rather than a list, say), or make it a regular field."
+                        f"`{label}` cannot be hashed or compared ({error}). A "
+                        "static field (`eqx.field(static=True)`) or other pytree "
+                        "auxiliary data holds such a value. Make it hashable (a "
+                        "tuple rather than a list, say), or make it a regular "
+                        "field so that it is traced."
                     )
         else:
             _, statics = partition.split(leaves)
             for position, key in zip(partition.static_positions, statics):
-                try:
-                    hash(key)
-                except TypeError:
+                if _hash_and_eq_fail(key):
                     label = self._leaf_owners(treedef, leaves)[position][2]
                     kind = type(leaves[position]).__qualname__
                     return TypeError(
                         f"{self.__qualname__}(): argument `{label}` is a static "
-                        f"value of unhashable type `{kind}`. filter_jit keys its "
+                        f"value of type `{kind}` that cannot be hashed or compared "
+                        f"({type(error).__name__}: {error}). filter_jit keys its "
                         "cache on every non-array leaf, so static values must be "
-                        "hashable. Pass a hashable value instead (a tuple rather "
-                        "than a list, say), or make it an array (`jnp.asarray(...)`) "
-                        "so that it is traced."
+                        "hashable and `==` must return a bool. Pass such a value "
+                        "instead (a tuple rather than a list, say), or make it an "
+                        "array (`jnp.asarray(...)`) so that it is traced."
                     )
-        return TypeError(f"{self.__qualname__}(): the call's arguments are unhashable.")
+        return TypeError(
+            f"{self.__qualname__}(): looking up the cache for this call failed "
+            f"({type(error).__name__}: {error})."
+        )
+
+
+def _hash_and_eq_fail(key: Any) -> bool:
+    try:
+        hash(key)
+        return not isinstance(key == key, bool)
+    except Exception:
+        return True
 
 
 def _fast_arity(signature: inspect.Signature | None) -> int:

@@ -1,0 +1,142 @@
+"""explain(), retrace logs, RetraceWarning, num_traces and clear_caches."""
+
+import logging
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import filterjit
+from filterjit import filter_jit
+
+
+def _f(params, n, opts):
+    return params["w"] * n
+
+
+def test_explain_at_the_top_level():
+    f = filter_jit(_f)
+    params = {"w": jnp.ones(3)}
+    explanation = filterjit.explain(f, params, 2, {"mode": "a"})
+    assert not explanation.cache_hit
+    assert [row[:3] for row in explanation.rows] == [
+        ("params['w']", "traced", "f32[3]"),
+        ("n", "static", "2"),
+        ("opts['mode']", "static", "'a'"),
+    ]
+    text = str(explanation)
+    assert "called at the top level: would trace" in text
+    assert re.search(r"params\['w'\] +traced +f32\[3\]", text)
+    f(params, 2, {"mode": "a"})
+    assert filterjit.explain(f, params, 2, {"mode": "a"}).cache_hit
+    assert filterjit.explain(f, {"w": jnp.zeros(3)}, 2, {"mode": "a"}).cache_hit
+    assert not filterjit.explain(f, {"w": jnp.ones(4)}, 2, {"mode": "a"}).cache_hit
+    assert not filterjit.explain(f, params, 3, {"mode": "a"}).cache_hit
+    assert filterjit.num_traces(f) == 1  # explain traces nothing
+
+
+def test_explain_inside_a_trace_reports_the_nested_roles():
+    seen = []
+
+    def outer(x):
+        seen.append(filterjit.explain(_f, {"w": x}, np.int32(2), {"mode": np.ones(9)}))
+        return x
+
+    jax.jit(outer)(jnp.ones(3))
+    (explanation,) = seen
+    assert explanation.level == "inside a staged trace"
+    assert [row[:2] for row in explanation.rows] == [
+        ("params['w']", "traced"),
+        ("n", "concrete"),
+        ("opts['mode']", "concrete"),
+    ]
+    assert explanation.rows[2].value == "ndarray(f32[9])"
+
+
+def test_explain_unwrapped_function_and_modules():
+    import equinox as eqx
+
+    linear = eqx.nn.Linear(2, 3, key=jax.random.key(0))
+    text = str(filterjit.explain(linear, jnp.ones(2)))
+    assert re.search(r"Linear\.weight +traced +f32\[3,2\]", text)
+    assert "x" in text
+
+
+def test_retrace_log_names_the_changed_argument(monkeypatch, caplog):
+    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
+    f = filter_jit(_f)
+    params = {"w": jnp.ones(3)}
+    with caplog.at_level(logging.WARNING, logger="filterjit"):
+        f(params, 2, {"mode": "a"})
+        assert not caplog.records
+        f(params, 3, {"mode": "a"})
+        f({"w": jnp.ones(4)}, 3, {"mode": "a"})
+    first, second = [r.getMessage() for r in caplog.records if r.name == "filterjit"]
+    assert "_f traced again (trace 2) because n: 2 -> 3" in first
+    assert "a Python int is static; pass jnp.asarray(n) to trace it" in first
+    assert "params['w']: f32[3] -> f32[4]" in second
+    assert "n:" not in second
+
+
+def test_retrace_log_follows_jax_explain_cache_misses(caplog):
+    f = filter_jit(_f)
+    params = {"w": jnp.ones(3)}
+    with caplog.at_level(logging.WARNING, logger="filterjit"):
+        f(params, 2, {"mode": "a"})
+        f(params, 2, {"mode": "b"})
+        assert not [r for r in caplog.records if r.name == "filterjit"]
+        with jax.explain_cache_misses(True):
+            f(params, 2, {"mode": "c"})
+    messages = [r.getMessage() for r in caplog.records if r.name == "filterjit"]
+    assert len(messages) == 1
+    assert "opts['mode']: 'b' -> 'c'" in messages[0]
+
+
+def test_retrace_warning_once_naming_the_argument():
+    f = filter_jit(_f)
+    params = {"w": jnp.ones(3)}
+    with pytest.warns(filterjit.RetraceWarning, match=r"traced 11 times; `n` changed"):
+        for n in range(11):
+            f(params, n, {"mode": "a"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f(params, 100, {"mode": "a"})  # once only
+    assert filterjit.num_traces(f) == 12
+
+
+def test_retrace_warning_threshold_is_configurable():
+    f = filter_jit(_f)
+    params = {"w": jnp.ones(3)}
+    try:
+        filterjit.set_retrace_warning_threshold(2)
+        f(params, 1, {"mode": "a"})
+        f(params, 2, {"mode": "a"})
+        with pytest.warns(filterjit.RetraceWarning, match="traced 3 times"):
+            f(params, 3, {"mode": "a"})
+        filterjit.set_retrace_warning_threshold(None)
+        g = filter_jit(_f)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for n in range(15):
+                g(params, n, {"mode": "a"})
+        with pytest.raises(ValueError, match="positive int"):
+            filterjit.set_retrace_warning_threshold(0)
+    finally:
+        filterjit.set_retrace_warning_threshold(10)
+
+
+def test_num_traces_and_clear_caches():
+    f = filter_jit(lambda x, n: x * n)
+    x = jnp.ones(2)
+    f(x, 2)
+    f(x, 2)
+    jax.jit(lambda x: f(x, 2))(x)  # nested traces are not counted
+    assert filterjit.num_traces(f) == 1
+    filterjit.clear_caches()
+    f(x, 2)
+    assert filterjit.num_traces(f) == 2
+    with pytest.raises(TypeError, match="filter_jit-wrapped"):
+        filterjit.num_traces(lambda x: x)  # pyright: ignore[reportArgumentType]

@@ -1,0 +1,109 @@
+"""Hostile inputs: each gets correct behaviour or a clear error naming the user's
+argument."""
+
+import warnings
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import TraceCounter
+
+from filterjit import filter_jit
+
+
+def test_unexpected_decorator_keyword_is_a_type_error():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        filter_jit(lambda x: x, bogus=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
+        filter_jit(bogus=1)
+
+
+def test_array_in_a_static_field():
+    class Model(eqx.Module):
+        table: jax.Array = eqx.field(static=True)
+
+        @filter_jit
+        def __call__(self, x):
+            return x + self.table
+
+    with warnings.catch_warnings():  # equinox warns about the static array itself
+        warnings.simplefilter("ignore")
+        first = Model(jnp.ones(2))
+        second = Model(2 * jnp.ones(2))
+    assert first(jnp.ones(2)).tolist() == [2.0, 2.0]
+    with pytest.raises(TypeError, match=r"`self\.table` is a static field"):
+        second(jnp.ones(2))
+
+
+def test_large_static_tuple():
+    counter = TraceCounter(lambda x, table: x + len(table))
+    f = filter_jit(counter)
+    table = tuple(range(100_000))
+    assert f(jnp.zeros(1), table).tolist() == [100_000.0]
+    assert f(jnp.zeros(1), table).tolist() == [100_000.0]
+    assert counter.count == 1
+
+
+def test_recursion_on_a_static_depth():
+    @filter_jit
+    def power(x, depth):
+        return x if depth == 0 else power(x * 2, depth - 1)
+
+    assert power(jnp.float32(1), 5) == 32.0
+    assert jax.jit(lambda x: power(x, 3))(jnp.float32(1)) == 8.0
+    assert jax.grad(lambda x: power(x, 3))(jnp.float32(1)) == 8.0
+
+
+def test_leaked_tracer_raises_jax_leak_error():
+    leaked = []
+
+    @filter_jit
+    def leak(x):
+        leaked.append(x)
+        return x
+
+    leak(jnp.ones(1))
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        leak(leaked[0])
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.jit(lambda y: leak(leaked[0]) + y)(jnp.ones(1))
+
+
+class _RaisingEq:
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        raise RuntimeError("no comparison")
+
+
+class _ArrayEq:
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):  # pyright: ignore[reportIncompatibleMethodOverride]
+        return np.array([True, False])
+
+
+@pytest.mark.parametrize("make", [_RaisingEq, _ArrayEq])
+def test_static_leaf_with_broken_eq_is_named(make):
+    f = filter_jit(lambda x, options: x)
+    f(jnp.ones(1), {"strategy": make()})
+    with pytest.raises(TypeError, match=r"argument `options\['strategy'\]`"):
+        f(jnp.ones(1), {"strategy": make()})
+    with pytest.raises(TypeError, match=r"argument `options\['strategy'\]`"):
+        jax.jit(lambda x: f(f(x, {"strategy": make()}), {"strategy": make()}))(
+            jnp.ones(1)
+        )
+
+
+def test_nan_static_hits_the_cache_and_signed_zero_does_not():
+    counter = TraceCounter(lambda x, s: jnp.copysign(x, s))
+    f = filter_jit(counter)
+    x = jnp.float32(1)
+    assert f(x, 0.0) == 1.0 and f(x, -0.0) == -1.0
+    f(x, float("nan"))
+    f(x, float("nan"))
+    assert counter.count == 3

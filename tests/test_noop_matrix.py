@@ -13,8 +13,9 @@ and JAX arrays by contract, like `jax.jit` would; there the cells with an array
 argument of `jax.jit`), and the cells with a Python scalar `c` must agree with
 the undecorated function.
 
-Run as a script, this file prints how many cells agree for `jax.jit`,
-`equinox.filter_jit` and `filterjit.filter_jit`.
+Run as a script (`python tests/test_noop_matrix.py [-v]`), this file prints how
+many cells agree for `jax.jit`, `equinox.filter_jit` and `filterjit.filter_jit`
+(and with `-v`, which cells disagree).
 """
 
 import dataclasses
@@ -222,20 +223,27 @@ class Outcome:
     def __str__(self) -> str:
         if self.error is not None:
             return f"raises {self.error}"
-        return "returns " + repr(jax.tree.map(_describe, self.value))
+        return f"returns {self.value!r}"
 
 
-def _describe(leaf: Any) -> str:
-    if isinstance(leaf, jax.ShapeDtypeStruct):
-        return f"ShapeDtypeStruct{leaf.shape}:{leaf.dtype}"
-    value = np.asarray(leaf)
-    return f"{value.dtype}{list(value.shape)}={np.array2string(value, precision=4)}"
+@dataclasses.dataclass(frozen=True)
+class _HostLeaf:
+    """A result leaf on the host, with JAX's weak-type flag (which changes how the
+    value promotes downstream)."""
+
+    value: np.ndarray
+    weak_type: bool
+
+    def __repr__(self) -> str:
+        value = np.array2string(self.value, precision=4)
+        weak = "weak " if self.weak_type else ""
+        return f"{weak}{self.value.dtype}{list(self.value.shape)}={value}"
 
 
 def _to_host(leaf: Any) -> Any:
     if isinstance(leaf, jax.ShapeDtypeStruct):
         return leaf
-    return np.asarray(leaf)
+    return _HostLeaf(np.asarray(leaf), bool(getattr(leaf, "weak_type", False)))
 
 
 def _first_line(error: BaseException) -> str:
@@ -260,14 +268,18 @@ def _leaves_equal(a: Any, b: Any) -> bool:
             and a.dtype == b.dtype
         )
     return (
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and bool(np.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True))
+        isinstance(a, _HostLeaf)
+        and isinstance(b, _HostLeaf)
+        and a.value.shape == b.value.shape
+        and a.value.dtype == b.value.dtype
+        and a.weak_type == b.weak_type
+        and bool(np.allclose(a.value, b.value, rtol=1e-5, atol=1e-6, equal_nan=True))
     )
 
 
 def agree(a: Outcome, b: Outcome) -> bool:
-    """Both raise, or both return equal trees (same structure, shapes, dtypes)."""
+    """Both raise, or both return equal trees (same structure, shapes, dtypes,
+    weak types, and values up to float tolerance)."""
     if a.error is not None or b.error is not None:
         return a.error is not None and b.error is not None
     a_leaves, a_def = jax.tree.flatten(a.value)
@@ -276,27 +288,11 @@ def agree(a: Outcome, b: Outcome) -> bool:
 
 
 _X = np.array([0.5, -1.0, 2.0], dtype=np.float32)
-_decorated: dict[tuple[int, str], Callable[..., Any]] = {}
 
 
-def decorate(decorator: Decorator | None, row: Row) -> Callable[..., Any]:
-    """The row's inner function under `decorator` (None: undecorated). One wrapper
-    per decorator and row, shared by every cell, so that the wrapper's caches see
-    every kind of `c` in every context."""
-    if decorator is None:
-        return row.inner
-    key = (id(decorator), row.name)
-    if key not in _decorated:
-        _decorated[key] = decorator(row.inner)
-    return _decorated[key]
-
-
-def run_cell(
-    context: Context, row: Row, kind: Kind, decorator: Decorator | None
-) -> Outcome:
-    """Runs `row` (its inner function decorated with `decorator`, or undecorated
-    if None) with `c` of `kind` closed over, inside `context`."""
-    f = decorate(decorator, row)
+def run_cell(context: Context, row: Row, kind: Kind, f: Callable[..., Any]) -> Outcome:
+    """Runs `row` with `f` in place of its inner function (`row.inner` itself, or
+    it decorated), with `c` of `kind` closed over, inside `context`."""
     c = kind.make()
     x = jnp.asarray(_X)
     return _run(lambda: context.apply(lambda y: row.caller(f, y, c), x))
@@ -305,16 +301,21 @@ def run_cell(
 def check_context(context: Context, decorator: Decorator) -> list[str]:
     """The cells of `context` where `decorator` breaks the contract: staged cells
     must agree with the undecorated function; unstaged cells too for Python
-    scalars, and with the top-level reference (`jax.jit`, `c` traced) for arrays."""
+    scalars, and with the top-level reference (`jax.jit`, `c` traced) for arrays.
+
+    One wrapper per row serves every kind of `c`, so that its caches see them all.
+    """
     failures = []
     for row in ROWS:
+        decorated = decorator(row.inner)
+        top_level_reference = jax.jit(row.inner)
         for kind in KINDS:
-            got = run_cell(context, row, kind, decorator)
+            got = run_cell(context, row, kind, decorated)
             if context.staged or not kind.array:
-                expected = run_cell(context, row, kind, None)
+                expected = run_cell(context, row, kind, row.inner)
                 reference = "undecorated"
             else:
-                expected = run_cell(context, row, kind, jax.jit)
+                expected = run_cell(context, row, kind, top_level_reference)
                 reference = "top-level reference (jax.jit, c traced)"
             if not agree(got, expected):
                 failures.append(
@@ -372,22 +373,21 @@ def main() -> None:
     disagreements: dict[str, list[str]] = {name: [] for name in decorators}
     for context in CONTEXTS:
         for row in ROWS:
+            wrapped = {name: d(row.inner) for name, d in decorators.items()}
             for kind in KINDS:
-                plain = run_cell(context, row, kind, None)
-                reference = run_cell(context, row, kind, jax.jit)
-                for name, decorator in decorators.items():
-                    got = reference if decorator is jax.jit else None
-                    got = got or run_cell(context, row, kind, decorator)
+                plain = run_cell(context, row, kind, row.inner)
+                reference = run_cell(context, row, kind, wrapped["jax.jit"])
+                for name in decorators:
+                    if name == "jax.jit":
+                        got = reference
+                    else:
+                        got = run_cell(context, row, kind, wrapped[name])
                     same = agree(got, plain)
                     group = "staged" if context.staged else "eager"
                     for g in ("all", group):
                         tallies[name, g].total += 1
                         tallies[name, g].agree += same
-                    expected = (
-                        reference
-                        if not context.staged and kind.array
-                        else plain
-                    )
+                    expected = reference if not context.staged and kind.array else plain
                     tallies[name, "contract"].total += 1
                     tallies[name, "contract"].agree += agree(got, expected)
                     if not same:

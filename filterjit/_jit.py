@@ -20,6 +20,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _trace
+from ._aot import Lowered, resolve, Specialisation, Traced
 from ._cache import BoundedCache
 from ._diagnostics import (
     describe,
@@ -28,8 +29,8 @@ from ._diagnostics import (
     Row,
     TraceLog,
 )
-from ._output import pack_output, PendingOutput
-from ._partition import Partition
+from ._output import pack_output, pack_output_in_place, PendingOutput
+from ._partition import ABSTRACT, Partition
 from ._trace import EAGER, STAGED, TOP
 
 
@@ -64,6 +65,8 @@ _STAGED_MAXSIZE = 256
 _STAGED_MAXBYTES = 16 * 2**20
 
 _UNUSED_DONATION = "Some donated buffers were not usable"
+
+_UNSPECIFIED: Any = object()
 
 # Every live wrapper, for `clear_caches`.
 _wrappers: "weakref.WeakSet[FilterJitWrapper[..., Any]]" = weakref.WeakSet()
@@ -126,21 +129,29 @@ class FilterJitWrapper(Generic[_P, _R]):
         self._donate = donate
         self._silence_donation = donate in ("all", "all-except-first")
         self._inline = inline
+        jitkwargs = dict(jitkwargs)
+        # Given in the user's terms (prefixes of the positional arguments and of the
+        # output), so not passed to jax.jit as they are.
+        self._in_shardings = jitkwargs.pop("in_shardings", _UNSPECIFIED)
+        self._out_shardings = jitkwargs.pop("out_shardings", _UNSPECIFIED)
         self._jitkwargs = jitkwargs
         # One cache per trace level. The top level and eager transforms differ
         # only in donation, so without it they share.
         top_cache = BoundedCache(_TOP_MAXSIZE)
         eager_cache = top_cache if donate == "none" else BoundedCache(_TOP_MAXSIZE)
         staged_cache = BoundedCache(_STAGED_MAXSIZE, _STAGED_MAXBYTES)
+        # Indexed by level: TOP, EAGER, STAGED, ABSTRACT.
         self._caches: tuple[BoundedCache[Any], ...] = (
             top_cache,
             eager_cache,
             staged_cache,
+            BoundedCache(_TOP_MAXSIZE),
         )
         top_partitions = BoundedCache(_TOP_MAXSIZE)
         self._partitions: tuple[BoundedCache[Partition], ...] = (
             top_partitions,
             top_partitions,
+            BoundedCache(_TOP_MAXSIZE),
             BoundedCache(_TOP_MAXSIZE),
         )
         self._trace_log = TraceLog(_name_of(fun))
@@ -183,27 +194,10 @@ class FilterJitWrapper(Generic[_P, _R]):
             return self._fun(*args, **kwargs)
         if kwargs or len(args) != self._arity:
             args, kwargs = self._bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
-        leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
         level = _trace.trace_level()
-        partitions = self._partitions[level]
-        partition_key = (treedef, tuple(map(type, leaves)))
-        try:
-            partition = partitions.get(partition_key)
-        except Exception as e:
-            raise self._key_error(args, kwargs, None, e) from e
-        if partition is None:
-            partition = Partition(treedef, partition_key[1], level == STAGED)
-            partitions.put(partition_key, partition)
-        dynamic, statics = partition.split(leaves)
-        key = (partition, statics)
-        cache = self._caches[level]
-        try:
-            jitted = cache.get(key)
-        except Exception as e:
-            raise self._key_error(args, kwargs, partition, e) from e
+        leaves, partition, dynamic, jitted = self._lookup(args, kwargs, level)
         if jitted is None:
-            jitted = self._jit(level, partition, leaves)
-            cache.put(key, jitted, partition.captured_bytes(leaves))
+            jitted = self._compile(level, partition, leaves, dynamic)
         if self._silence_donation and level == TOP:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
@@ -213,6 +207,38 @@ class FilterJitWrapper(Generic[_P, _R]):
         if type(out) is PendingOutput:
             out = out.resolve(leaves)
         return out
+
+    def _lookup(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], level: int
+    ) -> tuple[list[Any], Partition, tuple[Any, ...], Any]:
+        """Flattens and partitions a bound call at `level`. Returns its leaves, their
+        partition, the traced leaves, and the cached jitted function, or `None`."""
+        leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
+        partitions = self._partitions[level]
+        partition_key = (treedef, tuple(map(type, leaves)))
+        try:
+            partition = partitions.get(partition_key)
+        except Exception as e:
+            raise self._key_error(args, kwargs, None, e) from e
+        if partition is None:
+            partition = Partition(treedef, partition_key[1], level)
+            partitions.put(partition_key, partition)
+        dynamic, statics = partition.split(leaves)
+        try:
+            jitted = self._caches[level].get((partition, statics))
+        except Exception as e:
+            raise self._key_error(args, kwargs, partition, e) from e
+        return leaves, partition, dynamic, jitted
+
+    def _compile(
+        self, level: int, partition: Partition, leaves: list[Any], dynamic: Any
+    ) -> Any:
+        jitted = self._jit(level, partition, leaves)
+        _, statics = partition.split(leaves)
+        self._caches[level].put(
+            (partition, statics), jitted, partition.captured_bytes(leaves)
+        )
+        return jitted
 
     def _bind(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -239,7 +265,10 @@ class FilterJitWrapper(Generic[_P, _R]):
             template[position] = None
         labels = [label for _, _, label in self._leaf_owners(treedef, leaves)]
         roles = partition.roles(len(leaves))
-        trace_log = self._trace_log if level != STAGED else None
+        trace_log = self._trace_log if level in (TOP, EAGER) else None
+        # Shardings, like donation, are for the top level; a nested call changes
+        # nothing.
+        sharded_output = level != STAGED and self._out_shardings is not _UNSPECIFIED
         traced_avals: set[tuple[Any, ...]] = set()
 
         def run(*dynamic: Any) -> Any:
@@ -255,7 +284,10 @@ class FilterJitWrapper(Generic[_P, _R]):
                     ]
                 )
             fun, args, kwargs = jtu.tree_unflatten(treedef, inputs)
-            return pack_output(fun(*args, **kwargs), inputs)
+            output = fun(*args, **kwargs)
+            if sharded_output:
+                return pack_output_in_place(output)
+            return pack_output(output, inputs)
 
         # So that JAX's own messages (jax_explain_cache_misses, errors) point at
         # the user's function and name the user's arguments, not at this closure.
@@ -272,29 +304,96 @@ class FilterJitWrapper(Generic[_P, _R]):
         jitkwargs = dict(self._jitkwargs)
         if level == STAGED:
             jitkwargs["inline"] = self._inline
-        elif level == TOP:
-            donated = self._donated_positions(treedef, leaves, dynamic_positions)
-            if donated:
-                jitkwargs["donate_argnums"] = donated
+        else:
+            if sharded_output:
+                jitkwargs["out_shardings"] = self._out_shardings
+            if self._in_shardings is not _UNSPECIFIED:
+                jitkwargs["in_shardings"] = self._leaf_shardings(
+                    treedef, leaves, dynamic_positions
+                )
+            if level in (TOP, ABSTRACT):
+                donated = self._donated_positions(treedef, leaves, dynamic_positions)
+                if donated:
+                    jitkwargs["donate_argnums"] = donated
         return jax.jit(run, **jitkwargs)
+
+    def _leaf_shardings(
+        self, treedef: Any, leaves: list[Any], dynamic_positions: tuple[int, ...]
+    ) -> tuple[Any, ...]:
+        """`in_shardings`, a prefix of the positional arguments, for each traced
+        leaf."""
+        fun, args, kwargs = jtu.tree_unflatten(treedef, leaves)
+        try:
+            per_arg = jax.tree.broadcast(
+                self._in_shardings, args, is_leaf=lambda x: x is None
+            )
+        except (ValueError, TypeError) as e:
+            raise ValueError(
+                f"{self.__qualname__}: in_shardings must be a pytree prefix of the "
+                f"positional arguments (a tuple with one entry per argument, each "
+                f"a sharding, None, or a pytree of them), but: {e}"
+            ) from None
+        per_leaf = [
+            *([None] * len(jtu.tree_leaves(fun))),
+            *jtu.tree_leaves(per_arg, is_leaf=lambda x: x is None),
+            *([None] * len(jtu.tree_leaves(kwargs))),
+        ]
+        return tuple(per_leaf[position] for position in dynamic_positions)
+
+    def _prepare_abstract(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], Partition, tuple[Any, ...]]:
+        args, kwargs = self._bind(args, kwargs)
+        leaves, partition, dynamic, _ = self._lookup(args, kwargs, ABSTRACT)
+        return leaves, partition, dynamic
+
+    def _abstract(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, Specialisation, tuple[Any, ...]]:
+        args, kwargs = self._bind(args, kwargs)
+        leaves, partition, dynamic, jitted = self._lookup(args, kwargs, ABSTRACT)
+        if jitted is None:
+            jitted = self._compile(ABSTRACT, partition, leaves, dynamic)
+        labels = lambda treedef, leaves: [  # noqa: E731
+            label for _, _, label in self._leaf_owners(treedef, leaves)
+        ]
+        specialisation = Specialisation(self.__qualname__, partition, leaves, labels)
+        return jitted, specialisation, dynamic
+
+    def lower(self, *args: _P.args, **kwargs: _P.kwargs) -> Lowered:
+        """Lowers the function for these arguments, as `jax.jit(...).lower`.
+
+        Arrays may be given as `jax.ShapeDtypeStruct`s. Every other leaf is static
+        and compiled in: the `Compiled` object raises if called with different
+        static values.
+
+        **Returns:**
+
+        A `Lowered`, with `.as_text()` and `.compile()`.
+        """
+        jitted, specialisation, dynamic = self._abstract(args, kwargs)
+        return Lowered(jitted.lower(*dynamic), specialisation, self._prepare_abstract)
+
+    def trace(self, *args: _P.args, **kwargs: _P.kwargs) -> Traced:
+        """Traces the function for these arguments, as `jax.jit(...).trace`.
+
+        **Returns:**
+
+        A `Traced`, with `.jaxpr`, `.out_info` and `.lower()`.
+        """
+        jitted, specialisation, dynamic = self._abstract(args, kwargs)
+        return Traced(jitted.trace(*dynamic), specialisation, self._prepare_abstract)
+
+    def eval_shape(self, *args: _P.args, **kwargs: _P.kwargs) -> Any:
+        """The output's shapes and dtypes, as `jax.eval_shape`: traced output
+        leaves as `jax.ShapeDtypeStruct`s, every other leaf unchanged."""
+        jitted, specialisation, dynamic = self._abstract(args, kwargs)
+        return resolve(jitted.eval_shape(*dynamic), specialisation.leaves)
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
         args, kwargs = self._bind(args, kwargs)
-        leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
         level = _trace.trace_level()
-        partition_key = (treedef, tuple(map(type, leaves)))
-        try:
-            partition = self._partitions[level].get(partition_key)
-        except Exception as e:
-            raise self._key_error(args, kwargs, None, e) from e
-        cache_hit = partition is not None
-        if partition is None:
-            partition = Partition(treedef, partition_key[1], level == STAGED)
-        dynamic, statics = partition.split(leaves)
-        try:
-            jitted = self._caches[level].get((partition, statics))
-        except Exception as e:
-            raise self._key_error(args, kwargs, partition, e) from e
+        leaves, partition, dynamic, jitted = self._lookup(args, kwargs, level)
         cache_hit = (
             jitted is not None
             and tuple(map(jax.typeof, dynamic)) in jitted.__wrapped__.traced_avals
@@ -303,7 +402,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         rows = [
             Row(label, role, describe(leaf, role), type(leaf))
             for (_, _, label), role, leaf in zip(
-                self._leaf_owners(treedef, leaves), roles, leaves
+                self._leaf_owners(partition.treedef, leaves), roles, leaves
             )
             if leaf is not self._fun  # the function itself, when it is a leaf
         ]

@@ -106,3 +106,30 @@ def pack_output(output: Any, inputs: list[Any]) -> Any:
         treedef, static_leaves, tuple(dynamic_positions), tuple(passthrough)
     )
     return _OutputBox(dynamic, spec)
+
+
+class _StaticLeaf:
+    """A non-traced output leaf as a childless pytree node, so that the output
+    keeps the user's structure: then jax.jit's `out_shardings`, given as a prefix
+    of the user's output, applies to it. Hashed and compared by identity."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+jtu.register_pytree_node(
+    _StaticLeaf,
+    lambda leaf: ((), leaf),
+    lambda leaf, _: leaf.value,  # pyright: ignore[reportArgumentType]
+)
+
+
+def pack_output_in_place(output: Any) -> Any:
+    """Like `pack_output`, but each non-traced leaf stays where it is in the
+    output's structure. Inputs handed back come back as the objects of the call
+    that was traced (equal to this call's, since they are keyed by value)."""
+    return jtu.tree_map(
+        lambda leaf: leaf if isinstance(leaf, Tracer) else _StaticLeaf(leaf), output
+    )

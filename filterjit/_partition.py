@@ -9,6 +9,13 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
+from ._trace import STAGED
+
+
+# Not a trace level: the level of `lower`, `trace` and `eval_shape`, which take
+# ShapeDtypeStructs in place of arrays.
+ABSTRACT = 3
+
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
@@ -94,6 +101,7 @@ class Partition:
 
     __slots__ = (
         "treedef",
+        "static_types",
         "dynamic_positions",
         "static_positions",
         "array_positions",
@@ -102,16 +110,24 @@ class Partition:
         "_take_static",
     )
 
-    def __init__(self, treedef: Any, types: tuple[type, ...], staged: bool):
+    def __init__(self, treedef: Any, types: tuple[type, ...], level: int):
+        staged = level == STAGED
+        # Lowering ahead of time takes ShapeDtypeStructs in place of arrays.
+        traced_types = (
+            (Tracer,)
+            if staged
+            else (*_ARRAY_TYPES, Tracer, jax.ShapeDtypeStruct)
+            if level == ABSTRACT
+            else (*_ARRAY_TYPES, Tracer)
+        )
         self.treedef = treedef
+        self.static_types = tuple(t for t in types if not issubclass(t, traced_types))
         dynamic_positions = []
         static_positions = []
         array_positions = []
         rekey = []
         for position, kind in enumerate(types):
-            if issubclass(kind, Tracer) or (
-                not staged and issubclass(kind, _ARRAY_TYPES)
-            ):
+            if issubclass(kind, traced_types):
                 dynamic_positions.append(position)
                 continue
             static_index = len(static_positions)

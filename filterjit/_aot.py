@@ -1,0 +1,154 @@
+"""Ahead-of-time compilation: `wrapped.trace(...)`, `.lower(...)`, `.compile()`.
+
+The objects here keep the static arguments they were made with, so a compiled
+function called with different static arguments fails loudly instead of silently
+computing with the old ones.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from ._output import PendingOutput
+from ._partition import Partition
+
+
+def resolve(output: Any, leaves: list[Any]) -> Any:
+    """The user's output: inputs handed back are this call's own objects."""
+    return output.resolve(leaves) if type(output) is PendingOutput else output
+
+
+class Specialisation:
+    """The static part of one call: what an ahead-of-time object was made for.
+    `check` compares another call against it."""
+
+    def __init__(
+        self,
+        name: str,
+        partition: Partition,
+        leaves: list[Any],
+        labels: Callable[[Any, list[Any]], list[str]],
+    ):
+        self.name = name
+        self.partition = partition
+        self.statics = partition.split(leaves)[1]
+        self.leaves = leaves
+        self._labels = labels
+
+    def check(self, partition: Partition, leaves: list[Any]) -> None:
+        """Raises if a call with these leaves differs in anything but the values
+        of its traced leaves."""
+        lowered = self.partition
+        if partition.treedef != lowered.treedef:
+            raise TypeError(
+                f"{self.name}: called with arguments whose structure differs from "
+                f"the one it was lowered with.\n  lowered with: {lowered.treedef}\n"
+                f"  called with:  {partition.treedef}\nLower again for the new "
+                "structure."
+            )
+        labels = self._labels(partition.treedef, leaves)
+        if partition.dynamic_positions != lowered.dynamic_positions:
+            traced = set(lowered.dynamic_positions)
+            for position in set(partition.dynamic_positions) ^ traced:
+                was = "traced" if position in traced else "static"
+                now = "static" if position in traced else "traced"
+                kind = type(leaves[position]).__name__
+                raise TypeError(
+                    f"{self.name}: argument `{labels[position]}` was {was} when "
+                    f"lowered and is {now} now (it is a `{kind}`). Pass the same "
+                    "kind of value, or lower again."
+                )
+        statics = partition.split(leaves)[1]
+        if partition.static_types == lowered.static_types and statics == self.statics:
+            return
+        for index, position in enumerate(partition.static_positions):
+            before, now = self.leaves[position], leaves[position]
+            if type(before) is not type(now) or self.statics[index] != statics[index]:
+                raise ValueError(
+                    f"{self.name}: static argument `{labels[position]}` was "
+                    f"{before!r} when lowered and is {now!r} now. Static values "
+                    "are compiled in: lower again with the new value, or make it "
+                    "an array so that it is traced."
+                )
+
+
+class Compiled:
+    """A `filter_jit` function compiled ahead of time. Call it like the wrapped
+    function; it checks that the static arguments are those it was lowered with."""
+
+    def __init__(
+        self,
+        compiled: Any,
+        specialisation: Specialisation,
+        prepare: Callable[..., tuple[list[Any], Partition, tuple[Any, ...]]],
+    ):
+        self.compiled = compiled
+        self._specialisation = specialisation
+        self._prepare = prepare
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, partition, dynamic = self._prepare(args, kwargs)
+        self._specialisation.check(partition, leaves)
+        return resolve(self.compiled(*dynamic), leaves)
+
+    def as_text(self) -> str | None:
+        """The compiled program's text, as `jax.stages.Compiled.as_text`."""
+        return self.compiled.as_text()
+
+    def cost_analysis(self) -> Any:
+        return self.compiled.cost_analysis()
+
+    def memory_analysis(self) -> Any:
+        return self.compiled.memory_analysis()
+
+
+class Lowered:
+    """A `filter_jit` function lowered ahead of time. `.compile()` gives a
+    `Compiled`; `.as_text()` the program."""
+
+    def __init__(
+        self,
+        lowered: Any,
+        specialisation: Specialisation,
+        prepare: Callable[..., tuple[list[Any], Partition, tuple[Any, ...]]],
+    ):
+        self.lowered = lowered
+        self._specialisation = specialisation
+        self._prepare = prepare
+
+    def as_text(self, dialect: str | None = None) -> str:
+        """The lowered program's text, as `jax.stages.Lowered.as_text`."""
+        return self.lowered.as_text(dialect)
+
+    def compiler_ir(self, dialect: str | None = None) -> Any:
+        return self.lowered.compiler_ir(dialect)
+
+    def compile(self, compiler_options: dict[str, Any] | None = None) -> Compiled:
+        compiled = self.lowered.compile(compiler_options)
+        return Compiled(compiled, self._specialisation, self._prepare)
+
+
+class Traced:
+    """A `filter_jit` function traced ahead of time, as `jax.stages.Traced`."""
+
+    def __init__(
+        self,
+        traced: Any,
+        specialisation: Specialisation,
+        prepare: Callable[..., tuple[list[Any], Partition, tuple[Any, ...]]],
+    ):
+        self.traced = traced
+        self._specialisation = specialisation
+        self._prepare = prepare
+
+    @property
+    def jaxpr(self) -> Any:
+        return self.traced.jaxpr
+
+    @property
+    def out_info(self) -> Any:
+        """The output, with `jax.ShapeDtypeStruct`s for traced leaves and every
+        other leaf as the function returned it."""
+        return resolve(self.traced.out_info, self._specialisation.leaves)
+
+    def lower(self) -> Lowered:
+        return Lowered(self.traced.lower(), self._specialisation, self._prepare)

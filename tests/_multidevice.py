@@ -1,0 +1,127 @@
+"""Run in a subprocess with 8 CPU devices by tests/test_sharding.py."""
+
+import os
+
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+from filterjit import filter_jit  # noqa: E402
+
+
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+assert jax.device_count() == 8, jax.devices()
+mesh = jax.make_mesh((4, 2), ("data", "model"))
+replicated = NamedSharding(mesh, P())
+by_data = NamedSharding(mesh, P("data"))
+by_model = NamedSharding(mesh, P(None, "model"))
+
+
+def check_in_shardings_prefix_skips_statics():
+    @filter_jit(in_shardings=({"w": replicated, "b": None}, by_data, replicated))
+    def f(params, batch, n):
+        return batch @ params["w"] * n + params["b"]
+
+    params = {"w": jnp.ones((4, 2)), "b": jnp.zeros(2)}
+    batch = jnp.arange(32.0).reshape(8, 4)
+    out = f(params, batch, 3.0)  # `n` is static: its sharding is skipped
+    np.testing.assert_allclose(out, batch @ params["w"] * 3.0)
+    assert out.sharding.spec == P("data"), out.sharding
+
+
+def check_outputs_keep_input_shardings():
+    f = filter_jit(lambda x, k: (x * k, k))
+    x = jax.device_put(jnp.arange(16.0).reshape(8, 2), by_data)
+    y, k = f(x, 2.0)
+    assert k == 2.0
+    assert y.sharding.is_equivalent_to(x.sharding, 2), y.sharding
+
+
+def check_out_shardings_prefix():
+    f = filter_jit(
+        lambda x: {"a": x * 2, "b": x + 1, "tag": "t"},
+        out_shardings={"a": by_data, "b": by_model, "tag": None},
+    )
+    out = f(jnp.ones((8, 2)))
+    assert out["tag"] == "t"
+    assert out["a"].sharding.spec == P("data"), out["a"].sharding
+    assert out["b"].sharding.spec == P(None, "model"), out["b"].sharding
+
+
+def check_nested_in_shard_map_and_in_a_jit_over_a_mesh():
+    @filter_jit
+    def scale(x, table):
+        return x * float(np.sum(table))  # needs `table` concrete
+
+    table = np.array([1.0, 2.0], np.float32)
+    body = jax.shard_map(
+        lambda x: scale(x, table), mesh=mesh, in_specs=P("data"), out_specs=P("data")
+    )
+    x = jax.device_put(jnp.arange(16.0).reshape(8, 2), by_data)
+    np.testing.assert_allclose(jax.jit(body)(x), x * 3.0)
+    # Eager shard_map is an eager transform: arrays are traced, Python scalars
+    # stay static.
+    eager = jax.shard_map(
+        lambda x: filter_jit(lambda x, k: x * k)(x, 3.0),
+        mesh=mesh,
+        in_specs=P("data"),
+        out_specs=P("data"),
+    )
+    np.testing.assert_allclose(eager(x), x * 3.0)
+    with jax.set_mesh(mesh):
+        out = jax.jit(lambda x: scale(x, table) + 1)(x)
+    np.testing.assert_allclose(out, x * 3.0 + 1)
+
+
+class MLP(eqx.Module):
+    layers: tuple[eqx.nn.Linear, ...]
+
+    def __init__(self, key):
+        k1, k2 = jax.random.split(key)
+        self.layers = (eqx.nn.Linear(4, 16, key=k1), eqx.nn.Linear(16, 1, key=k2))
+
+    def __call__(self, x):
+        return self.layers[1](jax.nn.tanh(self.layers[0](x)))[0]
+
+
+def loss_fn(model, x, y):
+    return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+
+def step(model, x, y, learning_rate):
+    loss, grads = eqx.filter_value_and_grad(loss_fn)(model, x, y)
+    model = jax.tree.map(lambda p, g: p - learning_rate * g, model, grads)
+    return model, loss
+
+
+def check_data_parallel_training_matches_single_device():
+    model = MLP(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (32, 4))
+    y = jnp.sin(x.sum(axis=1))
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def sharded_step(params, x, y):
+        return step(eqx.combine(params, static), x, y, 0.1)
+
+    parallel = filter_jit(sharded_step, in_shardings=(replicated, by_data, by_data))
+    assert "num_partitions = 8" in parallel.lower(params, x, y).as_text()
+    single = filter_jit(step)
+    m_parallel, m_single = params, model
+    for _ in range(3):
+        m_parallel, loss_parallel = parallel(m_parallel, x, y)
+        m_parallel = eqx.filter(m_parallel, eqx.is_array)
+        m_single, loss_single = single(m_single, x, y, 0.1)
+        np.testing.assert_allclose(loss_parallel, loss_single, rtol=1e-5)
+    print("losses", float(loss_single), float(loss_parallel))
+
+
+if __name__ == "__main__":
+    for name, check in list(globals().items()):
+        if name.startswith("check_"):
+            check()
+            print("passed", name)

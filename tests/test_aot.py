@@ -1,0 +1,61 @@
+"""Ahead-of-time: lower, compile, trace, eval_shape."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from filterjit import filter_jit
+
+
+@filter_jit
+def _f(x, n, tag="a"):
+    return x * n, tag, np.arange(n)
+
+
+def test_lower_with_shape_dtype_structs_and_compile():
+    lowered = _f.lower(jax.ShapeDtypeStruct((3,), jnp.float32), 2)
+    assert "func.func public @main" in lowered.as_text()
+    compiled = lowered.compile()
+    y, tag, table = compiled(jnp.ones(3), 2)
+    assert y.tolist() == [2.0, 2.0, 2.0] and tag == "a"
+    np.testing.assert_array_equal(table, np.arange(2))
+    assert compiled(np.ones(3, np.float32), 2, tag="a")[0].tolist() == [2.0] * 3
+    assert compiled.as_text()
+
+
+def test_compiled_rejects_changed_static_arguments():
+    compiled = _f.lower(jnp.ones(3), 2).compile()
+    with pytest.raises(ValueError, match=r"static argument `n` was 2 when lowered"):
+        compiled(jnp.ones(3), 3)
+    with pytest.raises(ValueError, match=r"`n` was 2 when lowered and is 2.0 now"):
+        compiled(jnp.ones(3), 2.0)
+    with pytest.raises(ValueError, match=r"`tag` was 'a'"):
+        compiled(jnp.ones(3), 2, tag="b")
+    with pytest.raises(TypeError, match=r"`n` was static when lowered and is traced"):
+        compiled(jnp.ones(3), jnp.int32(2))
+    with pytest.raises(TypeError, match="structure"):
+        compiled((jnp.ones(3),), 2)
+    with pytest.raises(TypeError, match="float32\\[4\\]"):
+        compiled(jnp.ones(4), 2)  # JAX's own check, naming the argument `x`
+
+
+def test_trace_and_eval_shape():
+    traced = _f.trace(jax.ShapeDtypeStruct((3,), jnp.float32), 2)
+    assert "mul" in str(traced.jaxpr)
+    shape, tag, table = traced.out_info
+    assert shape == jax.ShapeDtypeStruct((3,), jnp.float32) and tag == "a"
+    assert traced.lower().compile()(jnp.ones(3), 2)[0].tolist() == [2.0] * 3
+    shape, tag, _ = _f.eval_shape(jnp.ones(5), 3)
+    assert shape.shape == (5,) and tag == "a"
+
+
+def test_aot_methods_live_on_the_class():
+    assert "lower" not in vars(_f) and callable(type(_f).lower)
+    assert callable(type(_f).trace) and callable(type(_f).eval_shape)
+
+
+def test_lower_with_donation():
+    f = filter_jit(lambda state, x: state + x, donate="all-except-first")
+    text = f.lower(jnp.ones(3), jnp.ones(3)).as_text()
+    assert "tf.aliasing_output" in text or "jax.buffer_donor" in text

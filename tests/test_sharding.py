@@ -1,0 +1,25 @@
+"""Shardings on 8 CPU devices: run in a subprocess, since the device count is
+fixed when JAX starts."""
+
+import os
+import subprocess
+import sys
+
+
+def test_shardings_on_eight_devices():
+    script = os.path.join(os.path.dirname(__file__), "_multidevice.py")
+    result = subprocess.run(
+        [sys.executable, "-W", "error", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for check in (
+        "check_in_shardings_prefix_skips_statics",
+        "check_outputs_keep_input_shardings",
+        "check_out_shardings_prefix",
+        "check_nested_in_shard_map_and_in_a_jit_over_a_mesh",
+        "check_data_parallel_training_matches_single_device",
+    ):
+        assert f"passed {check}" in result.stdout, result.stdout

@@ -112,12 +112,13 @@ def check_data_parallel_training_matches_single_device():
     assert "num_partitions = 8" in parallel.lower(params, x, y).as_text()
     single = filter_jit(step)
     m_parallel, m_single = params, model
+    loss_parallel = loss_single = None
     for _ in range(3):
         m_parallel, loss_parallel = parallel(m_parallel, x, y)
         m_parallel = eqx.filter(m_parallel, eqx.is_array)
         m_single, loss_single = single(m_single, x, y, 0.1)
         np.testing.assert_allclose(loss_parallel, loss_single, rtol=1e-5)
-    print("losses", float(loss_single), float(loss_parallel))
+    print("losses", loss_single, loss_parallel)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 import functools as ft
 import inspect
 import re
+import sys
 import warnings
 import weakref
 from collections.abc import Callable
@@ -84,6 +85,16 @@ def _signature_of(fun: Callable[..., Any]) -> inspect.Signature | None:
         return None
 
 
+def _globals_of(fun: Any) -> dict[str, Any]:
+    while isinstance(fun, ft.partial):
+        fun = fun.func
+    namespace = getattr(fun, "__globals__", None)
+    if namespace is None:
+        module = sys.modules.get(getattr(type(fun), "__module__", ""), None)
+        namespace = vars(module) if module is not None else {}
+    return namespace
+
+
 def _name_of(fun: Any) -> str:
     while isinstance(fun, ft.partial):
         fun = fun.func
@@ -162,6 +173,9 @@ class FilterJitWrapper(Generic[_P, _R]):
         self.__doc__ = getattr(fun, "__doc__", None)
         self.__module__ = getattr(fun, "__module__", None) or __name__
         self.__annotations__ = getattr(fun, "__annotations__", {})
+        # Where the annotations' names resolve: decorators that read a function's
+        # globals (jaxtyping's `jaxtyped`) work on the wrapper too.
+        self.__globals__ = _globals_of(fun)
 
     def __repr__(self) -> str:
         return f"<filter_jit-wrapped {self.__qualname__} at {id(self):#x}>"

@@ -1,0 +1,123 @@
+"""Static types (ParamSpec) and runtime type checkers around filter_jit."""
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import jaxtyping
+import pytest
+from beartype import beartype
+from jaxtyping import Array, Float, jaxtyped
+
+from filterjit import filter_jit
+
+
+def test_reveal_type_keeps_the_parameters(tmp_path):
+    pyright = shutil.which("pyright")
+    assert pyright is not None, "pyright is installed by the test extra"
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(
+        textwrap.dedent(
+            """
+            import jax
+            from filterjit import filter_jit
+
+            @filter_jit
+            def f(x: jax.Array, n: int, *, mode: str = "a") -> jax.Array:
+                return x * n
+
+            @filter_jit(donate="all")
+            def g(x: jax.Array) -> float:
+                return 1.0
+
+            class Model:
+                @filter_jit
+                def apply(self, x: jax.Array, k: int) -> jax.Array:
+                    return x
+
+            reveal_type(f)
+            reveal_type(g)
+            reveal_type(Model().apply)
+            f(1)  # a type error: missing argument
+            """
+        )
+    )
+    result = subprocess.run(
+        [pyright, "--outputjson", "--pythonpath", sys.executable, str(snippet)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(result.stdout)
+    messages = [d["message"] for d in report["generalDiagnostics"]]
+    revealed = [m for m in messages if m.startswith("Type of")]
+    assert len(revealed) == 3, messages
+    assert (
+        'FilterJitWrapper[(x: Array, n: int, *, mode: str = "a"), Array]'
+        in (revealed[0])
+    ), revealed
+    assert "FilterJitWrapper[(x: Array), float]" in revealed[1], revealed
+    assert "(x: Array, k: int) -> Array" in revealed[2], revealed
+    assert any('"n"' in m and "Argument missing" in m for m in messages), messages
+
+
+def test_filter_jit_over_jaxtyped_checks_shapes_at_trace_time():
+    @filter_jit
+    @jaxtyped(typechecker=beartype)
+    def add(x: Float[Array, " n"], y: Float[Array, " n"]) -> Float[Array, " n"]:
+        return x + y
+
+    assert add(jnp.ones(3), jnp.ones(3)).tolist() == [2.0] * 3
+    with pytest.raises(jaxtyping.TypeCheckError):
+        add(jnp.ones(3), jnp.ones(4))
+    with pytest.raises(jaxtyping.TypeCheckError):
+        jax.jit(lambda x: add(x, jnp.ones(2)))(jnp.ones(3))
+
+
+def _scale(x: Float[Array, " n"], k: int) -> Float[Array, " n"]:
+    return x * k
+
+
+def test_beartype_over_filter_jit_checks_every_call():
+    # In a fresh interpreter: this test session instruments filterjit itself with
+    # beartype (jaxtyping's import hook), and beartype does not decorate twice.
+    script = textwrap.dedent(
+        """
+        import jax.numpy as jnp
+        from beartype import beartype
+        from beartype.roar import BeartypeCallHintParamViolation
+        from jaxtyping import Array, Float
+        from filterjit import filter_jit
+
+        def scale(x: Float[Array, " n"], k: int) -> Float[Array, " n"]:
+            return x * k
+
+        checked = beartype(filter_jit(scale))
+        assert checked(jnp.ones(2), 2).tolist() == [2.0, 2.0]
+        for _ in range(2):  # every call, not only the first
+            try:
+                checked(jnp.ones(2), "a")
+            except BeartypeCallHintParamViolation as e:
+                assert "k='a' violates type hint" in str(e), e
+            else:
+                raise AssertionError("not checked")
+        print("checked")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.stdout.strip() == "checked", result.stdout + result.stderr
+
+
+def test_jaxtyped_over_filter_jit_works():
+    checked = jaxtyped(typechecker=beartype)(filter_jit(_scale))
+    assert checked(jnp.ones(2), 2).tolist() == [2.0, 2.0]
+    with pytest.raises(jaxtyping.TypeCheckError):
+        checked(jnp.ones(2), "a")  # pyright: ignore[reportArgumentType]
+    with pytest.raises(jaxtyping.TypeCheckError):
+        checked(jnp.ones((2, 2)), 2)

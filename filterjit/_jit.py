@@ -4,6 +4,7 @@ import functools as ft
 import inspect
 import re
 import sys
+import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -129,6 +130,9 @@ class FilterJitWrapper(Generic[_P, _R]):
             # functools.partial is not a pytree; jtu.Partial is, so the arrays
             # bound in it are traced like any other argument.
             fun = jtu.Partial(fun.func, *fun.args, **fun.keywords)
+        elif isinstance(fun, types.MethodType):
+            # Likewise a bound method: its `self` is partitioned, not hashed.
+            fun = jtu.Partial(fun.__func__, fun.__self__)
         self._fun = fun
         self._signature = _signature_of(fun)
         self._parameters = (
@@ -199,8 +203,9 @@ class FilterJitWrapper(Generic[_P, _R]):
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
             return self
-        # A pytree, so `self` of a method is partitioned like any other argument.
-        return jtu.Partial(self, instance)
+        # Called as `self(instance, ...)`, so `instance` is partitioned like any
+        # other argument. (filter_jit of the bound method makes it a jtu.Partial.)
+        return types.MethodType(self, instance)
 
     def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame

@@ -57,6 +57,8 @@ else:
         # The current trace points at the one it was opened under through
         # `parent_trace`; the chain ends at an `EvalTrace`, which has none.
         trace = _trace_ctx.trace
+        if type(trace) is _EvalTrace:  # the common case: no trace at all
+            return TOP
         level = TOP
         while trace is not None:
             if isinstance(trace, _DynamicJaxprTrace):

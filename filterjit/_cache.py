@@ -2,7 +2,7 @@
 
 import threading
 from collections.abc import Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 
 _V = TypeVar("_V")
@@ -51,3 +51,15 @@ class BoundedCache(Generic[_V]):
 
     def __len__(self) -> int:
         return len(self._values)
+
+
+class AliasDispatch:
+    """A cache entry whose function hands back a static input that was one object
+    at several input positions when traced. Which position it came from is then
+    ambiguous, so such calls are told apart by which static inputs are one object
+    (their alias pattern), each pattern with its own jitted function."""
+
+    __slots__ = ("by_pattern",)
+
+    def __init__(self) -> None:
+        self.by_pattern: dict[tuple[int, ...], Any] = {}

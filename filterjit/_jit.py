@@ -23,7 +23,7 @@ import jax.tree_util as jtu
 
 from . import _trace
 from ._aot import Lowered, resolve, Specialisation, Traced
-from ._cache import BoundedCache
+from ._cache import AliasDispatch, BoundedCache
 from ._diagnostics import (
     describe,
     Explanation,
@@ -247,6 +247,12 @@ class FilterJitWrapper(Generic[_P, _R]):
             jitted = self._caches[level].get((partition, statics))
         except Exception as e:
             raise self._key_error(args, kwargs, partition, e) from e
+        if type(jitted) is AliasDispatch:
+            pattern = partition.alias_pattern(leaves)
+            by_pattern = jitted.by_pattern
+            jitted = by_pattern.get(pattern)
+            if jitted is None:
+                jitted = by_pattern[pattern] = self._jit(level, partition, leaves)
         return leaves, partition, dynamic, jitted
 
     def _compile(
@@ -289,6 +295,18 @@ class FilterJitWrapper(Generic[_P, _R]):
         # nothing.
         sharded_output = level != STAGED and self._out_shardings is not _UNSPECIFIED
         traced_avals: set[tuple[Any, ...]] = set()
+        cache = self._caches[level]
+        key = (partition, partition.split(leaves)[1])
+        this: list[Any] = []  # the jitted function, once made
+
+        def on_ambiguous_output(inputs: list[Any]) -> None:
+            # From now on, calls with this key are told apart by alias pattern;
+            # this function serves the pattern it was traced with.
+            entry = cache.get(key)
+            if type(entry) is not AliasDispatch:
+                entry = AliasDispatch()
+                cache.put(key, entry, partition.captured_bytes(leaves))
+            entry.by_pattern[partition.alias_pattern(inputs)] = this[0]
 
         def run(*dynamic: Any) -> Any:
             inputs = list(template)
@@ -306,7 +324,10 @@ class FilterJitWrapper(Generic[_P, _R]):
             output = fun(*args, **kwargs)
             if sharded_output:
                 return pack_output_in_place(output)
-            return pack_output(output, inputs)
+            packed, ambiguous = pack_output(output, inputs)
+            if ambiguous:
+                on_ambiguous_output(inputs)
+            return packed
 
         # So that JAX's own messages (jax_explain_cache_misses, errors) point at
         # the user's function and name the user's arguments, not at this closure.
@@ -334,7 +355,8 @@ class FilterJitWrapper(Generic[_P, _R]):
                 donated = self._donated_positions(treedef, leaves, dynamic_positions)
                 if donated:
                     jitkwargs["donate_argnums"] = donated
-        return jax.jit(run, **jitkwargs)
+        this.append(jax.jit(run, **jitkwargs))
+        return this[0]
 
     def _leaf_shardings(
         self, treedef: Any, leaves: list[Any], dynamic_positions: tuple[int, ...]

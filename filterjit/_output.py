@@ -78,20 +78,26 @@ jtu.register_pytree_node(
 )
 
 
-def pack_output(output: Any, inputs: list[Any]) -> Any:
-    """What the jitted function returns for `output`, traced with `inputs`."""
+def pack_output(output: Any, inputs: list[Any]) -> tuple[Any, bool]:
+    """What the jitted function returns for `output`, traced with `inputs`; and
+    whether an input handed back was one object at several input positions, so
+    that which one it came from is ambiguous."""
     leaves, treedef = jtu.tree_flatten(output)
     if all(isinstance(leaf, Tracer) for leaf in leaves):
-        return output
-    input_positions = {
-        id(leaf): position
-        for position, leaf in enumerate(inputs)
-        if not isinstance(leaf, Tracer)
-    }
+        return output, False
+    input_positions: dict[int, int] = {}
+    aliased: set[int] = set()
+    for position, leaf in enumerate(inputs):
+        if not isinstance(leaf, Tracer):
+            if id(leaf) in input_positions:
+                aliased.add(id(leaf))
+            else:
+                input_positions[id(leaf)] = position
     dynamic = []
     dynamic_positions = []
     passthrough = []
     static_leaves: list[Any] = []
+    ambiguous = False
     for position, leaf in enumerate(leaves):
         if isinstance(leaf, Tracer):
             dynamic.append(leaf)
@@ -101,11 +107,12 @@ def pack_output(output: Any, inputs: list[Any]) -> Any:
             in_position = input_positions.get(id(leaf))
             if in_position is not None:
                 passthrough.append((position, in_position))
+                ambiguous = ambiguous or id(leaf) in aliased
             static_leaves.append(leaf)
     spec = _OutputSpec(
         treedef, static_leaves, tuple(dynamic_positions), tuple(passthrough)
     )
-    return _OutputBox(dynamic, spec)
+    return _OutputBox(dynamic, spec), ambiguous
 
 
 class _StaticLeaf:

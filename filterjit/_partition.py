@@ -162,6 +162,12 @@ class Partition:
             statics = tuple(keys)
         return self._take_dynamic(leaves), statics
 
+    def alias_pattern(self, leaves: Sequence[Any]) -> tuple[int, ...]:
+        """Which static leaves are one object: for each, the index of the first
+        static leaf that is the same object."""
+        ids = [id(leaves[position]) for position in self.static_positions]
+        return tuple(map(ids.index, ids))
+
     def roles(self, count: int) -> list[str]:
         """What happens to each of `count` leaves: "traced", "concrete" (an array
         passed through unchanged inside a staged trace) or "static"."""

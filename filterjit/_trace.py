@@ -21,10 +21,13 @@ STAGED = 2  # a staged computation (jit, make_jaxpr, scan/while/cond bodies,
 
 def _trace_level_public() -> int:
     # Public but explicitly unstable. It cannot tell eager transforms from the top
-    # level, so it says TOP for both; that only matters for donation.
-    if jax.extend.core.unsafe_am_i_under_a_jit_DO_NOT_USE():  # pyright: ignore[reportPrivateImportUsage]
-        return STAGED
-    return TOP
+    # level, so it says TOP for both; that only matters for donation. Where even
+    # this is missing (jax < 0.10), every call is treated as a top-level call, as
+    # equinox.filter_jit does.
+    am_i_under_a_jit = getattr(
+        jax.extend.core, "unsafe_am_i_under_a_jit_DO_NOT_USE", lambda: False
+    )
+    return STAGED if am_i_under_a_jit() else TOP
 
 
 def _jit_disabled_public() -> bool:

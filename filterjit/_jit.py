@@ -69,6 +69,7 @@ _STAGED_MAXBYTES = 16 * 2**20
 _UNUSED_DONATION = "Some donated buffers were not usable"
 
 _UNSPECIFIED: Any = object()
+_EMPTY_PARTITION = Partition(jtu.tree_structure(None), (), TOP)
 
 # Every live wrapper, for `clear_caches`.
 _wrappers: "weakref.WeakSet[FilterJitWrapper[..., Any]]" = weakref.WeakSet()
@@ -170,6 +171,12 @@ class FilterJitWrapper(Generic[_P, _R]):
             BoundedCache(_TOP_MAXSIZE),
         )
         self._trace_log = TraceLog(_name_of(fun))
+        self._last_partition: tuple[int, tuple[type, ...], Any, Any] = (
+            -1,
+            (),
+            None,
+            None,
+        )
         _wrappers.add(self)
         self.__wrapped__ = fun
         self.__name__ = getattr(fun, "__name__", _name_of(fun))
@@ -233,15 +240,23 @@ class FilterJitWrapper(Generic[_P, _R]):
         """Flattens and partitions a bound call at `level`. Returns its leaves, their
         partition, the traced leaves, and the cached jitted function, or `None`."""
         leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
-        partitions = self._partitions[level]
-        partition_key = (treedef, tuple(map(type, leaves)))
+        types = tuple(map(type, leaves))
+        # Most calls repeat the previous call's structure: comparing with it costs
+        # no hashing of the structure.
+        last_level, last_types, last_treedef, partition = self._last_partition
         try:
-            partition = partitions.get(partition_key)
+            hit = (
+                last_level == level and last_types == types and last_treedef == treedef
+            )
+            found = None if hit else self._partitions[level].get((treedef, types))
         except Exception as e:
             raise self._key_error(args, kwargs, None, e) from e
-        if partition is None:
-            partition = Partition(treedef, partition_key[1], level)
-            partitions.put(partition_key, partition)
+        if not hit:
+            if found is None:
+                found = Partition(treedef, types, level)
+                self._partitions[level].put((treedef, types), found)
+            partition = found
+            self._last_partition = (level, types, treedef, partition)
         dynamic, statics = partition.split(leaves)
         try:
             jitted = self._caches[level].get((partition, statics))
@@ -295,18 +310,25 @@ class FilterJitWrapper(Generic[_P, _R]):
         # nothing.
         sharded_output = level != STAGED and self._out_shardings is not _UNSPECIFIED
         traced_avals: set[tuple[Any, ...]] = set()
-        cache = self._caches[level]
+        # Weak references: the cache holds the jitted function, which holds `run`;
+        # a strong cycle would keep evicted entries (and their constants) alive
+        # until the cycle collector runs.
+        cache_ref = weakref.ref(self._caches[level])
         key = (partition, partition.split(leaves)[1])
-        this: list[Any] = []  # the jitted function, once made
+        nbytes = partition.captured_bytes(leaves)
+        this: list[weakref.ref[Any]] = []  # the jitted function, once made
 
         def on_ambiguous_output(inputs: list[Any]) -> None:
             # From now on, calls with this key are told apart by alias pattern;
             # this function serves the pattern it was traced with.
+            cache, jitted = cache_ref(), this[0]()
+            if cache is None or jitted is None:
+                return
             entry = cache.get(key)
             if type(entry) is not AliasDispatch:
                 entry = AliasDispatch()
-                cache.put(key, entry, partition.captured_bytes(leaves))
-            entry.by_pattern[partition.alias_pattern(inputs)] = this[0]
+                cache.put(key, entry, nbytes)
+            entry.by_pattern[partition.alias_pattern(inputs)] = jitted
 
         def run(*dynamic: Any) -> Any:
             inputs = list(template)
@@ -355,8 +377,9 @@ class FilterJitWrapper(Generic[_P, _R]):
                 donated = self._donated_positions(treedef, leaves, dynamic_positions)
                 if donated:
                     jitkwargs["donate_argnums"] = donated
-        this.append(jax.jit(run, **jitkwargs))
-        return this[0]
+        jitted = jax.jit(run, **jitkwargs)
+        this.append(weakref.ref(jitted))
+        return jitted
 
     def _leaf_shardings(
         self, treedef: Any, leaves: list[Any], dynamic_positions: tuple[int, ...]

@@ -56,8 +56,9 @@ def is_array(element: Any) -> bool:
 # the concrete arrays that become constants of the nested program.
 
 
-def _float_key(x: float) -> str:
-    return x.hex()
+def _float_key(x: float) -> float | str:
+    # Only the two cases `==` gets wrong need the (slower) exact key.
+    return x.hex() if x == 0.0 or x != x else x
 
 
 def _complex_key(x: complex) -> tuple[str, str]:
@@ -82,6 +83,53 @@ def _identity_key(x: jax.Array) -> int:
     return id(x)
 
 
+Split = Callable[[Sequence[Any]], tuple[tuple[Any, ...], tuple[Any, ...]]]
+
+# Up to this many leaves of a kind, `split` indexes them in generated code; beyond,
+# it takes them with a C-level itemgetter, which is faster per leaf.
+_INLINE_LEAVES = 16
+
+
+def _make_split(
+    dynamic_positions: Sequence[int],
+    static_positions: Sequence[int],
+    rekey: dict[int, Callable[[Any], Any]],
+) -> Split:
+    """A function from leaves to (traced leaves, static key).
+
+    It runs on every call, so it is generated as straight-line code, such as
+    `return (l[0], l[2]), (l[1], k3(l[3]))`: no loop, no intermediate list.
+    """
+    namespace: dict[str, Any] = {
+        "take_dynamic": _take(dynamic_positions),
+        "take_static": _take(static_positions),
+    }
+    if len(dynamic_positions) <= _INLINE_LEAVES:
+        dynamic = "(" + "".join(f"l[{p}], " for p in dynamic_positions) + ")"
+    else:
+        dynamic = "take_dynamic(l)"
+    body = []
+    if len(static_positions) <= _INLINE_LEAVES:
+        statics = []
+        for position in static_positions:
+            if position in rekey:
+                namespace[f"k{position}"] = rekey[position]
+                statics.append(f"k{position}(l[{position}]), ")
+            else:
+                statics.append(f"l[{position}], ")
+        body.append(f"return {dynamic}, ({''.join(statics)})")
+    else:
+        body.append("keys = list(take_static(l))")
+        for index, position in enumerate(static_positions):
+            if position in rekey:
+                namespace[f"k{position}"] = rekey[position]
+                body.append(f"keys[{index}] = k{position}(keys[{index}])")
+        body.append(f"return {dynamic}, tuple(keys)")
+    source = "def split(l):\n" + "".join(f"    {line}\n" for line in body)
+    exec(source, namespace)
+    return namespace["split"]
+
+
 def _take(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     if len(positions) == 0:
         return lambda leaves: ()
@@ -95,8 +143,9 @@ class Partition:
     """How to split the leaves of one pytree structure with one sequence of leaf
     types, at one trace level: which are traced, and how the others are keyed.
 
-    Built once per (structure, types, level) and cached, so a call costs two
-    C-level item gets instead of a Python loop over its leaves. Hashed by identity.
+    Built once per (structure, types, level) and cached, so that a call costs one
+    call of generated straight-line code instead of a Python loop over its leaves.
+    Hashed by identity.
     """
 
     __slots__ = (
@@ -105,9 +154,7 @@ class Partition:
         "dynamic_positions",
         "static_positions",
         "array_positions",
-        "_rekey",
-        "_take_dynamic",
-        "_take_static",
+        "split",
     )
 
     def __init__(self, treedef: Any, types: tuple[type, ...], level: int):
@@ -125,42 +172,30 @@ class Partition:
         dynamic_positions = []
         static_positions = []
         array_positions = []
-        rekey = []
+        rekey: dict[int, Callable[[Any], Any]] = {}
         for position, kind in enumerate(types):
             if issubclass(kind, traced_types):
                 dynamic_positions.append(position)
                 continue
-            static_index = len(static_positions)
             static_positions.append(position)
             if staged and issubclass(kind, _ARRAY_TYPES):
                 array_positions.append(position)
             # np.generic before float: np.float64 subclasses float.
             if staged and issubclass(kind, np.ndarray):
-                rekey.append((static_index, _ndarray_key))
+                rekey[position] = _ndarray_key
             elif staged and issubclass(kind, np.generic):
-                rekey.append((static_index, _generic_key))
+                rekey[position] = _generic_key
             elif staged and issubclass(kind, jax.Array):
-                rekey.append((static_index, _identity_key))
+                rekey[position] = _identity_key
             elif issubclass(kind, float):
-                rekey.append((static_index, _float_key))
+                rekey[position] = _float_key
             elif issubclass(kind, complex):
-                rekey.append((static_index, _complex_key))
+                rekey[position] = _complex_key
         self.dynamic_positions: tuple[int, ...] = tuple(dynamic_positions)
         self.static_positions: tuple[int, ...] = tuple(static_positions)
         self.array_positions: tuple[int, ...] = tuple(array_positions)
-        self._rekey = tuple(rekey)
-        self._take_dynamic = _take(dynamic_positions)
-        self._take_static = _take(static_positions)
-
-    def split(self, leaves: Sequence[Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """The traced leaves, and the key of the static ones."""
-        statics = self._take_static(leaves)
-        if self._rekey:
-            keys = list(statics)
-            for index, rekey in self._rekey:
-                keys[index] = rekey(keys[index])
-            statics = tuple(keys)
-        return self._take_dynamic(leaves), statics
+        # `split(leaves)` gives the traced leaves, and the key of the static ones.
+        self.split: Split = _make_split(dynamic_positions, static_positions, rekey)
 
     def alias_pattern(self, leaves: Sequence[Any]) -> tuple[int, ...]:
         """Which static leaves are one object: for each, the index of the first

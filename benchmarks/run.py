@@ -1,0 +1,194 @@
+"""filterjit's benchmarks against `jax.jit`, `equinox.filter_jit` and `flax.nnx.jit`.
+
+    python benchmarks/run.py            # full run, with PASS/MISS against the targets
+    python benchmarks/run.py --quick    # smoke run with few repetitions (CI)
+    python benchmarks/run.py --check    # exit 1 if a target is missed
+    python benchmarks/run.py --sections dispatch,nested
+    python benchmarks/run.py --profile  # where a filterjit call spends its time
+
+Every implementation is measured in this one process, in interleaved rounds, so
+that drift of the machine hits all of them alike; the memory section alone runs
+each implementation in a subprocess of its own. The output is markdown.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+# Run as a script, this directory is on sys.path already; imported otherwise
+# (`python -m benchmarks.run`, tests), it may not be.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _async  # noqa: E402
+import _dispatch  # noqa: E402
+import _memory  # noqa: E402
+import _module  # noqa: E402
+import _nested  # noqa: E402
+import _profile  # noqa: E402
+import _specialise  # noqa: E402
+import equinox as eqx  # noqa: E402
+import jax  # noqa: E402
+from _harness import (  # noqa: E402
+    fmt_number,
+    markdown_table,
+    NA,
+    optional_nnx,
+    Section,
+    Settings,
+    Target,
+)
+
+import filterjit  # noqa: E402
+
+
+SECTIONS: dict[str, Callable[[Settings], Section]] = {
+    "dispatch": _dispatch.run,
+    "module": _module.run,
+    "nested": _nested.run,
+    "async": _async.run,
+    "memory": _memory.run,
+    "specialisation": _specialise.run,
+}
+
+
+def _revision() -> str:
+    """The git commit of the working tree, `+` if it has changes; or n/a."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "filterjit"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return NA
+    return commit + ("+" if status else "")
+
+
+def _environment() -> str:
+    nnx = optional_nnx()
+    flax_version = NA
+    if nnx is not None:
+        import flax
+
+        flax_version = flax.__version__
+    load = os.getloadavg()[0]
+    return (
+        f"Python {platform.python_version()}, jax {jax.__version__}, "
+        f"equinox {eqx.__version__}, flax {flax_version}, "
+        f"filterjit {filterjit.__version__} (commit {_revision()}); backend "
+        f"{jax.default_backend()} ({jax.devices()[0].device_kind}), "
+        f"{platform.machine()} with "
+        f"{os.cpu_count()} CPUs, load average {load:.2f} at the start."
+    )
+
+
+def _summary(targets: list[Target]) -> str:
+    headers = ["section", "measure", "filterjit", "target", "result"]
+    rows = [
+        [
+            t.section,
+            t.measure,
+            f"{fmt_number(t.value)}{t.unit}",
+            t.describe(),
+            t.verdict,
+        ]
+        for t in targets
+    ]
+    return markdown_table(headers, rows, left=2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run with few repetitions; targets are not checked",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="check the targets (in quick mode too) and exit 1 if one is missed",
+    )
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated subset of: {', '.join(SECTIONS)}",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print a cProfile of top-level filterjit calls instead",
+    )
+    parser.add_argument("--memory-child", metavar="NAME", help=argparse.SUPPRESS)
+    parser.add_argument("--iterations", type=int, default=300, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.memory_child is not None:
+        print(json.dumps(_memory.child(args.memory_child, args.iterations)))
+        return 0
+    if args.profile:
+        print(_profile.profile())
+        return 0
+
+    chosen = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in chosen if s not in SECTIONS]
+    if unknown:
+        parser.error(
+            f"unknown section(s) {', '.join(unknown)}; choose from "
+            f"{', '.join(SECTIONS)}"
+        )
+    settings = Settings(quick=args.quick, targets=args.check or not args.quick)
+    mode = "quick (smoke run, no targets)" if args.quick else "full"
+    print("# filterjit benchmarks")
+    print()
+    print(f"Mode: {mode}. {_environment()}")
+    start = time.perf_counter()
+    targets: list[Target] = []
+    for name in chosen:
+        section_start = time.perf_counter()
+        section = SECTIONS[name](settings)
+        elapsed = time.perf_counter() - section_start
+        print()
+        print(section.render(settings.targets))
+        print(f"\n({name}: {elapsed:.1f} s)", flush=True)
+        targets += section.targets
+    print()
+    if settings.targets and targets:
+        print("## targets")
+        print()
+        print(
+            "filterjit against the targets of the issue (ratios are to jax.jit in "
+            "this run; informational unless --check is given)."
+        )
+        print()
+        print(_summary(targets))
+        print()
+        missed = [t for t in targets if not t.passed]
+        verdict = f"{len(targets) - len(missed)}/{len(targets)} targets met"
+        print(f"{verdict}. Total {time.perf_counter() - start:.1f} s.")
+        if args.check and missed:
+            return 1
+    else:
+        print(f"Total {time.perf_counter() - start:.1f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

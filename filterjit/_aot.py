@@ -82,6 +82,7 @@ class Compiled:
         prepare: Callable[..., tuple[list[Any], Partition, tuple[Any, ...]]],
     ):
         self.compiled = compiled
+        """The underlying `jax.stages.Compiled`."""
         self._specialisation = specialisation
         self._prepare = prepare
 
@@ -95,9 +96,11 @@ class Compiled:
         return self.compiled.as_text()
 
     def cost_analysis(self) -> Any:
+        """XLA's cost estimates, as `jax.stages.Compiled.cost_analysis`."""
         return self.compiled.cost_analysis()
 
     def memory_analysis(self) -> Any:
+        """XLA's memory estimates, as `jax.stages.Compiled.memory_analysis`."""
         return self.compiled.memory_analysis()
 
 
@@ -112,6 +115,7 @@ class Lowered:
         prepare: Callable[..., tuple[list[Any], Partition, tuple[Any, ...]]],
     ):
         self.lowered = lowered
+        """The underlying `jax.stages.Lowered`."""
         self._specialisation = specialisation
         self._prepare = prepare
 
@@ -120,9 +124,12 @@ class Lowered:
         return self.lowered.as_text(dialect)
 
     def compiler_ir(self, dialect: str | None = None) -> Any:
+        """The lowered program as an MLIR module, as
+        `jax.stages.Lowered.compiler_ir`."""
         return self.lowered.compiler_ir(dialect)
 
     def compile(self, compiler_options: dict[str, Any] | None = None) -> Compiled:
+        """Compiles the program. The result is called like the wrapped function."""
         compiled = self.lowered.compile(compiler_options)
         return Compiled(compiled, self._specialisation, self._prepare)
 
@@ -137,11 +144,14 @@ class Traced:
         prepare: Callable[..., tuple[list[Any], Partition, tuple[Any, ...]]],
     ):
         self.traced = traced
+        """The underlying `jax.stages.Traced`."""
         self._specialisation = specialisation
         self._prepare = prepare
 
     @property
     def jaxpr(self) -> Any:
+        """The traced program, as a `ClosedJaxpr` whose inputs are the traced
+        leaves."""
         return self.traced.jaxpr
 
     @property
@@ -151,4 +161,5 @@ class Traced:
         return resolve(self.traced.out_info, self._specialisation.leaves)
 
     def lower(self) -> Lowered:
+        """Lowers the traced program; see `Lowered`."""
         return Lowered(self.traced.lower(), self._specialisation, self._prepare)

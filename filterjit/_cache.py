@@ -43,6 +43,15 @@ class BoundedCache(Generic[_V]):
                 del self._values[oldest]
                 self._bytes -= self._sizes.pop(oldest)
 
+    def setdefault(self, key: Hashable, value: _V) -> _V:
+        """The value stored under `key`, storing `value` there first if none is."""
+        with self._lock:
+            existing = self._values.get(key)
+        if existing is not None:
+            return existing
+        self.put(key, value)
+        return value
+
     def clear(self) -> None:
         with self._lock:
             self._values.clear()

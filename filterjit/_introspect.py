@@ -37,7 +37,7 @@ def explain(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Explanatio
         print(filterjit.explain(f, {"w": jnp.ones(3)}, 2))
         # filter_jit(f), called at the top level: would trace
         # argument     role    value
-        # -----------  ------  -----
+        # -----------  ------  ------
         # params['w']  traced  f32[3]
         # n            static  2
         ```

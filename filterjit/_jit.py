@@ -254,6 +254,10 @@ class FilterJitWrapper(Generic[_P, _R]):
         if not hit:
             if found is None:
                 found = Partition(treedef, types, level)
+                # One partition object per signature (keyed in the same cache by
+                # a 3-tuple), so that calls differing only in the types of their
+                # traced leaves share the jitted function and its traces.
+                found = self._partitions[level].setdefault(found.signature, found)
                 self._partitions[level].put((treedef, types), found)
             partition = found
             self._last_partition = (level, types, treedef, partition)
@@ -681,7 +685,12 @@ def filter_jit(
         or a tuple of parameter names. Ignored when nested.
     - `inline`: inline a nested call into the outer jaxpr rather than emitting a
         `jit` equation. Changes structure only, never results.
-    - `jitkwargs`: passed on to `jax.jit`.
+    - `jitkwargs`: passed on to `jax.jit` (`keep_unused`, `compiler_options`,
+        `device`, `backend`), except `in_shardings`, a pytree prefix of the
+        positional arguments whose entries on static leaves are ignored, and
+        `out_shardings`, a prefix of the output; both apply at the top level only.
+        `static_argnums`, `static_argnames`, `donate_argnums` and
+        `donate_argnames` are rejected, with what to use instead.
 
     **Returns:**
 
@@ -694,7 +703,7 @@ def filter_jit(
         def f(init, lower):
             return jax.lax.fori_loop(lower, 1, lambda _, y: y + 1, init)
 
-        jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))()  # Array(1.)
+        jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))()  # 1.0
         ```
     """
     if not isinstance(donate, tuple) and donate not in _DONATE_STRINGS:

@@ -150,6 +150,7 @@ class Partition:
 
     __slots__ = (
         "treedef",
+        "signature",
         "static_types",
         "dynamic_positions",
         "static_positions",
@@ -194,6 +195,10 @@ class Partition:
         self.dynamic_positions: tuple[int, ...] = tuple(dynamic_positions)
         self.static_positions: tuple[int, ...] = tuple(static_positions)
         self.array_positions: tuple[int, ...] = tuple(array_positions)
+        # What the partition does, whatever the types of its traced leaves: two
+        # partitions with one signature are interchangeable (a NumPy array where a
+        # jax Array was must not make a new trace).
+        self.signature = (treedef, self.dynamic_positions, self.static_types)
         # `split(leaves)` gives the traced leaves, and the key of the static ones.
         self.split: Split = _make_split(dynamic_positions, static_positions, rekey)
 

@@ -52,6 +52,9 @@ def test_top_level_new_values_do_not_retrace():
         out = f(jnp.full(3, i, jnp.float32), np.full(3, i, np.float32), 2.0)
         np.testing.assert_allclose(out, 3.0 * i)
     assert counter.count == 1
+    # NumPy where jax arrays were, and the reverse: the same avals, no new trace.
+    f(np.ones(3, np.float32), jnp.ones(3), 2.0)
+    assert counter.count == 1
     f(jnp.ones(4), np.ones(4, np.float32), 2.0)  # new shape: one more trace
     assert counter.count == 2
 

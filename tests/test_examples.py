@@ -1,0 +1,110 @@
+"""Every script in examples/ runs, warning-free, and prints what it is there to show.
+
+Each runs in a subprocess, as a user would run it, so the strict settings of this
+test suite (strict dtype promotion) do not apply, and `-W error` makes any warning
+fail it.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_docs import fenced_blocks, OUTPUT_INFO
+
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+
+# Arguments for a quick run, and lines (regular expressions) the output must contain.
+EXPECTED: dict[str, tuple[list[str], list[str]]] = {
+    "seed_case.py": (
+        [],
+        [
+            r"undecorated +3 of 3",
+            r"jax\.jit +0 of 3",
+            r"equinox\.filter_jit +0 of 3",
+            r"filterjit\.filter_jit +3 of 3",
+            r"filterjit\.filter_jit +8\.0, unrolled",
+        ],
+    ),
+    "train_mlp.py": (
+        [],
+        [r"traces of step: 1\n", r"traces of evaluate: 1\n"],
+    ),
+    "library_author.py": (
+        ["--rounds", "1"],
+        [
+            r"equinox\.filter_jit +rk4 only +lax\.switch over 8 methods",
+            r"filterjit\.filter_jit +rk4 only +rk4 only",
+            r"jax\.jit +ValueError: Reverse-mode",
+            r"filterjit\.filter_jit +ok, \|grad\| = ",
+            r"filterjit\.filter_jit( +\d+\.\d){4} +\d+\.\d\d",
+        ],
+    ),
+    "scan_vmap.py": (
+        [],
+        [
+            r"Python traces of the decorated helper: 1\n",
+            r"with jax\.jit on the helper instead: TracerArrayConversionError",
+            r"traces of damp \(vmap, vmap\(grad\)\): 1\n",
+            r"after three more batches: 1\n",
+            r"jit\(scan\(vmap\)\) +max \|decorated - undecorated\| = 0\.0e\+00",
+        ],
+    ),
+}
+
+
+def run(name: str, args: list[str]) -> str:
+    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    env.pop("FILTERJIT_EXPLAIN_RETRACES", None)
+    result = subprocess.run(
+        [sys.executable, "-W", "error", str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert not result.stderr, result.stderr
+    return result.stdout
+
+
+def documented_outputs() -> dict[str, str]:
+    """The outputs docs/examples.md shows, after `python examples/NAME.py`."""
+    blocks = fenced_blocks((ROOT / "docs" / "examples.md").read_text())
+    shown = {}
+    for command, output in zip(blocks, blocks[1:]):
+        match = re.fullmatch(r"python examples/(\w+\.py)", command.text.strip())
+        if command.info == "bash" and match and output.info == OUTPUT_INFO:
+            shown[match[1]] = output.text
+    return shown
+
+
+def test_every_example_is_tested():
+    assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_example_runs(name: str):
+    args, patterns = EXPECTED[name]
+    out = run(name, args)
+    for pattern in patterns:
+        assert re.search(pattern, out), f"{pattern!r} not in the output:\n{out}"
+    if name == "train_mlp.py":
+        losses = [float(m) for m in re.findall(r"^ *\d+ +(\d+\.\d+)", out, re.M)]
+        assert len(losses) >= 5 and losses[-1] < losses[0] / 5, out
+    if name == "scan_vmap.py":
+        differences = re.findall(r"= (\S+)\n", out)
+        assert differences and all(float(d) <= 1e-6 for d in differences), out
+    shown = documented_outputs().get(name)
+    if shown is not None:
+        assert out.rstrip("\n") == shown, (
+            f"docs/examples.md shows another output for {name}; it prints\n{out}"
+        )
+
+
+def test_examples_page_shows_outputs():
+    assert set(documented_outputs()) == {"seed_case.py", "train_mlp.py", "scan_vmap.py"}

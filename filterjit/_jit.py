@@ -33,7 +33,7 @@ from ._diagnostics import (
 )
 from ._output import pack_output, pack_output_in_place, PendingOutput
 from ._partition import ABSTRACT, Partition
-from ._trace import EAGER, STAGED, TOP
+from ._trace import DISABLED, EAGER, STAGED, TOP
 
 
 _P = ParamSpec("_P")
@@ -135,6 +135,9 @@ class FilterJitWrapper(Generic[_P, _R]):
             # Likewise a bound method: its `self` is partitioned, not hashed.
             fun = jtu.Partial(fun.__func__, fun.__self__)
         self._fun = fun
+        # A plain function is one static leaf: leave it out of the flattened call
+        # rather than flatten, key and compare it on every call.
+        self._fun_is_leaf = jtu.treedef_is_leaf(jtu.tree_structure(fun))
         self._signature = _signature_of(fun)
         self._parameters = (
             ()
@@ -216,14 +219,37 @@ class FilterJitWrapper(Generic[_P, _R]):
 
     def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
-        if _trace.jit_disabled():
+        # This is `_lookup` inlined, with its slow paths left out of line: every
+        # call runs it, and a frame is a good part of filter_jit's overhead.
+        level = _trace.call_level()
+        if level == DISABLED:
             return self._fun(*args, **kwargs)
         if kwargs or len(args) != self._arity:
             args, kwargs = self._bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
-        level = _trace.trace_level()
-        leaves, partition, dynamic, jitted = self._lookup(args, kwargs, level)
+        leaves, treedef = jtu.tree_flatten(
+            (args, kwargs) if self._fun_is_leaf else (self._fun, args, kwargs)
+        )
+        types = tuple(map(type, leaves))
+        last_level, last_types, last_treedef, partition = self._last_partition
+        try:
+            # Most calls repeat the latest call's structure; comparing with it
+            # costs no hashing.
+            hit = (
+                last_level == level and last_types == types and last_treedef == treedef
+            )
+        except Exception:  # auxiliary data that cannot be compared: see _partition
+            hit = False
+        if not hit:
+            partition = self._partition(args, kwargs, level, treedef, types)
+        dynamic, statics = partition.split(leaves)
+        try:
+            jitted = self._caches[level].get((partition, statics))
+        except Exception as e:
+            raise self._key_error(args, kwargs, partition, e) from e
         if jitted is None:
             jitted = self._compile(level, partition, leaves, dynamic)
+        elif type(jitted) is AliasDispatch:
+            jitted = self._select(jitted, level, partition, leaves)
         if self._silence_donation and level == TOP:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
@@ -239,40 +265,75 @@ class FilterJitWrapper(Generic[_P, _R]):
     ) -> tuple[list[Any], Partition, tuple[Any, ...], Any]:
         """Flattens and partitions a bound call at `level`. Returns its leaves, their
         partition, the traced leaves, and the cached jitted function, or `None`."""
-        leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
+        leaves, treedef = jtu.tree_flatten(self._call_tree(args, kwargs))
         types = tuple(map(type, leaves))
-        # Most calls repeat the previous call's structure: comparing with it costs
-        # no hashing of the structure.
-        last_level, last_types, last_treedef, partition = self._last_partition
-        try:
-            hit = (
-                last_level == level and last_types == types and last_treedef == treedef
-            )
-            found = None if hit else self._partitions[level].get((treedef, types))
-        except Exception as e:
-            raise self._key_error(args, kwargs, None, e) from e
-        if not hit:
-            if found is None:
-                found = Partition(treedef, types, level)
-                # One partition object per signature (keyed in the same cache by
-                # a 3-tuple), so that calls differing only in the types of their
-                # traced leaves share the jitted function and its traces.
-                found = self._partitions[level].setdefault(found.signature, found)
-                self._partitions[level].put((treedef, types), found)
-            partition = found
-            self._last_partition = (level, types, treedef, partition)
+        partition = self._partition(args, kwargs, level, treedef, types)
         dynamic, statics = partition.split(leaves)
         try:
             jitted = self._caches[level].get((partition, statics))
         except Exception as e:
             raise self._key_error(args, kwargs, partition, e) from e
         if type(jitted) is AliasDispatch:
-            pattern = partition.alias_pattern(leaves)
-            by_pattern = jitted.by_pattern
-            jitted = by_pattern.get(pattern)
-            if jitted is None:
-                jitted = by_pattern[pattern] = self._jit(level, partition, leaves)
+            jitted = self._select(jitted, level, partition, leaves)
         return leaves, partition, dynamic, jitted
+
+    def _call_tree(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The pytree of a call that is flattened and partitioned."""
+        return (args, kwargs) if self._fun_is_leaf else (self._fun, args, kwargs)
+
+    def _split_call(self, call: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        """(fun, args, kwargs) from the pytree of a call."""
+        return (self._fun, *call) if self._fun_is_leaf else call
+
+    def _same(self, last: tuple[Any, ...], treedef: Any) -> bool:
+        # Whether `treedef` is the structure of the latest call. Comparing costs no
+        # hashing; it raises where the structure's auxiliary data cannot be compared,
+        # which `_partition` then explains.
+        try:
+            return last[2] == treedef
+        except Exception:
+            return False
+
+    def _partition(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        level: int,
+        treedef: Any,
+        types: tuple[type, ...],
+    ) -> Partition:
+        """The partition for this structure and these leaf types, made if new."""
+        last_level, last_types, _, partition = last = self._last_partition
+        if last_level == level and last_types == types and self._same(last, treedef):
+            return partition
+        partitions = self._partitions[level]
+        try:
+            found = partitions.get((treedef, types))
+        except Exception as e:
+            raise self._key_error(args, kwargs, None, e) from e
+        if found is None:
+            found = Partition(treedef, types, level)
+            # One partition object per signature (keyed in the same cache by a
+            # 3-tuple), so that calls differing only in the types of their traced
+            # leaves share the jitted function and its traces.
+            found = partitions.setdefault(found.signature, found)
+            partitions.put((treedef, types), found)
+        self._last_partition = (level, types, treedef, found)
+        return found
+
+    def _select(
+        self,
+        dispatch: AliasDispatch,
+        level: int,
+        partition: Partition,
+        leaves: list[Any],
+    ) -> Any:
+        """The jitted function for these leaves' alias pattern, made if new."""
+        pattern = partition.alias_pattern(leaves)
+        jitted = dispatch.by_pattern.get(pattern)
+        if jitted is None:
+            jitted = dispatch.by_pattern[pattern] = self._jit(level, partition, leaves)
+        return jitted
 
     def _compile(
         self, level: int, partition: Partition, leaves: list[Any], dynamic: Any
@@ -334,6 +395,13 @@ class FilterJitWrapper(Generic[_P, _R]):
                 cache.put(key, entry, nbytes)
             entry.by_pattern[partition.alias_pattern(inputs)] = jitted
 
+        # Not the bound method `self._split_call`: `run` must not hold the wrapper.
+        fun_leaf: Callable[..., Any] = self._fun
+        if self._fun_is_leaf:
+            split_call = lambda call: (fun_leaf, *call)  # noqa: E731
+        else:
+            split_call = lambda call: call  # noqa: E731
+
         def run(*dynamic: Any) -> Any:
             inputs = list(template)
             for position, leaf in zip(dynamic_positions, dynamic):
@@ -346,7 +414,7 @@ class FilterJitWrapper(Generic[_P, _R]):
                         for label, role, leaf in zip(labels, roles, inputs)
                     ]
                 )
-            fun, args, kwargs = jtu.tree_unflatten(treedef, inputs)
+            fun, args, kwargs = split_call(jtu.tree_unflatten(treedef, inputs))
             output = fun(*args, **kwargs)
             if sharded_output:
                 return pack_output_in_place(output)
@@ -390,7 +458,7 @@ class FilterJitWrapper(Generic[_P, _R]):
     ) -> tuple[Any, ...]:
         """`in_shardings`, a prefix of the positional arguments, for each traced
         leaf."""
-        fun, args, kwargs = jtu.tree_unflatten(treedef, leaves)
+        fun, args, kwargs = self._split_call(jtu.tree_unflatten(treedef, leaves))
         try:
             per_arg = jax.tree.broadcast(
                 self._in_shardings, args, is_leaf=lambda x: x is None
@@ -402,7 +470,7 @@ class FilterJitWrapper(Generic[_P, _R]):
                 f"a sharding, None, or a pytree of them), but: {e}"
             ) from None
         per_leaf = [
-            *([None] * len(jtu.tree_leaves(fun))),
+            *([None] * (0 if self._fun_is_leaf else len(jtu.tree_leaves(fun)))),
             *jtu.tree_leaves(per_arg, is_leaf=lambda x: x is None),
             *([None] * len(jtu.tree_leaves(kwargs))),
         ]
@@ -472,7 +540,6 @@ class FilterJitWrapper(Generic[_P, _R]):
             for (_, _, label), role, leaf in zip(
                 self._leaf_owners(partition.treedef, leaves), roles, leaves
             )
-            if leaf is not self._fun  # the function itself, when it is a leaf
         ]
         where = {
             TOP: "at the top level",
@@ -528,10 +595,12 @@ class FilterJitWrapper(Generic[_P, _R]):
         position if passed positionally, and the path to it in the user's terms."""
         owners = []
         call = jtu.tree_unflatten(treedef, leaves)
+        offset = 1 if self._fun_is_leaf else 0  # `call` may leave out the function
         for path, _ in jtu.tree_flatten_with_path(call)[0]:
             part, rest = path[0], path[1:]
             assert isinstance(part, jtu.SequenceKey)
-            if part.idx == 0:
+            where = part.idx + offset  # 0: the function, 1: args, 2: kwargs
+            if where == 0:
                 label = f"{self.__qualname__}{jtu.keystr(rest)}"
                 owners.append(("<function>", None, label))
                 continue
@@ -554,7 +623,7 @@ class FilterJitWrapper(Generic[_P, _R]):
     ) -> TypeError:
         """The error for a cache lookup that failed: it names the argument whose
         hash or `==` failed."""
-        leaves, treedef = jtu.tree_flatten((self._fun, args, kwargs))
+        leaves, treedef = jtu.tree_flatten(self._call_tree(args, kwargs))
         if partition is None:
             # The structure itself failed: auxiliary data of a pytree node, such
             # as a static field of an eqx.Module, holds a value that cannot be

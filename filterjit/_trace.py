@@ -15,6 +15,7 @@ import jax.extend.source_info_util
 # index per-level caches on every call.
 TOP = 0  # no trace at all: a plain Python call
 EAGER = 1  # only eager transforms (grad, vjp, jvp, linearize, vmap) around it
+DISABLED = -1  # inside `jax.disable_jit()`: not a trace level; call directly
 STAGED = 2  # a staged computation (jit, make_jaxpr, scan/while/cond bodies,
 #             checkpoint, custom_vjp, ...) somewhere in the trace chain
 
@@ -39,6 +40,11 @@ def _jit_disabled_public() -> bool:
 _package_dir = os.path.dirname(os.path.abspath(__file__))
 jax.extend.source_info_util.register_exclusion(_package_dir)
 
+
+def _call_level_public() -> int:
+    return DISABLED if _jit_disabled_public() else _trace_level_public()
+
+
 try:
     from jax._src import traceback_util as _traceback_util
     from jax._src.config import disable_jit as _disable_jit_state
@@ -50,18 +56,16 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     private_api_available = False
     trace_level = _trace_level_public
     jit_disabled = _jit_disabled_public
+    call_level = _call_level_public
 else:
     private_api_available = True
     # Hide filterjit's frames from tracebacks of errors in user code, as JAX hides
     # its own (JAX_TRACEBACK_FILTERING=off shows them).
     _traceback_util.register_exclusion(_package_dir)
 
-    def _trace_level_private() -> int:
+    def _walk(trace: object) -> int:
         # The current trace points at the one it was opened under through
         # `parent_trace`; the chain ends at an `EvalTrace`, which has none.
-        trace = _trace_ctx.trace
-        if type(trace) is _EvalTrace:  # the common case: no trace at all
-            return TOP
         level = TOP
         while trace is not None:
             if isinstance(trace, _DynamicJaxprTrace):
@@ -71,8 +75,24 @@ else:
             trace = getattr(trace, "parent_trace", None)
         return level
 
+    def _trace_level_private() -> int:
+        trace = _trace_ctx.trace
+        if type(trace) is _EvalTrace:  # the common case: no trace at all
+            return TOP
+        return _walk(trace)
+
+    def _call_level_private() -> int:
+        # trace_level() and jit_disabled() in one call, for the hot path.
+        if _disable_jit_state.value:
+            return DISABLED
+        trace = _trace_ctx.trace
+        if type(trace) is _EvalTrace:
+            return TOP
+        return _walk(trace)
+
     def _jit_disabled_private() -> bool:
         return _disable_jit_state.value
 
     trace_level = _trace_level_private
     jit_disabled = _jit_disabled_private
+    call_level = _call_level_private

@@ -21,6 +21,7 @@ def test_private_api_is_available():
     assert _trace.private_api_available
     assert _trace.trace_level.__name__ == "_trace_level_private"
     assert _trace.jit_disabled.__name__ == "_jit_disabled_private"
+    assert _trace.call_level.__name__ == "_call_level_private"
 
 
 def _levels_seen(run) -> list[int]:
@@ -69,6 +70,7 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
     # keep nested calls no-ops.
     monkeypatch.setattr(_trace, "trace_level", _trace._trace_level_public)
     monkeypatch.setattr(_trace, "jit_disabled", _trace._jit_disabled_public)
+    monkeypatch.setattr(_trace, "call_level", _trace._call_level_public)
 
     @filterjit.filter_jit
     def f(init, lower):

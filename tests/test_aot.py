@@ -1,5 +1,7 @@
 """Ahead-of-time: lower, compile, trace, eval_shape."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,3 +61,23 @@ def test_lower_with_donation():
     f = filter_jit(lambda state, x: state + x, donate="all-except-first")
     text = f.lower(jnp.ones(3), jnp.ones(3)).as_text()
     assert "tf.aliasing_output" in text or "jax.buffer_donor" in text
+
+
+def test_jax_jit_options_pass_through():
+    unused = filter_jit(lambda x, y: x * 2, keep_unused=True)
+    assert "%arg1" in unused.lower(jnp.ones(2), jnp.ones(3)).as_text()
+    pruned = filter_jit(lambda x, y: x * 2)
+    assert "%arg1" not in pruned.lower(jnp.ones(2), jnp.ones(3)).as_text()
+    # Passed to jax.jit, which still takes `backend` in jax 0.10 but deprecates it.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "backend and device", DeprecationWarning)
+        on_cpu = filter_jit(lambda x: x + 1, backend="cpu")
+        assert on_cpu(jnp.ones(2)).tolist() == [2.0, 2.0]
+        with pytest.raises(RuntimeError, match="nonexistent"):
+            filter_jit(lambda x: x + 1, backend="nonexistent")(jnp.ones(2))
+    options = filter_jit(
+        lambda x: x + 1, compiler_options={"xla_embed_ir_in_executable": True}
+    )
+    assert options(jnp.ones(2)).tolist() == [2.0, 2.0]
+    with pytest.raises(Exception, match="not_an_xla_flag"):
+        filter_jit(lambda x: x, compiler_options={"not_an_xla_flag": True})(jnp.ones(2))

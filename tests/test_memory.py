@@ -1,0 +1,51 @@
+"""What the caches keep alive."""
+
+import gc
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from filterjit import filter_jit
+from filterjit._jit import _STAGED_MAXBYTES
+
+
+def _use(wrapped, x):
+    wrapped(x)
+    jax.jit(lambda x: wrapped(x))(x)  # a nested entry too
+    jax.grad(lambda x: wrapped(x).sum())(x)  # and an eager one
+
+
+def _trace_with(f, table):
+    jax.make_jaxpr(lambda x: f(x, table))(jnp.float32(1))
+
+
+def test_a_decorated_closure_is_freed_with_its_wrapper():
+    def make():
+        table = np.arange(3.0, dtype=np.float32)
+        return lambda x: x + table.sum()
+
+    fun = make()
+    ref = weakref.ref(fun)
+    wrapped = filter_jit(fun)
+    _use(wrapped, jnp.ones(2))
+    del fun, wrapped
+    gc.collect()
+    assert ref() is None
+
+
+def test_the_nested_cache_is_bounded_in_bytes():
+    f = filter_jit(lambda x, table: x + table.sum())
+    tables = []
+    for _ in range(40):
+        table = np.random.default_rng(len(tables)).random(2**17)  # 1 MiB each
+        tables.append(weakref.ref(table))
+        _trace_with(f, table)
+        del table
+    staged_cache = f._caches[2]
+    assert staged_cache._bytes <= _STAGED_MAXBYTES
+    assert len(staged_cache) <= _STAGED_MAXBYTES // 2**20
+    # Evicted entries free their arrays without waiting for the cycle collector.
+    alive = sum(ref() is not None for ref in tables)
+    assert alive <= len(staged_cache), (alive, len(staged_cache))

@@ -69,7 +69,6 @@ _STAGED_MAXBYTES = 16 * 2**20
 _UNUSED_DONATION = "Some donated buffers were not usable"
 
 _UNSPECIFIED: Any = object()
-_EMPTY_PARTITION = Partition(jtu.tree_structure(None), (), TOP)
 
 # Every live wrapper, for `clear_caches`.
 _wrappers: "weakref.WeakSet[FilterJitWrapper[..., Any]]" = weakref.WeakSet()
@@ -174,6 +173,8 @@ class FilterJitWrapper(Generic[_P, _R]):
             BoundedCache(_TOP_MAXSIZE),
         )
         self._trace_log = TraceLog(_name_of(fun))
+        # (level, leaf types, structure, partition) of the latest call, which most
+        # calls repeat; level -1 matches none.
         self._last_partition: tuple[int, tuple[type, ...], Any, Any] = (
             -1,
             (),

@@ -286,15 +286,6 @@ class FilterJitWrapper(Generic[_P, _R]):
         """(fun, args, kwargs) from the pytree of a call."""
         return (self._fun, *call) if self._fun_is_leaf else call
 
-    def _same(self, last: tuple[Any, ...], treedef: Any) -> bool:
-        # Whether `treedef` is the structure of the latest call. Comparing costs no
-        # hashing; it raises where the structure's auxiliary data cannot be compared,
-        # which `_partition` then explains.
-        try:
-            return last[2] == treedef
-        except Exception:
-            return False
-
     def _partition(
         self,
         args: tuple[Any, ...],
@@ -303,10 +294,8 @@ class FilterJitWrapper(Generic[_P, _R]):
         treedef: Any,
         types: tuple[type, ...],
     ) -> Partition:
-        """The partition for this structure and these leaf types, made if new."""
-        last_level, last_types, _, partition = last = self._last_partition
-        if last_level == level and last_types == types and self._same(last, treedef):
-            return partition
+        """The partition for this structure and these leaf types, made if new.
+        (`__call__` has already compared them with the latest call's.)"""
         partitions = self._partitions[level]
         try:
             found = partitions.get((treedef, types))
@@ -630,8 +619,8 @@ class FilterJitWrapper(Generic[_P, _R]):
             # as a static field of an eqx.Module, holds a value that cannot be
             # hashed or compared.
             named = [*enumerate(args), *kwargs.items()]
-            for where, value in [("<function>", self._fun), *named]:
-                _, label = self._label(where)
+            for where, value in [(None, self._fun), *named]:
+                label = self.__qualname__ if where is None else self._label(where)[1]
                 field = find_static_array_field(value, label)
                 if field is not None:
                     return TypeError(

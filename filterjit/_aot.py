@@ -30,7 +30,7 @@ class Specialisation:
     ):
         self.name = name
         self.partition = partition
-        self.statics = partition.split(leaves)[1]
+        self.statics = partition.statics(leaves)
         self.leaves = leaves
         self._labels = labels
 
@@ -57,7 +57,7 @@ class Specialisation:
                     f"lowered and is {now} now (it is a `{kind}`). Pass the same "
                     "kind of value, or lower again."
                 )
-        statics = partition.split(leaves)[1]
+        statics = partition.statics(leaves)
         if partition.static_types == lowered.static_types and statics == self.statics:
             return
         for index, position in enumerate(partition.static_positions):

@@ -7,7 +7,7 @@ import sys
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import (
     Any,
     Concatenate,
@@ -116,6 +116,38 @@ def _parameter_names(labels: list[str]) -> list[str]:
     return names
 
 
+class _Keywords:
+    """The pytree of a call with keyword arguments. A call without them is
+    flattened as its positional arguments alone, which is cheaper; this node type
+    keeps the two kinds of call from ever sharing a structure."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        self.args = args
+        self.kwargs = kwargs
+
+
+jtu.register_pytree_node(
+    _Keywords,
+    lambda call: ((call.args, call.kwargs), None),
+    lambda _, children: _Keywords(*children),
+)
+
+_flatten = jtu.default_registry.flatten
+
+
+def _split_call(
+    fun: Any, fun_is_leaf: bool, call: Any
+) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """(fun, args, kwargs) from the pytree of a call (see `_call_tree`)."""
+    if not fun_is_leaf:
+        fun, call = call
+    if type(call) is _Keywords:
+        return fun, call.args, call.kwargs
+    return fun, call, {}
+
+
 class FilterJitWrapper(Generic[_P, _R]):
     """A function compiled with `filter_jit`. See `filterjit.filter_jit`."""
 
@@ -173,14 +205,9 @@ class FilterJitWrapper(Generic[_P, _R]):
             BoundedCache(_TOP_MAXSIZE),
         )
         self._trace_log = TraceLog(_name_of(fun))
-        # (level, leaf types, structure, partition) of the latest call, which most
-        # calls repeat; level -1 matches none.
-        self._last_partition: tuple[int, tuple[type, ...], Any, Any] = (
-            -1,
-            (),
-            None,
-            None,
-        )
+        # (level, structure, partition) of the latest call, which most calls
+        # repeat; level -1 matches none.
+        self._last_partition: tuple[int, Any, Any] = (-1, None, None)
         _wrappers.add(self)
         self.__wrapped__ = fun
         self.__name__ = getattr(fun, "__name__", _name_of(fun))
@@ -198,6 +225,7 @@ class FilterJitWrapper(Generic[_P, _R]):
     def _clear(self) -> None:
         for cache in (*self._caches, *self._partitions):
             cache.clear()
+        self._last_partition = (-1, None, None)
 
     @overload
     def __get__(
@@ -227,24 +255,27 @@ class FilterJitWrapper(Generic[_P, _R]):
             return self._fun(*args, **kwargs)
         if kwargs or len(args) != self._arity:
             args, kwargs = self._bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
-        leaves, treedef = jtu.tree_flatten(
-            (args, kwargs) if self._fun_is_leaf else (self._fun, args, kwargs)
-        )
-        types = tuple(map(type, leaves))
-        last_level, last_types, last_treedef, partition = self._last_partition
+        if kwargs or not self._fun_is_leaf:
+            leaves, treedef = _flatten(self._call_tree(args, kwargs))
+        else:
+            leaves, treedef = _flatten(args)
+        last_level, last_treedef, partition = self._last_partition
         try:
             # Most calls repeat the latest call's structure; comparing with it
-            # costs no hashing.
-            hit = (
-                last_level == level and last_types == types and last_treedef == treedef
+            # costs no hashing. `split` checks the leaf types.
+            split = (
+                partition.split(leaves)
+                if last_level == level and last_treedef == treedef
+                else None
             )
         except Exception:  # auxiliary data that cannot be compared: see _partition
-            hit = False
-        if not hit:
-            partition = self._partition(args, kwargs, level, treedef, types)
-        dynamic, statics = partition.split(leaves)
+            split = None
+        if split is None:
+            partition = self._partition(args, kwargs, level, treedef, leaves)
+            split = partition.split(leaves)
+        dynamic, key = split  # pyright: ignore[reportGeneralTypeIssues]
         try:
-            jitted = self._caches[level].get((partition, statics))
+            jitted = self._caches[level].get(key)
         except Exception as e:
             raise self._key_error(args, kwargs, partition, e) from e
         if jitted is None:
@@ -263,15 +294,14 @@ class FilterJitWrapper(Generic[_P, _R]):
 
     def _lookup(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], level: int
-    ) -> tuple[list[Any], Partition, tuple[Any, ...], Any]:
+    ) -> tuple[list[Any], Partition, Sequence[Any], Any]:
         """Flattens and partitions a bound call at `level`. Returns its leaves, their
         partition, the traced leaves, and the cached jitted function, or `None`."""
-        leaves, treedef = jtu.tree_flatten(self._call_tree(args, kwargs))
-        types = tuple(map(type, leaves))
-        partition = self._partition(args, kwargs, level, treedef, types)
-        dynamic, statics = partition.split(leaves)
+        leaves, treedef = _flatten(self._call_tree(args, kwargs))
+        partition = self._partition(args, kwargs, level, treedef, leaves)
+        dynamic, key = partition.split(leaves)  # pyright: ignore[reportGeneralTypeIssues]
         try:
-            jitted = self._caches[level].get((partition, statics))
+            jitted = self._caches[level].get(key)
         except Exception as e:
             raise self._key_error(args, kwargs, partition, e) from e
         if type(jitted) is AliasDispatch:
@@ -279,12 +309,15 @@ class FilterJitWrapper(Generic[_P, _R]):
         return leaves, partition, dynamic, jitted
 
     def _call_tree(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The pytree of a call that is flattened and partitioned."""
-        return (args, kwargs) if self._fun_is_leaf else (self._fun, args, kwargs)
+        """The pytree of a call that is flattened and partitioned: the positional
+        arguments, with the keyword arguments if any, with the function if it is
+        a pytree with leaves."""
+        call = _Keywords(args, kwargs) if kwargs else args
+        return call if self._fun_is_leaf else (self._fun, call)
 
     def _split_call(self, call: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         """(fun, args, kwargs) from the pytree of a call."""
-        return (self._fun, *call) if self._fun_is_leaf else call
+        return _split_call(self._fun, self._fun_is_leaf, call)
 
     def _partition(
         self,
@@ -292,23 +325,26 @@ class FilterJitWrapper(Generic[_P, _R]):
         kwargs: dict[str, Any],
         level: int,
         treedef: Any,
-        types: tuple[type, ...],
+        leaves: list[Any],
     ) -> Partition:
-        """The partition for this structure and these leaf types, made if new.
+        """The partition for this structure and these leaves' types, made if new.
         (`__call__` has already compared them with the latest call's.)"""
         partitions = self._partitions[level]
+        types = tuple(map(type, leaves))
         try:
             found = partitions.get((treedef, types))
         except Exception as e:
             raise self._key_error(args, kwargs, None, e) from e
         if found is None:
             found = Partition(treedef, types, level)
-            # One partition object per signature (keyed in the same cache by a
-            # 3-tuple), so that calls differing only in the types of their traced
-            # leaves share the jitted function and its traces.
-            found = partitions.setdefault(found.signature, found)
+            # Calls differing only in the types of their traced leaves share the
+            # jitted function and its traces: the first partition made for a
+            # signature (keyed in the same cache by a 3-tuple) owns their keys.
+            owner = partitions.setdefault(found.signature, found)
+            if owner is not found:
+                found = Partition(treedef, types, level, owner.key_owner)
             partitions.put((treedef, types), found)
-        self._last_partition = (level, types, treedef, found)
+        self._last_partition = (level, treedef, found)
         return found
 
     def _select(
@@ -329,10 +365,8 @@ class FilterJitWrapper(Generic[_P, _R]):
         self, level: int, partition: Partition, leaves: list[Any], dynamic: Any
     ) -> Any:
         jitted = self._jit(level, partition, leaves)
-        _, statics = partition.split(leaves)
-        self._caches[level].put(
-            (partition, statics), jitted, partition.captured_bytes(leaves)
-        )
+        _, key = partition.split(leaves)  # pyright: ignore[reportGeneralTypeIssues]
+        self._caches[level].put(key, jitted, partition.captured_bytes(leaves))
         return jitted
 
     def _bind(
@@ -369,7 +403,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         # a strong cycle would keep evicted entries (and their constants) alive
         # until the cycle collector runs.
         cache_ref = weakref.ref(self._caches[level])
-        key = (partition, partition.split(leaves)[1])
+        _, key = partition.split(leaves)  # pyright: ignore[reportGeneralTypeIssues]
         nbytes = partition.captured_bytes(leaves)
         this: list[weakref.ref[Any]] = []  # the jitted function, once made
 
@@ -386,11 +420,7 @@ class FilterJitWrapper(Generic[_P, _R]):
             entry.by_pattern[partition.alias_pattern(inputs)] = jitted
 
         # Not the bound method `self._split_call`: `run` must not hold the wrapper.
-        fun_leaf: Callable[..., Any] = self._fun
-        if self._fun_is_leaf:
-            split_call = lambda call: (fun_leaf, *call)  # noqa: E731
-        else:
-            split_call = lambda call: call  # noqa: E731
+        split_call = ft.partial(_split_call, self._fun, self._fun_is_leaf)
 
         def run(*dynamic: Any) -> Any:
             inputs = list(template)
@@ -468,14 +498,14 @@ class FilterJitWrapper(Generic[_P, _R]):
 
     def _prepare_abstract(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[list[Any], Partition, tuple[Any, ...]]:
+    ) -> tuple[list[Any], Partition, Sequence[Any]]:
         args, kwargs = self._bind(args, kwargs)
         leaves, partition, dynamic, _ = self._lookup(args, kwargs, ABSTRACT)
         return leaves, partition, dynamic
 
     def _abstract(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, Specialisation, tuple[Any, ...]]:
+    ) -> tuple[Any, Specialisation, Sequence[Any]]:
         args, kwargs = self._bind(args, kwargs)
         leaves, partition, dynamic, jitted = self._lookup(args, kwargs, ABSTRACT)
         if jitted is None:
@@ -581,20 +611,16 @@ class FilterJitWrapper(Generic[_P, _R]):
     def _leaf_owners(
         self, treedef: Any, leaves: list[Any]
     ) -> list[tuple[str, int | None, str]]:
-        """For each leaf of `(fun, args, kwargs)`: the parameter it belongs to, its
-        position if passed positionally, and the path to it in the user's terms."""
+        """For each leaf of a call: the parameter it belongs to, its position if
+        passed positionally, and the path to it in the user's terms."""
+        fun, args, kwargs = self._split_call(jtu.tree_unflatten(treedef, leaves))
         owners = []
-        call = jtu.tree_unflatten(treedef, leaves)
-        offset = 1 if self._fun_is_leaf else 0  # `call` may leave out the function
-        for path, _ in jtu.tree_flatten_with_path(call)[0]:
-            part, rest = path[0], path[1:]
-            assert isinstance(part, jtu.SequenceKey)
-            where = part.idx + offset  # 0: the function, 1: args, 2: kwargs
-            if where == 0:
-                label = f"{self.__qualname__}{jtu.keystr(rest)}"
+        if not self._fun_is_leaf:
+            for path, _ in jtu.tree_flatten_with_path(fun)[0]:
+                label = f"{self.__qualname__}{jtu.keystr(path)}"
                 owners.append(("<function>", None, label))
-                continue
-            top, rest = rest[0], rest[1:]
+        for path, _ in jtu.tree_flatten_with_path((args, kwargs))[0]:
+            (_, top), rest = path[:2], path[2:]
             if isinstance(top, jtu.SequenceKey):
                 name, label = self._label(top.idx)
                 owners.append((name, top.idx, label + jtu.keystr(rest)))
@@ -613,7 +639,7 @@ class FilterJitWrapper(Generic[_P, _R]):
     ) -> TypeError:
         """The error for a cache lookup that failed: it names the argument whose
         hash or `==` failed."""
-        leaves, treedef = jtu.tree_flatten(self._call_tree(args, kwargs))
+        leaves, treedef = _flatten(self._call_tree(args, kwargs))
         if partition is None:
             # The structure itself failed: auxiliary data of a pytree node, such
             # as a static field of an eqx.Module, holds a value that cannot be
@@ -640,7 +666,7 @@ class FilterJitWrapper(Generic[_P, _R]):
                         "field so that it is traced."
                     )
         else:
-            _, statics = partition.split(leaves)
+            statics = partition.statics(leaves)
             for position, key in zip(partition.static_positions, statics):
                 if _hash_and_eq_fail(key):
                     label = self._leaf_owners(treedef, leaves)[position][2]

@@ -83,48 +83,101 @@ def _identity_key(x: jax.Array) -> int:
     return id(x)
 
 
-Split = Callable[[Sequence[Any]], tuple[tuple[Any, ...], tuple[Any, ...]]]
+# `split(leaves)`: (traced leaves, cache key), or None if a leaf's type is not the
+# partition's.
+Split = Callable[[Sequence[Any]], tuple[Sequence[Any], tuple[Any, ...]] | None]
 
-# Up to this many leaves of a kind, `split` indexes them in generated code; beyond,
-# it takes them with a C-level itemgetter, which is faster per leaf.
-_INLINE_LEAVES = 16
+# Up to this many leaves, `split` checks their types one by one in generated code;
+# beyond, it compares a tuple of them, which is faster per leaf.
+_INLINE_TYPES = 16
+# Beyond this many runs of consecutive positions, a C-level itemgetter takes the
+# leaves instead of generated code.
+_INLINE_RUNS = 64
+
+
+def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
+    """Consecutive positions as (start, stop) ranges."""
+    runs: list[tuple[int, int]] = []
+    for position in positions:
+        if runs and runs[-1][1] == position:
+            runs[-1] = (runs[-1][0], position + 1)
+        else:
+            runs.append((position, position + 1))
+    return runs
+
+
+def _gather(runs: list[tuple[int, int]]) -> list[str]:
+    """Expressions for the leaves at these runs: an index for a single leaf, an
+    unpacked slice for several (a slice copies at C speed)."""
+    return [
+        f"l[{start}]" if stop - start == 1 else f"*l[{start}:{stop}]"
+        for start, stop in runs
+    ]
 
 
 def _make_split(
+    types: tuple[type, ...],
     dynamic_positions: Sequence[int],
     static_positions: Sequence[int],
     rekey: dict[int, Callable[[Any], Any]],
+    key_owner: object,
 ) -> Split:
-    """A function from leaves to (traced leaves, static key).
+    """A function from leaves to (traced leaves, cache key), or None if the leaves'
+    types are not `types`.
 
     It runs on every call, so it is generated as straight-line code, such as
-    `return (l[0], l[2]), (l[1], k3(l[3]))`: no loop, no intermediate list.
+
+        if type(l[0]) is not t0 or type(l[1]) is not t1: return None
+        return (l[0],), (owner, k1(l[1]))
+
+    with no loop and no intermediate list. The key starts with `key_owner`, an
+    object hashed by identity that stands for the partition's signature.
     """
     namespace: dict[str, Any] = {
+        "types": types,
+        "owner": key_owner,
         "take_dynamic": _take(dynamic_positions),
         "take_static": _take(static_positions),
+        "rekeys": tuple((static_positions.index(p), k) for p, k in rekey.items()),
     }
-    if len(dynamic_positions) <= _INLINE_LEAVES:
-        dynamic = "(" + "".join(f"l[{p}], " for p in dynamic_positions) + ")"
-    else:
-        dynamic = "take_dynamic(l)"
     body = []
-    if len(static_positions) <= _INLINE_LEAVES:
-        statics = []
-        for position in static_positions:
-            if position in rekey:
-                namespace[f"k{position}"] = rekey[position]
-                statics.append(f"k{position}(l[{position}]), ")
-            else:
-                statics.append(f"l[{position}], ")
-        body.append(f"return {dynamic}, ({''.join(statics)})")
+    if len(types) > _INLINE_TYPES:
+        body.append("if tuple(map(type, l)) != types: return None")
+    elif types:
+        for position, kind in enumerate(types):
+            namespace[f"t{position}"] = kind
+        checks = " or ".join(f"type(l[{p}]) is not t{p}" for p in range(len(types)))
+        body.append(f"if {checks}: return None")
+
+    dynamic_runs = _runs(dynamic_positions)
+    if len(dynamic_runs) > _INLINE_RUNS:
+        dynamic = "take_dynamic(l)"
+    elif len(dynamic_runs) == 1 and len(dynamic_positions) > 1:
+        start, stop = dynamic_runs[0]
+        dynamic = f"l[{start}:{stop}]"  # a list: the wrapper only unpacks it
     else:
+        dynamic = "(" + "".join(f"{x}, " for x in _gather(dynamic_runs)) + ")"
+
+    static_runs = _runs(static_positions)
+    if len(static_runs) + len(rekey) > _INLINE_RUNS:
         body.append("keys = list(take_static(l))")
-        for index, position in enumerate(static_positions):
-            if position in rekey:
-                namespace[f"k{position}"] = rekey[position]
-                body.append(f"keys[{index}] = k{position}(keys[{index}])")
-        body.append(f"return {dynamic}, tuple(keys)")
+        if rekey:
+            body.append("for i, k in rekeys: keys[i] = k(keys[i])")
+        body.append(f"return {dynamic}, (owner, *keys)")
+    else:
+        statics = []
+        for start, stop in static_runs:
+            plain: list[int] = []
+            for position in range(start, stop):
+                if position in rekey:
+                    statics += _gather(_runs(plain))
+                    plain = []
+                    namespace[f"k{position}"] = rekey[position]
+                    statics.append(f"k{position}(l[{position}])")
+                else:
+                    plain.append(position)
+            statics += _gather(_runs(plain))
+        body.append(f"return {dynamic}, (owner, {''.join(f'{x}, ' for x in statics)})")
     source = "def split(l):\n" + "".join(f"    {line}\n" for line in body)
     exec(source, namespace)
     return namespace["split"]
@@ -145,7 +198,8 @@ class Partition:
 
     Built once per (structure, types, level) and cached, so that a call costs one
     call of generated straight-line code instead of a Python loop over its leaves.
-    Hashed by identity.
+    Partitions with one signature (see below) share their `key_owner`, so that
+    their cache keys are equal. Hashed by identity.
     """
 
     __slots__ = (
@@ -155,10 +209,17 @@ class Partition:
         "dynamic_positions",
         "static_positions",
         "array_positions",
+        "key_owner",
         "split",
     )
 
-    def __init__(self, treedef: Any, types: tuple[type, ...], level: int):
+    def __init__(
+        self,
+        treedef: Any,
+        types: tuple[type, ...],
+        level: int,
+        key_owner: object | None = None,
+    ):
         staged = level == STAGED
         # Lowering ahead of time takes ShapeDtypeStructs in place of arrays.
         traced_types = (
@@ -199,8 +260,19 @@ class Partition:
         # partitions with one signature are interchangeable (a NumPy array where a
         # jax Array was must not make a new trace).
         self.signature = (treedef, self.dynamic_positions, self.static_types)
-        # `split(leaves)` gives the traced leaves, and the key of the static ones.
-        self.split: Split = _make_split(dynamic_positions, static_positions, rekey)
+        self.key_owner = object() if key_owner is None else key_owner
+        # `split(leaves)` gives the traced leaves and the cache key: `key_owner`
+        # and the keys of the static leaves. None if a leaf's type is not in
+        # `types`, which it checks.
+        self.split: Split = _make_split(
+            types, dynamic_positions, static_positions, rekey, self.key_owner
+        )
+
+    def statics(self, leaves: Sequence[Any]) -> tuple[Any, ...]:
+        """The keys of the static leaves (leaves of this partition's types)."""
+        split = self.split(leaves)
+        assert split is not None, "leaves of other types than the partition's"
+        return split[1][1:]
 
     def alias_pattern(self, leaves: Sequence[Any]) -> tuple[int, ...]:
         """Which static leaves are one object: for each, the index of the first

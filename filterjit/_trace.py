@@ -48,7 +48,11 @@ def _call_level_public() -> int:
 try:
     from jax._src import traceback_util as _traceback_util
     from jax._src.config import disable_jit as _disable_jit_state
-    from jax._src.core import EvalTrace as _EvalTrace, trace_ctx as _trace_ctx
+    from jax._src.core import (
+        EvalTrace as _EvalTrace,
+        trace_ctx as _trace_ctx,
+        trace_state_strong_ref as _current_trace,
+    )
     from jax._src.interpreters.partial_eval import (
         DynamicJaxprTrace as _DynamicJaxprTrace,
     )
@@ -82,10 +86,12 @@ else:
         return _walk(trace)
 
     def _call_level_private() -> int:
-        # trace_level() and jit_disabled() in one call, for the hot path.
+        # trace_level() and jit_disabled() in one call, for the hot path. The
+        # trace is read from the state behind the `trace_ctx.trace` property,
+        # which saves a Python-level property call.
         if _disable_jit_state.value:
             return DISABLED
-        trace = _trace_ctx.trace
+        trace = _current_trace.value
         if type(trace) is _EvalTrace:
             return TOP
         return _walk(trace)

@@ -22,6 +22,17 @@ def test_private_api_is_available():
     assert _trace.trace_level.__name__ == "_trace_level_private"
     assert _trace.jit_disabled.__name__ == "_jit_disabled_private"
     assert _trace.call_level.__name__ == "_call_level_private"
+    # The hot path reads the state behind `trace_ctx.trace` directly.
+    seen = []
+
+    @jax.jit
+    def f(x):
+        seen.append(_trace._current_trace.value is _trace._trace_ctx.trace)
+        return x
+
+    f(1.0)
+    assert seen == [True]
+    assert _trace._current_trace.value is _trace._trace_ctx.trace
 
 
 def _levels_seen(run) -> list[int]:

@@ -5,7 +5,7 @@ function called with different static arguments fails loudly instead of silently
 computing with the old ones.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._output import PendingOutput
@@ -79,7 +79,7 @@ class Compiled:
         self,
         compiled: Any,
         specialisation: Specialisation,
-        prepare: Callable[..., tuple[list[Any], Partition, tuple[Any, ...]]],
+        prepare: Callable[..., tuple[list[Any], Partition, Sequence[Any]]],
     ):
         self.compiled = compiled
         """The underlying `jax.stages.Compiled`."""
@@ -112,7 +112,7 @@ class Lowered:
         self,
         lowered: Any,
         specialisation: Specialisation,
-        prepare: Callable[..., tuple[list[Any], Partition, tuple[Any, ...]]],
+        prepare: Callable[..., tuple[list[Any], Partition, Sequence[Any]]],
     ):
         self.lowered = lowered
         """The underlying `jax.stages.Lowered`."""
@@ -141,7 +141,7 @@ class Traced:
         self,
         traced: Any,
         specialisation: Specialisation,
-        prepare: Callable[..., tuple[list[Any], Partition, tuple[Any, ...]]],
+        prepare: Callable[..., tuple[list[Any], Partition, Sequence[Any]]],
     ):
         self.traced = traced
         """The underlying `jax.stages.Traced`."""

@@ -33,6 +33,7 @@ from ._diagnostics import (
 )
 from ._output import pack_output, pack_output_in_place, PendingOutput
 from ._partition import ABSTRACT, Partition
+from ._structure import Keywords
 from ._trace import DISABLED, EAGER, STAGED, TOP
 
 
@@ -116,24 +117,6 @@ def _parameter_names(labels: list[str]) -> list[str]:
     return names
 
 
-class _Keywords:
-    """The pytree of a call with keyword arguments. A call without them is
-    flattened as its positional arguments alone, which is cheaper; this node type
-    keeps the two kinds of call from ever sharing a structure."""
-
-    __slots__ = ("args", "kwargs")
-
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]):
-        self.args = args
-        self.kwargs = kwargs
-
-
-jtu.register_pytree_node(
-    _Keywords,
-    lambda call: ((call.args, call.kwargs), None),
-    lambda _, children: _Keywords(*children),
-)
-
 _flatten = jtu.default_registry.flatten
 
 
@@ -143,7 +126,7 @@ def _split_call(
     """(fun, args, kwargs) from the pytree of a call (see `_call_tree`)."""
     if not fun_is_leaf:
         fun, call = call
-    if type(call) is _Keywords:
+    if type(call) is Keywords:
         return fun, call.args, call.kwargs
     return fun, call, {}
 
@@ -205,9 +188,9 @@ class FilterJitWrapper(Generic[_P, _R]):
             BoundedCache(_TOP_MAXSIZE),
         )
         self._trace_log = TraceLog(_name_of(fun))
-        # (level, structure, partition) of the latest call, which most calls
-        # repeat; level -1 matches none.
-        self._last_partition: tuple[int, Any, Any] = (-1, None, None)
+        # (level, partition) of the latest call, which most calls repeat; level
+        # -1 matches none.
+        self._last_partition: tuple[int, Any] = (-1, None)
         _wrappers.add(self)
         self.__wrapped__ = fun
         self.__name__ = getattr(fun, "__name__", _name_of(fun))
@@ -225,7 +208,7 @@ class FilterJitWrapper(Generic[_P, _R]):
     def _clear(self) -> None:
         for cache in (*self._caches, *self._partitions):
             cache.clear()
-        self._last_partition = (-1, None, None)
+        self._last_partition = (-1, None)
 
     @overload
     def __get__(
@@ -256,21 +239,17 @@ class FilterJitWrapper(Generic[_P, _R]):
         if kwargs or len(args) != self._arity:
             args, kwargs = self._bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
         if kwargs or not self._fun_is_leaf:
-            leaves, treedef = _flatten(self._call_tree(args, kwargs))
+            tree = self._call_tree(args, kwargs)
         else:
-            leaves, treedef = _flatten(args)
-        last_level, last_treedef, partition = self._last_partition
-        try:
-            # Most calls repeat the latest call's structure; comparing with it
-            # costs no hashing. `split` checks the leaf types.
-            split = (
-                partition.split(leaves)
-                if last_level == level and last_treedef == treedef
-                else None
-            )
-        except Exception:  # auxiliary data that cannot be compared: see _partition
-            split = None
-        if split is None:
+            tree = args
+        # Most calls repeat the latest call's structure and leaf types: its
+        # partition takes their leaves (`match`) and checks their types (`split`)
+        # without flattening anew or hashing anything.
+        last_level, partition = self._last_partition
+        leaves = partition.match(tree) if last_level == level else None
+        split = None if leaves is None else partition.split(leaves)
+        if leaves is None or split is None:
+            leaves, treedef = _flatten(tree)
             partition = self._partition(args, kwargs, level, treedef, leaves)
             split = partition.split(leaves)
         dynamic, key = split  # pyright: ignore[reportGeneralTypeIssues]
@@ -312,7 +291,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         """The pytree of a call that is flattened and partitioned: the positional
         arguments, with the keyword arguments if any, with the function if it is
         a pytree with leaves."""
-        call = _Keywords(args, kwargs) if kwargs else args
+        call = Keywords(args, kwargs) if kwargs else args
         return call if self._fun_is_leaf else (self._fun, call)
 
     def _split_call(self, call: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
@@ -344,7 +323,7 @@ class FilterJitWrapper(Generic[_P, _R]):
             if owner is not found:
                 found = Partition(treedef, types, level, owner.key_owner)
             partitions.put((treedef, types), found)
-        self._last_partition = (level, treedef, found)
+        self._last_partition = (level, found)
         return found
 
     def _select(

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
+from ._structure import generic_matcher, Match, matcher
 from ._trace import STAGED
 
 
@@ -211,6 +212,7 @@ class Partition:
         "array_positions",
         "key_owner",
         "split",
+        "match",
     )
 
     def __init__(
@@ -267,6 +269,13 @@ class Partition:
         self.split: Split = _make_split(
             types, dynamic_positions, static_positions, rekey, self.key_owner
         )
+        # `match(tree)` gives the leaves of a tree of this structure, or None.
+        self.match: Match = matcher(treedef, self._stop_matching)
+
+    def _stop_matching(self) -> None:
+        # A structure that changed inside an eqx.Module: from now on, check by
+        # flattening (see `matcher`).
+        self.match = generic_matcher(self.treedef)
 
     def statics(self, leaves: Sequence[Any]) -> tuple[Any, ...]:
         """The keys of the static leaves (leaves of this partition's types)."""

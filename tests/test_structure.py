@@ -1,0 +1,182 @@
+"""Recognising a call's structure again: `filterjit._structure.matcher`, and the
+wrapper's latest-call path built on it."""
+
+import collections
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+from helpers import assert_tree_equal, TraceCounter
+
+import filterjit
+from filterjit._structure import generic_matcher, Keywords, matcher
+
+
+Pair = collections.namedtuple("Pair", "first second")
+Other = collections.namedtuple("Other", "first second")
+
+
+class Flat(eqx.Module):
+    weight: jax.Array
+    bias: jax.Array | np.ndarray
+    scale: float = eqx.field(static=True)
+
+
+class Nested(eqx.Module):
+    inner: Flat
+    extra: jax.Array | None
+
+
+class Noisy:
+    """A static leaf that records every `repr` of itself."""
+
+    reprs: list[int] = []
+
+    def __repr__(self) -> str:
+        Noisy.reprs.append(1)
+        return "Noisy()"
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Noisy
+
+
+def _trees() -> list[Any]:
+    x = jnp.arange(3.0)
+    return [
+        (x, 1.0),
+        ([x, x], "a"),
+        ({"b": x, "a": (None, 2)},),
+        (Pair(x, 1),),
+        (Flat(x, x, 2.0), x),
+        (Nested(Flat(x, x, 2.0), None),),
+        Keywords((x,), {"k": 3, "m": [x]}),
+        ((), [], {}, None),
+        (collections.OrderedDict(b=x, a=1),),
+        (jtu.Partial(lambda a, b: a, x),),
+    ]
+
+
+@pytest.mark.parametrize("tree", _trees())
+def test_matcher_takes_the_leaves_of_the_same_structure(tree):
+    leaves, treedef = jtu.tree_flatten(tree)
+    match = matcher(treedef, lambda: pytest.fail("no mismatch expected"))
+    taken = match(tree)
+    assert taken is not None
+    assert len(taken) == len(leaves)
+    assert all(a is b for a, b in zip(taken, leaves))
+    # Equal but new containers too.
+    rebuilt = jtu.tree_unflatten(treedef, leaves)
+    assert match(rebuilt) is not None
+
+
+def _mismatches() -> list[tuple[Any, Any]]:
+    x = jnp.arange(3.0)
+    loud = Noisy()
+    return [
+        (([x, loud],), ([x, loud, loud],)),  # list length
+        (([x, loud],), ((x, loud),)),  # list to tuple
+        (((x, loud),), ((x, loud, x),)),  # tuple length
+        (({"a": x, "b": loud},), ({"a": x, "c": loud},)),  # dict keys
+        (({"a": x},), ({"a": x, "b": loud},)),
+        ((None, x), ([loud], x)),  # None to a container
+        ((Pair(x, loud),), (Other(x, loud),)),  # namedtuple type
+        ((Pair(x, loud),), ((x, loud),)),
+        ((Flat(x, x, 2.0),), ([loud, loud],)),  # Module to something else
+        ((Flat(x, x, 2.0),), (Pair(loud, x),)),
+        (Keywords((x,), {"k": loud}), Keywords((x,), {"j": loud})),
+        (Keywords((x,), {"k": loud}), ((x,), {"k": loud})),
+        ((Nested(Flat(x, x, 2.0), None),), (Nested(Flat(x, x, 2.0), x),)),
+        ((Nested(Flat(x, x, 2.0), None),), (Nested(Flat(x, x, 3.0), None),)),
+    ]
+
+
+@pytest.mark.parametrize("old, new", _mismatches())
+def test_matcher_rejects_other_structures_without_printing_them(old, new):
+    # A mismatch must not `repr` the user's values: the repr of a jax Array copies
+    # it to the host.
+    _, treedef = jtu.tree_flatten(old)
+    Noisy.reprs.clear()
+    assert matcher(treedef, lambda: None)(new) is None
+    assert Noisy.reprs == []
+
+
+def test_matcher_takes_leaf_positions_as_they_are():
+    # A leaf position accepts anything: the partition's `split` checks types.
+    x = jnp.arange(3.0)
+    _, treedef = jtu.tree_flatten(([x, 1.0],))
+    assert matcher(treedef, lambda: None)(([(1, 2), None],)) == [(1, 2), None]
+
+
+def test_module_static_field_mismatch_stops_the_matcher():
+    x = jnp.arange(3.0)
+    _, treedef = jtu.tree_flatten((Flat(x, x, 2.0),))
+    stopped = []
+    match = matcher(treedef, lambda: stopped.append(True))
+    assert match((Flat(x, x, 3.0),)) is None
+    assert stopped == [True]
+
+
+def test_large_or_opaque_structures_get_the_generic_matcher():
+    x = jnp.arange(3.0)
+    many = [(x, 1)] * 300
+    for tree in (many, (jtu.Partial(lambda a: a, x),), (Nested(Flat(x, x, 2.0), x),)):
+        leaves, treedef = jtu.tree_flatten(tree)
+        match = matcher(treedef, lambda: None)
+        assert match.__qualname__ == generic_matcher(treedef).__qualname__
+        assert match(tree) == leaves
+        assert match((tree, 1)) is None
+
+
+def test_alternating_structures_give_the_undecorated_results():
+    # The wrapper takes the latest call's path first; every kind of change must
+    # fall back to a full lookup, with the right result and no extra trace.
+    def f(tree, n):
+        return jax.tree.map(lambda a: a * n, tree), n
+
+    counter = TraceCounter(f)
+    wrapped = filterjit.filter_jit(counter)
+    x = jnp.arange(3.0)
+    calls = [
+        ([x, x], 2),
+        ([x, x, x], 2),
+        ((x, x), 2),
+        ({"a": x}, 2),
+        ({"b": x}, 2),
+        ({"a": None}, 2),
+        (Flat(x, x, 2.0), 2),
+        (Flat(x, x, 3.0), 2),
+        (Flat(x, np.ones(3, np.float32), 3.0), 2),
+        ([x, x], 2.0),
+        ([x, 1.0], 2),
+        ([x, x], 2),
+    ]
+    for _ in range(3):
+        for tree, n in calls:
+            assert_tree_equal(wrapped(tree, n), f(tree, n))
+    # One trace per distinct call: the NumPy array takes the trace of the jax
+    # Array before it (same aval), and the last call repeats the first.
+    assert counter.count == len(calls) - 2
+
+
+def test_module_calls_alternating_static_fields():
+    x = jnp.arange(3.0)
+
+    class Model(eqx.Module):
+        weight: jax.Array
+        scale: float = eqx.field(static=True)
+
+        @filterjit.filter_jit
+        def __call__(self, y):
+            return self.weight * y * self.scale
+
+    models = [Model(x, 2.0), Model(x, 3.0)]
+    for _ in range(3):
+        for model in models:
+            np.testing.assert_allclose(model(x), x * x * model.scale)

@@ -243,16 +243,17 @@ class FilterJitWrapper(Generic[_P, _R]):
         else:
             tree = args
         # Most calls repeat the latest call's structure and leaf types: its
-        # partition takes their leaves (`match`) and checks their types (`split`)
-        # without flattening anew or hashing anything.
+        # partition takes the leaves, checks their types and makes the cache key
+        # in one generated function, without flattening anew or hashing a
+        # structure.
         last_level, partition = self._last_partition
-        leaves = partition.match(tree) if last_level == level else None
-        split = None if leaves is None else partition.split(leaves)
-        if leaves is None or split is None:
+        taken = partition.take(tree) if last_level == level else None
+        if taken is None:
             leaves, treedef = _flatten(tree)
             partition = self._partition(args, kwargs, level, treedef, leaves)
-            split = partition.split(leaves)
-        dynamic, key = split  # pyright: ignore[reportGeneralTypeIssues]
+            dynamic, key = partition.split(leaves)  # pyright: ignore[reportGeneralTypeIssues]
+        else:
+            leaves, dynamic, key = taken
         try:
             jitted = self._caches[level].get(key)
         except Exception as e:

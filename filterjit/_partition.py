@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from ._structure import generic_matcher, Match, matcher
+from ._structure import compile_function, match_lines
 from ._trace import STAGED
 
 
@@ -87,6 +87,9 @@ def _identity_key(x: jax.Array) -> int:
 # `split(leaves)`: (traced leaves, cache key), or None if a leaf's type is not the
 # partition's.
 Split = Callable[[Sequence[Any]], tuple[Sequence[Any], tuple[Any, ...]] | None]
+# `take(tree)`: (leaves, traced leaves, cache key), or None if the tree's structure
+# or a leaf's type is not the partition's.
+Take = Callable[[Any], tuple[list[Any], Sequence[Any], tuple[Any, ...]] | None]
 
 # Up to this many leaves, `split` checks their types one by one in generated code;
 # beyond, it compares a tuple of them, which is faster per leaf.
@@ -116,31 +119,32 @@ def _gather(runs: list[tuple[int, int]]) -> list[str]:
     ]
 
 
-def _make_split(
+def _split_code(
     types: tuple[type, ...],
     dynamic_positions: Sequence[int],
     static_positions: Sequence[int],
     rekey: dict[int, Callable[[Any], Any]],
     key_owner: object,
-) -> Split:
-    """A function from leaves to (traced leaves, cache key), or None if the leaves'
-    types are not `types`.
+    namespace: dict[str, Any],
+) -> tuple[list[str], str]:
+    """Generated code that returns None if the types of the leaves `l` are not
+    `types`, and an expression for (traced leaves, cache key).
 
-    It runs on every call, so it is generated as straight-line code, such as
+    It runs on every call, so it is straight-line code, such as
 
         if type(l[0]) is not t0 or type(l[1]) is not t1: return None
-        return (l[0],), (owner, k1(l[1]))
 
-    with no loop and no intermediate list. The key starts with `key_owner`, an
-    object hashed by identity that stands for the partition's signature.
+    and `(l[0],), (owner, k1(l[1]))`, with no loop and no intermediate list. The
+    key starts with `key_owner`, an object hashed by identity that stands for the
+    partition's signature. What the code refers to goes in `namespace`.
     """
-    namespace: dict[str, Any] = {
-        "types": types,
-        "owner": key_owner,
-        "take_dynamic": _take(dynamic_positions),
-        "take_static": _take(static_positions),
-        "rekeys": tuple((static_positions.index(p), k) for p, k in rekey.items()),
-    }
+    namespace.update(
+        types=types,
+        owner=key_owner,
+        take_dynamic=_take(dynamic_positions),
+        take_static=_take(static_positions),
+        rekeys=tuple((static_positions.index(p), k) for p, k in rekey.items()),
+    )
     body = []
     if len(types) > _INLINE_TYPES:
         body.append("if tuple(map(type, l)) != types: return None")
@@ -164,7 +168,7 @@ def _make_split(
         body.append("keys = list(take_static(l))")
         if rekey:
             body.append("for i, k in rekeys: keys[i] = k(keys[i])")
-        body.append(f"return {dynamic}, (owner, *keys)")
+        return body, f"{dynamic}, (owner, *keys)"
     else:
         statics = []
         for start, stop in static_runs:
@@ -178,10 +182,7 @@ def _make_split(
                 else:
                     plain.append(position)
             statics += _gather(_runs(plain))
-        body.append(f"return {dynamic}, (owner, {''.join(f'{x}, ' for x in statics)})")
-    source = "def split(l):\n" + "".join(f"    {line}\n" for line in body)
-    exec(source, namespace)
-    return namespace["split"]
+        return body, f"{dynamic}, (owner, {''.join(f'{x}, ' for x in statics)})"
 
 
 def _take(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -212,7 +213,8 @@ class Partition:
         "array_positions",
         "key_owner",
         "split",
-        "match",
+        "take",
+        "_split_code",
     )
 
     def __init__(
@@ -266,16 +268,35 @@ class Partition:
         # `split(leaves)` gives the traced leaves and the cache key: `key_owner`
         # and the keys of the static leaves. None if a leaf's type is not in
         # `types`, which it checks.
-        self.split: Split = _make_split(
-            types, dynamic_positions, static_positions, rekey, self.key_owner
+        namespace: dict[str, Any] = {}
+        lines, result = _split_code(
+            types, dynamic_positions, static_positions, rekey, self.key_owner, namespace
         )
-        # `match(tree)` gives the leaves of a tree of this structure, or None.
-        self.match: Match = matcher(treedef, self._stop_matching)
+        self._split_code = (lines, result, namespace)
+        # `split(leaves)` gives the traced leaves and the cache key: `key_owner`
+        # and the keys of the static leaves. None if a leaf's type is not in
+        # `types`, which it checks.
+        self.split: Split = compile_function(
+            "split", "l", [*lines, f"return {result}"], namespace
+        )
+        # `take(tree)` gives the leaves too, from the call's pytree, or None if
+        # its structure is not `treedef`. One call for the latest call's path.
+        self.take: Take = self._make_take(generic=False)
+
+    def _make_take(self, generic: bool) -> Take:
+        lines, result, namespace = self._split_code
+        namespace = dict(namespace)
+        body = [
+            *match_lines(self.treedef, namespace, self._stop_matching, generic),
+            *lines,
+            f"return l, {result}",
+        ]
+        return compile_function("take", "tree", body, namespace)
 
     def _stop_matching(self) -> None:
         # A structure that changed inside an eqx.Module: from now on, check by
-        # flattening (see `matcher`).
-        self.match = generic_matcher(self.treedef)
+        # flattening (see `match_lines`).
+        self.take = self._make_take(generic=True)
 
     def statics(self, leaves: Sequence[Any]) -> tuple[Any, ...]:
         """The keys of the static leaves (leaves of this partition's types)."""

@@ -49,49 +49,71 @@ _flatten = jtu.default_registry.flatten
 _MAX_CHECKED_NODES = 256
 
 
-def generic_matcher(treedef: Any) -> Match:
-    """Flattens and compares the structures: right for every pytree."""
+def match_lines(
+    treedef: Any,
+    namespace: dict[str, Any],
+    on_mismatch: Callable[[], None],
+    generic: bool = False,
+) -> list[str]:
+    """Generated code that sets `l` to the leaves of `tree` if it has structure
+    `treedef`, and returns None otherwise. What it refers to goes in `namespace`.
 
-    def match(tree: Any) -> list[Any] | None:
-        leaves, found = _flatten(tree)
-        try:
-            same = found == treedef
-        except Exception:  # auxiliary data that cannot be compared
-            return None
-        return leaves if same else None
+    Where every container in `treedef` is a tuple, list, dict, None, namedtuple,
+    `Keywords`, or an `eqx.Module` whose children are all leaves, the code checks
+    the containers one by one and takes the leaves with `flatten_up_to`. The one
+    mismatch left to `flatten_up_to` is then in a Module's static fields, whose
+    message prints the Module as Equinox does, arrays as their shapes; the code
+    calls `on_mismatch`, which should stop using it. Any other structure, or
+    `generic=True`, gets code that flattens anew and compares the structures.
+    """
+    checks: list[str] = []
+    if (
+        not generic
+        and treedef.num_nodes - treedef.num_leaves <= _MAX_CHECKED_NODES
+        and _check(treedef, "tree", checks, namespace, itertools.count())
+    ):
+        namespace.update(flatten_up_to=treedef.flatten_up_to, on_mismatch=on_mismatch)
+        return [
+            *checks,
+            "try:",
+            "    l = flatten_up_to(tree)",
+            "except Exception:",
+            "    on_mismatch()",
+            "    return None",
+        ]
+    namespace.update(flatten=_flatten, treedef=treedef)
+    return [
+        "l, found = flatten(tree)",
+        "try:",
+        "    if found != treedef: return None",
+        "except Exception:  # auxiliary data that cannot be compared",
+        "    return None",
+    ]
 
-    return match
+
+def compile_function(
+    name: str, parameter: str, body: list[str], namespace: dict[str, Any]
+) -> Any:
+    """The function `def name(parameter): body`, its globals `namespace`."""
+    source = f"def {name}({parameter}):\n" + "".join(f"    {line}\n" for line in body)
+    exec(source, namespace)
+    return namespace[name]
 
 
 def matcher(treedef: Any, on_mismatch: Callable[[], None]) -> Match:
-    """A `Match` for trees of structure `treedef`.
-
-    Where every container in `treedef` is a tuple, list, dict, None, namedtuple,
-    `Keywords`, or an `eqx.Module` whose children are all leaves, the containers
-    are checked in generated straight-line code and the leaves taken with
-    `flatten_up_to`. The one mismatch left to `flatten_up_to` is then in a
-    Module's static fields, whose message prints the Module as Equinox does,
-    arrays as their shapes; it calls `on_mismatch`, which should stop using the
-    matcher. Any other structure gets `generic_matcher`.
-    """
-    if treedef.num_nodes - treedef.num_leaves > _MAX_CHECKED_NODES:
-        return generic_matcher(treedef)
-    lines: list[str] = []
+    """A function from a pytree to its leaves, or None if its structure is not
+    `treedef`; see `match_lines`."""
     namespace: dict[str, Any] = {}
-    if not _check(treedef, "tree", lines, namespace, itertools.count()):
-        return generic_matcher(treedef)
-    namespace.update(flatten_up_to=treedef.flatten_up_to, on_mismatch=on_mismatch)
-    body = [
-        *lines,
-        "try:",
-        "    return flatten_up_to(tree)",
-        "except Exception:",
-        "    on_mismatch()",
-        "    return None",
-    ]
-    source = "def match(tree):\n" + "".join(f"    {line}\n" for line in body)
-    exec(source, namespace)
-    return namespace["match"]
+    body = [*match_lines(treedef, namespace, on_mismatch), "return l"]
+    return compile_function("match", "tree", body, namespace)
+
+
+def generic_matcher(treedef: Any) -> Match:
+    """`matcher` that flattens and compares the structures: right for every
+    pytree, and slower."""
+    namespace: dict[str, Any] = {}
+    body = [*match_lines(treedef, namespace, lambda: None, generic=True), "return l"]
+    return compile_function("match", "tree", body, namespace)
 
 
 def _check(

@@ -132,57 +132,67 @@ def _split_code(
 
     It runs on every call, so it is straight-line code, such as
 
-        if type(l[0]) is not t0 or type(l[1]) is not t1: return None
+        a0, a1 = l
+        if type(a0) is not t0 or type(a1) is not t1: return None
 
-    and `(l[0],), (owner, k1(l[1]))`, with no loop and no intermediate list. The
-    key starts with `key_owner`, an object hashed by identity that stands for the
+    and `(a0,), (owner, k1(a1))`, with no loop and no intermediate list. The key
+    starts with `key_owner`, an object hashed by identity that stands for the
     partition's signature. What the code refers to goes in `namespace`.
     """
+    namespace.update(owner=key_owner)
+    for position, function in rekey.items():
+        namespace[f"k{position}"] = function
+
+    def key(position: int, leaf: str) -> str:
+        return f"k{position}({leaf})" if position in rekey else leaf
+
+    if len(types) <= _INLINE_TYPES:
+        # Few leaves: unpacked into locals, which is cheaper than indexing each.
+        body = []
+        if types:
+            body.append("".join(f"a{p}, " for p in range(len(types))) + "= l")
+            checks = [f"type(a{p}) is not t{p}" for p in range(len(types))]
+            body.append(f"if {' or '.join(checks)}: return None")
+            namespace.update({f"t{p}": kind for p, kind in enumerate(types)})
+        dynamic = "".join(f"a{p}, " for p in dynamic_positions)
+        statics = "".join(f"{key(p, f'a{p}')}, " for p in static_positions)
+        return body, f"({dynamic}), (owner, {statics})"
+
+    # Many leaves: their types compared as a tuple, and runs of consecutive leaves
+    # taken as slices, both at C speed.
     namespace.update(
         types=types,
-        owner=key_owner,
         take_dynamic=_take(dynamic_positions),
         take_static=_take(static_positions),
         rekeys=tuple((static_positions.index(p), k) for p, k in rekey.items()),
     )
-    body = []
-    if len(types) > _INLINE_TYPES:
-        body.append("if tuple(map(type, l)) != types: return None")
-    elif types:
-        for position, kind in enumerate(types):
-            namespace[f"t{position}"] = kind
-        checks = " or ".join(f"type(l[{p}]) is not t{p}" for p in range(len(types)))
-        body.append(f"if {checks}: return None")
-
+    body = ["if tuple(map(type, l)) != types: return None"]
     dynamic_runs = _runs(dynamic_positions)
     if len(dynamic_runs) > _INLINE_RUNS:
         dynamic = "take_dynamic(l)"
-    elif len(dynamic_runs) == 1 and len(dynamic_positions) > 1:
+    elif len(dynamic_runs) == 1:
         start, stop = dynamic_runs[0]
         dynamic = f"l[{start}:{stop}]"  # a list: the wrapper only unpacks it
     else:
         dynamic = "(" + "".join(f"{x}, " for x in _gather(dynamic_runs)) + ")"
-
     static_runs = _runs(static_positions)
     if len(static_runs) + len(rekey) > _INLINE_RUNS:
         body.append("keys = list(take_static(l))")
         if rekey:
             body.append("for i, k in rekeys: keys[i] = k(keys[i])")
         return body, f"{dynamic}, (owner, *keys)"
-    else:
-        statics = []
-        for start, stop in static_runs:
-            plain: list[int] = []
-            for position in range(start, stop):
-                if position in rekey:
-                    statics += _gather(_runs(plain))
-                    plain = []
-                    namespace[f"k{position}"] = rekey[position]
-                    statics.append(f"k{position}(l[{position}])")
-                else:
-                    plain.append(position)
-            statics += _gather(_runs(plain))
-        return body, f"{dynamic}, (owner, {''.join(f'{x}, ' for x in statics)})"
+    statics = []
+    for start, stop in static_runs:
+        plain: list[int] = []
+        for position in range(start, stop):
+            if position in rekey:
+                statics += _gather(_runs(plain))
+                plain = []
+                statics.append(key(position, f"l[{position}]"))
+            else:
+                plain.append(position)
+        statics += _gather(_runs(plain))
+    return body, f"{dynamic}, (owner, {''.join(f'{x}, ' for x in statics)})"
 
 
 def _take(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:

@@ -224,7 +224,6 @@ class Partition:
         "key_owner",
         "split",
         "take",
-        "_split_code",
     )
 
     def __init__(
@@ -282,7 +281,6 @@ class Partition:
         lines, result = _split_code(
             types, dynamic_positions, static_positions, rekey, self.key_owner, namespace
         )
-        self._split_code = (lines, result, namespace)
         # `split(leaves)` gives the traced leaves and the cache key: `key_owner`
         # and the keys of the static leaves. None if a leaf's type is not in
         # `types`, which it checks.
@@ -291,22 +289,12 @@ class Partition:
         )
         # `take(tree)` gives the leaves too, from the call's pytree, or None if
         # its structure is not `treedef`. One call for the latest call's path.
-        self.take: Take = self._make_take(generic=False)
-
-    def _make_take(self, generic: bool) -> Take:
-        lines, result, namespace = self._split_code
-        namespace = dict(namespace)
-        body = [
-            *match_lines(self.treedef, namespace, self._stop_matching, generic),
-            *lines,
-            f"return l, {result}",
-        ]
-        return compile_function("take", "tree", body, namespace)
-
-    def _stop_matching(self) -> None:
-        # A structure that changed inside an eqx.Module: from now on, check by
-        # flattening (see `match_lines`).
-        self.take = self._make_take(generic=True)
+        self.take: Take = compile_function(
+            "take",
+            "tree",
+            [*match_lines(treedef, namespace), *lines, f"return l, {result}"],
+            namespace,
+        )
 
     def statics(self, leaves: Sequence[Any]) -> tuple[Any, ...]:
         """The keys of the static leaves (leaves of this partition's types)."""

@@ -1,16 +1,18 @@
-"""Flattening a call again with the structure of an earlier call, cheaply.
+"""Taking the leaves of a call whose structure repeats an earlier call's, cheaply.
 
-Most calls repeat the structure of the one before. `treedef.flatten_up_to(tree)`
-takes the leaves of a tree of a known structure several times faster than
-`tree_flatten` followed by comparing the new structure with the old, since it
-builds no structure and looks no leaf type up in the registry. But where the
-structure differs it raises an error whose message holds the `repr` of the part
-that differs, and the `repr` of a jax Array copies it to the host (and keeps the
-copy). So `matcher` checks every container it can in generated Python first, and
-uses `flatten_up_to` only where a mismatch left over is one whose message is
-cheap and copies nothing.
+Most calls repeat the structure of the one before. Flattening anew and comparing
+the new structure with the old costs a registry lookup per leaf and, for an
+`eqx.Module`, a call of its Python flatten function, whose attribute accesses go
+through `Module.__getattribute__`. For a known structure, generated code does
+less: it checks each container's type and size and takes the leaves by indexing,
+unpacking, and reading a Module's fields from its `__dict__`.
+
+(`treedef.flatten_up_to` would be fast too, but where the structure differs its
+error message holds the `repr` of the part that differs, and the `repr` of a jax
+Array copies it to the host.)
 """
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +39,6 @@ jtu.register_pytree_node(
     lambda _, children: Keywords(*children),
 )
 
-
 # A function from a pytree to its leaves, or None if its structure is not the
 # matcher's. Leaves are taken as they are: the caller checks their types.
 Match = Callable[[Any], list[Any] | None]
@@ -50,37 +51,28 @@ _MAX_CHECKED_NODES = 256
 
 
 def match_lines(
-    treedef: Any,
-    namespace: dict[str, Any],
-    on_mismatch: Callable[[], None],
-    generic: bool = False,
+    treedef: Any, namespace: dict[str, Any], generic: bool = False
 ) -> list[str]:
     """Generated code that sets `l` to the leaves of `tree` if it has structure
     `treedef`, and returns None otherwise. What it refers to goes in `namespace`.
 
     Where every container in `treedef` is a tuple, list, dict, None, namedtuple,
-    `Keywords`, or an `eqx.Module` whose children are all leaves, the code checks
-    the containers one by one and takes the leaves with `flatten_up_to`. The one
-    mismatch left to `flatten_up_to` is then in a Module's static fields, whose
-    message prints the Module as Equinox does, arrays as their shapes; the code
-    calls `on_mismatch`, which should stop using it. Any other structure, or
-    `generic=True`, gets code that flattens anew and compares the structures.
+    `Keywords` or `eqx.Module`, the code checks them one by one and takes the
+    leaves itself. Any other structure, or `generic=True`, gets code that flattens
+    anew and compares the structures.
     """
-    checks: list[str] = []
-    if (
-        not generic
-        and treedef.num_nodes - treedef.num_leaves <= _MAX_CHECKED_NODES
-        and _check(treedef, "tree", checks, namespace, itertools.count())
-    ):
-        namespace.update(flatten_up_to=treedef.flatten_up_to, on_mismatch=on_mismatch)
-        return [
-            *checks,
-            "try:",
-            "    l = flatten_up_to(tree)",
-            "except Exception:",
-            "    on_mismatch()",
-            "    return None",
-        ]
+    if not generic and treedef.num_nodes - treedef.num_leaves <= _MAX_CHECKED_NODES:
+        checks: list[str] = []
+        leaves = _leaves(treedef, "tree", checks, namespace, itertools.count())
+        if leaves is not None:
+            return [
+                # A static field's `==` may raise, as in comparing structures.
+                "try:",
+                *(f"    {line}" for line in checks),
+                "except Exception:",
+                "    return None",
+                f"l = [{', '.join(leaves)}]",
+            ]
     namespace.update(flatten=_flatten, treedef=treedef)
     return [
         "l, found = flatten(tree)",
@@ -100,71 +92,122 @@ def compile_function(
     return namespace[name]
 
 
-def matcher(treedef: Any, on_mismatch: Callable[[], None]) -> Match:
+def matcher(treedef: Any, generic: bool = False) -> Match:
     """A function from a pytree to its leaves, or None if its structure is not
     `treedef`; see `match_lines`."""
     namespace: dict[str, Any] = {}
-    body = [*match_lines(treedef, namespace, on_mismatch), "return l"]
+    body = [*match_lines(treedef, namespace, generic), "return l"]
     return compile_function("match", "tree", body, namespace)
 
 
-def generic_matcher(treedef: Any) -> Match:
-    """`matcher` that flattens and compares the structures: right for every
-    pytree, and slower."""
-    namespace: dict[str, Any] = {}
-    body = [*match_lines(treedef, namespace, lambda: None, generic=True), "return l"]
-    return compile_function("match", "tree", body, namespace)
-
-
-def _check(
+def _leaves(
     treedef: Any,
     expression: str,
-    lines: list[str],
+    checks: list[str],
     namespace: dict[str, Any],
     names: "itertools.count[int]",
-) -> bool:
-    """Appends to `lines` the checks that the value of `expression` has the
-    containers of `treedef`. False if one cannot be checked in Python."""
+) -> list[str] | None:
+    """Expressions for the leaves of the value of `expression`, after appending to
+    `checks` the code that returns None unless that value has the containers of
+    `treedef`. None if a container cannot be checked in Python."""
     node = treedef.node_data()
     if node is None:  # a leaf: anything goes, the caller checks its type
-        return True
+        return [expression]
     kind, auxiliary = node
-    name = f"n{next(names)}"
-    namespace[name] = kind
-    lines.append(f"{name}_ = {expression}")
-    value = f"{name}_"
     children = treedef.children()
+    value = f"n{next(names)}"
+    namespace[f"{value}_type"] = kind
+    checks.append(f"{value} = {expression}")
     if kind is type(None):
-        lines.append(f"if {value} is not None: return None")
-        return True
+        checks.append(f"if {value} is not None: return None")
+        return []
     if kind is tuple or kind is list:
-        lines.append(
-            f"if type({value}) is not {name} or len({value}) != {len(children)}: "
-            "return None"
+        checks.append(
+            f"if type({value}) is not {value}_type or len({value}) != "
+            f"{len(children)}: return None"
         )
         paths = [f"{value}[{i}]" for i in range(len(children))]
     elif issubclass(kind, tuple) and hasattr(kind, "_fields"):  # a namedtuple
-        lines.append(f"if type({value}) is not {name}: return None")
+        checks.append(f"if type({value}) is not {value}_type: return None")
         paths = [f"{value}[{i}]" for i in range(len(children))]
     elif kind is dict:
-        keys = f"{name}_keys"
-        namespace[keys] = frozenset(auxiliary)
-        namespace.update({f"{name}_k{i}": key for i, key in enumerate(auxiliary)})
-        lines.append(
-            f"if type({value}) is not {name} or {value}.keys() != {keys}: return None"
+        namespace[f"{value}_keys"] = frozenset(auxiliary)
+        checks.append(
+            f"if type({value}) is not {value}_type or {value}.keys() != "
+            f"{value}_keys: return None"
         )
-        paths = [f"{value}[{name}_k{i}]" for i in range(len(children))]
+        namespace.update({f"{value}_k{i}": key for i, key in enumerate(auxiliary)})
+        paths = [f"{value}[{value}_k{i}]" for i in range(len(children))]
     elif kind is Keywords:
-        lines.append(f"if type({value}) is not {name}: return None")
+        checks.append(f"if type({value}) is not {value}_type: return None")
         paths = [f"{value}.args", f"{value}.kwargs"]
-    elif issubclass(kind, eqx.Module) and all(
-        child.node_data() is None for child in children
-    ):
-        lines.append(f"if type({value}) is not {name}: return None")
-        return True
     else:
-        return False
-    return all(
-        _check(child, path, lines, namespace, names)
-        for child, path in zip(children, paths)
-    )
+        layout = _module_layout(treedef)
+        if layout is None:
+            return None
+        dynamic, static, static_values = layout
+        namespace["get_dict"] = _get_dict
+        namespace[f"{value}_statics"] = static_values
+        checks.append(f"if type({value}) is not {value}_type: return None")
+        # With exactly its fields in `__dict__`, a Module has no wrapper fields
+        # in its auxiliary data, which is then its static fields' values.
+        checks.append(f"{value}_d = get_dict({value})")
+        checks.append(f"if len({value}_d) != {len(dynamic) + len(static)}: return None")
+        if static:
+            fields = "".join(f"{value}_d[{name!r}], " for name in static)
+            checks.append(f"if ({fields}) != {value}_statics: return None")
+        paths = [f"{value}_d[{name!r}]" for name in dynamic]
+    sequence = issubclass(kind, tuple) or kind is list
+    if sequence and children and all(c.node_data() is None for c in children):
+        return [f"*{value}"]  # leaves only: unpacked at C speed
+    leaves: list[str] = []
+    for child, path in zip(children, paths):
+        found = _leaves(child, path, checks, namespace, names)
+        if found is None:
+            return None
+        leaves += found
+    return leaves
+
+
+def _get_dict(module: Any) -> dict[str, Any]:
+    # Not `module.__dict__`: that goes through Module.__getattribute__.
+    return object.__getattribute__(module, "__dict__")
+
+
+def _module_layout(
+    treedef: Any,
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]] | None:
+    """For an `eqx.Module` node: the names of its dynamic fields (its children, in
+    order), of its static fields, and the static fields' values. None for any
+    other node, or a Module that Equinox does not flatten so.
+
+    Checked on a Module rebuilt from `treedef` with placeholder leaves: its
+    children must be its dynamic fields' values, and its auxiliary data those of
+    its static fields after one entry for wrapper fields.
+    """
+    kind, auxiliary = treedef.node_data()
+    if not (isinstance(kind, type) and issubclass(kind, eqx.Module)):
+        return None
+    try:
+        fields = dataclasses.fields(kind)
+        dynamic = tuple(f.name for f in fields if not f.metadata.get("static", False))
+        static = tuple(f.name for f in fields if f.metadata.get("static", False))
+        sample = treedef.unflatten([object() for _ in range(treedef.num_leaves)])
+        values = _get_dict(sample)
+        one_level = jtu.default_registry.flatten_one_level(sample)
+        if one_level is None:
+            return None
+        children, sample_auxiliary = one_level
+        static_values = tuple(values[name] for name in static)
+        layout_holds = (
+            len(values) == len(fields)
+            and len(children) == len(dynamic)
+            and all(c is values[name] for c, name in zip(children, dynamic))
+            and type(auxiliary) is tuple
+            and len(auxiliary) == 1 + len(static)
+            and all(a is b for a, b in zip(auxiliary[1:], static_values))
+            and sample_auxiliary[1:] == static_values
+        )
+    except Exception:  # not a dataclass, or rebuilt from placeholders
+        return None
+    return (dynamic, static, static_values) if layout_holds else None

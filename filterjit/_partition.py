@@ -274,9 +274,6 @@ class Partition:
         # jax Array was must not make a new trace).
         self.signature = (treedef, self.dynamic_positions, self.static_types)
         self.key_owner = object() if key_owner is None else key_owner
-        # `split(leaves)` gives the traced leaves and the cache key: `key_owner`
-        # and the keys of the static leaves. None if a leaf's type is not in
-        # `types`, which it checks.
         namespace: dict[str, Any] = {}
         lines, result = _split_code(
             types, dynamic_positions, static_positions, rekey, self.key_owner, namespace
@@ -288,7 +285,8 @@ class Partition:
             "split", "l", [*lines, f"return {result}"], namespace
         )
         # `take(tree)` gives the leaves too, from the call's pytree, or None if
-        # its structure is not `treedef`. One call for the latest call's path.
+        # its structure is not `treedef` (see `match_lines`): the whole of the
+        # latest-call path in one call.
         self.take: Take = compile_function(
             "take",
             "tree",

@@ -48,6 +48,9 @@ _flatten = jtu.default_registry.flatten
 # Beyond this many containers, checking them one by one in Python costs more than
 # flattening the whole tree in C++.
 _MAX_CHECKED_NODES = 256
+# Beyond this many leaves taken one by one (not as part of a sequence of leaves),
+# the generated code is long to compile and no faster than flattening.
+_MAX_LEAF_EXPRESSIONS = 1024
 
 
 def match_lines(
@@ -64,14 +67,15 @@ def match_lines(
     if not generic and treedef.num_nodes - treedef.num_leaves <= _MAX_CHECKED_NODES:
         checks: list[str] = []
         leaves = _leaves(treedef, "tree", checks, namespace, itertools.count())
-        if leaves is not None:
+        if leaves is not None and len(leaves) <= _MAX_LEAF_EXPRESSIONS:
             return [
-                # A static field's `==` may raise, as in comparing structures.
+                # A static field's `==` may raise, as in comparing structures, and
+                # a Module's `__dict__` may lack a field.
                 "try:",
                 *(f"    {line}" for line in checks),
+                f"    l = [{', '.join(leaves)}]",
                 "except Exception:",
                 "    return None",
-                f"l = [{', '.join(leaves)}]",
             ]
     namespace.update(flatten=_flatten, treedef=treedef)
     return [

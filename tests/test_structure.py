@@ -144,6 +144,7 @@ def test_unchecked_structures_get_the_generic_matcher():
     # those in its auxiliary data).
     trees = [
         [(x, 1)] * 300,
+        {str(i): x for i in range(2000)},
         (jtu.Partial(lambda a: a, x),),
         (collections.OrderedDict(a=x),),
         (eqx.filter_jit(lambda a: a),),
@@ -215,3 +216,13 @@ def test_module_calls_alternating_static_fields():
     for _ in range(3):
         for model in models:
             np.testing.assert_allclose(model(x), x * x * model.scale)
+
+
+def test_module_with_other_fields_in_its_dict_is_not_matched():
+    x = jnp.arange(3.0)
+    _, treedef = jtu.tree_flatten((Flat(x, x, 2.0),))
+    odd = Flat(x, x, 2.0)
+    fields = object.__getattribute__(odd, "__dict__")
+    del fields["bias"]
+    fields["other"] = x
+    assert matcher(treedef)((odd,)) is None

@@ -144,6 +144,9 @@ def _split_code(
         namespace[f"k{position}"] = function
 
     def key(position: int, leaf: str) -> str:
+        if rekey.get(position) is _float_key and types[position] is float:
+            # `_float_key` written out: most static floats need no call.
+            return f"({leaf}.hex() if {leaf} == 0.0 or {leaf} != {leaf} else {leaf})"
         return f"k{position}({leaf})" if position in rekey else leaf
 
     if len(types) <= _INLINE_TYPES:

@@ -23,6 +23,7 @@ import jax.tree_util as jtu
 
 from . import _trace
 from ._aot import Lowered, resolve, Specialisation, Traced
+from ._binding import Binder
 from ._cache import AliasDispatch, BoundedCache
 from ._diagnostics import (
     describe,
@@ -159,6 +160,7 @@ class FilterJitWrapper(Generic[_P, _R]):
             else tuple(self._signature.parameters.values())
         )
         self._arity = _fast_arity(self._signature)
+        self._bind = Binder(self._signature, _name_of(fun))
         self._donate = donate
         self._silence_donation = donate in ("all", "all-except-first")
         self._inline = inline
@@ -348,20 +350,6 @@ class FilterJitWrapper(Generic[_P, _R]):
         _, key = partition.split(leaves)  # pyright: ignore[reportGeneralTypeIssues]
         self._caches[level].put(key, jitted, partition.captured_bytes(leaves))
         return jitted
-
-    def _bind(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        # Bind defaults before keying, so that f(x), f(x, 3) and f(x, n=3) are
-        # one call.
-        if self._signature is None:
-            return args, kwargs
-        try:
-            bound = self._signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"{self.__qualname__}(): {e}") from None
-        bound.apply_defaults()
-        return bound.args, bound.kwargs
 
     def _jit(
         self, level: int, partition: Partition, leaves: list[Any]

@@ -226,3 +226,43 @@ def test_module_with_other_fields_in_its_dict_is_not_matched():
     del fields["bias"]
     fields["other"] = x
     assert matcher(treedef)((odd,)) is None
+
+
+def test_repeated_calls_take_the_latest_call_path(monkeypatch):
+    # Calls repeating the latest call's structure and leaf types neither flatten
+    # nor look a partition up: the cheap path that the dispatch benchmark times.
+    from filterjit import _jit
+
+    flattened = []
+    flatten = _jit._flatten
+    monkeypatch.setattr(
+        _jit, "_flatten", lambda tree: flattened.append(1) or flatten(tree)
+    )
+
+    class Model(eqx.Module):
+        weight: jax.Array
+        scale: float = eqx.field(static=True)
+
+        @filterjit.filter_jit
+        def __call__(self, y, *, mode="a"):
+            return self.weight * y * self.scale
+
+    @filterjit.filter_jit
+    def f(tree, n):
+        return jax.tree.map(lambda a: a * n, tree)
+
+    x = jnp.arange(3.0)
+    model = Model(x, 2.0)
+    calls = [
+        lambda: f({"a": [x, x], "b": (None, x)}, 2),
+        lambda: f({"a": [x, x], "b": (None, np.ones(3, np.float32))}, 3),
+        lambda: model(x),
+        lambda: Model(x + 1, 2.0)(x),
+        lambda: model(x, mode="b"),
+    ]
+    for call in calls:
+        call()
+        flattened.clear()
+        for _ in range(3):
+            call()
+        assert flattened == []

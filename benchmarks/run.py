@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_memory.child(args.memory_child, args.iterations)))
         return 0
     if args.profile:
-        print(_profile.profile())
+        quick = {"sizes": (1,), "calls": 200} if args.quick else {}
+        print(_profile.profile(**quick))
         return 0
 
     chosen = [s.strip() for s in args.sections.split(",") if s.strip()]

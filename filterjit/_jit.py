@@ -309,8 +309,8 @@ class FilterJitWrapper(Generic[_P, _R]):
         treedef: Any,
         leaves: list[Any],
     ) -> Partition:
-        """The partition for this structure and these leaves' types, made if new.
-        (`__call__` has already compared them with the latest call's.)"""
+        """The partition for this structure and these leaves' types, made if new,
+        and from now on the latest call's. (`__call__` has tried that one.)"""
         partitions = self._partitions[level]
         types = tuple(map(type, leaves))
         try:

@@ -32,8 +32,8 @@ from ._diagnostics import (
     Row,
     TraceLog,
 )
-from ._output import pack_output, pack_output_in_place, PendingOutput
-from ._partition import ABSTRACT, Partition
+from ._output import pack_output, pack_output_in_place
+from ._partition import ABSTRACT, MISS, Partition
 from ._structure import Keywords
 from ._trace import DISABLED, EAGER, STAGED, TOP
 
@@ -159,7 +159,9 @@ class FilterJitWrapper(Generic[_P, _R]):
             if self._signature is None
             else tuple(self._signature.parameters.values())
         )
-        self._arity = _fast_arity(self._signature)
+        # Calls with this many positional arguments and no keywords need no
+        # binding, and their pytree is their arguments; -1 if none.
+        self._plain_arity = _fast_arity(self._signature) if self._fun_is_leaf else -1
         self._bind = Binder(self._signature, _name_of(fun))
         self._donate = donate
         self._silence_donation = donate in ("all", "all-except-first")
@@ -182,6 +184,7 @@ class FilterJitWrapper(Generic[_P, _R]):
             staged_cache,
             BoundedCache(_TOP_MAXSIZE),
         )
+        self._cache_gets = tuple(cache.get for cache in self._caches)
         top_partitions = BoundedCache(_TOP_MAXSIZE)
         self._partitions: tuple[BoundedCache[Partition], ...] = (
             top_partitions,
@@ -233,29 +236,32 @@ class FilterJitWrapper(Generic[_P, _R]):
 
     def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
-        # This is `_lookup` inlined, with its slow paths left out of line: every
-        # call runs it, and a frame is a good part of filter_jit's overhead.
         level = _trace.call_level()
         if level == DISABLED:
             return self._fun(*args, **kwargs)
-        if kwargs or len(args) != self._arity:
+        if kwargs or len(args) != self._plain_arity:
             args, kwargs = self._bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
-        if kwargs or not self._fun_is_leaf:
             tree = self._call_tree(args, kwargs)
         else:
             tree = args
         # Most calls repeat the latest call's structure and leaf types: its
-        # partition takes the leaves, checks their types and makes the cache key
-        # in one generated function, without flattening anew or hashing a
-        # structure.
+        # partition serves them in one generated function, without flattening
+        # anew or hashing a structure.
         last_level, partition = self._last_partition
-        taken = partition.take(tree) if last_level == level else None
-        if taken is None:
-            leaves, treedef = _flatten(tree)
-            partition = self._partition(args, kwargs, level, treedef, leaves)
-            dynamic, key = partition.split(leaves)  # pyright: ignore[reportGeneralTypeIssues]
-        else:
-            leaves, dynamic, key = taken
+        if last_level == level:
+            out = partition.call(tree, self._cache_gets[level])
+            if out is not MISS:
+                return out
+        return self._call(level, args, kwargs, tree)
+
+    def _call(
+        self, level: int, args: tuple[Any, ...], kwargs: dict[str, Any], tree: Any
+    ) -> Any:
+        """A call, the whole way: flattened, partitioned, looked up, compiled if
+        new."""
+        leaves, treedef = _flatten(tree)
+        partition = self._partition(args, kwargs, level, treedef, leaves)
+        dynamic, key = partition.split(leaves)  # pyright: ignore[reportGeneralTypeIssues]
         try:
             jitted = self._caches[level].get(key)
         except Exception as e:
@@ -270,9 +276,7 @@ class FilterJitWrapper(Generic[_P, _R]):
                 out = jitted(*dynamic)
         else:
             out = jitted(*dynamic)
-        if type(out) is PendingOutput:
-            out = out.resolve(leaves)
-        return out
+        return resolve(out, leaves)
 
     def _lookup(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], level: int
@@ -326,7 +330,9 @@ class FilterJitWrapper(Generic[_P, _R]):
             if owner is not found:
                 found = Partition(treedef, types, level, owner.key_owner)
             partitions.put((treedef, types), found)
-        self._last_partition = (level, found)
+        # The latest call's path serves no call that must silence JAX's warnings.
+        fast = not (self._silence_donation and level == TOP)
+        self._last_partition = (level if fast else -1, found)
         return found
 
     def _select(

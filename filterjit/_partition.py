@@ -9,7 +9,9 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from ._structure import compile_function, match_lines
+from ._cache import AliasDispatch
+from ._output import PendingOutput
+from ._structure import compile_function, guarded, match_lines, to_list, to_locals
 from ._trace import STAGED
 
 
@@ -87,9 +89,12 @@ def _identity_key(x: jax.Array) -> int:
 # `split(leaves)`: (traced leaves, cache key), or None if a leaf's type is not the
 # partition's.
 Split = Callable[[Sequence[Any]], tuple[Sequence[Any], tuple[Any, ...]] | None]
-# `take(tree)`: (leaves, traced leaves, cache key), or None if the tree's structure
-# or a leaf's type is not the partition's.
-Take = Callable[[Any], tuple[list[Any], Sequence[Any], tuple[Any, ...]] | None]
+# `call(tree, get)`: the output of the cached jitted function for a call's pytree,
+# or `MISS`.
+Call = Callable[[Any, Callable[[Any], Any]], Any]
+
+# What `Partition.call` returns when it cannot serve a call.
+MISS: Any = type("Miss", (), {"__repr__": lambda self: "MISS"})()
 
 # Up to this many leaves, `split` checks their types one by one in generated code;
 # beyond, it compares a tuple of them, which is faster per leaf.
@@ -110,13 +115,20 @@ def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _gather(runs: list[tuple[int, int]]) -> list[str]:
-    """Expressions for the leaves at these runs: an index for a single leaf, an
-    unpacked slice for several (a slice copies at C speed)."""
-    return [
-        f"l[{start}]" if stop - start == 1 else f"*l[{start}:{stop}]"
+def _gather(runs: list[tuple[int, int]]) -> str:
+    """The leaves at these runs, as elements of a tuple display or of a call's
+    arguments: an index for a single leaf, an unpacked slice for several (a slice
+    copies at C speed)."""
+    return "".join(
+        f"l[{start}], " if stop - start == 1 else f"*l[{start}:{stop}], "
         for start, stop in runs
-    ]
+    )
+
+
+def few_leaves(count: int) -> bool:
+    """Whether the generated code of a partition with `count` leaves keeps them in
+    locals `a0, a1, ...` rather than in a list `l`."""
+    return count <= _INLINE_TYPES
 
 
 def _split_code(
@@ -126,18 +138,21 @@ def _split_code(
     rekey: dict[int, Callable[[Any], Any]],
     key_owner: object,
     namespace: dict[str, Any],
-) -> tuple[list[str], str]:
-    """Generated code that returns None if the types of the leaves `l` are not
-    `types`, and an expression for (traced leaves, cache key).
+    miss: str,
+) -> tuple[list[str], str, str]:
+    """Generated code that returns `miss` if the types of the leaves are not
+    `types`; the traced leaves, as elements of a tuple display or of a call's
+    arguments; and an expression for the cache key.
 
-    It runs on every call, so it is straight-line code, such as
+    The leaves are in locals `a0, a1, ...` if `few_leaves`, and in a list `l`
+    otherwise. The code runs on every call, so it is straight-line code, such as
 
-        a0, a1 = l
-        if type(a0) is not t0 or type(a1) is not t1: return None
+        if type(a0) is not t0 or type(a1) is not t1: return miss
 
-    and `(a0,), (owner, k1(a1))`, with no loop and no intermediate list. The key
-    starts with `key_owner`, an object hashed by identity that stands for the
-    partition's signature. What the code refers to goes in `namespace`.
+    with the traced leaves `a0, ` and the key `(owner, k1(a1), )`: no loop and no
+    intermediate list. The key starts with `key_owner`, an object hashed by
+    identity that stands for the partition's signature. What the code refers to
+    goes in `namespace`.
     """
     namespace.update(owner=key_owner)
     for position, function in rekey.items():
@@ -149,17 +164,15 @@ def _split_code(
             return f"({leaf}.hex() if {leaf} == 0.0 or {leaf} != {leaf} else {leaf})"
         return f"k{position}({leaf})" if position in rekey else leaf
 
-    if len(types) <= _INLINE_TYPES:
-        # Few leaves: unpacked into locals, which is cheaper than indexing each.
-        body = []
+    if few_leaves(len(types)):
+        guard = []
         if types:
-            body.append("".join(f"a{p}, " for p in range(len(types))) + "= l")
             checks = [f"type(a{p}) is not t{p}" for p in range(len(types))]
-            body.append(f"if {' or '.join(checks)}: return None")
+            guard.append(f"if {' or '.join(checks)}: return {miss}")
             namespace.update({f"t{p}": kind for p, kind in enumerate(types)})
         dynamic = "".join(f"a{p}, " for p in dynamic_positions)
         statics = "".join(f"{key(p, f'a{p}')}, " for p in static_positions)
-        return body, f"({dynamic}), (owner, {statics})"
+        return guard, dynamic, f"(owner, {statics})"
 
     # Many leaves: their types compared as a tuple, and runs of consecutive leaves
     # taken as slices, both at C speed.
@@ -169,33 +182,30 @@ def _split_code(
         take_static=_take(static_positions),
         rekeys=tuple((static_positions.index(p), k) for p, k in rekey.items()),
     )
-    body = ["if tuple(map(type, l)) != types: return None"]
+    guard = [f"if tuple(map(type, l)) != types: return {miss}"]
     dynamic_runs = _runs(dynamic_positions)
     if len(dynamic_runs) > _INLINE_RUNS:
-        dynamic = "take_dynamic(l)"
-    elif len(dynamic_runs) == 1:
-        start, stop = dynamic_runs[0]
-        dynamic = f"l[{start}:{stop}]"  # a list: the wrapper only unpacks it
+        dynamic = "*take_dynamic(l), "
     else:
-        dynamic = "(" + "".join(f"{x}, " for x in _gather(dynamic_runs)) + ")"
+        dynamic = _gather(dynamic_runs)
     static_runs = _runs(static_positions)
     if len(static_runs) + len(rekey) > _INLINE_RUNS:
-        body.append("keys = list(take_static(l))")
+        guard.append("keys = list(take_static(l))")
         if rekey:
-            body.append("for i, k in rekeys: keys[i] = k(keys[i])")
-        return body, f"{dynamic}, (owner, *keys)"
-    statics = []
+            guard.append("for i, k in rekeys: keys[i] = k(keys[i])")
+        return guard, dynamic, "(owner, *keys)"
+    statics = ""
     for start, stop in static_runs:
         plain: list[int] = []
         for position in range(start, stop):
             if position in rekey:
                 statics += _gather(_runs(plain))
                 plain = []
-                statics.append(key(position, f"l[{position}]"))
+                statics += f"{key(position, f'l[{position}]')}, "
             else:
                 plain.append(position)
         statics += _gather(_runs(plain))
-    return body, f"{dynamic}, (owner, {''.join(f'{x}, ' for x in statics)})"
+    return guard, dynamic, f"(owner, {statics})"
 
 
 def _take(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -226,7 +236,7 @@ class Partition:
         "array_positions",
         "key_owner",
         "split",
-        "take",
+        "call",
     )
 
     def __init__(
@@ -277,25 +287,50 @@ class Partition:
         # jax Array was must not make a new trace).
         self.signature = (treedef, self.dynamic_positions, self.static_types)
         self.key_owner = object() if key_owner is None else key_owner
-        namespace: dict[str, Any] = {}
-        lines, result = _split_code(
-            types, dynamic_positions, static_positions, rekey, self.key_owner, namespace
+        count = len(types)
+        namespace: dict[str, Any] = {"MISS": MISS}
+        split_code = (types, dynamic_positions, static_positions, rekey)
+        guard, dynamic, key = _split_code(
+            *split_code, self.key_owner, namespace, "None"
         )
+        unpack = [f"{''.join(f'a{p}, ' for p in range(count))}= l"]
         # `split(leaves)` gives the traced leaves and the cache key: `key_owner`
         # and the keys of the static leaves. None if a leaf's type is not in
         # `types`, which it checks.
         self.split: Split = compile_function(
-            "split", "l", [*lines, f"return {result}"], namespace
-        )
-        # `take(tree)` gives the leaves too, from the call's pytree, or None if
-        # its structure is not `treedef` (see `match_lines`): the whole of the
-        # latest-call path in one call.
-        self.take: Take = compile_function(
-            "take",
-            "tree",
-            [*match_lines(treedef, namespace), *lines, f"return l, {result}"],
+            "split",
+            "l",
+            [
+                *(unpack if few_leaves(count) and count else []),
+                *guard,
+                f"return ({dynamic}), {key}",
+            ],
             namespace,
         )
+        # `call(tree, get)` is the whole of a call that repeats the structure and
+        # leaf types of the call this partition was made for: it takes the leaves
+        # of the call's pytree (see `match_lines`), checks their types, looks the
+        # jitted function up with `get` and calls it. `MISS` if any step fails.
+        namespace.update(pending=PendingOutput, alias=AliasDispatch)
+        checks, leaves = match_lines(treedef, namespace, "MISS")
+        guard, dynamic, key = _split_code(
+            *split_code, self.key_owner, namespace, "MISS"
+        )
+        if few_leaves(count):
+            take = to_locals(leaves)
+            inputs = f"[{''.join(f'a{p}, ' for p in range(count))}]"
+        else:
+            take, inputs = to_list(leaves), "l"
+        body = [
+            *guarded([*checks, *take], "MISS"),
+            *guard,
+            # An unhashable static value: the slow path says which.
+            *guarded([f"jitted = get({key})"], "MISS"),
+            "if jitted is None or type(jitted) is alias: return MISS",
+            f"out = jitted({dynamic})",
+            f"return out.resolve({inputs}) if type(out) is pending else out",
+        ]
+        self.call: Call = compile_function("call", "tree, get", body, namespace)
 
     def statics(self, leaves: Sequence[Any]) -> tuple[Any, ...]:
         """The keys of the static leaves (leaves of this partition's types)."""

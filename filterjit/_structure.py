@@ -53,45 +53,72 @@ _MAX_CHECKED_NODES = 256
 _MAX_LEAF_EXPRESSIONS = 1024
 
 
+# An expression for some of a tree's leaves, and how many: 1 for a leaf, or n
+# for `*sequence`, the n leaves of a sequence unpacked.
+Leaves = list[tuple[str, int]]
+
+
 def match_lines(
-    treedef: Any, namespace: dict[str, Any], generic: bool = False
-) -> list[str]:
-    """Generated code that sets `l` to the leaves of `tree` if it has structure
-    `treedef`, and returns None otherwise. What it refers to goes in `namespace`.
+    treedef: Any, namespace: dict[str, Any], miss: str, generic: bool = False
+) -> tuple[list[str], Leaves]:
+    """Generated code that returns `miss` unless `tree` has structure `treedef`,
+    and expressions for the leaves of `tree` after it. The code may raise on a
+    mismatch: run it inside `guarded`. What it refers to goes in `namespace`.
 
     Where every container in `treedef` is a tuple, list, dict, None, namedtuple,
-    `Keywords` or `eqx.Module`, the code checks them one by one and takes the
-    leaves itself. Any other structure, or `generic=True`, gets code that flattens
-    anew and compares the structures.
+    `Keywords` or `eqx.Module`, the code checks them one by one and the leaves
+    are taken by indexing, unpacking and reading a Module's `__dict__`. Any other
+    structure, or `generic=True`, gets code that flattens anew (to a list `l`) and
+    compares the structures.
     """
     if not generic and treedef.num_nodes - treedef.num_leaves <= _MAX_CHECKED_NODES:
         checks: list[str] = []
-        leaves = _leaves(treedef, "tree", checks, namespace, itertools.count())
+        leaves = _leaves(treedef, "tree", checks, namespace, itertools.count(), miss)
         if leaves is not None and len(leaves) <= _MAX_LEAF_EXPRESSIONS:
-            return [
-                # A static field's `==` may raise, as in comparing structures, and
-                # a Module's `__dict__` may lack a field.
-                "try:",
-                *(f"    {line}" for line in checks),
-                f"    l = [{', '.join(leaves)}]",
-                "except Exception:",
-                "    return None",
-            ]
+            return checks, leaves
     namespace.update(flatten=_flatten, treedef=treedef)
+    checks = ["l, found = flatten(tree)", f"if found != treedef: return {miss}"]
+    return checks, [("*l", treedef.num_leaves)]
+
+
+def guarded(lines: list[str], miss: str) -> list[str]:
+    """`lines` in a `try` that returns `miss` on an exception: a static field's
+    `==` may raise, as in comparing structures, and a Module's `__dict__` may lack
+    a field."""
     return [
-        "l, found = flatten(tree)",
         "try:",
-        "    if found != treedef: return None",
-        "except Exception:  # auxiliary data that cannot be compared",
-        "    return None",
+        *(f"    {line}" for line in lines),
+        "except Exception:",
+        f"    return {miss}",
     ]
 
 
+def to_list(leaves: Leaves) -> list[str]:
+    """Code that puts the leaves in a list `l`."""
+    if len(leaves) == 1 and leaves[0][0] == "*l":
+        return []  # flattened: `l` already
+    return [f"l = [{', '.join(expression for expression, _ in leaves)}]"]
+
+
+def to_locals(leaves: Leaves) -> list[str]:
+    """Code that puts the leaves in locals `a0, a1, ...`."""
+    lines = []
+    position = 0
+    for expression, count in leaves:
+        if expression.startswith("*"):
+            names = "".join(f"a{position + i}, " for i in range(count))
+            lines.append(f"{names}= {expression[1:]}")
+        else:
+            lines.append(f"a{position} = {expression}")
+        position += count
+    return lines
+
+
 def compile_function(
-    name: str, parameter: str, body: list[str], namespace: dict[str, Any]
+    name: str, parameters: str, body: list[str], namespace: dict[str, Any]
 ) -> Any:
-    """The function `def name(parameter): body`, its globals `namespace`."""
-    source = f"def {name}({parameter}):\n" + "".join(f"    {line}\n" for line in body)
+    """The function `def name(parameters): body`, its globals `namespace`."""
+    source = f"def {name}({parameters}):\n" + "".join(f"    {line}\n" for line in body)
     exec(source, namespace)
     return namespace[name]
 
@@ -100,7 +127,8 @@ def matcher(treedef: Any, generic: bool = False) -> Match:
     """A function from a pytree to its leaves, or None if its structure is not
     `treedef`; see `match_lines`."""
     namespace: dict[str, Any] = {}
-    body = [*match_lines(treedef, namespace, generic), "return l"]
+    checks, leaves = match_lines(treedef, namespace, "None", generic)
+    body = [*guarded([*checks, *to_list(leaves)], "None"), "return l"]
     return compile_function("match", "tree", body, namespace)
 
 
@@ -110,40 +138,41 @@ def _leaves(
     checks: list[str],
     namespace: dict[str, Any],
     names: "itertools.count[int]",
-) -> list[str] | None:
+    miss: str,
+) -> Leaves | None:
     """Expressions for the leaves of the value of `expression`, after appending to
-    `checks` the code that returns None unless that value has the containers of
+    `checks` the code that returns `miss` unless that value has the containers of
     `treedef`. None if a container cannot be checked in Python."""
     node = treedef.node_data()
     if node is None:  # a leaf: anything goes, the caller checks its type
-        return [expression]
+        return [(expression, 1)]
     kind, auxiliary = node
     children = treedef.children()
     value = f"n{next(names)}"
     namespace[f"{value}_type"] = kind
     checks.append(f"{value} = {expression}")
     if kind is type(None):
-        checks.append(f"if {value} is not None: return None")
+        checks.append(f"if {value} is not None: return {miss}")
         return []
     if kind is tuple or kind is list:
         checks.append(
             f"if type({value}) is not {value}_type or len({value}) != "
-            f"{len(children)}: return None"
+            f"{len(children)}: return {miss}"
         )
         paths = [f"{value}[{i}]" for i in range(len(children))]
     elif issubclass(kind, tuple) and hasattr(kind, "_fields"):  # a namedtuple
-        checks.append(f"if type({value}) is not {value}_type: return None")
+        checks.append(f"if type({value}) is not {value}_type: return {miss}")
         paths = [f"{value}[{i}]" for i in range(len(children))]
     elif kind is dict:
         namespace[f"{value}_keys"] = frozenset(auxiliary)
         checks.append(
             f"if type({value}) is not {value}_type or {value}.keys() != "
-            f"{value}_keys: return None"
+            f"{value}_keys: return {miss}"
         )
         namespace.update({f"{value}_k{i}": key for i, key in enumerate(auxiliary)})
         paths = [f"{value}[{value}_k{i}]" for i in range(len(children))]
     elif kind is Keywords:
-        checks.append(f"if type({value}) is not {value}_type: return None")
+        checks.append(f"if type({value}) is not {value}_type: return {miss}")
         paths = [f"{value}.args", f"{value}.kwargs"]
     else:
         layout = _module_layout(treedef)
@@ -152,21 +181,23 @@ def _leaves(
         dynamic, static, static_values = layout
         namespace["get_dict"] = _get_dict
         namespace[f"{value}_statics"] = static_values
-        checks.append(f"if type({value}) is not {value}_type: return None")
+        checks.append(f"if type({value}) is not {value}_type: return {miss}")
         # With exactly its fields in `__dict__`, a Module has no wrapper fields
         # in its auxiliary data, which is then its static fields' values.
         checks.append(f"{value}_d = get_dict({value})")
-        checks.append(f"if len({value}_d) != {len(dynamic) + len(static)}: return None")
+        checks.append(
+            f"if len({value}_d) != {len(dynamic) + len(static)}: return {miss}"
+        )
         if static:
             fields = "".join(f"{value}_d[{name!r}], " for name in static)
-            checks.append(f"if ({fields}) != {value}_statics: return None")
+            checks.append(f"if ({fields}) != {value}_statics: return {miss}")
         paths = [f"{value}_d[{name!r}]" for name in dynamic]
     sequence = issubclass(kind, tuple) or kind is list
     if sequence and children and all(c.node_data() is None for c in children):
-        return [f"*{value}"]  # leaves only: unpacked at C speed
-    leaves: list[str] = []
+        return [(f"*{value}", len(children))]  # leaves only: unpacked at C speed
+    leaves: Leaves = []
     for child, path in zip(children, paths):
-        found = _leaves(child, path, checks, namespace, names)
+        found = _leaves(child, path, checks, namespace, names, miss)
         if found is None:
             return None
         leaves += found

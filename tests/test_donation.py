@@ -59,3 +59,24 @@ def test_donating_wrapper_does_not_keep_the_function_alive():
     del fun, wrapped
     gc.collect()
     assert ref() is None
+
+
+@pytest.mark.parametrize("donate", ["all", "all-except-first", "warn"])
+def test_repeated_calls_donate_and_warn_as_the_first(donate):
+    # A training loop: every call donates, and only the "warn" options warn about
+    # a donated buffer that the output cannot reuse (here `batch`, of which
+    # nothing is returned); JAX says so when it compiles, as with jax.jit.
+    f = filter_jit(lambda state, batch: {"w": state["w"] + batch.sum()}, donate=donate)
+    state = {"w": jnp.ones(4)}
+    for step in range(3):
+        batch = jnp.arange(4.0)
+        old = state["w"]
+        if donate == "warn" and step == 0:
+            with pytest.warns(
+                UserWarning, match="Some donated buffers were not usable"
+            ):
+                state = f(state, batch)
+        else:
+            state = f(state, batch)
+        assert old.is_deleted() == (donate != "all-except-first")
+        assert state["w"].tolist() == [1.0 + 6.0 * (step + 1)] * 4

@@ -266,3 +266,25 @@ def test_repeated_calls_take_the_latest_call_path(monkeypatch):
         for _ in range(3):
             call()
         assert flattened == []
+
+
+def test_latest_call_path_hands_back_this_calls_inputs():
+    @filterjit.filter_jit
+    def f(x, tag):
+        return x * 2, tag
+
+    x = jnp.arange(3.0)
+    for _ in range(3):
+        tag = "".join(["ta", "g"])  # equal, but a new object every call
+        out, got = f(x, tag)
+        assert got is tag
+        assert jnp.array_equal(out, x * 2)
+
+
+def test_latest_call_path_names_an_unhashable_static_every_time():
+    f = filterjit.filter_jit(lambda x, options: x)
+    x = jnp.arange(3.0)
+    f(x, "ok")
+    for _ in range(3):  # the first call records the partition that the others try
+        with pytest.raises(TypeError, match=r"argument `options` is a static value"):
+            f(x, {"not", "hashable"})

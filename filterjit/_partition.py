@@ -11,7 +11,7 @@ from jax.core import Tracer
 
 from ._cache import AliasDispatch
 from ._output import PendingOutput
-from ._structure import compile_function, guarded, match_lines, to_list, to_locals
+from ._structure import compile_function, guarded, Leaves, match_lines
 from ._trace import STAGED
 
 
@@ -96,116 +96,9 @@ Call = Callable[[Any, Callable[[Any], Any]], Any]
 # What `Partition.call` returns when it cannot serve a call.
 MISS: Any = type("Miss", (), {"__repr__": lambda self: "MISS"})()
 
-# Up to this many leaves, `split` checks their types one by one in generated code;
-# beyond, it compares a tuple of them, which is faster per leaf.
-_INLINE_TYPES = 16
-# Beyond this many runs of consecutive positions, a C-level itemgetter takes the
-# leaves instead of generated code.
-_INLINE_RUNS = 64
-
-
-def _runs(positions: Sequence[int]) -> list[tuple[int, int]]:
-    """Consecutive positions as (start, stop) ranges."""
-    runs: list[tuple[int, int]] = []
-    for position in positions:
-        if runs and runs[-1][1] == position:
-            runs[-1] = (runs[-1][0], position + 1)
-        else:
-            runs.append((position, position + 1))
-    return runs
-
-
-def _gather(runs: list[tuple[int, int]]) -> str:
-    """The leaves at these runs, as elements of a tuple display or of a call's
-    arguments: an index for a single leaf, an unpacked slice for several (a slice
-    copies at C speed)."""
-    return "".join(
-        f"l[{start}], " if stop - start == 1 else f"*l[{start}:{stop}], "
-        for start, stop in runs
-    )
-
-
-def few_leaves(count: int) -> bool:
-    """Whether the generated code of a partition with `count` leaves keeps them in
-    locals `a0, a1, ...` rather than in a list `l`."""
-    return count <= _INLINE_TYPES
-
-
-def _split_code(
-    types: tuple[type, ...],
-    dynamic_positions: Sequence[int],
-    static_positions: Sequence[int],
-    rekey: dict[int, Callable[[Any], Any]],
-    key_owner: object,
-    namespace: dict[str, Any],
-    miss: str,
-) -> tuple[list[str], str, str]:
-    """Generated code that returns `miss` if the types of the leaves are not
-    `types`; the traced leaves, as elements of a tuple display or of a call's
-    arguments; and an expression for the cache key.
-
-    The leaves are in locals `a0, a1, ...` if `few_leaves`, and in a list `l`
-    otherwise. The code runs on every call, so it is straight-line code, such as
-
-        if type(a0) is not t0 or type(a1) is not t1: return miss
-
-    with the traced leaves `a0, ` and the key `(owner, k1(a1), )`: no loop and no
-    intermediate list. The key starts with `key_owner`, an object hashed by
-    identity that stands for the partition's signature. What the code refers to
-    goes in `namespace`.
-    """
-    namespace.update(owner=key_owner)
-    for position, function in rekey.items():
-        namespace[f"k{position}"] = function
-
-    def key(position: int, leaf: str) -> str:
-        if rekey.get(position) is _float_key and types[position] is float:
-            # `_float_key` written out: most static floats need no call.
-            return f"({leaf}.hex() if {leaf} == 0.0 or {leaf} != {leaf} else {leaf})"
-        return f"k{position}({leaf})" if position in rekey else leaf
-
-    if few_leaves(len(types)):
-        guard = []
-        if types:
-            checks = [f"type(a{p}) is not t{p}" for p in range(len(types))]
-            guard.append(f"if {' or '.join(checks)}: return {miss}")
-            namespace.update({f"t{p}": kind for p, kind in enumerate(types)})
-        dynamic = "".join(f"a{p}, " for p in dynamic_positions)
-        statics = "".join(f"{key(p, f'a{p}')}, " for p in static_positions)
-        return guard, dynamic, f"(owner, {statics})"
-
-    # Many leaves: their types compared as a tuple, and runs of consecutive leaves
-    # taken as slices, both at C speed.
-    namespace.update(
-        types=types,
-        take_dynamic=_take(dynamic_positions),
-        take_static=_take(static_positions),
-        rekeys=tuple((static_positions.index(p), k) for p, k in rekey.items()),
-    )
-    guard = [f"if tuple(map(type, l)) != types: return {miss}"]
-    dynamic_runs = _runs(dynamic_positions)
-    if len(dynamic_runs) > _INLINE_RUNS:
-        dynamic = "*take_dynamic(l), "
-    else:
-        dynamic = _gather(dynamic_runs)
-    static_runs = _runs(static_positions)
-    if len(static_runs) + len(rekey) > _INLINE_RUNS:
-        guard.append("keys = list(take_static(l))")
-        if rekey:
-            guard.append("for i, k in rekeys: keys[i] = k(keys[i])")
-        return guard, dynamic, "(owner, *keys)"
-    statics = ""
-    for start, stop in static_runs:
-        plain: list[int] = []
-        for position in range(start, stop):
-            if position in rekey:
-                statics += _gather(_runs(plain))
-                plain = []
-                statics += f"{key(position, f'l[{position}]')}, "
-            else:
-                plain.append(position)
-        statics += _gather(_runs(plain))
-    return guard, dynamic, f"(owner, {statics})"
+# A sequence of more than this many leaves is checked and split by C-level calls
+# on the whole sequence; shorter ones are unpacked into locals, which is cheaper.
+_UNPACKED = 16
 
 
 def _take(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -215,6 +108,123 @@ def _take(positions: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]
         (position,) = positions
         return lambda leaves: (leaves[position],)
     return operator.itemgetter(*positions)
+
+
+def _keys_of(
+    positions: Sequence[int], rekey: Sequence[Callable[[Any], Any] | None]
+) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """A function from a sequence of leaves to the keys of those at `positions`,
+    `rekey[i]` applied to the i-th where given."""
+    take = _take(positions)
+    rekeys = [(i, k) for i, k in enumerate(rekey) if k is not None]
+    if not rekeys:
+        return take
+
+    def keys(leaves: Sequence[Any]) -> list[Any]:
+        found = list(take(leaves))
+        for i, k in rekeys:
+            found[i] = k(found[i])
+        return found
+
+    return keys
+
+
+def _leaf_code(
+    leaves: Leaves,
+    types: tuple[type, ...],
+    dynamic: frozenset[int],
+    rekey: dict[int, Callable[[Any], Any]],
+    namespace: dict[str, Any],
+    miss: str,
+) -> tuple[list[str], list[str], str, str, str]:
+    """Generated code for the leaves given by `leaves` (expressions, as from
+    `match_lines`): code that takes them, to run guarded; code that returns `miss`
+    unless their types are `types`; and expressions for the traced leaves (as a
+    call's arguments), for the cache key, and for the list of all leaves.
+
+    It runs on every call, so it is straight-line code, such as
+
+        a0, a1 = n1
+        if type(a0) is not t0 or type(a1) is not t1: return miss
+
+    with the traced leaves `a0, ` and the key `(owner, k1(a1), )`. A long sequence
+    is checked and split whole, by C-level calls. The key starts with `owner`, an
+    object hashed by identity that stands for the partition's signature.
+    """
+
+    def key(position: int, leaf: str) -> str:
+        if rekey.get(position) is _float_key and types[position] is float:
+            # `_float_key` written out: most static floats need no call.
+            return f"({leaf}.hex() if {leaf} == 0.0 or {leaf} != {leaf} else {leaf})"
+        if position in rekey:
+            namespace[f"k{position}"] = rekey[position]
+            return f"k{position}({leaf})"
+        return leaf
+
+    take: list[str] = []
+    checks: list[str] = []
+    guard: list[str] = []
+    traced: list[str] = []
+    keys: list[str] = []
+    inputs: list[str] = []
+    start = 0
+    for index, (expression, count) in enumerate(leaves):
+        if count == 0:
+            continue
+        span = range(start, start + count)
+        if expression.startswith("*") and count > _UNPACKED:
+            sequence = f"s{index}"
+            take.append(f"{sequence} = {expression[1:]}")
+            span_types = types[start : start + count]
+            if len(set(span_types)) == 1:
+                namespace[f"{sequence}_type"] = span_types[0]
+                guard.append(
+                    f"if countOf(map(type, {sequence}), {sequence}_type) != {count}: "
+                    f"return {miss}"
+                )
+            else:
+                namespace[f"{sequence}_types"] = span_types
+                guard.append(
+                    f"if tuple(map(type, {sequence})) != {sequence}_types: "
+                    f"return {miss}"
+                )
+            inside = [p - start for p in span if p in dynamic]
+            if len(inside) == count:
+                traced.append(f"*{sequence}")
+            elif inside:
+                namespace[f"{sequence}_traced"] = _take(inside)
+                traced.append(f"*{sequence}_traced({sequence})")
+            outside = [p - start for p in span if p not in dynamic]
+            if len(outside) == count and not any(p in rekey for p in span):
+                keys.append(f"*{sequence}")
+            elif outside:
+                rekeys = [rekey.get(start + p) for p in outside]
+                namespace[f"{sequence}_keys"] = _keys_of(outside, rekeys)
+                keys.append(f"*{sequence}_keys({sequence})")
+            inputs.append(f"*{sequence}")
+        else:
+            if expression.startswith("*"):
+                names = "".join(f"a{p}, " for p in span)
+                take.append(f"{names}= {expression[1:]}")
+            else:
+                take.append(f"a{start} = {expression}")
+            for p in span:
+                namespace[f"t{p}"] = types[p]
+                checks.append(f"type(a{p}) is not t{p}")
+                (traced if p in dynamic else keys).append(
+                    f"a{p}" if p in dynamic else key(p, f"a{p}")
+                )
+                inputs.append(f"a{p}")
+        start += count
+    if checks:
+        guard.insert(0, f"if {' or '.join(checks)}: return {miss}")
+    return (
+        take,
+        guard,
+        ", ".join(traced),
+        f"(owner, {''.join(f'{k}, ' for k in keys)})",
+        f"[{', '.join(inputs)}]",
+    )
 
 
 class Partition:
@@ -287,47 +297,38 @@ class Partition:
         # jax Array was must not make a new trace).
         self.signature = (treedef, self.dynamic_positions, self.static_types)
         self.key_owner = object() if key_owner is None else key_owner
-        count = len(types)
-        namespace: dict[str, Any] = {"MISS": MISS}
-        split_code = (types, dynamic_positions, static_positions, rekey)
-        guard, dynamic, key = _split_code(
-            *split_code, self.key_owner, namespace, "None"
-        )
-        unpack = [f"{''.join(f'a{p}, ' for p in range(count))}= l"]
+        # What the generated code refers to.
+        namespace: dict[str, Any] = {
+            "owner": self.key_owner,
+            "countOf": operator.countOf,
+            "MISS": MISS,
+            "pending": PendingOutput,
+            "alias": AliasDispatch,
+        }
+        dynamic = frozenset(dynamic_positions)
         # `split(leaves)` gives the traced leaves and the cache key: `key_owner`
         # and the keys of the static leaves. None if a leaf's type is not in
         # `types`, which it checks.
-        self.split: Split = compile_function(
-            "split",
-            "l",
-            [
-                *(unpack if few_leaves(count) and count else []),
-                *guard,
-                f"return ({dynamic}), {key}",
-            ],
-            namespace,
+        take, guard, traced, key, _ = _leaf_code(
+            [("*l", len(types))], types, dynamic, rekey, namespace, "None"
         )
+        body = [*take, *guard, f"return ({traced}{',' if traced else ''}), {key}"]
+        self.split: Split = compile_function("split", "l", body, namespace)
         # `call(tree, get)` is the whole of a call that repeats the structure and
         # leaf types of the call this partition was made for: it takes the leaves
         # of the call's pytree (see `match_lines`), checks their types, looks the
         # jitted function up with `get` and calls it. `MISS` if any step fails.
-        namespace.update(pending=PendingOutput, alias=AliasDispatch)
         checks, leaves = match_lines(treedef, namespace, "MISS")
-        guard, dynamic, key = _split_code(
-            *split_code, self.key_owner, namespace, "MISS"
+        take, guard, traced, key, inputs = _leaf_code(
+            leaves, types, dynamic, rekey, namespace, "MISS"
         )
-        if few_leaves(count):
-            take = to_locals(leaves)
-            inputs = f"[{''.join(f'a{p}, ' for p in range(count))}]"
-        else:
-            take, inputs = to_list(leaves), "l"
         body = [
             *guarded([*checks, *take], "MISS"),
             *guard,
             # An unhashable static value: the slow path says which.
             *guarded([f"jitted = get({key})"], "MISS"),
             "if jitted is None or type(jitted) is alias: return MISS",
-            f"out = jitted({dynamic})",
+            f"out = jitted({traced})",
             f"return out.resolve({inputs}) if type(out) is pending else out",
         ]
         self.call: Call = compile_function("call", "tree, get", body, namespace)

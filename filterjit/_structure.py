@@ -100,20 +100,6 @@ def to_list(leaves: Leaves) -> list[str]:
     return [f"l = [{', '.join(expression for expression, _ in leaves)}]"]
 
 
-def to_locals(leaves: Leaves) -> list[str]:
-    """Code that puts the leaves in locals `a0, a1, ...`."""
-    lines = []
-    position = 0
-    for expression, count in leaves:
-        if expression.startswith("*"):
-            names = "".join(f"a{position + i}, " for i in range(count))
-            lines.append(f"{names}= {expression[1:]}")
-        else:
-            lines.append(f"a{position} = {expression}")
-        position += count
-    return lines
-
-
 def compile_function(
     name: str, parameters: str, body: list[str], namespace: dict[str, Any]
 ) -> Any:

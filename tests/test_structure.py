@@ -13,7 +13,9 @@ import pytest
 from helpers import assert_tree_equal, TraceCounter
 
 import filterjit
+from filterjit._partition import MISS, Partition
 from filterjit._structure import Keywords, matcher
+from filterjit._trace import TOP
 
 
 Pair = collections.namedtuple("Pair", "first second")
@@ -288,3 +290,59 @@ def test_latest_call_path_names_an_unhashable_static_every_time():
     for _ in range(3):  # the first call records the partition that the others try
         with pytest.raises(TypeError, match=r"argument `options` is a static value"):
             f(x, {"not", "hashable"})
+
+
+def _long_trees() -> list[Any]:
+    x = jnp.arange(3.0)
+    floats = tuple([0.0, -0.0, float("nan"), 1.5] * 6)
+    return [
+        ([x] * 20, 2.0),  # a long sequence of traced leaves
+        (floats,),  # a long sequence of static leaves, keyed exactly
+        ([x, 1.0, "a", np.float32(2.0)] * 6,),  # a long mixed sequence
+        ({"a": [x] * 17, "b": [1] * 17, "c": (x, 2)},),
+        ([x, x, 1.0],),  # a short one, unpacked
+    ]
+
+
+@pytest.mark.parametrize("tree", _long_trees())
+def test_partition_call_and_split_agree(tree):
+    # The generated code keys and splits a call the same way from the call's
+    # pytree (`call`, the latest call's path) as from its flattened leaves
+    # (`split`, the full path), and as the partition's positions say.
+    leaves, treedef = jtu.tree_flatten(tree)
+    partition = Partition(treedef, tuple(map(type, leaves)), TOP)
+    split = partition.split(leaves)
+    assert split is not None
+    dynamic, key = split
+    assert [id(a) for a in dynamic] == [
+        id(leaves[p]) for p in partition.dynamic_positions
+    ]
+    assert len(key) == 1 + len(partition.static_positions)
+    seen = []
+
+    def get(found):
+        seen.append(found)
+        return lambda *traced: [id(a) for a in traced]
+
+    assert partition.call(tree, get) == [id(a) for a in dynamic]
+    assert seen == [key]
+    # And a leaf of another type is a miss for both.
+    position = len(leaves) - 1
+    other = list(leaves)
+    other[position] = object()
+    assert partition.split(other) is None
+    assert partition.call(jtu.tree_unflatten(treedef, other), get) is MISS
+
+
+def test_long_static_sequences_are_keyed_exactly():
+    base = [1.5] * 20
+    keys = []
+    for change in (0.0, -0.0, float("nan"), float("nan")):
+        tree = (tuple(base[:-1] + [change]),)
+        leaves, treedef = jtu.tree_flatten(tree)
+        partition = Partition(treedef, tuple(map(type, leaves)), TOP)
+        split = partition.split(leaves)
+        assert split is not None
+        keys.append(split[1][1:])
+    assert keys[0] != keys[1]  # 0.0 and -0.0
+    assert keys[2] == keys[3]  # NaN is NaN

@@ -93,13 +93,6 @@ def guarded(lines: list[str], miss: str) -> list[str]:
     ]
 
 
-def to_list(leaves: Leaves) -> list[str]:
-    """Code that puts the leaves in a list `l`."""
-    if len(leaves) == 1 and leaves[0][0] == "*l":
-        return []  # flattened: `l` already
-    return [f"l = [{', '.join(expression for expression, _ in leaves)}]"]
-
-
 def compile_function(
     name: str, parameters: str, body: list[str], namespace: dict[str, Any]
 ) -> Any:
@@ -111,10 +104,11 @@ def compile_function(
 
 def matcher(treedef: Any, generic: bool = False) -> Match:
     """A function from a pytree to its leaves, or None if its structure is not
-    `treedef`; see `match_lines`."""
+    `treedef`: `match_lines` on its own. (`Partition.call` runs the same code.)"""
     namespace: dict[str, Any] = {}
     checks, leaves = match_lines(treedef, namespace, "None", generic)
-    body = [*guarded([*checks, *to_list(leaves)], "None"), "return l"]
+    take = f"l = [{', '.join(expression for expression, _ in leaves)}]"
+    body = [*guarded([*checks, take], "None"), "return l"]
     return compile_function("match", "tree", body, namespace)
 
 

@@ -66,7 +66,8 @@ def match_lines(
     mismatch: run it inside `guarded`. What it refers to goes in `namespace`.
 
     Where every container in `treedef` is a tuple, list, dict, None, namedtuple,
-    `Keywords` or `eqx.Module`, the code checks them one by one and the leaves
+    `Keywords`, `jax.tree_util.Partial` or `eqx.Module`, the code checks them one
+    by one and the leaves
     are taken by indexing, unpacking and reading a Module's `__dict__`. Any other
     structure, or `generic=True`, gets code that flattens anew (to a list `l`) and
     compares the structures.
@@ -154,6 +155,14 @@ def _leaves(
     elif kind is Keywords:
         checks.append(f"if type({value}) is not {value}_type: return {miss}")
         paths = [f"{value}.args", f"{value}.kwargs"]
+    elif kind is jtu.Partial:
+        # Its function is its auxiliary data, compared as the structure does.
+        namespace[f"{value}_func"] = (auxiliary,)
+        checks.append(
+            f"if type({value}) is not {value}_type or ({value}.func,) != "
+            f"{value}_func: return {miss}"
+        )
+        paths = [f"{value}.args", f"{value}.keywords"]
     else:
         layout = _module_layout(treedef)
         if layout is None:

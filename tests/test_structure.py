@@ -78,6 +78,14 @@ def test_matcher_takes_the_leaves_of_the_same_structure(tree):
     assert match(rebuilt) is not None
 
 
+def _first(*args: Any) -> Any:
+    return args[0]
+
+
+def _second(*args: Any) -> Any:
+    return args[1]
+
+
 def _mismatches() -> list[tuple[Any, Any]]:
     x = jnp.arange(3.0)
     loud = Noisy()
@@ -87,6 +95,8 @@ def _mismatches() -> list[tuple[Any, Any]]:
         (((x, loud),), ((x, loud, x),)),  # tuple length
         (({"a": x, "b": loud},), ({"a": x, "c": loud},)),  # dict keys
         (({"a": x},), ({"a": x, "b": loud},)),
+        ((jtu.Partial(_first, x, loud),), (jtu.Partial(_second, x, loud),)),
+        ((jtu.Partial(_first, x, loud),), (jtu.Partial(_first, x, loud, x),)),
         ((None, x), ([loud], x)),  # None to a container
         ((Pair(x, loud),), (Other(x, loud),)),  # namedtuple type
         ((Pair(x, loud),), ((x, loud),)),
@@ -118,7 +128,13 @@ def test_matcher_takes_leaf_positions_as_they_are():
 
 def test_matched_trees_do_not_flatten_anew():
     x = jnp.arange(3.0)
-    tree = ([x, 1.0], {"a": None}, Nested(Flat(x, x, 2.0), x), Pair(x, (x, 2)))
+    tree = (
+        [x, 1.0],
+        {"a": None},
+        Nested(Flat(x, x, 2.0), x),
+        Pair(x, (x, 2)),
+        jtu.Partial(_first, x, k=2),
+    )
     leaves, treedef = jtu.tree_flatten(tree)
     match = matcher(treedef)
     # Only the generic code calls `flatten`.
@@ -147,7 +163,6 @@ def test_unchecked_structures_get_the_generic_matcher():
     trees = [
         [(x, 1)] * 300,
         {str(i): x for i in range(2000)},
-        (jtu.Partial(lambda a: a, x),),
         (collections.OrderedDict(a=x),),
         (eqx.filter_jit(lambda a: a),),
     ]
@@ -253,9 +268,18 @@ def test_repeated_calls_take_the_latest_call_path(monkeypatch):
     def f(tree, n):
         return jax.tree.map(lambda a: a * n, tree)
 
+    class Scaler:
+        def __init__(self, factor):
+            self.factor = factor
+
+        def scale(self, y):
+            return y * self.factor
+
     x = jnp.arange(3.0)
     model = Model(x, 2.0)
+    bound = filterjit.filter_jit(Scaler(3.0).scale)  # a jtu.Partial of the method
     calls = [
+        lambda: bound(x),
         lambda: f({"a": [x, x], "b": (None, x)}, 2),
         lambda: f({"a": [x, x], "b": (None, np.ones(3, np.float32))}, 3),
         lambda: model(x),

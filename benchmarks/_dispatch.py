@@ -53,9 +53,13 @@ def run(settings: Settings) -> Section:
     impls = _implementations()
     rounds = settings.pick(full=41, quick=3)
     medians: dict[int, dict[str, float]] = {}
+    batch_sizes: dict[int, int] = {}
     for n in SIZES:
-        # About two milliseconds of jax.jit calls per batch.
-        calls = settings.pick(full=max(8, 800 // n), quick=max(2, 40 // n))
+        # Batches of 2000 leaves' worth of calls, and at least 24 calls: a few
+        # milliseconds of jax.jit calls or more, long enough that one slow call
+        # does not move a batch's figure much.
+        calls = settings.pick(full=max(24, 2000 // n), quick=max(2, 40 // n))
+        batch_sizes[n] = calls
         tree = [jnp.full((4,), float(i), dtype=jnp.float32) for i in range(n)]
         k = 1.0
         for fun in impls.values():  # compile
@@ -86,12 +90,14 @@ def run(settings: Settings) -> Section:
             targets.append(target)
             row += [target.describe(), target.verdict]
         rows.append(row)
+    batches = ", ".join(f"{calls} at N={n}" for n, calls in batch_sizes.items())
     header = (
         "Median µs per top-level call of `tree -> tree + k`: a list of N float32[4] "
         "arrays and a static Python float `k` (`static_argnums=1` for jax.jit and "
         f"nnx.jit). {rounds} interleaved rounds; each round times a batch of "
-        "back-to-back calls of every implementation in turn, and blocks on the "
-        "outputs after the clock stops, so the figure is dispatch, not compute."
+        f"back-to-back calls ({batches}) of every implementation in turn, and "
+        "blocks on the outputs after the clock stops, so the figure is dispatch, "
+        "not compute."
     )
     notes = [] if NNX in impls else [NO_FLAX]
     return Section("dispatch", header, markdown_table(headers, rows), targets, notes)

@@ -14,6 +14,7 @@ Array copies it to the host.)
 
 import dataclasses
 import itertools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -94,12 +95,17 @@ def guarded(lines: list[str], miss: str) -> list[str]:
     ]
 
 
+# Generated code is filed under the package's directory, so that JAX leaves its
+# frames out of tracebacks as it does filterjit's other frames.
+_GENERATED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<generated>")
+
+
 def compile_function(
     name: str, parameters: str, body: list[str], namespace: dict[str, Any]
 ) -> Any:
     """The function `def name(parameters): body`, its globals `namespace`."""
     source = f"def {name}({parameters}):\n" + "".join(f"    {line}\n" for line in body)
-    exec(source, namespace)
+    exec(compile(source, _GENERATED, "exec"), namespace)
     return namespace[name]
 
 

@@ -1,5 +1,9 @@
 """Bad input gets a clear error naming the user's argument (contract point 14)."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,3 +99,40 @@ def test_nested_array_exception_leaves_outer_trace_usable():
     with pytest.raises(TypeError):
         jax.jit(lambda x: f(x, np.int32(5)))(jnp.ones(4))
     assert jax.jit(lambda x: f(x, np.int32(4)))(jnp.ones(4)).shape == (4,)
+
+
+_NESTED_ERROR = """
+import jax, jax.numpy as jnp, filterjit
+
+@filterjit.filter_jit
+def helper(x):
+    if x.shape[0] == 4:
+        raise ValueError("the user's error")
+    return x * 2
+
+@jax.jit
+def outer(x):
+    return helper(x)
+
+outer(jnp.ones(3))
+outer(jnp.ones(4))  # the second call takes the latest call's (generated) path
+"""
+
+
+def test_tracebacks_of_nested_calls_show_no_filterjit_frames(tmp_path):
+    # JAX removes its own frames from tracebacks, and filterjit's (generated code
+    # included) as well, so that a user's error points at the user's code.
+    script = tmp_path / "nested_error.py"
+    script.write_text(_NESTED_ERROR)
+    env = {**os.environ, "JAX_TRACEBACK_FILTERING": "remove_frames"}
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env
+    )
+    assert "ValueError: the user's error" in result.stderr
+    assert 'raise ValueError("the user\'s error")' in result.stderr
+    # JAX prints the unfiltered trace first, as the cause; the last is filtered.
+    filtered = result.stderr.split("Traceback (most recent call last):")[-1]
+    frames = [line for line in filtered.splitlines() if line.startswith("  File ")]
+    # Only the user's frames: the script's.
+    assert frames, result.stderr
+    assert all(str(script) in frame for frame in frames), frames

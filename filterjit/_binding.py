@@ -4,6 +4,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ._codegen import compile_function
+
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
@@ -73,6 +75,5 @@ class Binder:
         for i, (name, value) in enumerate(bound.kwargs.items()):
             namespace[f"key{i}"] = name
             kwargs.append(f"key{i}: {source(value)}")
-        source_code = f"def plan(a, k):\n    return ({args}), {{{', '.join(kwargs)}}}\n"
-        exec(source_code, namespace)
-        return namespace["plan"]
+        body = [f"return ({args}), {{{', '.join(kwargs)}}}"]
+        return compile_function("plan", "a, k", body, namespace)

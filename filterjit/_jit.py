@@ -252,24 +252,14 @@ class FilterJitWrapper(Generic[_P, _R]):
             out = partition.call(tree, self._cache_gets[level])
             if out is not MISS:
                 return out
-        return self._call(level, args, kwargs, tree)
+        return self._call(level, args, kwargs)
 
-    def _call(
-        self, level: int, args: tuple[Any, ...], kwargs: dict[str, Any], tree: Any
-    ) -> Any:
+    def _call(self, level: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A call, the whole way: flattened, partitioned, looked up, compiled if
         new."""
-        leaves, treedef = _flatten(tree)
-        partition = self._partition(args, kwargs, level, treedef, leaves)
-        dynamic, key = partition.split(leaves)  # pyright: ignore[reportGeneralTypeIssues]
-        try:
-            jitted = self._caches[level].get(key)
-        except Exception as e:
-            raise self._key_error(args, kwargs, partition, e) from e
+        leaves, partition, dynamic, jitted = self._lookup(args, kwargs, level)
         if jitted is None:
-            jitted = self._compile(level, partition, leaves, dynamic)
-        elif type(jitted) is AliasDispatch:
-            jitted = self._select(jitted, level, partition, leaves)
+            jitted = self._compile(level, partition, leaves)
         if self._silence_donation and level == TOP:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
@@ -349,9 +339,7 @@ class FilterJitWrapper(Generic[_P, _R]):
             jitted = dispatch.by_pattern[pattern] = self._jit(level, partition, leaves)
         return jitted
 
-    def _compile(
-        self, level: int, partition: Partition, leaves: list[Any], dynamic: Any
-    ) -> Any:
+    def _compile(self, level: int, partition: Partition, leaves: list[Any]) -> Any:
         jitted = self._jit(level, partition, leaves)
         _, key = partition.split(leaves)  # pyright: ignore[reportGeneralTypeIssues]
         self._caches[level].put(key, jitted, partition.captured_bytes(leaves))
@@ -483,7 +471,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         args, kwargs = self._bind(args, kwargs)
         leaves, partition, dynamic, jitted = self._lookup(args, kwargs, ABSTRACT)
         if jitted is None:
-            jitted = self._compile(ABSTRACT, partition, leaves, dynamic)
+            jitted = self._compile(ABSTRACT, partition, leaves)
         labels = lambda treedef, leaves: [  # noqa: E731
             label for _, _, label in self._leaf_owners(treedef, leaves)
         ]

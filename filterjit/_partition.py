@@ -10,8 +10,9 @@ import numpy as np
 from jax.core import Tracer
 
 from ._cache import AliasDispatch
+from ._codegen import compile_function
 from ._output import PendingOutput
-from ._structure import compile_function, guarded, Leaves, match_lines
+from ._structure import guarded, Leaves, match_lines
 from ._trace import STAGED
 
 

@@ -14,12 +14,13 @@ Array copies it to the host.)
 
 import dataclasses
 import itertools
-import os
 from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
 import jax.tree_util as jtu
+
+from ._codegen import compile_function
 
 
 class Keywords:
@@ -68,10 +69,9 @@ def match_lines(
 
     Where every container in `treedef` is a tuple, list, dict, None, namedtuple,
     `Keywords`, `jax.tree_util.Partial` or `eqx.Module`, the code checks them one
-    by one and the leaves
-    are taken by indexing, unpacking and reading a Module's `__dict__`. Any other
-    structure, or `generic=True`, gets code that flattens anew (to a list `l`) and
-    compares the structures.
+    by one and the leaves are taken by indexing, unpacking and reading a Module's
+    `__dict__`. Any other structure, or `generic=True`, gets code that flattens
+    anew (to a list `l`) and compares the structures.
     """
     if not generic and treedef.num_nodes - treedef.num_leaves <= _MAX_CHECKED_NODES:
         checks: list[str] = []
@@ -93,20 +93,6 @@ def guarded(lines: list[str], miss: str) -> list[str]:
         "except Exception:",
         f"    return {miss}",
     ]
-
-
-# Generated code is filed under the package's directory, so that JAX leaves its
-# frames out of tracebacks as it does filterjit's other frames.
-_GENERATED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<generated>")
-
-
-def compile_function(
-    name: str, parameters: str, body: list[str], namespace: dict[str, Any]
-) -> Any:
-    """The function `def name(parameters): body`, its globals `namespace`."""
-    source = f"def {name}({parameters}):\n" + "".join(f"    {line}\n" for line in body)
-    exec(compile(source, _GENERATED, "exec"), namespace)
-    return namespace[name]
 
 
 def matcher(treedef: Any, generic: bool = False) -> Match:

@@ -50,7 +50,9 @@ try:
     from jax._src.config import disable_jit as _disable_jit_state
     from jax._src.core import (
         EvalTrace as _EvalTrace,
-        trace_ctx as _trace_ctx,
+        # `_current_trace` is the state behind `trace_ctx.trace`, read directly;
+        # `trace_ctx` is here for the test that checks the two agree.
+        trace_ctx as _trace_ctx,  # noqa: F401
         trace_state_strong_ref as _current_trace,
     )
     from jax._src.interpreters.partial_eval import (
@@ -80,7 +82,7 @@ else:
         return level
 
     def _trace_level_private() -> int:
-        trace = _trace_ctx.trace
+        trace = _current_trace.value
         if type(trace) is _EvalTrace:  # the common case: no trace at all
             return TOP
         return _walk(trace)

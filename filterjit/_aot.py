@@ -8,13 +8,12 @@ computing with the old ones.
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._output import PendingOutput
+from ._entry import Entry
 from ._partition import Partition
 
 
-def resolve(output: Any, leaves: list[Any]) -> Any:
-    """The user's output: inputs handed back are this call's own objects."""
-    return output.resolve(leaves) if type(output) is PendingOutput else output
+# `prepare(args, kwargs)`: the partition, traced leaves and leaves of a call.
+Prepare = Callable[..., tuple[Partition, Sequence[Any], list[Any]]]
 
 
 class Specialisation:
@@ -24,13 +23,15 @@ class Specialisation:
     def __init__(
         self,
         name: str,
+        entry: Entry,
         partition: Partition,
         leaves: list[Any],
-        labels: Callable[[Any, list[Any]], list[str]],
+        labels: Callable[[Any], list[str]],
     ):
         self.name = name
+        self.entry = entry
         self.partition = partition
-        self.statics = partition.statics(leaves)
+        self.statics = list(partition.statics(leaves))
         self.leaves = leaves
         self._labels = labels
 
@@ -45,7 +46,7 @@ class Specialisation:
                 f"  called with:  {partition.treedef}\nLower again for the new "
                 "structure."
             )
-        labels = self._labels(partition.treedef, leaves)
+        labels = self._labels(partition.treedef)
         if partition.dynamic_positions != lowered.dynamic_positions:
             traced = set(lowered.dynamic_positions)
             for position in set(partition.dynamic_positions) ^ traced:
@@ -57,8 +58,8 @@ class Specialisation:
                     f"lowered and is {now} now (it is a `{kind}`). Pass the same "
                     "kind of value, or lower again."
                 )
-        statics = partition.statics(leaves)
-        if partition.static_types == lowered.static_types and statics == self.statics:
+        statics = list(partition.statics(leaves))
+        if partition.signature[2] == lowered.signature[2] and statics == self.statics:
             return
         for index, position in enumerate(partition.static_positions):
             before, now = self.leaves[position], leaves[position]
@@ -79,7 +80,7 @@ class Compiled:
         self,
         compiled: Any,
         specialisation: Specialisation,
-        prepare: Callable[..., tuple[list[Any], Partition, Sequence[Any]]],
+        prepare: Prepare,
     ):
         self.compiled = compiled
         """The underlying `jax.stages.Compiled`."""
@@ -87,9 +88,11 @@ class Compiled:
         self._prepare = prepare
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, partition, dynamic = self._prepare(args, kwargs)
+        partition, dynamic, leaves = self._prepare(args, kwargs)
         self._specialisation.check(partition, leaves)
-        return resolve(self.compiled(*dynamic), leaves)
+        return self._specialisation.entry.finish(
+            self.compiled(*dynamic), dynamic, leaves
+        )
 
     def as_text(self) -> str | None:
         """The compiled program's text, as `jax.stages.Compiled.as_text`."""
@@ -112,7 +115,7 @@ class Lowered:
         self,
         lowered: Any,
         specialisation: Specialisation,
-        prepare: Callable[..., tuple[list[Any], Partition, Sequence[Any]]],
+        prepare: Prepare,
     ):
         self.lowered = lowered
         """The underlying `jax.stages.Lowered`."""
@@ -141,7 +144,7 @@ class Traced:
         self,
         traced: Any,
         specialisation: Specialisation,
-        prepare: Callable[..., tuple[list[Any], Partition, Sequence[Any]]],
+        prepare: Prepare,
     ):
         self.traced = traced
         """The underlying `jax.stages.Traced`."""
@@ -158,7 +161,13 @@ class Traced:
     def out_info(self) -> Any:
         """The output, with `jax.ShapeDtypeStruct`s for traced leaves and every
         other leaf as the function returned it."""
-        return resolve(self.traced.out_info, self._specialisation.leaves)
+        specialisation = self._specialisation
+        dynamic = [
+            specialisation.leaves[p] for p in specialisation.partition.dynamic_positions
+        ]
+        return specialisation.entry.finish(
+            self.traced.out_info, dynamic, specialisation.leaves
+        )
 
     def lower(self) -> Lowered:
         """Lowers the traced program; see `Lowered`."""

@@ -44,7 +44,9 @@ class Binder:
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"{self._name}(): {e}") from None
+            raise TypeError(
+                f"{self._name}(): {_bind_error(self._signature, args, kwargs, e)}"
+            ) from None
         bound.apply_defaults()
         if len(self._plans) < _MAX_PLANS:
             self._plans[(len(args), *kwargs)] = self._plan(len(args), tuple(kwargs))
@@ -77,3 +79,33 @@ class Binder:
             kwargs.append(f"key{i}: {source(value)}")
         body = [f"return ({args}), {{{', '.join(kwargs)}}}"]
         return compile_function("plan", "a, k", body, namespace)
+
+
+def _bind_error(
+    signature: inspect.Signature, args: Args, kwargs: Kwargs, error: TypeError
+) -> str:
+    """What is wrong with a call that does not bind, naming what was expected."""
+    parameters = signature.parameters.values()
+    kinds = {p.kind for p in parameters}
+    names = ", ".join(p.name for p in parameters)
+    if inspect.Parameter.VAR_KEYWORD not in kinds:
+        for name in kwargs:
+            p = signature.parameters.get(name)
+            if p is None or p.kind is p.POSITIONAL_ONLY:
+                return (
+                    f"got an unexpected keyword argument {name!r}; the parameters "
+                    f"are ({names})."
+                )
+    if inspect.Parameter.VAR_POSITIONAL not in kinds:
+        positional = [
+            p
+            for p in parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if len(args) > len(positional):
+            return (
+                f"takes {len(positional)} positional argument"
+                f"{'' if len(positional) == 1 else 's'} ({names}) but "
+                f"{len(args)} were given."
+            )
+    return f"{error} (the parameters are ({names}))."

@@ -2,7 +2,7 @@
 
 import threading
 from collections.abc import Hashable
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 
 _V = TypeVar("_V")
@@ -47,8 +47,8 @@ class BoundedCache(Generic[_V]):
         """The value stored under `key`, storing `value` there first if none is."""
         with self._lock:
             existing = self._values.get(key)
-        if existing is not None:
-            return existing
+            if existing is not None:
+                return existing
         self.put(key, value)
         return value
 
@@ -60,15 +60,3 @@ class BoundedCache(Generic[_V]):
 
     def __len__(self) -> int:
         return len(self._values)
-
-
-class AliasDispatch:
-    """A cache entry whose function hands back a static input that was one object
-    at several input positions when traced. Which position it came from is then
-    ambiguous, so such calls are told apart by which static inputs are one object
-    (their alias pattern), each pattern with its own jitted function."""
-
-    __slots__ = ("by_pattern",)
-
-    def __init__(self) -> None:
-        self.by_pattern: dict[tuple[int, ...], Any] = {}

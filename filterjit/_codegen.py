@@ -1,19 +1,27 @@
-"""Compiling generated Python: the hot paths of filterjit are straight-line code
-written for one structure, one set of leaf types or one shape of call."""
+"""Compiling generated Python. Binding a call to parameters is straight-line code
+written once per shape of call; this module owns every `exec`."""
 
+import itertools
+import linecache
 import os
 from typing import Any
 
 
 # Generated code is filed under the package's directory, so that JAX leaves its
-# frames out of tracebacks as it does filterjit's other frames.
-_GENERATED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<generated>")
+# frames out of tracebacks as it does filterjit's other frames; each function gets
+# a file name of its own, registered with `linecache` so tracebacks show its source.
+_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+_counter = itertools.count()
 
 
 def compile_function(
     name: str, parameters: str, body: list[str], namespace: dict[str, Any]
 ) -> Any:
-    """The function `def name(parameters): body`, its globals `namespace`."""
+    """The function `def name(parameters): body`, with globals `namespace` (a new
+    dict of its own). The source holds no user data: values are in `namespace`."""
     source = f"def {name}({parameters}):\n" + "".join(f"    {line}\n" for line in body)
-    exec(compile(source, _GENERATED, "exec"), namespace)
+    filename = os.path.join(_DIRECTORY, f"<generated {name} {next(_counter)}>")
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = dict(namespace)
+    exec(compile(source, filename, "exec"), namespace)
     return namespace[name]

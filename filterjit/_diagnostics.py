@@ -248,3 +248,67 @@ class Explanation:
 
     def __repr__(self) -> str:
         return str(self)
+
+
+def _hash_and_eq_fail(key: Any) -> bool:
+    try:
+        hash(key)
+        return not isinstance(key == key, bool)
+    except Exception:
+        return True
+
+
+def key_error(
+    function: Any,  # a `_function.Function`
+    fun: Any,
+    leaves: list[Any],
+    treedef: Any,
+    partition: Any,  # a `_partition.Partition`, or None
+    error: Exception,
+) -> TypeError:
+    """The error for a cache lookup that failed: it names the argument whose hash
+    or `==` failed, and says what to do."""
+    name = function.name
+    if partition is None:
+        # The structure itself failed: auxiliary data of a pytree node, such as a
+        # static field of an eqx.Module, holds a value that cannot be hashed or
+        # compared.
+        call = jtu.tree_unflatten(treedef, leaves)
+        _, args, kwargs = function.split_call(fun, call)
+        named = [*enumerate(args), *kwargs.items()]
+        for where, value in [(None, fun), *named]:
+            label = name if where is None else function._parameter(where)[1]
+            field = find_static_array_field(value, label)
+            if field is not None:
+                return TypeError(
+                    f"{name}(): `{field}` is a static field (`eqx.field(static=True)`) "
+                    "holding an array. Static fields are compared with `==` to find "
+                    "cached traces, and arrays cannot be. Make it a regular field so "
+                    "that it is traced, or hold a hashable value (a tuple, say)."
+                )
+            if _hash_and_eq_fail(jtu.tree_structure(value)):
+                return TypeError(
+                    f"{name}(): the pytree structure of argument `{label}` cannot be "
+                    f"hashed or compared ({error}). A static field "
+                    "(`eqx.field(static=True)`) or other pytree auxiliary data holds "
+                    "such a value. Make it hashable (a tuple rather than a list, "
+                    "say), or make it a regular field so that it is traced."
+                )
+    else:
+        owners = function.leaf_owners(treedef)
+        for position, key in zip(partition.static_positions, partition.statics(leaves)):
+            if _hash_and_eq_fail(key):
+                label = owners[position][2]
+                kind = type(leaves[position]).__qualname__
+                return TypeError(
+                    f"{name}(): argument `{label}` is a static value of type `{kind}` "
+                    f"that cannot be hashed or compared ({type(error).__name__}: "
+                    f"{error}). filter_jit keys its cache on every non-array leaf, so "
+                    "static values must be hashable and `==` must return a bool. Pass "
+                    "such a value instead (a tuple rather than a list, say), or make "
+                    "it an array (`jnp.asarray(...)`) so that it is traced."
+                )
+    return TypeError(
+        f"{name}(): looking up the cache for this call failed "
+        f"({type(error).__name__}: {error})."
+    )

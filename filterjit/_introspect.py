@@ -4,7 +4,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ._diagnostics import Explanation
-from ._jit import _wrappers, filter_jit, FilterJitWrapper
+from ._dispatch import clear_all
+from ._jit import _decorate, FilterJitWrapper
+from ._options import Options
 
 
 def explain(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Explanation:
@@ -43,13 +45,17 @@ def explain(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Explanatio
         ```
     """
     if not isinstance(fun, FilterJitWrapper):
-        fun = filter_jit(fun)
+        fun = _decorate(Options(), fun, caller="explain")
     return fun._explain(args, kwargs)
 
 
 def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """How many times `fun` has been traced at the top level or under eager
     transforms (nested calls inside staged traces are not counted).
+
+    Wrappers of one function with equal options share their caches, as
+    `jax.jit`'s do: `filter_jit(f)(x)` written inside a loop traces once. So the
+    count is that of the function with these options, over all its wrappers.
 
     **Arguments:**
 
@@ -63,16 +69,15 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
         raise TypeError(
             f"num_traces expects a filter_jit-wrapped function, but got {fun!r}."
         )
-    return fun._trace_log.count
+    return fun._dispatcher.trace_log.count
 
 
 def clear_caches() -> None:
-    """Clears the caches of every live `filter_jit` wrapper. The next call of each
-    traces again. Trace counts are kept.
+    """Clears the caches of every `filter_jit`-wrapped function. The next call of
+    each traces again. Trace counts are kept.
 
     **Returns:**
 
     Nothing.
     """
-    for wrapper in list(_wrappers):
-        wrapper._clear()
+    clear_all()

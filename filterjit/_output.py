@@ -1,118 +1,111 @@
-"""Outputs: traced leaves leave the nested jit, everything else rides along unchanged.
+"""Outputs: only traced leaves leave the jitted function; the rest is known from
+the trace.
 
-The jitted function returns the user's output itself when every leaf is a tracer.
-Otherwise it returns an `_OutputBox`: a pytree node whose children are the traced
-leaves and whose auxiliary data carries the rest. jax.jit stores that auxiliary
-data with its cached trace, so static outputs come back on every call without
-re-running Python, and a concrete output stays concrete when nested.
+A jitted function that returns anything but arrays leaves JAX's C++ fast path on
+every call. So the jitted function returns the user's output itself when every
+leaf of it is traced, and otherwise only the list of traced leaves, while the
+trace records an `OutputSpec`: the output's structure and its other leaves. The
+call puts the two together again.
 """
 
 from typing import Any
 
 import jax.tree_util as jtu
+import numpy as np
 from jax.core import Tracer
 
 
-class _OutputSpec:
-    """The non-traced part of an output. Hashed and compared by identity, since
-    it may hold NumPy arrays and anything else a function returns."""
+class Pure:
+    """The output spec of an output whose leaves are all traced: the jitted
+    function returns it as it is."""
 
-    __slots__ = ("treedef", "leaves", "dynamic_positions", "passthrough")
+    __slots__ = ()
 
-    def __init__(
-        self,
-        treedef: Any,  # a PyTreeDef
-        leaves: list[Any],
-        dynamic_positions: tuple[int, ...],
-        passthrough: tuple[tuple[int, int], ...],
-    ):
-        self.treedef = treedef
-        self.leaves = leaves
-        self.dynamic_positions = dynamic_positions
-        # (output position, input position) of inputs handed back unchanged.
-        self.passthrough = passthrough
+    def build(self, out: Any, inputs: list[Any]) -> Any:
+        return out
 
-    def build(self, dynamic: Any, inputs: list[Any] | None) -> Any:
-        leaves = list(self.leaves)
-        for position, leaf in zip(self.dynamic_positions, dynamic):
+    def same_as(self, other: "OutputSpec | Pure") -> bool:
+        return other is self
+
+
+PURE = Pure()
+
+
+def _same_leaf(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.shape == b.shape and a.dtype == b.dtype and bool(np.all(a == b))
+    try:
+        return (a == b) is True
+    except Exception:
+        return False
+
+
+class OutputSpec:
+    """The part of an output that is not traced: its structure, its static leaves,
+    and which of them are inputs handed back."""
+
+    __slots__ = ("treedef", "template", "dynamic_positions", "passthrough", "copies")
+
+    def __init__(self, output: Any, inputs: list[Any]):
+        leaves, self.treedef = jtu.tree_flatten(output)
+        input_positions: dict[int, int] = {}
+        for position, leaf in enumerate(inputs):
+            if not isinstance(leaf, Tracer):
+                input_positions.setdefault(id(leaf), position)
+        dynamic_positions = []
+        passthrough = []
+        copies = []
+        for position, leaf in enumerate(leaves):
+            if isinstance(leaf, Tracer):
+                dynamic_positions.append(position)
+                leaves[position] = None
+            elif id(leaf) in input_positions:
+                # The call's own object comes back, not the traced call's.
+                passthrough.append((position, input_positions[id(leaf)]))
+            elif isinstance(leaf, np.ndarray):
+                # As without jit, every call gets its own array.
+                copies.append(position)
+        self.template = leaves
+        self.dynamic_positions = tuple(dynamic_positions)
+        self.passthrough = tuple(passthrough)
+        self.copies = tuple(copies)
+
+    def dynamic(self, output: Any) -> list[Any]:
+        """The traced leaves of `output` (for which this spec was made)."""
+        leaves = jtu.tree_leaves(output)
+        return [leaves[position] for position in self.dynamic_positions]
+
+    def build(self, out: list[Any], inputs: list[Any]) -> Any:
+        """The user's output, from the traced leaves `out` and this call's leaves."""
+        leaves = list(self.template)
+        for position, leaf in zip(self.dynamic_positions, out):
             leaves[position] = leaf
-        if inputs is not None:
-            for out_position, in_position in self.passthrough:
-                leaves[out_position] = inputs[in_position]
-        return jtu.tree_unflatten(self.treedef, leaves)
+        for out_position, in_position in self.passthrough:
+            leaves[out_position] = inputs[in_position]
+        for position in self.copies:
+            leaves[position] = leaves[position].copy()
+        return self.treedef.unflatten(leaves)
+
+    def same_as(self, other: "OutputSpec | Pure") -> bool:
+        return (
+            type(other) is OutputSpec
+            and self.treedef == other.treedef
+            and self.dynamic_positions == other.dynamic_positions
+            and self.passthrough == other.passthrough
+            and all(map(_same_leaf, self.template, other.template))
+        )
 
 
-class PendingOutput:
-    """An output that hands back some of the call's own inputs. The wrapper
-    resolves it with the current call's leaves: an equal-keyed earlier call's
-    objects must not leak into this one's result."""
-
-    __slots__ = ("spec", "dynamic")
-
-    def __init__(self, spec: _OutputSpec, dynamic: Any):
-        self.spec = spec
-        self.dynamic = dynamic
-
-    def resolve(self, inputs: list[Any]) -> Any:
-        return self.spec.build(self.dynamic, inputs)
-
-
-class _OutputBox:
-    __slots__ = ("dynamic", "spec")
-
-    def __init__(self, dynamic: list[Any], spec: _OutputSpec):
-        self.dynamic = dynamic
-        self.spec = spec
-
-
-def _unbox(spec: _OutputSpec, dynamic: Any) -> Any:
-    if spec.passthrough:
-        return PendingOutput(spec, dynamic)
-    return spec.build(dynamic, None)
-
-
-jtu.register_pytree_node(
-    _OutputBox,
-    lambda box: (box.dynamic, box.spec),
-    _unbox,  # pyright: ignore[reportArgumentType]
-)
-
-
-def pack_output(output: Any, inputs: list[Any]) -> tuple[Any, bool]:
-    """What the jitted function returns for `output`, traced with `inputs`; and
-    whether an input handed back was one object at several input positions, so
-    that which one it came from is ambiguous."""
-    leaves, treedef = jtu.tree_flatten(output)
-    if all(isinstance(leaf, Tracer) for leaf in leaves):
-        return output, False
-    input_positions: dict[int, int] = {}
-    aliased: set[int] = set()
-    for position, leaf in enumerate(inputs):
-        if not isinstance(leaf, Tracer):
-            if id(leaf) in input_positions:
-                aliased.add(id(leaf))
-            else:
-                input_positions[id(leaf)] = position
-    dynamic = []
-    dynamic_positions = []
-    passthrough = []
-    static_leaves: list[Any] = []
-    ambiguous = False
-    for position, leaf in enumerate(leaves):
-        if isinstance(leaf, Tracer):
-            dynamic.append(leaf)
-            dynamic_positions.append(position)
-            static_leaves.append(None)
-        else:
-            in_position = input_positions.get(id(leaf))
-            if in_position is not None:
-                passthrough.append((position, in_position))
-                ambiguous = ambiguous or id(leaf) in aliased
-            static_leaves.append(leaf)
-    spec = _OutputSpec(
-        treedef, static_leaves, tuple(dynamic_positions), tuple(passthrough)
-    )
-    return _OutputBox(dynamic, spec), ambiguous
+def output_spec(output: Any, inputs: list[Any]) -> OutputSpec | Pure:
+    """The spec of an output traced with `inputs` (the call's leaves, traced ones
+    as tracers)."""
+    if all(isinstance(leaf, Tracer) for leaf in jtu.tree_leaves(output)):
+        return PURE
+    return OutputSpec(output, inputs)
 
 
 class _StaticLeaf:
@@ -133,10 +126,10 @@ jtu.register_pytree_node(
 )
 
 
-def pack_output_in_place(output: Any) -> Any:
-    """Like `pack_output`, but each non-traced leaf stays where it is in the
-    output's structure. Inputs handed back come back as the objects of the call
-    that was traced (equal to this call's, since they are keyed by value)."""
+def in_place(output: Any) -> Any:
+    """The output with each non-traced leaf boxed where it is, for
+    `out_shardings`. Inputs handed back come back as the objects of the call that
+    was traced (equal to this call's, since they are keyed by value)."""
     return jtu.tree_map(
         lambda leaf: leaf if isinstance(leaf, Tracer) else _StaticLeaf(leaf), output
     )

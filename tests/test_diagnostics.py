@@ -13,12 +13,19 @@ import filterjit
 from filterjit import filter_jit
 
 
+def _make_f():
+    def _f(params, n, opts):
+        return params["w"] * n
+
+    return _f
+
+
 def _f(params, n, opts):
     return params["w"] * n
 
 
 def test_explain_at_the_top_level():
-    f = filter_jit(_f)
+    f = filter_jit(_make_f())
     params = {"w": jnp.ones(3)}
     explanation = filterjit.explain(f, params, 2, {"mode": "a"})
     assert not explanation.cache_hit
@@ -67,7 +74,7 @@ def test_explain_unwrapped_function_and_modules():
 
 def test_retrace_log_names_the_changed_argument(monkeypatch, caplog):
     monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
-    f = filter_jit(_f)
+    f = filter_jit(_make_f())
     params = {"w": jnp.ones(3)}
     with caplog.at_level(logging.WARNING, logger="filterjit"):
         f(params, 2, {"mode": "a"})
@@ -82,7 +89,7 @@ def test_retrace_log_names_the_changed_argument(monkeypatch, caplog):
 
 
 def test_retrace_log_follows_jax_explain_cache_misses(caplog):
-    f = filter_jit(_f)
+    f = filter_jit(_make_f())
     params = {"w": jnp.ones(3)}
     with caplog.at_level(logging.WARNING, logger="filterjit"):
         f(params, 2, {"mode": "a"})
@@ -96,7 +103,7 @@ def test_retrace_log_follows_jax_explain_cache_misses(caplog):
 
 
 def test_retrace_warning_once_naming_the_argument():
-    f = filter_jit(_f)
+    f = filter_jit(_make_f())
     params = {"w": jnp.ones(3)}
     with pytest.warns(filterjit.RetraceWarning, match=r"traced 11 times; `n` changed"):
         for n in range(11):
@@ -108,7 +115,7 @@ def test_retrace_warning_once_naming_the_argument():
 
 
 def test_retrace_warning_threshold_is_configurable():
-    f = filter_jit(_f)
+    f = filter_jit(_make_f())
     params = {"w": jnp.ones(3)}
     try:
         filterjit.set_retrace_warning_threshold(2)
@@ -117,7 +124,7 @@ def test_retrace_warning_threshold_is_configurable():
         with pytest.warns(filterjit.RetraceWarning, match="traced 3 times"):
             f(params, 3, {"mode": "a"})
         filterjit.set_retrace_warning_threshold(None)
-        g = filter_jit(_f)
+        g = filter_jit(_make_f())
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             for n in range(15):

@@ -64,10 +64,22 @@ def test_wrong_signature_raises_type_error():
 
     with pytest.raises(TypeError, match="f"):
         f()  # pyright: ignore[reportCallIssue]
-    with pytest.raises(TypeError, match="too many positional"):
+    with pytest.raises(
+        TypeError, match=r"takes 2 positional arguments \(x, n\) but 3 were given"
+    ):
         f(jnp.ones(1), 2, 3)  # pyright: ignore[reportCallIssue]
     with pytest.raises(TypeError, match="unexpected keyword argument 'm'"):
         f(jnp.ones(1), m=2)  # pyright: ignore[reportCallIssue]
+
+    @filter_jit
+    def h(x, n):
+        return x * n
+
+    # The unknown keyword is named, not only the parameter it left missing.
+    with pytest.raises(
+        TypeError, match=r"unexpected keyword argument 'm'; the parameters are \(x, n\)"
+    ):
+        h(jnp.ones(1), m=2)  # pyright: ignore[reportCallIssue]
     with pytest.raises(TypeError, match="multiple values"):
         f(jnp.ones(1), x=2)  # pyright: ignore[reportCallIssue]
 

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from filterjit import filter_jit
-from filterjit._jit import _STAGED_MAXBYTES
+from filterjit._dispatch import STAGED_MAXBYTES
 
 
 def _use(wrapped, x):
@@ -43,9 +43,9 @@ def test_the_nested_cache_is_bounded_in_bytes():
         tables.append(weakref.ref(table))
         _trace_with(f, table)
         del table
-    staged_cache = f._caches[2]
-    assert staged_cache._bytes <= _STAGED_MAXBYTES
-    assert len(staged_cache) <= _STAGED_MAXBYTES // 2**20
+    staged_cache = f._dispatcher.entries[2]
+    assert staged_cache._bytes <= STAGED_MAXBYTES
+    assert len(staged_cache) <= STAGED_MAXBYTES // 2**20
     # Evicted entries free their arrays without waiting for the cycle collector.
     alive = sum(ref() is not None for ref in tables)
     assert alive <= len(staged_cache), (alive, len(staged_cache))

@@ -1,0 +1,281 @@
+"""Dispatching a call: the caches of one function with one set of options, shared
+by every wrapper of that function with those options.
+
+A call is flattened by JAX itself (`jax.tree_util`), so its structure and leaves
+are exactly what JAX sees. The structure and the leaves' types pick a `Partition`;
+the partition splits the leaves into traced leaves and the key of the others; the
+key picks an `Entry`, whose jitted function is called with the traced leaves.
+"""
+
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+
+from ._cache import BoundedCache
+from ._diagnostics import describe, Explanation, key_error, Row, TraceLog
+from ._entry import aval_key, Entry, make_entry
+from ._function import Function, Keywords
+from ._options import Options
+from ._output import PURE
+from ._partition import ABSTRACT, Partition
+from ._trace import EAGER, STAGED, TOP
+
+
+# Bounds on the caches of one function. A top-level entry pins only static Python
+# values; a nested entry pins the concrete arrays it was traced with, so its cache
+# is also bounded in bytes.
+TOP_MAXSIZE = 4096
+STAGED_MAXSIZE = 256
+STAGED_MAXBYTES = 16 * 2**20
+
+_flatten = jtu.default_registry.flatten
+
+
+class Dispatcher:
+    """The caches of one function with one set of options: per trace level, the
+    partitions by (structure, leaf types) and the entries by key."""
+
+    def __init__(self, fun: Any, options: Options):
+        self.function = Function(fun)
+        self.options = options
+        self.trace_log = TraceLog(self.function.name)
+        self.partitions = tuple(BoundedCache(TOP_MAXSIZE) for _ in range(4))
+        # Indexed by level: TOP, EAGER, STAGED, ABSTRACT. The top level and eager
+        # transforms differ only in donation, so without it they share entries.
+        top = BoundedCache(TOP_MAXSIZE)
+        eager = top if options.donate == "none" else BoundedCache(TOP_MAXSIZE)
+        staged = BoundedCache(STAGED_MAXSIZE, STAGED_MAXBYTES)
+        self.entries = (top, eager, staged, BoundedCache(TOP_MAXSIZE))
+        self._partition_gets = tuple(cache.get for cache in self.partitions)
+        self._entry_gets = tuple(cache.get for cache in self.entries)
+        # Partitions with one signature share an owner, and so their entries.
+        self._owners: dict[Any, object] = {}
+        # Held while a new entry is made and first called, so that concurrent
+        # first calls trace once. Re-entrant: a function may call itself nested.
+        self._lock = threading.RLock()
+        _dispatchers.add(self)
+
+    def call(
+        self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Calls `fun(*args, **kwargs)` at trace level `level` (not DISABLED)."""
+        function = self.function
+        if kwargs or len(args) != function.plain_arity:
+            args, kwargs = function.bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
+        call = Keywords(args, kwargs) if kwargs else args
+        leaves, treedef = _flatten(call if function.fun_is_leaf else (fun, call))
+        try:
+            partition = self._partition_gets[level]((treedef, tuple(map(type, leaves))))
+            if partition is None:
+                return self._miss(level, fun, leaves, treedef)
+            entry = self._entry_gets[level](partition.key(leaves))
+        except Exception:
+            # A static value or structure that cannot be hashed or compared: the
+            # full path says which.
+            return self._miss(level, fun, leaves, treedef)
+        if entry is None or (entry.captured and not entry.valid()):
+            return self._miss(level, fun, leaves, treedef)
+        dynamic = partition.take_dynamic(leaves)
+        out = entry.jitted(*dynamic)
+        spec = entry.specs.single
+        if spec is PURE:
+            return out
+        if spec is None:
+            spec = entry.specs.get(dynamic)
+        return spec.build(out, leaves)
+
+    def _miss(self, level: int, fun: Any, leaves: list[Any], treedef: Any) -> Any:
+        """A call whose entry is not cached: made, traced and stored."""
+        with self._lock:
+            partition, dynamic, key, entry = self.lookup(
+                level, fun, leaves, treedef, create=True
+            )
+            assert partition is not None
+            if entry is None:
+                owners = self.owners(partition)
+                if level == TOP and jax.process_count() > 1:
+                    from ._multiprocess import check_statics_agree
+
+                    check_statics_agree(
+                        self.function.name,
+                        [(owners[p][2], leaves[p]) for p in partition.static_positions],
+                    )
+                entry = make_entry(
+                    self.function,
+                    fun,
+                    self.options,
+                    level,
+                    partition,
+                    owners,
+                    leaves,
+                    self.trace_log,
+                )
+                try:
+                    out = entry.jitted(*dynamic)
+                finally:
+                    if entry.specs.by_avals:  # traced, whatever happened after
+                        self.entries[level].put(
+                            key, entry, partition.captured_bytes(leaves)
+                        )
+            else:
+                out = entry.jitted(*dynamic)
+            return entry.finish(out, dynamic, leaves)
+
+    def lookup(
+        self,
+        level: int,
+        fun: Any,
+        leaves: list[Any],
+        treedef: Any,
+        create: bool = False,
+    ) -> tuple[Partition | None, Sequence[Any], Any, Entry | None]:
+        """The partition of a flattened call, its traced leaves, its key and its
+        entry (`None` if there is none, or a stale one). A new partition is
+        recorded when `create`, else only looked at."""
+        types = tuple(map(type, leaves))
+        try:
+            partition = self.partitions[level].get((treedef, types))
+        except Exception as e:
+            raise key_error(self.function, fun, leaves, treedef, None, e) from e
+        if partition is None:
+            if create:
+                owner_of = lambda signature: self._owners.setdefault(  # noqa: E731
+                    signature, object()
+                )
+                partition = Partition(treedef, types, level, owner_of)
+                self.partitions[level].put((treedef, types), partition)
+            else:  # looked at, not recorded
+                owner_of = lambda signature: self._owners.get(signature, object())  # noqa: E731
+                partition = Partition(treedef, types, level, owner_of)
+        dynamic, key = partition.split(leaves)
+        try:
+            entry = self.entries[level].get(key)
+        except Exception as e:
+            raise key_error(self.function, fun, leaves, treedef, partition, e) from e
+        if entry is not None and entry.captured and not entry.valid():
+            entry = None
+        return partition, dynamic, key, entry
+
+    def owners(self, partition: Partition) -> list[tuple[str, int | None, str]]:
+        """Each leaf's parameter, position and label; made once per partition."""
+        if partition._labels is None:
+            partition._labels = self.function.leaf_owners(partition.treedef)  # pyright: ignore[reportAttributeAccessIssue]
+        return partition._labels  # pyright: ignore[reportReturnType]
+
+    def explain(
+        self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Explanation:
+        """What a call would do at `level`, changing nothing."""
+        args, kwargs = self.function.bind(args, kwargs)
+        tree = self.function.call_tree(fun, args, kwargs)
+        leaves, treedef = _flatten(tree)
+        partition, dynamic, _, entry = self.lookup(level, fun, leaves, treedef)
+        assert partition is not None
+        cache_hit = (
+            entry is not None and tuple(map(aval_key, dynamic)) in entry.specs.by_avals
+        )
+        owners = self.function.leaf_owners(treedef)
+        rows = [
+            Row(label, role, describe(leaf, role), type(leaf))
+            for (_, _, label), role, leaf in zip(owners, partition.roles(), leaves)
+        ]
+        where = {
+            TOP: "at the top level",
+            EAGER: "under eager transforms",
+            STAGED: "inside a staged trace",
+        }
+        return Explanation(self.function.name, where[level], rows, cache_hit)
+
+    def abstract(
+        self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Entry, Partition, Sequence[Any], list[Any]]:
+        """The entry for an ahead-of-time call (arrays may be ShapeDtypeStructs),
+        made if new: with its partition, traced leaves and leaves."""
+        args, kwargs = self.function.bind(args, kwargs)
+        leaves, treedef = _flatten(self.function.call_tree(fun, args, kwargs))
+        with self._lock:
+            partition, dynamic, key, entry = self.lookup(
+                ABSTRACT, fun, leaves, treedef, create=True
+            )
+            assert partition is not None
+            if entry is None:
+                owners = self.owners(partition)
+                entry = make_entry(
+                    self.function,
+                    fun,
+                    self.options,
+                    ABSTRACT,
+                    partition,
+                    owners,
+                    leaves,
+                    self.trace_log,
+                )
+                self.entries[ABSTRACT].put(key, entry)
+        return entry, partition, dynamic, leaves
+
+    def clear(self) -> None:
+        for cache in (*self.partitions, *self.entries):
+            cache.clear()
+        self._owners.clear()
+
+
+# Every live dispatcher, for `clear_caches`.
+_dispatchers: "weakref.WeakSet[Dispatcher]" = weakref.WeakSet()
+
+# Dispatchers by function, held weakly by it (as JAX and Equinox hold their
+# traces), then by options: every wrapper of one function with one set of options
+# shares its caches and trace count.
+_registry: "weakref.WeakKeyDictionary[Any, dict[Any, Dispatcher]]" = (
+    weakref.WeakKeyDictionary()
+)
+_registry_lock = threading.Lock()
+
+
+def _identity(fun: Any) -> tuple[Any, Any]:
+    """What a function's caches are held by, and what else tells its wrappers
+    apart: a plain function is itself; a bound method (a `jtu.Partial` here) its
+    function and the number of bound arguments; another pytree, such as an
+    `eqx.Module` with a `__call__`, its type (its structure is part of each key)."""
+    if isinstance(fun, jtu.Partial):
+        return fun.func, (len(fun.args), tuple(fun.keywords))
+    func = getattr(fun, "__func__", None)
+    if func is not None:
+        return func, type(fun)
+    if not jtu.treedef_is_leaf(jtu.tree_structure(fun)):
+        return type(fun), None
+    return fun, None
+
+
+def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
+    """The dispatcher shared by the wrappers of `fun` with `options`."""
+    owner, extra = _identity(fun)
+    options_key = options.key()
+    if options_key is None:
+        return Dispatcher(fun, options)
+    key = (extra, options_key)
+    try:
+        by_options = _registry.get(owner)
+    except TypeError:  # not weakly referenceable, or not hashable: not shared
+        return Dispatcher(fun, options)
+    if by_options is not None:
+        found = by_options.get(key)
+        if found is not None:
+            return found
+    with _registry_lock:
+        try:
+            by_options = _registry.setdefault(owner, {})
+        except TypeError:
+            return Dispatcher(fun, options)
+        found = by_options.get(key)
+        if found is None:
+            found = by_options[key] = Dispatcher(fun, options)
+        return found
+
+
+def clear_all() -> None:
+    for dispatcher in list(_dispatchers):
+        dispatcher.clear()

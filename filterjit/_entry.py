@@ -1,0 +1,267 @@
+"""One cache entry: the `jax.jit` of a closure whose only inputs are the traced
+leaves of a call; the static leaves (and, nested, the concrete arrays) are
+captured. JAX's own cache then holds one trace per set of input avals."""
+
+import inspect
+import re
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+from ._diagnostics import describe, Row, TraceLog
+from ._function import Function
+from ._options import Options, UNSPECIFIED
+from ._output import in_place, output_spec, OutputSpec, PURE, Pure
+from ._partition import ABSTRACT, ndarray_key, Partition
+from ._trace import EAGER, STAGED, TOP
+
+
+_UNUSED_DONATION = "Some donated buffers were not usable"
+
+
+def aval_key(x: Any) -> tuple[Any, ...]:
+    """What a trace of the jitted function sees of a traced leaf."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        dtype = jax.dtypes.canonicalize_dtype(x.dtype)
+        return x.shape, dtype, bool(getattr(x, "weak_type", False))
+    aval = jax.typeof(x)
+    return aval.shape, aval.dtype, aval.weak_type  # pyright: ignore[reportAttributeAccessIssue]
+
+
+class _Specs:
+    """The output specs of an entry's traces, by the avals they were traced for.
+    `single` is the spec of every trace so far if they agree (most functions'
+    static outputs do not depend on shapes), else `None`."""
+
+    __slots__ = ("by_avals", "single")
+
+    def __init__(self) -> None:
+        self.by_avals: dict[tuple[Any, ...], OutputSpec | Pure] = {}
+        self.single: OutputSpec | Pure | None = None
+
+    def record(self, avals: tuple[Any, ...], spec: OutputSpec | Pure) -> None:
+        if not self.by_avals:
+            self.single = spec
+        elif self.single is not None and not self.single.same_as(spec):
+            self.single = None
+        self.by_avals[avals] = spec
+
+    def get(self, dynamic: Sequence[Any]) -> OutputSpec | Pure:
+        if self.single is not None:
+            return self.single
+        spec = self.by_avals.get(tuple(map(aval_key, dynamic)))
+        if spec is None:
+            raise AssertionError(
+                "filter_jit: no output recorded for a trace with these avals; "
+                "please report this."
+            )
+        return spec
+
+
+class Entry:
+    """A jitted function for one cache key, and what its traces recorded."""
+
+    __slots__ = ("jitted", "specs", "captured", "traced", "__weakref__")
+
+    def __init__(
+        self, jitted: Callable[..., Any], specs: _Specs, captured: list[Any]
+    ) -> None:
+        self.jitted = jitted
+        self.specs = specs
+        # Nested: the NumPy arrays compiled in, with their keys when captured.
+        self.captured = captured
+
+    def valid(self) -> bool:
+        """Whether every NumPy array compiled in still holds the value it was keyed
+        by: one mutated in place since must not serve a call with its old value."""
+        return all(ndarray_key(array) == key for array, key in self.captured)
+
+    def finish(self, out: Any, dynamic: Sequence[Any], leaves: list[Any]) -> Any:
+        """The user's output from what the jitted function returned."""
+        return self.specs.get(dynamic).build(out, leaves)
+
+
+def _parameter_names(labels: list[str]) -> list[str]:
+    """Identifiers from argument paths (`params['w']` -> `params_w`), unique, so
+    that JAX's own messages about the jitted function name the user's arguments."""
+    names: list[str] = []
+    for label in labels:
+        name = re.sub(r"\W+", "_", label, flags=re.ASCII).strip("_") or "arg"
+        if name[0].isdigit():
+            name = f"_{name}"
+        while name in names:
+            name += "_"
+        names.append(name)
+    return names
+
+
+def make_entry(
+    function: Function,
+    fun: Any,
+    options: Options,
+    level: int,
+    partition: Partition,
+    owners: list[tuple[str, int | None, str]],
+    leaves: list[Any],
+    trace_log: TraceLog,
+) -> Entry:
+    """The entry for a call with these leaves, not yet traced."""
+    treedef = partition.treedef
+    dynamic_positions = partition.dynamic_positions
+    labels = [label for _, _, label in owners]
+    # The traced leaves' values are not part of the trace: keep none alive.
+    template = list(leaves)
+    for position in dynamic_positions:
+        template[position] = None
+    roles = partition.roles()
+    log = trace_log if level in (TOP, EAGER) else None
+    sharded_output = level != STAGED and options.out_shardings is not UNSPECIFIED
+    specs = _Specs()
+    # The entry must not keep a plain function alive: the caches that hold entries
+    # are held weakly by the function.
+    fun_ref: Callable[[], Any]
+    try:
+        fun_ref = weakref.ref(fun) if function.fun_is_leaf else lambda: None
+    except TypeError:
+        fun_ref = lambda: fun  # noqa: E731
+
+    def run(*dynamic: Any) -> Any:
+        inputs = list(template)
+        for position, leaf in zip(dynamic_positions, dynamic):
+            inputs[position] = leaf
+        f, args, kwargs = function.split_call(
+            fun_ref(), jtu.tree_unflatten(treedef, inputs)
+        )
+        output = f(*args, **kwargs)
+        if sharded_output:
+            spec, result = PURE, in_place(output)
+        else:
+            spec = output_spec(output, inputs)
+            result = output if spec is PURE else spec.dynamic(output)  # pyright: ignore[reportAttributeAccessIssue]
+        specs.record(tuple(map(aval_key, dynamic)), spec)
+        if log is not None:
+            log.record(
+                [
+                    Row(label, role, describe(leaf, role), type(leaf))
+                    for label, role, leaf in zip(labels, roles, inputs)
+                ]
+            )
+        return result
+
+    # So that JAX's own messages (jax_explain_cache_misses, errors) point at the
+    # user's function and name the user's arguments, not this closure.
+    run.__name__ = function.name.rpartition(".")[2]
+    run.__qualname__ = function.name
+    run.__wrapped__ = fun  # pyright: ignore[reportFunctionMemberAccess]
+    run.__signature__ = inspect.Signature(  # pyright: ignore[reportFunctionMemberAccess]
+        [
+            inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY)
+            for name in _parameter_names([labels[p] for p in dynamic_positions])
+        ]
+    )
+    if function.fun_is_leaf:
+        del run.__wrapped__  # would keep the function alive
+    jitkwargs = dict(options.jitkwargs)
+    if level == STAGED:
+        jitkwargs["inline"] = options.inline
+    else:
+        if sharded_output:
+            jitkwargs["out_shardings"] = options.out_shardings
+        if options.in_shardings is not UNSPECIFIED:
+            jitkwargs["in_shardings"] = _leaf_shardings(
+                function, fun, options.in_shardings, partition, leaves
+            )
+        if level in (TOP, ABSTRACT):
+            donated = _donated(options, owners, dynamic_positions)
+            if donated:
+                jitkwargs["donate_argnums"] = donated
+    jitted = jax.jit(run, **jitkwargs)
+    if options.silence_donation and level == TOP:
+        jitted = _silencing(jitted)
+    captured = [
+        (leaves[p], ndarray_key(leaves[p]))
+        for p in partition.array_positions
+        if isinstance(leaves[p], np.ndarray)
+    ]
+    return Entry(jitted, specs, captured)
+
+
+def _silencing(jitted: Any) -> Any:
+    """`jitted`, called with JAX's warning about unusable donations silenced."""
+
+    def call(*args: Any) -> Any:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
+            return jitted(*args)
+
+    call.lower = jitted.lower  # pyright: ignore[reportFunctionMemberAccess]
+    call.trace = jitted.trace  # pyright: ignore[reportFunctionMemberAccess]
+    call.eval_shape = jitted.eval_shape  # pyright: ignore[reportFunctionMemberAccess]
+    return call
+
+
+def _donated(
+    options: Options,
+    owners: list[tuple[str, int | None, str]],
+    dynamic_positions: tuple[int, ...],
+) -> tuple[int, ...]:
+    """Which traced leaves (as indices among them) are donated."""
+    donate = options.donate
+    if donate == "none":
+        return ()
+    if isinstance(donate, tuple):
+        names = set(donate)
+        return tuple(
+            i
+            for i, position in enumerate(dynamic_positions)
+            if owners[position][0] in names
+        )
+    spare_first = donate.endswith("except-first")
+    return tuple(
+        i
+        for i, position in enumerate(dynamic_positions)
+        if not (spare_first and owners[position][1] == 0)
+    )
+
+
+def _leaf_shardings(
+    function: Function,
+    fun: Any,
+    in_shardings: Any,
+    partition: Partition,
+    leaves: list[Any],
+) -> tuple[Any, ...]:
+    """`in_shardings`, a prefix of the positional arguments, for each traced leaf."""
+    _, args, kwargs = function.split_call(
+        fun, jtu.tree_unflatten(partition.treedef, leaves)
+    )
+    if not isinstance(in_shardings, tuple) or len(in_shardings) != len(args):
+        raise ValueError(
+            f"{function.name}: in_shardings must be a tuple with one entry per "
+            f"positional argument ({len(args)} in this call), each a sharding, "
+            f"None, or a pytree of them that is a prefix of the argument; got "
+            f"{in_shardings!r}."
+        )
+    per_leaf: list[Any] = []
+    if not function.fun_is_leaf:
+        per_leaf += [None] * len(jtu.tree_leaves(fun))
+    for index, (sharding, arg) in enumerate(zip(in_shardings, args)):
+        try:
+            per_arg = jax.tree.broadcast(sharding, arg, is_leaf=lambda x: x is None)
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"{function.name}: in_shardings[{index}] is not a pytree prefix of "
+                f"argument `{function._parameter(index)[1]}`: its structure is "
+                f"{jtu.tree_structure(sharding, is_leaf=lambda x: x is None)}, and "
+                f"the argument's is {jtu.tree_structure(arg)}. Give one sharding "
+                "(or None) for the whole argument, or a pytree of them with the "
+                "argument's structure."
+            ) from None
+        per_leaf += jtu.tree_leaves(per_arg, is_leaf=lambda x: x is None)
+    per_leaf += [None] * len(jtu.tree_leaves(kwargs))
+    return tuple(per_leaf[position] for position in partition.dynamic_positions)

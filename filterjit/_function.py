@@ -1,0 +1,141 @@
+"""What filter_jit knows of the function it wraps: its name, its parameters, how a
+call binds to them, and how to name each leaf of a call."""
+
+import functools as ft
+import inspect
+from typing import Any
+
+import jax.tree_util as jtu
+
+from ._binding import Binder
+
+
+def name_of(fun: Any) -> str:
+    while isinstance(fun, ft.partial):
+        fun = fun.func
+    return getattr(fun, "__qualname__", None) or type(fun).__qualname__
+
+
+def _signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fun, follow_wrapped=follow_wrapped)
+    except (TypeError, ValueError):  # builtins and other callables without one
+        return None
+
+
+def _plain_arity(signature: inspect.Signature | None) -> int:
+    """The number of positional arguments for which a call needs no binding
+    (nothing to default, nothing passed by keyword), or -1 if there is none."""
+    if signature is None:
+        return -1
+    count = 0
+    for parameter in signature.parameters.values():
+        if parameter.kind in (
+            parameter.POSITIONAL_ONLY,
+            parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            count += 1
+        elif parameter.kind is not parameter.VAR_KEYWORD:
+            return -1
+    return count
+
+
+class Keywords:
+    """The arguments of a call that has keyword arguments. A pytree node of its own
+    type, so that `f(a, b, c=1)` and `f((a, b), {"c": 1})` differ in structure."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        self.args = args
+        self.kwargs = kwargs
+
+
+jtu.register_pytree_with_keys(
+    Keywords,
+    lambda k: (
+        ((jtu.GetAttrKey("args"), k.args), (jtu.GetAttrKey("kwargs"), k.kwargs)),
+        None,
+    ),
+    lambda _, children: Keywords(*children),
+    flatten_func=lambda k: ((k.args, k.kwargs), None),
+)
+
+
+class Function:
+    """The facts about a function that do not change between calls."""
+
+    def __init__(self, fun: Any):
+        self.name = name_of(fun)
+        self.fun_is_leaf = jtu.treedef_is_leaf(jtu.tree_structure(fun))
+        # Calls bind to the function's own signature, not to that of its
+        # `__wrapped__`: a wrapper such as `eqx.filter_vmap(f)` may accept less
+        # than it advertises, and must be called as the caller called it.
+        signature = _signature_of(fun, follow_wrapped=False)
+        # Calls with this many positional arguments and no keywords bind as they
+        # are; -1 if none.
+        self.plain_arity = _plain_arity(signature)
+        self.bind = Binder(signature, self.name)
+        # Names, for messages and `donate=(names...)`, may come from `__wrapped__`.
+        named = _signature_of(fun, follow_wrapped=True) or signature
+        self.parameters = () if named is None else tuple(named.parameters.values())
+
+    def call_tree(self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The pytree of a call that is flattened and partitioned: the bound
+        arguments, after the function if it is a pytree with leaves."""
+        call = Keywords(args, kwargs) if kwargs else args
+        return call if self.fun_is_leaf else (fun, call)
+
+    def split_call(
+        self, fun: Any, call: Any
+    ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        """(fun, args, kwargs) from the pytree of a call."""
+        if not self.fun_is_leaf:
+            fun, call = call
+        if type(call) is Keywords:
+            return fun, call.args, call.kwargs
+        return fun, call, {}
+
+    def _parameter(self, where: int | str) -> tuple[str, str]:
+        """The parameter that receives positional argument `where` (an int) or
+        keyword argument `where` (a str), and how to name the argument to a user."""
+        if isinstance(where, str):
+            return where, where
+        positional = [
+            p.name
+            for p in self.parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if where < len(positional):
+            return positional[where], positional[where]
+        for p in self.parameters:
+            if p.kind is p.VAR_POSITIONAL:
+                return p.name, f"{p.name}[{where - len(positional)}]"
+        return f"<argument {where}>", f"<argument {where}>"
+
+    def leaf_owners(self, treedef: Any) -> list[tuple[str, int | None, str]]:
+        """For each leaf of a call with structure `treedef`: the parameter it
+        belongs to, its position if passed positionally, and the path to it in the
+        user's terms (`params['w']`)."""
+        placeholders = [object() for _ in range(treedef.num_leaves)]
+        call = jtu.tree_unflatten(treedef, placeholders)
+        owners = []
+        for path, _ in jtu.tree_flatten_with_path(call)[0]:
+            if not self.fun_is_leaf:
+                if path[0] == jtu.SequenceKey(0):
+                    owners.append(
+                        ("<function>", None, self.name + jtu.keystr(path[1:]))
+                    )
+                    continue
+                path = path[1:]
+            if isinstance(path[0], jtu.GetAttrKey):  # Keywords.args or .kwargs
+                path = path[1:]
+            top, rest = path[0], path[1:]
+            if isinstance(top, jtu.SequenceKey):
+                name, label = self._parameter(top.idx)
+                owners.append((name, top.idx, label + jtu.keystr(rest)))
+            else:
+                assert isinstance(top, jtu.DictKey)
+                name, label = self._parameter(str(top.key))
+                owners.append((name, None, label + jtu.keystr(rest)))
+        return owners

@@ -1,0 +1,252 @@
+"""Static arguments across the processes of a multi-process JAX program.
+
+Under `jax.distributed.initialize`, every process runs the same program on its own
+share of a global array, and each compiles the top-level call itself. If a static
+argument differs between processes, each compiles a *different* program; the
+collectives inside them then wait on each other forever, or return garbage. So on
+every top-level compilation, the processes compare a digest of their static
+arguments (one small all-gather, a few milliseconds, only on a cache miss) and all
+raise the same `ValueError`, naming the argument, if they disagree.
+
+Values are compared through a canonical text that keeps types apart (`1`, `1.0`
+and `True` differ, as do `0.0` and `-0.0`) and leaves out what legitimately differs
+between processes: memory addresses in `repr`s, the iteration order of sets.
+"""
+
+import functools
+import hashlib
+import re
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+
+# A digest is 64 bits, carried as two uint32 words (without `jax_enable_x64`, JAX
+# has no 64-bit integers).
+_WORDS = 2
+# Bytes of each text (function name, argument label, value) shown in an error.
+_TEXT_BYTES = 96
+_MAX_DEPTH = 16
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
+_SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))
+_NUMBERS = (bool, int, float, complex, np.generic)
+
+
+def _qualified_name(value: Any) -> str:
+    module = getattr(value, "__module__", None) or "?"
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", "?")
+    return f"{module}.{name}"
+
+
+def _type_name(value: Any) -> str:
+    return _qualified_name(type(value))
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception as error:  # a broken __repr__ must not break the call
+        return f"<unrepresentable {_type_name(value)}: {_type_name(error)}>"
+    if not isinstance(text, str):
+        return f"<unrepresentable {_type_name(value)}>"
+    return text
+
+
+def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) -> str:
+    """A text for `value` that is equal on two processes when the value is.
+
+    The type is always part of it, floats are written exactly (`float.hex`), and
+    memory addresses are blanked, since they differ between processes even for the
+    same function or object.
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        if kind is float:
+            return f"float:{value.hex()}"
+        if kind is complex:
+            return f"complex:{value.real.hex()},{value.imag.hex()}"
+        return f"{kind.__name__}:{value!r}"
+    if _depth >= _MAX_DEPTH or id(value) in _seen:
+        return f"{_type_name(value)}:..."
+    seen = _seen | {id(value)}
+    depth = _depth + 1
+    if isinstance(value, float | complex | int | str | bytes):  # subclasses, enums
+        return f"{_type_name(value)}:{_safe_repr(value)}"
+    if isinstance(value, tuple | list):
+        items = ",".join(canonical(item, depth, seen) for item in value)
+        return f"{_type_name(value)}({items})"
+    if isinstance(value, set | frozenset):
+        # Set order follows string hashes, which are salted per process.
+        items = ",".join(sorted(canonical(item, depth, seen) for item in value))
+        return f"{_type_name(value)}{{{items}}}"
+    if isinstance(value, dict):
+        items = ",".join(
+            f"{canonical(k, depth, seen)}:{canonical(v, depth, seen)}"
+            for k, v in value.items()
+        )
+        return f"{_type_name(value)}{{{items}}}"
+    if isinstance(value, type | types.ModuleType):
+        return f"{_type_name(value)}:{_qualified_name(value)}"
+    if isinstance(value, types.MethodType):
+        receiver = canonical(value.__self__, depth, seen)
+        return f"method:{_qualified_name(value.__func__)}@{receiver}"
+    if isinstance(value, types.FunctionType | types.BuiltinFunctionType):
+        return f"function:{_qualified_name(value)}"
+    wrapped = getattr(value, "__wrapped__", None)
+    if wrapped is not None and callable(value):  # jax.jit and functools.wraps
+        return f"{_type_name(value)}:{canonical(wrapped, depth, seen)}"
+    if kind.__repr__ is object.__repr__:
+        # The default repr is only the type and an address: compare the state.
+        state = getattr(value, "__dict__", None)
+        if isinstance(state, dict):
+            return f"{_type_name(value)}:{canonical(state, depth, seen)}"
+        return f"{_type_name(value)}:<opaque>"
+    return f"{_type_name(value)}:{_ADDRESS.sub('0x?', _safe_repr(value))}"
+
+
+def _digest(*texts: str) -> list[int]:
+    hasher = hashlib.blake2b(digest_size=4 * _WORDS)
+    for text in texts:
+        data = text.encode("utf-8", "backslashreplace")
+        hasher.update(len(data).to_bytes(8, "little"))
+        hasher.update(data)
+    raw = hasher.digest()
+    return [int.from_bytes(raw[4 * i : 4 * i + 4], "little") for i in range(_WORDS)]
+
+
+def _encode(text: str) -> np.ndarray:
+    data = text.encode("utf-8", "backslashreplace")[:_TEXT_BYTES]
+    out = np.zeros(_TEXT_BYTES, np.uint8)
+    out[: len(data)] = np.frombuffer(data, np.uint8)
+    return out
+
+
+def _decode(data: np.ndarray) -> str:
+    return bytes(np.asarray(data, np.uint8)).rstrip(b"\0").decode("utf-8", "replace")
+
+
+def _shown(value: Any) -> str:
+    text = _safe_repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    kind = type(value).__name__
+    return text if kind in text else f"{text} ({kind})"
+
+
+@functools.cache
+def _gatherer() -> tuple[NamedSharding, Callable[[jax.Array], jax.Array]]:
+    """A sharding with one row per process, and a jitted function that replicates
+    such an array on every device: an all-gather across processes."""
+    devices = jax.devices()
+    rows = [
+        sorted((d for d in devices if d.process_index == p), key=lambda d: d.id)
+        for p in range(jax.process_count())
+    ]
+    width = min(len(row) for row in rows)
+    mesh = Mesh(np.array([row[:width] for row in rows]), ("processes", "local"))
+    replicate = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P()))
+    return NamedSharding(mesh, P("processes")), replicate
+
+
+def _allgather(array: np.ndarray) -> np.ndarray:
+    """`array` of every process, stacked along a new first axis."""
+    by_process, replicate = _gatherer()
+    # Run eagerly whatever JAX is tracing around the call (an eager `jax.grad` of a
+    # decorated function compiles at the top level, with a JVP trace current).
+    with jax.ensure_compile_time_eval():
+        rows = jax.make_array_from_process_local_data(
+            by_process, array[None], (jax.process_count(), *array.shape)
+        )
+        return np.asarray(replicate(rows).addressable_data(0))
+
+
+def _processes(indices: Sequence[int]) -> str:
+    indices = list(indices)
+    shown = ", ".join(str(i) for i in indices[:8])
+    more = f" and {len(indices) - 8} more" if len(indices) > 8 else ""
+    return f"process{'es' if len(indices) > 1 else ''} {shown}{more}"
+
+
+def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
+    """Checks that every process compiles `name` with the same static arguments.
+
+    Called by every process on a top-level cache miss of a multi-process program
+    (`jax.process_count() > 1`), so that the processes would otherwise compile
+    different programs. It is a collective: every process must call it at the same
+    point, as every process makes the same top-level calls in the same order.
+
+    **Arguments:**
+
+    - `name`: the qualified name of the decorated function.
+    - `statics`: one `(label, value)` pair per static leaf, in a fixed order: the
+      label names the leaf in the user's terms (`n`, `config.depth`), the value is
+      the leaf itself. Any object will do, including unhashable ones and ones whose
+      `repr` raises.
+
+    **Raises:**
+
+    `ValueError`, on every process, naming the function and the first argument that
+    differs, with its value on each process (or, if the processes compile different
+    functions, the function on each).
+    """
+    if jax.process_count() <= 1:
+        return
+    texts = [canonical(value) for _, value in statics]
+    per_argument = [_digest(label, text) for (label, _), text in zip(statics, texts)]
+    overall = _digest(*(f"{label}={text}" for (label, _), text in zip(statics, texts)))
+    header = np.array([len(statics), *_digest(name), *overall], np.uint32)
+    headers = _allgather(header)
+    if (headers == headers[0]).all():
+        return
+    # From here on every process sees the same gathered data, so all take the same
+    # branches, make the same collectives and raise the same error.
+    if not (headers[:, 1 : 1 + _WORDS] == headers[0, 1 : 1 + _WORDS]).all():
+        names = [_decode(row) for row in _allgather(_encode(name))]
+        by_process = "; ".join(f"process {i}: `{n}`" for i, n in enumerate(names[:8]))
+        raise ValueError(
+            f"The processes compile different functions at the same point ("
+            f"{by_process}). Every process of a multi-process program must make the "
+            f"same top-level calls of filter_jit-decorated functions in the same "
+            f"order, with equal static arguments."
+        )
+    width = int(headers[:, 0].max())
+    digests = np.zeros((width, _WORDS), np.uint32)
+    if per_argument:
+        digests[: len(per_argument)] = per_argument
+    # A missing argument (a process with fewer statics) is all-ones, unlike a digest
+    # of anything with overwhelming probability.
+    digests[len(per_argument) :] = np.iinfo(np.uint32).max
+    gathered = _allgather(digests)  # (processes, width, words)
+    differs = (gathered != gathered[0]).any(axis=(0, 2))
+    index = int(np.argmax(differs)) if differs.any() else 0
+    if index < len(statics):
+        label, value = statics[index]
+        shown, number = _shown(value), isinstance(value, _NUMBERS)
+    else:
+        label, shown, number = "", "nothing", False
+    texts = _allgather(
+        np.concatenate([_encode(label), _encode(shown), np.array([number], np.uint8)])
+    )
+    labels = [_decode(row[:_TEXT_BYTES]) for row in texts]
+    values = [_decode(row[_TEXT_BYTES : 2 * _TEXT_BYTES]) for row in texts]
+    label = next((text for text in labels if text), "?")
+    groups: dict[str, list[int]] = {}
+    for process, text in enumerate(values):
+        groups.setdefault(text, []).append(process)
+    by_value = "; ".join(
+        f"{text} on {_processes(group)}" for text, group in list(groups.items())[:4]
+    )
+    if len(groups) == 1:  # equal reprs of different values
+        by_value += " (equal reprs, but the values differ)"
+    advice = "Pass an equal value on every process"
+    if texts[:, -1].any():
+        advice += f", or pass `jnp.asarray({label})` so that it is traced"
+    raise ValueError(
+        f"`{name}` was called with a static argument `{label}` that differs between "
+        f"processes: {by_value}. A static value is compiled into the program, so the "
+        f"processes would compile different programs and wait on each other. "
+        f"{advice}."
+    )

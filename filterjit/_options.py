@@ -1,0 +1,109 @@
+"""`filter_jit`'s options, validated once."""
+
+import dataclasses
+import functools as ft
+import inspect
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+
+
+DonateOption = (
+    Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
+    | tuple[str, ...]
+)
+"""Which argument buffers `filter_jit` donates at the top level: `"none"`, `"all"`,
+`"all-except-first"` (these two silence JAX's warning about donations it cannot
+use), `"warn"`, `"warn-except-first"` (the same, warning), or a tuple of parameter
+names such as `("state",)`."""
+
+_DONATE_STRINGS = ("none", "all", "all-except-first", "warn", "warn-except-first")
+
+# jax.jit options that filter_jit replaces, and what to use instead.
+_REJECTED_JIT_KWARGS = {
+    "static_argnums": "filter_jit makes every non-array leaf static already; pass "
+    "the value as a Python object, or wrap it in an array to trace it",
+    "static_argnames": "filter_jit makes every non-array leaf static already; pass "
+    "the value as a Python object, or wrap it in an array to trace it",
+    "donate_argnums": "use filter_jit(..., donate='all'), 'all-except-first', or a "
+    "tuple of parameter names such as donate=('state',)",
+    "donate_argnames": "use filter_jit(..., donate=('name', ...)) with the "
+    "parameter names",
+}
+
+UNSPECIFIED: Any = type("Unspecified", (), {"__repr__": lambda self: "UNSPECIFIED"})()
+
+
+@ft.cache
+def _jit_parameters() -> frozenset[str]:
+    return frozenset(inspect.signature(jax.jit).parameters) - {"fun"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The options of one `filter_jit` wrapper."""
+
+    donate: DonateOption = "none"
+    inline: bool = False
+    # Given in the user's terms: prefixes of the positional arguments and of the
+    # output, so not passed to jax.jit as they are.
+    in_shardings: Any = UNSPECIFIED
+    out_shardings: Any = UNSPECIFIED
+    # Every other jax.jit keyword, passed on.
+    jitkwargs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def silence_donation(self) -> bool:
+        return self.donate in ("all", "all-except-first")
+
+    def key(self) -> Any:
+        """A hashable stand-in for these options, or `None` if they cannot be
+        hashed (a `compiler_options` dict, say): wrappers with equal keys share
+        their caches."""
+        try:
+            hash(self)
+        except TypeError:
+            return None
+        return self
+
+
+def make_options(**options: Any) -> Options:
+    """`Options` from `filter_jit`'s keywords, each checked, with a message that
+    says what to do."""
+    donate = options.pop("donate", "none")
+    inline = options.pop("inline", False)
+    in_shardings = options.pop("in_shardings", UNSPECIFIED)
+    out_shardings = options.pop("out_shardings", UNSPECIFIED)
+    if not isinstance(donate, tuple) and donate not in _DONATE_STRINGS:
+        raise ValueError(
+            f"filter_jit: donate={donate!r} is not an option. Use one of "
+            f"{', '.join(repr(s) for s in _DONATE_STRINGS)}, or a tuple of "
+            "parameter names such as donate=('state',)."
+        )
+    for name in options:
+        if name in _REJECTED_JIT_KWARGS:
+            raise ValueError(
+                f"filter_jit does not take `{name}`: {_REJECTED_JIT_KWARGS[name]}."
+            )
+        if name not in _jit_parameters():
+            raise TypeError(f"filter_jit() got an unexpected keyword argument {name!r}")
+    if isinstance(in_shardings, list):
+        in_shardings = tuple(in_shardings)
+    return Options(
+        donate, bool(inline), in_shardings, out_shardings, tuple(options.items())
+    )
+
+
+def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None:
+    try:
+        known = set(inspect.signature(fun).parameters)
+    except (TypeError, ValueError):
+        known = set()
+    for name in names:
+        if not isinstance(name, str) or name not in known:
+            raise ValueError(
+                f"filter_jit: donate={names!r} names {name!r}, which is not a "
+                f"parameter of {getattr(fun, '__qualname__', fun)!r} (parameters: "
+                f"{sorted(known)})."
+            )

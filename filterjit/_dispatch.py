@@ -80,19 +80,46 @@ class Dispatcher:
         if entry is None or (entry.captured and not entry.valid()):
             return self._miss(level, fun, leaves, treedef)
         dynamic = partition.take_dynamic(leaves)
+        specs = entry.specs
+        spec = specs.single
+        if spec is None or spec.aliases:
+            return self._resolve(level, fun, leaves, treedef, entry, dynamic)
         out = entry.jitted(*dynamic)
-        spec = entry.specs.single
-        if spec is PURE:
-            return out
-        if spec is None:
-            spec = entry.specs.get(dynamic)
-        return spec.build(out, leaves)
+        if specs.single is not spec:  # traced for new avals, with a new spec
+            return entry.finish(out, dynamic, leaves)
+        return out if spec is PURE else spec.build(out, leaves)
 
-    def _miss(self, level: int, fun: Any, leaves: list[Any], treedef: Any) -> Any:
-        """A call whose entry is not cached: made, traced and stored."""
+    def _resolve(
+        self,
+        level: int,
+        fun: Any,
+        leaves: list[Any],
+        treedef: Any,
+        entry: Entry,
+        dynamic: Sequence[Any],
+    ) -> Any:
+        """A hit whose output spec depends on the traced leaves' avals, or on which
+        static inputs are one object."""
+        spec = entry.specs.by_avals.get(tuple(map(aval_key, dynamic)))
+        if spec is None:  # new avals: this call traces, with these very inputs
+            return entry.finish(entry.jitted(*dynamic), dynamic, leaves)
+        if not spec.aliases_hold(leaves):
+            return self._miss(level, fun, leaves, treedef, by_alias=True)
+        return spec.build(entry.jitted(*dynamic), leaves)
+
+    def _miss(
+        self,
+        level: int,
+        fun: Any,
+        leaves: list[Any],
+        treedef: Any,
+        by_alias: bool = False,
+    ) -> Any:
+        """A call whose entry is not cached: made, traced and stored. `by_alias`:
+        keyed also by which static inputs are one object (see `OutputSpec`)."""
         with self._lock:
             partition, dynamic, key, entry = self.lookup(
-                level, fun, leaves, treedef, create=True
+                level, fun, leaves, treedef, create=True, by_alias=by_alias
             )
             assert partition is not None
             if entry is None:
@@ -132,6 +159,7 @@ class Dispatcher:
         leaves: list[Any],
         treedef: Any,
         create: bool = False,
+        by_alias: bool = False,
     ) -> tuple[Partition | None, Sequence[Any], Any, Entry | None]:
         """The partition of a flattened call, its traced leaves, its key and its
         entry (`None` if there is none, or a stale one). A new partition is
@@ -152,6 +180,9 @@ class Dispatcher:
                 owner_of = lambda signature: self._owners.get(signature, object())  # noqa: E731
                 partition = Partition(treedef, types, level, owner_of)
         dynamic, key = partition.split(leaves)
+        if by_alias:
+            ids = [id(leaves[position]) for position in partition.static_positions]
+            key = (key, tuple(map(ids.index, ids)))
         try:
             entry = self.entries[level].get(key)
         except Exception as e:

@@ -157,15 +157,14 @@ def make_entry(
     # user's function and name the user's arguments, not this closure.
     run.__name__ = function.name.rpartition(".")[2]
     run.__qualname__ = function.name
-    run.__wrapped__ = fun  # pyright: ignore[reportFunctionMemberAccess]
     run.__signature__ = inspect.Signature(  # pyright: ignore[reportFunctionMemberAccess]
         [
             inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY)
             for name in _parameter_names([labels[p] for p in dynamic_positions])
         ]
     )
-    if function.fun_is_leaf:
-        del run.__wrapped__  # would keep the function alive
+    if not function.fun_is_leaf:  # a plain function: would keep it alive
+        run.__wrapped__ = fun  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)
     if level == STAGED:
         jitkwargs["inline"] = options.inline

@@ -44,9 +44,12 @@ def explain(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Explanatio
         # n            static  2
         ```
     """
-    if not isinstance(fun, FilterJitWrapper):
-        fun = _decorate(Options(), fun, caller="explain")
-    return fun._explain(args, kwargs)
+    wrapper: FilterJitWrapper[..., Any] = (
+        fun
+        if isinstance(fun, FilterJitWrapper)
+        else _decorate(Options(), fun, caller="explain")
+    )
+    return wrapper._explain(args, kwargs)
 
 
 def num_traces(fun: Any) -> int:  # checked below, with a message that helps

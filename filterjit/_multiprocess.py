@@ -15,6 +15,7 @@ between processes: memory addresses in `repr`s, the iteration order of sets.
 
 import functools
 import hashlib
+import os
 import re
 import types
 from collections.abc import Callable, Sequence
@@ -22,14 +23,17 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.core import Tracer
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
 
 
 # A digest is 64 bits, carried as two uint32 words (without `jax_enable_x64`, JAX
 # has no 64-bit integers).
 _WORDS = 2
-# Bytes of each text (function name, argument label, value) shown in an error.
-_TEXT_BYTES = 96
+# Bytes of the texts gathered for an error: a function name or argument label, and
+# a value's repr.
+_LABEL_BYTES = 160
+_REPR_BYTES = 4096
 _MAX_DEPTH = 16
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{4,}")
 _SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis))
@@ -118,9 +122,9 @@ def _digest(*texts: str) -> list[int]:
     return [int.from_bytes(raw[4 * i : 4 * i + 4], "little") for i in range(_WORDS)]
 
 
-def _encode(text: str) -> np.ndarray:
-    data = text.encode("utf-8", "backslashreplace")[:_TEXT_BYTES]
-    out = np.zeros(_TEXT_BYTES, np.uint8)
+def _encode(text: str, size: int) -> np.ndarray:
+    data = text.encode("utf-8", "backslashreplace")[:size]
+    out = np.zeros(size, np.uint8)
     out[: len(data)] = np.frombuffer(data, np.uint8)
     return out
 
@@ -129,11 +133,21 @@ def _decode(data: np.ndarray) -> str:
     return bytes(np.asarray(data, np.uint8)).rstrip(b"\0").decode("utf-8", "replace")
 
 
-def _shown(value: Any) -> str:
-    text = _safe_repr(value)
-    text = text if len(text) <= 60 else text[:57] + "..."
+def _described(value: Any) -> str:
+    """`repr(value)` with its type, addresses blanked (they differ anyway)."""
+    text = _ADDRESS.sub("0x…", _safe_repr(value))
     kind = type(value).__name__
     return text if kind in text else f"{text} ({kind})"
+
+
+def _window(text: str, start: int, width: int = 60) -> str:
+    """`width` characters of `text` from a little before `start`."""
+    if len(text) <= width:
+        return text
+    low = min(max(0, start - 20), len(text) - width)
+    before = "…" if low > 0 else ""
+    after = "…" if low + width < len(text) else ""
+    return f"{before}{text[low : low + width]}{after}"
 
 
 @functools.cache
@@ -170,13 +184,37 @@ def _processes(indices: Sequence[int]) -> str:
     return f"process{'es' if len(indices) > 1 else ''} {shown}{more}"
 
 
+def spans_processes(dynamic: Sequence[Any], *shardings: Any) -> bool:
+    """Whether a call's program runs on the devices of more than one process: some
+    traced input is a global array that this process holds only part of, or some
+    sharding in `shardings` (the `in_shardings` and `out_shardings` options, any
+    pytrees) has devices of other processes.
+
+    A call on this process's own arrays alone (evaluation or logging on process 0,
+    say) is a local program: the other processes never join it, so it must not
+    wait for them. Tracers (a top-level call under an eager `jax.grad`) do not say
+    where their values live, so they count as spanning processes.
+    """
+    for leaf in dynamic:
+        if isinstance(leaf, Tracer):
+            return True
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            return True
+    for tree in shardings:
+        for leaf in jax.tree.leaves(tree):
+            if isinstance(leaf, Sharding) and not leaf.is_fully_addressable:
+                return True
+    return False
+
+
 def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     """Checks that every process compiles `name` with the same static arguments.
 
     Called by every process on a top-level cache miss of a multi-process program
-    (`jax.process_count() > 1`), so that the processes would otherwise compile
+    (`jax.process_count() > 1`) whose program spans processes (`spans_processes`),
+    before tracing: where the static arguments differ, the processes would compile
     different programs. It is a collective: every process must call it at the same
-    point, as every process makes the same top-level calls in the same order.
+    point, as every process makes the same global calls in the same order.
 
     **Arguments:**
 
@@ -194,9 +232,10 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     """
     if jax.process_count() <= 1:
         return
-    texts = [canonical(value) for _, value in statics]
-    per_argument = [_digest(label, text) for (label, _), text in zip(statics, texts)]
-    overall = _digest(*(f"{label}={text}" for (label, _), text in zip(statics, texts)))
+    canonicals = [canonical(value) for _, value in statics]
+    pairs = list(zip((label for label, _ in statics), canonicals))
+    per_argument = [_digest(label, text) for label, text in pairs]
+    overall = _digest(*(f"{label}={text}" for label, text in pairs))
     header = np.array([len(statics), *_digest(name), *overall], np.uint32)
     headers = _allgather(header)
     if (headers == headers[0]).all():
@@ -204,7 +243,7 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     # From here on every process sees the same gathered data, so all take the same
     # branches, make the same collectives and raise the same error.
     if not (headers[:, 1 : 1 + _WORDS] == headers[0, 1 : 1 + _WORDS]).all():
-        names = [_decode(row) for row in _allgather(_encode(name))]
+        names = [_decode(row) for row in _allgather(_encode(name, _LABEL_BYTES))]
         by_process = "; ".join(f"process {i}: `{n}`" for i, n in enumerate(names[:8]))
         raise ValueError(
             f"The processes compile different functions at the same point ("
@@ -224,14 +263,23 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     index = int(np.argmax(differs)) if differs.any() else 0
     if index < len(statics):
         label, value = statics[index]
-        shown, number = _shown(value), isinstance(value, _NUMBERS)
+        described, number = _described(value), isinstance(value, _NUMBERS)
     else:
-        label, shown, number = "", "nothing", False
-    texts = _allgather(
-        np.concatenate([_encode(label), _encode(shown), np.array([number], np.uint8)])
+        label, described, number = "", "nothing", False
+    gathered_texts = _allgather(
+        np.concatenate(
+            [
+                _encode(label, _LABEL_BYTES),
+                _encode(described, _REPR_BYTES),
+                np.array([number], np.uint8),
+            ]
+        )
     )
-    labels = [_decode(row[:_TEXT_BYTES]) for row in texts]
-    values = [_decode(row[_TEXT_BYTES : 2 * _TEXT_BYTES]) for row in texts]
+    labels = [_decode(row[:_LABEL_BYTES]) for row in gathered_texts]
+    reprs = [_decode(row[_LABEL_BYTES:-1]) for row in gathered_texts]
+    # Show each around the first character where they differ.
+    start = len(os.path.commonprefix(reprs))
+    values = [_window(text, start) for text in reprs]
     label = next((text for text in labels if text), "?")
     groups: dict[str, list[int]] = {}
     for process, text in enumerate(values):
@@ -242,7 +290,7 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     if len(groups) == 1:  # equal reprs of different values
         by_value += " (equal reprs, but the values differ)"
     advice = "Pass an equal value on every process"
-    if texts[:, -1].any():
+    if gathered_texts[:, -1].any():
         advice += f", or pass `jnp.asarray({label})` so that it is traced"
     raise ValueError(
         f"`{name}` was called with a static argument `{label}` that differs between "

@@ -32,7 +32,17 @@ _REJECTED_JIT_KWARGS = {
     "parameter names",
 }
 
-UNSPECIFIED: Any = type("Unspecified", (), {"__repr__": lambda self: "UNSPECIFIED"})()
+class _Unspecified:
+    """An option not given. One object, kept one through copies and pickles."""
+
+    def __repr__(self) -> str:
+        return "UNSPECIFIED"
+
+    def __reduce__(self) -> str:
+        return "UNSPECIFIED"
+
+
+UNSPECIFIED: Any = _Unspecified()
 
 
 @ft.cache

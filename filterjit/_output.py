@@ -20,6 +20,10 @@ class Pure:
     function returns it as it is."""
 
     __slots__ = ()
+    aliases = ()
+
+    def aliases_hold(self, inputs: list[Any]) -> bool:
+        return True
 
     def build(self, out: Any, inputs: list[Any]) -> Any:
         return out
@@ -48,14 +52,22 @@ class OutputSpec:
     """The part of an output that is not traced: its structure, its static leaves,
     and which of them are inputs handed back."""
 
-    __slots__ = ("treedef", "template", "dynamic_positions", "passthrough", "copies")
+    __slots__ = (
+        "treedef",
+        "template",
+        "dynamic_positions",
+        "passthrough",
+        "copies",
+        "aliases",
+    )
 
     def __init__(self, output: Any, inputs: list[Any]):
         leaves, self.treedef = jtu.tree_flatten(output)
-        input_positions: dict[int, int] = {}
+        input_positions: dict[int, list[int]] = {}
         for position, leaf in enumerate(inputs):
             if not isinstance(leaf, Tracer):
-                input_positions.setdefault(id(leaf), position)
+                input_positions.setdefault(id(leaf), []).append(position)
+        aliases = set()
         dynamic_positions = []
         passthrough = []
         copies = []
@@ -65,7 +77,12 @@ class OutputSpec:
                 leaves[position] = None
             elif id(leaf) in input_positions:
                 # The call's own object comes back, not the traced call's.
-                passthrough.append((position, input_positions[id(leaf)]))
+                positions = input_positions[id(leaf)]
+                passthrough.append((position, positions[0]))
+                if len(positions) > 1:
+                    # One object at several inputs: which one came back is known
+                    # only for calls where they are one object again.
+                    aliases.add(tuple(positions))
             elif isinstance(leaf, np.ndarray):
                 # As without jit, every call gets its own array.
                 copies.append(position)
@@ -73,6 +90,15 @@ class OutputSpec:
         self.dynamic_positions = tuple(dynamic_positions)
         self.passthrough = tuple(passthrough)
         self.copies = tuple(copies)
+        self.aliases = tuple(aliases)
+
+    def aliases_hold(self, inputs: list[Any]) -> bool:
+        """Whether the inputs that were one object when traced are one now."""
+        return all(
+            inputs[position] is inputs[group[0]]
+            for group in self.aliases
+            for position in group[1:]
+        )
 
     def dynamic(self, output: Any) -> list[Any]:
         """The traced leaves of `output` (for which this spec was made)."""

@@ -39,3 +39,11 @@ def jit_equation_count(jaxpr: Any) -> int:
     """Number of top-level `jit` equations in a (closed) jaxpr."""
     jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
     return sum(eqn.primitive.name == "jit" for eqn in jaxpr.eqns)
+
+
+def cpp_cache_size(wrapped: Any) -> int:
+    """Executables in JAX's C++ dispatch cache over all entries of a `filter_jit`
+    wrapper's top level: a call that leaves the C++ fast path adds none. (Reads
+    JAX's private `_cache_size`; tests only.)"""
+    entries = wrapped._dispatcher.entries[0]._values.values()
+    return sum(entry.jitted._cache_size() for entry in entries)

@@ -1,11 +1,19 @@
-"""The wrapper object: decorator forms, metadata, repr, thread safety."""
+"""The wrapper object: decorator forms, metadata, repr, thread safety, shared
+caches, and the wrapper as a value (a pytree, copyable, picklable)."""
 
+import copy
+import pickle
 import threading
+from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
+from helpers import TraceCounter
 
+import filterjit
 from filterjit import filter_jit
 
 
@@ -57,3 +65,85 @@ def test_thread_safety_with_different_statics():
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+# -- Wrappers share caches, and are values
+
+
+def _double_n(x, n):
+    return x * n
+
+
+def test_fresh_wrappers_share_traces():
+    counter = TraceCounter(_double_n)
+    for _ in range(5):
+        filter_jit(counter)(jnp.ones(3), 20)
+    assert counter.count == 1
+    assert filterjit.num_traces(filter_jit(counter)) == 1
+    # Other options: other caches.
+    filter_jit(counter, donate="all")(jnp.ones(3), 20)
+    assert counter.count == 2
+
+
+def test_fresh_wrappers_of_methods_share_traces():
+    class Model(eqx.Module):
+        weight: jax.Array
+
+        def apply(self, x):
+            return self.weight * x
+
+    counter = TraceCounter(lambda: None)
+
+    def count(model, x):
+        counter()
+        return model.apply(x)
+
+    model = Model(jnp.ones(3))
+    for i in range(3):
+        out = filter_jit(Model(jnp.full(3, i, jnp.float32)).apply)(jnp.ones(3))
+        assert out.tolist() == [i] * 3
+        filter_jit(count)(model, jnp.ones(3))
+    assert counter.count == 1
+
+
+def test_the_wrapper_of_a_pytree_is_a_pytree():
+    model = eqx.nn.Linear(2, 3, key=jax.random.key(0))
+    wrapped = filter_jit(model)
+    assert len(jax.tree.leaves(wrapped)) == 2
+    grads = eqx.filter_grad(lambda w, x: w(x).sum())(wrapped, jnp.ones(2))
+    expected = eqx.filter_grad(lambda m, x: m(x).sum())(model, jnp.ones(2))
+    assert isinstance(grads, type(wrapped))
+    assert eqx.tree_equal(grads.__wrapped__, expected)
+    doubled = jax.tree.map(lambda p: 2 * p, wrapped)
+    assert jnp.allclose(doubled(jnp.ones(2)), 2 * model(jnp.ones(2)))
+
+
+def test_a_wrapper_inside_a_module_is_traced_through():
+    class Holder(eqx.Module):
+        layer: Any
+
+    holder = Holder(filter_jit(eqx.nn.Linear(2, 2, key=jax.random.key(1))))
+    grads = eqx.filter_grad(lambda h, x: h.layer(x).sum())(holder, jnp.ones(2))
+    assert grads.layer.__wrapped__.weight.shape == (2, 2)
+
+
+@pytest.mark.parametrize("copier", ["deepcopy", "pickle", "cloudpickle"])
+def test_wrappers_copy_and_pickle(copier):
+    import cloudpickle
+
+    copy_of = {
+        "deepcopy": copy.deepcopy,
+        "pickle": lambda w: pickle.loads(pickle.dumps(w)),
+        "cloudpickle": lambda w: cloudpickle.loads(cloudpickle.dumps(w)),
+    }[copier]
+    wrapped = filter_jit(_double_n, donate="warn")
+    wrapped(jnp.ones(2), 3)
+    copied = copy_of(wrapped)
+    assert copied(jnp.ones(2), 3).tolist() == [3.0, 3.0]
+    assert copied._options == wrapped._options
+    module = filter_jit(eqx.nn.Linear(2, 2, key=jax.random.key(0)))
+    assert jnp.allclose(copy_of(module)(jnp.ones(2)), module(jnp.ones(2)))
+    if copier == "cloudpickle":  # by value: a lambda defined here
+        scale = 4.0
+        local = filter_jit(lambda x: x * scale)
+        assert copy_of(local)(jnp.ones(1)).tolist() == [4.0]

@@ -1,0 +1,88 @@
+"""Outputs: traced leaves leave the jitted function, everything else is known from
+the trace, and a call whose output holds static leaves keeps JAX's fast path."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from helpers import cpp_cache_size, TraceCounter
+
+from filterjit import filter_jit
+
+
+def test_static_output_leaves_keep_the_cpp_fast_path():
+    f = filter_jit(lambda x: (x + 1, 3, {"steps": 2, "name": "a"}))
+    x = jnp.ones(3)
+    for _ in range(3):
+        y, three, info = f(x)
+    assert three == 3 and info == {"steps": 2, "name": "a"}
+    np.testing.assert_allclose(y, 2.0)
+    assert cpp_cache_size(f) == 1
+
+
+def test_a_returned_module_keeps_the_cpp_fast_path():
+    model = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
+
+    @filter_jit
+    def step(model, x):
+        params, static = eqx.partition(model, eqx.is_array)
+        params = jax.tree.map(lambda p: p - 0.1, params)
+        return eqx.combine(params, static), model(x)
+
+    for _ in range(3):
+        new_model, out = step(model, jnp.ones(2))
+    assert new_model.activation is model.activation  # a static leaf, unchanged
+    assert cpp_cache_size(step) == 1
+    reference = eqx.filter_jit(step.__wrapped__)(model, jnp.ones(2))
+    assert eqx.tree_equal(new_model, reference[0])
+
+
+def test_static_outputs_that_depend_on_input_shapes():
+    counter = TraceCounter(lambda x: (x * 2, x.shape[0], "even" * (x.size % 2 == 0)))
+    f = filter_jit(counter)
+    for n in (2, 3, 2, 3, 4):
+        y, length, parity = f(jnp.ones(n))
+        assert length == n and parity == "even" * (n % 2 == 0)
+        assert y.shape == (n,)
+    assert counter.count == 3
+
+
+def test_returned_numpy_arrays_are_fresh_per_call():
+    f = filter_jit(lambda x: (x + 1, np.zeros(3)))
+    _, first = f(jnp.ones(2))
+    first[0] = 5.0  # editing one result must not change the next
+    _, second = f(jnp.ones(2))
+    assert second.tolist() == [0.0, 0.0, 0.0]
+    assert second is not first
+
+
+def test_inputs_handed_back_are_this_calls_objects():
+    class Config:
+        def __init__(self, n):
+            self.n = n
+
+        def __eq__(self, other):
+            return isinstance(other, Config) and other.n == self.n
+
+        def __hash__(self):
+            return hash(self.n)
+
+    f = filter_jit(lambda x, config: (x + 1, config))
+    a, b = Config(1), Config(1)
+    assert f(jnp.ones(1), a)[1] is a
+    assert f(jnp.ones(1), b)[1] is b
+
+
+def test_nested_returned_numpy_arrays_are_fresh_per_call():
+    f = filter_jit(lambda x: (x + 1, np.arange(3)))
+    tables = []
+
+    def outer(x):
+        for _ in range(2):  # the second call is served from the cache
+            y, table = f(x)
+            tables.append(table.copy())
+            table[0] = 7  # mutates what this call got, as it could undecorated
+        return y
+
+    jax.make_jaxpr(outer)(jnp.float32(1))
+    assert [t.tolist() for t in tables] == [[0, 1, 2], [0, 1, 2]]

@@ -25,26 +25,46 @@ _short_repr.maxlist = _short_repr.maxtuple = _short_repr.maxdict = 6
 _retrace_warning_threshold: int | None = int(
     os.environ.get("FILTERJIT_RETRACE_WARNING_THRESHOLD", "10")
 )
+# Thresholds for the functions of given modules (and their submodules).
+_module_thresholds: dict[str, int | None] = {}
 
 
 class RetraceWarning(UserWarning):
-    """Emitted once per decorated function when it has been traced more often than
-    the threshold set by `filterjit.set_retrace_warning_threshold` (10 unless
-    changed). It names the argument that keeps changing."""
+    """Emitted once per decorated function when it has been traced again more often
+    than the threshold set by `filterjit.set_retrace_warning_threshold` (10 unless
+    changed) because of the trap the warning is for: a Python scalar, or a fresh
+    function object made by the same code (a lambda or closure made anew on every
+    call), that changes between calls. It names that argument.
+
+    Traces for new shapes, dtypes, structures, strings or other functions are the
+    ordinary work of a library's entry point and do not count."""
 
 
-def set_retrace_warning_threshold(threshold: int | None) -> None:
-    """Sets after how many top-level traces a function emits a `RetraceWarning`.
+def set_retrace_warning_threshold(
+    threshold: int | None, *, module: str | None = None
+) -> None:
+    """Sets after how many avoidable retraces a function emits a `RetraceWarning`.
 
     **Arguments:**
 
-    - `threshold`: a function traced more than this many times warns, once.
-        `None` disables the warning. The default is 10, or the value of the
-        environment variable `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
+    - `threshold`: a function traced again more than this many times because a
+        Python scalar or a re-made function changed warns, once. `None` disables
+        the warning. The default is 10, or the value of the environment variable
+        `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
+    - `module`: if given, the threshold applies only to functions defined in this
+        module or its submodules (`"optimistix"`, say), and takes precedence over
+        the global one for them: a library can quiet its own entry points, or a
+        user a library's.
 
     **Returns:**
 
     Nothing.
+
+    !!! example
+
+        ```python
+        filterjit.set_retrace_warning_threshold(None, module="mylibrary")
+        ```
     """
     global _retrace_warning_threshold
     if threshold is not None and (not isinstance(threshold, int) or threshold < 1):
@@ -52,7 +72,18 @@ def set_retrace_warning_threshold(threshold: int | None) -> None:
             f"set_retrace_warning_threshold: expected a positive int or None, but "
             f"got {threshold!r}."
         )
-    _retrace_warning_threshold = threshold
+    if module is None:
+        _retrace_warning_threshold = threshold
+    else:
+        _module_thresholds[module] = threshold
+
+
+def _threshold_for(module: str) -> int | None:
+    while module:
+        if module in _module_thresholds:
+            return _module_thresholds[module]
+        module = module.rpartition(".")[0]
+    return _retrace_warning_threshold
 
 
 _internal_dirs = (
@@ -111,6 +142,26 @@ class Row(NamedTuple):
     role: str  # "traced", "static" or "concrete"
     value: str
     kind: type
+    # The code of a static function leaf: a function made anew by the same code
+    # (a lambda in a loop) is the trap a RetraceWarning is for.
+    code: Any = None
+
+
+def row(path: str, role: str, leaf: Any) -> Row:
+    code = getattr(leaf, "__code__", None) if role == "static" else None
+    return Row(path, role, describe(leaf, role), type(leaf), code)
+
+
+def _avoidable(before: Row | None, after: Row | None) -> bool:
+    """Whether a change between two traces is the trap: a Python scalar's value,
+    or a function re-made by the same code."""
+    if before is None or after is None or before.role != after.role:
+        return False
+    if before.role != "static" or before.kind is not after.kind:
+        return False
+    return before.kind in (bool, int, float, complex) or (
+        before.code is not None and before.code is after.code
+    )
 
 
 def describe(leaf: Any, role: str) -> str:
@@ -134,6 +185,12 @@ def _hint(old: Row | None, new: Row | None) -> str:
     if new.role == "traced":
         return "traced: every new shape, dtype or weak type is traced anew"
     kind = new.kind.__name__
+    if new.code is not None and new.code is old.code:
+        return (
+            "a function made anew by the same code (a lambda or closure inside a "
+            "loop?) is a new static value: define it once, or pass its arrays as "
+            "arguments"
+        )
     if new.kind in (bool, int, float, complex):
         return f"a Python {kind} is static; pass jnp.asarray({new.path}) to trace it"
     if new.role == "concrete":
@@ -156,12 +213,14 @@ def _changes(
 
 
 class TraceLog:
-    """The top-level traces of one wrapper: how many, what changed between them,
+    """The top-level traces of one function: how many, what changed between them,
     and whether the RetraceWarning has been emitted."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, module: str):
         self.name = name
+        self.module = module
         self.count = 0
+        self.avoidable = 0
         self._previous: dict[str, Row] | None = None
         self._change_counts: collections.Counter[str] = collections.Counter()
         self._hints: dict[str, str] = {}
@@ -174,14 +233,16 @@ class TraceLog:
         current = {row.path: row for row in rows}
         if self._previous is not None:
             changes = _changes(self._previous, current)
-            for path, before, after in changes:
-                self._change_counts[path] += 1
-                self._hints[path] = _hint(before, after)
+            if changes and all(_avoidable(b, a) for _, b, a in changes):
+                self.avoidable += 1
+                for path, before, after in changes:
+                    self._change_counts[path] += 1
+                    self._hints[path] = _hint(before, after)
             if _explain_retraces():
                 logger.warning(self._retrace_message(changes))
         self._previous = current
-        threshold = _retrace_warning_threshold
-        if not self._warned and threshold is not None and self.count > threshold:
+        threshold = _threshold_for(self.module)
+        if not self._warned and threshold is not None and self.avoidable > threshold:
             self._warned = True
             _warn_at_user_frame(self._warning_message(), RetraceWarning)
 
@@ -206,15 +267,15 @@ class TraceLog:
         )
 
     def _warning_message(self) -> str:
-        if not self._change_counts:
-            culprit = "no argument changed between traces"
-        else:
-            path, times = self._change_counts.most_common(1)[0]
-            culprit = f"`{path}` changed in {times} of them ({self._hints[path]})"
+        path, times = self._change_counts.most_common(1)[0]
         return (
-            f"filter_jit: {self.name} has been traced {self.count} times; {culprit}. "
-            "Set FILTERJIT_EXPLAIN_RETRACES=1 (or jax_explain_cache_misses) to log "
-            "every retrace to the 'filterjit' logger."
+            f"filter_jit: {self.name} has been traced {self.count} times, "
+            f"{self.avoidable} of them only because a static value changed; `{path}` "
+            f"changed in {times} of them ({self._hints[path]}). Set "
+            "FILTERJIT_EXPLAIN_RETRACES=1 (or jax_explain_cache_misses) to log every "
+            "retrace to the 'filterjit' logger; "
+            "filterjit.set_retrace_warning_threshold(None, module=...) silences this "
+            "warning for one library."
         )
 
 

@@ -16,7 +16,7 @@ import jax
 import jax.tree_util as jtu
 
 from ._cache import BoundedCache
-from ._diagnostics import describe, Explanation, key_error, Row, TraceLog
+from ._diagnostics import Explanation, key_error, row, TraceLog
 from ._entry import aval_key, Entry, make_entry
 from ._function import Function, Keywords
 from ._options import Options
@@ -42,7 +42,7 @@ class Dispatcher:
     def __init__(self, fun: Any, options: Options):
         self.function = Function(fun)
         self.options = options
-        self.trace_log = TraceLog(self.function.name)
+        self.trace_log = TraceLog(self.function.name, _module_of(fun))
         self.partitions = tuple(BoundedCache(TOP_MAXSIZE) for _ in range(4))
         # Indexed by level: TOP, EAGER, STAGED, ABSTRACT. The top level and eager
         # transforms differ only in donation, so without it they share entries.
@@ -210,10 +210,8 @@ class Dispatcher:
             entry is not None and tuple(map(aval_key, dynamic)) in entry.specs.by_avals
         )
         owners = self.function.leaf_owners(treedef)
-        rows = [
-            Row(label, role, describe(leaf, role), type(leaf))
-            for (_, _, label), role, leaf in zip(owners, partition.roles(), leaves)
-        ]
+        labels = [label for _, _, label in owners]
+        rows = list(map(row, labels, partition.roles(), leaves))
         where = {
             TOP: "at the top level",
             EAGER: "under eager transforms",
@@ -310,3 +308,11 @@ def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
 def clear_all() -> None:
     for dispatcher in list(_dispatchers):
         dispatcher.clear()
+
+
+def _module_of(fun: Any) -> str:
+    fun = getattr(fun, "func", getattr(fun, "__func__", fun))  # jtu.Partial, methods
+    module = getattr(fun, "__module__", None)
+    if not isinstance(module, str):  # a callable object: its class's module
+        module = type(fun).__module__
+    return module

@@ -13,7 +13,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._diagnostics import describe, Row, TraceLog
+from ._diagnostics import row, TraceLog
 from ._function import Function
 from ._options import Options, UNSPECIFIED
 from ._output import in_place, output_spec, OutputSpec, PURE, Pure
@@ -145,12 +145,7 @@ def make_entry(
             result = output if spec is PURE else spec.dynamic(output)  # pyright: ignore[reportAttributeAccessIssue]
         specs.record(tuple(map(aval_key, dynamic)), spec)
         if log is not None:
-            log.record(
-                [
-                    Row(label, role, describe(leaf, role), type(leaf))
-                    for label, role, leaf in zip(labels, roles, inputs)
-                ]
-            )
+            log.record(list(map(row, labels, roles, inputs)))
         return result
 
     # So that JAX's own messages (jax_explain_cache_misses, errors) point at the

@@ -25,6 +25,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
+from jax.tree_util import PyTreeDef
 
 
 # A digest is 64 bits, carried as two uint32 words (without `jax_enable_x64`, JAX
@@ -74,6 +75,11 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
         if kind is complex:
             return f"complex:{value.real.hex()},{value.imag.hex()}"
         return f"{kind.__name__}:{value!r}"
+    if isinstance(value, PyTreeDef):
+        # Its repr shows functions in static fields only as addresses.
+        node = value.node_data()
+        children = ",".join(canonical(c, _depth, _seen) for c in value.children())
+        return f"PyTreeDef({canonical(node, _depth, _seen)}[{children}])"
     if _depth >= _MAX_DEPTH or id(value) in _seen:
         return f"{_type_name(value)}:..."
     seen = _seen | {id(value)}
@@ -140,7 +146,7 @@ def _described(value: Any) -> str:
     return text if kind in text else f"{text} ({kind})"
 
 
-def _window(text: str, start: int, width: int = 60) -> str:
+def _window(text: str, start: int, width: int = 72) -> str:
     """`width` characters of `text` from a little before `start`."""
     if len(text) <= width:
         return text

@@ -32,6 +32,7 @@ _REJECTED_JIT_KWARGS = {
     "parameter names",
 }
 
+
 class _Unspecified:
     """An option not given. One object, kept one through copies and pickles."""
 

@@ -105,13 +105,17 @@ def test_retrace_log_follows_jax_explain_cache_misses(caplog):
 def test_retrace_warning_once_naming_the_argument():
     f = filter_jit(_make_f())
     params = {"w": jnp.ones(3)}
-    with pytest.warns(filterjit.RetraceWarning, match=r"traced 11 times; `n` changed"):
-        for n in range(11):
+    with pytest.warns(
+        filterjit.RetraceWarning,
+        match=r"traced 12 times, 11 of them only because a static value changed; "
+        r"`n` changed in 11",
+    ):
+        for n in range(12):
             f(params, n, {"mode": "a"})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         f(params, 100, {"mode": "a"})  # once only
-    assert filterjit.num_traces(f) == 12
+    assert filterjit.num_traces(f) == 13
 
 
 def test_retrace_warning_threshold_is_configurable():
@@ -121,8 +125,9 @@ def test_retrace_warning_threshold_is_configurable():
         filterjit.set_retrace_warning_threshold(2)
         f(params, 1, {"mode": "a"})
         f(params, 2, {"mode": "a"})
-        with pytest.warns(filterjit.RetraceWarning, match="traced 3 times"):
-            f(params, 3, {"mode": "a"})
+        f(params, 3, {"mode": "a"})
+        with pytest.warns(filterjit.RetraceWarning, match="traced 4 times"):
+            f(params, 4, {"mode": "a"})
         filterjit.set_retrace_warning_threshold(None)
         g = filter_jit(_make_f())
         with warnings.catch_warnings():
@@ -147,3 +152,39 @@ def test_num_traces_and_clear_caches():
     assert filterjit.num_traces(f) == 2
     with pytest.raises(TypeError, match="filter_jit-wrapped"):
         filterjit.num_traces(lambda x: x)  # pyright: ignore[reportArgumentType]
+
+
+def test_retrace_warning_is_for_avoidable_retraces_only():
+    # A library entry point traced for new shapes, structures, strings and
+    # functions: its ordinary work, no warning even under -W error.
+    f = filter_jit(_make_f())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in range(15):
+            f({"w": jnp.ones(n + 1)}, 2, {"mode": "a"})
+            f({"w": jnp.ones(1), f"extra{n}": jnp.ones(1)}, 2, {"mode": "a"})
+            f({"w": jnp.ones(1)}, 2, {"mode": f"mode{n}"})
+    assert filterjit.num_traces(f) == 45
+    # A lambda made anew on every call is the trap.
+    g = filter_jit(lambda x, fn: fn(x))
+    with pytest.warns(filterjit.RetraceWarning, match="a function made anew"):
+        for n in range(12):
+            g(jnp.ones(1), lambda x: x + 1)
+
+
+def test_retrace_warning_can_be_silenced_per_library():
+    f = filter_jit(_make_f())
+    try:
+        filterjit.set_retrace_warning_threshold(None, module=__name__)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for n in range(15):
+                f({"w": jnp.ones(1)}, n, {"mode": "a"})
+        # A lower threshold for this module alone.
+        filterjit.set_retrace_warning_threshold(2, module=__name__)
+        g = filter_jit(_make_f())
+        with pytest.warns(filterjit.RetraceWarning, match="traced 4 times"):
+            for n in range(4):
+                g({"w": jnp.ones(1)}, n, {"mode": "a"})
+    finally:
+        filterjit._diagnostics._module_thresholds.clear()

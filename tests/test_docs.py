@@ -26,6 +26,8 @@ import traceback
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -214,6 +216,7 @@ def pytest_generate_tests(metafunc: Any) -> None:
         metafunc.parametrize("page", pages, ids=ids)
 
 
+@pytest.mark.slow  # every page in a process of its own: about a minute on 2 CPUs
 def test_examples_print_what_the_page_shows(page: Path):
     outputs = page_outputs(page)
     pairs = examples(page.read_text())

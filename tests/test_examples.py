@@ -44,6 +44,18 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
             r"filterjit\.filter_jit( +\d+\.\d){4} +\d+\.\d\d",
         ],
     ),
+    "train_optax.py": (
+        ["--rounds", "1"],
+        [
+            r"traces of the step, optimiser passed in: 1\n",
+            r"traces of the step, optimiser closed over: 1\n",
+            r"the two trained models differ by 0\.0e\+00\n",
+            r"jax\.jit, hand-partitioned +\d+\.\d µs +1\.00x jax\.jit",
+            r"equinox\.filter_jit +\d+\.\d µs +\d+\.\d\dx jax\.jit",
+            r"filterjit, optimiser in +\d+\.\d µs +\d+\.\d\dx jax\.jit",
+            r"filterjit, closed over +\d+\.\d µs +\d+\.\d\dx jax\.jit",
+        ],
+    ),
     "scan_vmap.py": (
         [],
         [
@@ -87,7 +99,17 @@ def test_every_example_is_tested():
     assert sorted(p.name for p in EXAMPLES.glob("*.py")) == sorted(EXPECTED)
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+# Slow examples are in the slow tier (`--full`).
+SLOW = {"library_author.py"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
+        for n in sorted(EXPECTED)
+    ],
+)
 def test_example_runs(name: str):
     args, patterns = EXPECTED[name]
     out = run(name, args)
@@ -96,6 +118,11 @@ def test_example_runs(name: str):
     if name == "train_mlp.py":
         losses = [float(m) for m in re.findall(r"^ *\d+ +(\d+\.\d+)", out, re.M)]
         assert len(losses) >= 5 and losses[-1] < losses[0] / 5, out
+    if name == "train_optax.py":
+        losses = [
+            float(m) for m in re.findall(r"^ *\d+ +\d\.\d+ +(\d\.\d+)$", out, re.M)
+        ]
+        assert len(losses) >= 5 and losses[-1] < losses[0] / 10, out
     if name == "scan_vmap.py":
         differences = re.findall(r"= (\S+)\n", out)
         assert differences and all(float(d) <= 1e-6 for d in differences), out

@@ -35,5 +35,25 @@ def test_readme_commands():
         'pip install -e ".[test]"',
         "python -m filterjit",
         "python -m pytest",
+        "python -m pytest --full",
     ):
         assert command in text
+
+
+def test_ci_runs_the_readme_commands():
+    """CI installs as the README says before anything else, and runs its demo and
+    its test command (with the slow tier)."""
+    ci = (README.parent / ".ci" / "run").read_text()
+    commands = [line.split("#")[0].strip() for line in ci.splitlines()]
+    installs = [c for c in commands if "pip install" in c]
+    assert installs[0] == 'python -m pip install -e ".[test]"', installs
+    assert 'python -m pip install -e ".[test,dev,docs,bench]"' in installs
+    assert "python -m filterjit" in commands
+    assert "python -m pytest --full" in commands
+
+
+def test_quickstart_is_the_one_in_getting_started():
+    getting_started = (README.parent / "docs" / "getting-started.md").read_text()
+    quickstart = README.read_text().split("## Quickstart", 1)[1]
+    bash = re.compile(r"```bash\n(.*?)```", re.S)
+    assert bash.findall(quickstart)[0] == bash.findall(getting_started)[0]

@@ -31,13 +31,15 @@ def _per_call(fun: Callable[[], Any], calls: int) -> float:
 def _own_python(fun: Any, call: Callable[[], Any], calls: int) -> float:
     """Median µs per call of `call` with `fun`'s cached jitted functions swapped
     for a no-op: filterjit's own Python, without JAX's dispatch."""
-    values = fun._caches[0]._values  # internal: a benchmark may look inside
-    saved = dict(values)
-    values.update({key: lambda *dynamic: None for key in values})
+    entries = fun._dispatcher.entries[0]._values.values()  # a benchmark may look
+    saved = [(entry, entry.jitted) for entry in entries]
+    for entry, _ in saved:
+        entry.jitted = lambda *dynamic: None
     try:
         return _per_call(call, calls)
     finally:
-        values.update(saved)
+        for entry, jitted in saved:
+            entry.jitted = jitted
 
 
 def profile(sizes: tuple[int, ...] = (1, 10, 100, 1000), calls: int = 20_000) -> str:

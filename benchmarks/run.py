@@ -32,6 +32,7 @@ import _memory  # noqa: E402
 import _module  # noqa: E402
 import _nested  # noqa: E402
 import _profile  # noqa: E402
+import _programs  # noqa: E402
 import _specialise  # noqa: E402
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
@@ -51,6 +52,7 @@ import filterjit  # noqa: E402
 SECTIONS: dict[str, Callable[[Settings], Section]] = {
     "dispatch": _dispatch.run,
     "module": _module.run,
+    "programs": _programs.run,
     "nested": _nested.run,
     "async": _async.run,
     "memory": _memory.run,

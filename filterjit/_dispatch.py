@@ -50,6 +50,8 @@ class Dispatcher:
         eager = top if options.donate == "none" else BoundedCache(TOP_MAXSIZE)
         staged = BoundedCache(STAGED_MAXSIZE, STAGED_MAXBYTES)
         self.entries = (top, eager, staged, BoundedCache(TOP_MAXSIZE))
+        self._plain_arity = self.function.plain_arity
+        self._fun_is_leaf = self.function.fun_is_leaf
         self._partition_gets = tuple(cache.get for cache in self.partitions)
         self._entry_gets = tuple(cache.get for cache in self.entries)
         # Partitions with one signature share an owner, and so their entries.
@@ -63,29 +65,26 @@ class Dispatcher:
         self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """Calls `fun(*args, **kwargs)` at trace level `level` (not DISABLED)."""
-        function = self.function
-        if kwargs or len(args) != function.plain_arity:
-            args, kwargs = function.bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
+        if kwargs or len(args) != self._plain_arity:
+            args, kwargs = self.function.bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
         call = Keywords(args, kwargs) if kwargs else args
-        leaves, treedef = _flatten(call if function.fun_is_leaf else (fun, call))
+        leaves, treedef = _flatten(call if self._fun_is_leaf else (fun, call))
         try:
             partition = self._partition_gets[level]((treedef, tuple(map(type, leaves))))
-            if partition is None:
-                return self._miss(level, fun, leaves, treedef)
-            entry = self._entry_gets[level](partition.key(leaves))
+            entry = self._entry_gets[level](partition.key(leaves))  # pyright: ignore[reportOptionalMemberAccess]
         except Exception:
-            # A static value or structure that cannot be hashed or compared: the
-            # full path says which.
+            # No partition yet (`None.key`), or a static value or structure that
+            # cannot be hashed or compared: the full path makes it or says which.
             return self._miss(level, fun, leaves, treedef)
-        if entry is None or (entry.captured and not entry.valid()):
+        if entry is None:
             return self._miss(level, fun, leaves, treedef)
-        dynamic = partition.take_dynamic(leaves)
+        dynamic = partition.take_dynamic(leaves)  # pyright: ignore[reportOptionalMemberAccess]
         specs = entry.specs
-        spec = specs.single
-        if spec is None or spec.aliases:
+        spec = specs.fast
+        if spec is None:
             return self._resolve(level, fun, leaves, treedef, entry, dynamic)
         out = entry.jitted(*dynamic)
-        if specs.single is not spec:  # traced for new avals, with a new spec
+        if specs.fast is not spec:  # traced for new avals, with a new spec
             return entry.finish(out, dynamic, leaves)
         return out if spec is PURE else spec.build(out, leaves)
 
@@ -98,8 +97,11 @@ class Dispatcher:
         entry: Entry,
         dynamic: Sequence[Any],
     ) -> Any:
-        """A hit whose output spec depends on the traced leaves' avals, or on which
-        static inputs are one object."""
+        """A hit that needs more checks: nested, with NumPy arrays compiled in that
+        may have been mutated since; or whose output spec depends on the traced
+        leaves' avals, or on which static inputs are one object."""
+        if entry.captured and not entry.valid():
+            return self._miss(level, fun, leaves, treedef)
         spec = entry.specs.by_avals.get(tuple(map(aval_key, dynamic)))
         if spec is None:  # new avals: this call traces, with these very inputs
             return entry.finish(entry.jitted(*dynamic), dynamic, leaves)

@@ -36,13 +36,17 @@ def aval_key(x: Any) -> tuple[Any, ...]:
 class _Specs:
     """The output specs of an entry's traces, by the avals they were traced for.
     `single` is the spec of every trace so far if they agree (most functions'
-    static outputs do not depend on shapes), else `None`."""
+    static outputs do not depend on shapes), else `None`. `fast` is `single` where
+    a call needs no other check, else `None`."""
 
-    __slots__ = ("by_avals", "single")
+    __slots__ = ("by_avals", "single", "fast", "checked")
 
-    def __init__(self) -> None:
+    def __init__(self, checked: bool) -> None:
         self.by_avals: dict[tuple[Any, ...], OutputSpec | Pure] = {}
         self.single: OutputSpec | Pure | None = None
+        self.fast: OutputSpec | Pure | None = None
+        # Whether every call must check the entry (its captured NumPy arrays).
+        self.checked = checked
 
     def record(self, avals: tuple[Any, ...], spec: OutputSpec | Pure) -> None:
         if not self.by_avals:
@@ -50,6 +54,8 @@ class _Specs:
         elif self.single is not None and not self.single.same_as(spec):
             self.single = None
         self.by_avals[avals] = spec
+        single = self.single
+        self.fast = None if self.checked or single is None or single.aliases else single
 
     def get(self, dynamic: Sequence[Any]) -> OutputSpec | Pure:
         if self.single is not None:
@@ -121,7 +127,12 @@ def make_entry(
     roles = partition.roles()
     log = trace_log if level in (TOP, EAGER) else None
     sharded_output = level != STAGED and options.out_shardings is not UNSPECIFIED
-    specs = _Specs()
+    captured = [
+        (leaves[p], ndarray_key(leaves[p]))
+        for p in partition.array_positions
+        if isinstance(leaves[p], np.ndarray)
+    ]
+    specs = _Specs(checked=bool(captured))
     # The entry must not keep a plain function alive: the caches that hold entries
     # are held weakly by the function.
     fun_ref: Callable[[], Any]
@@ -177,11 +188,6 @@ def make_entry(
     jitted = jax.jit(run, **jitkwargs)
     if options.silence_donation and level == TOP:
         jitted = _silencing(jitted)
-    captured = [
-        (leaves[p], ndarray_key(leaves[p]))
-        for p in partition.array_positions
-        if isinstance(leaves[p], np.ndarray)
-    ]
     return Entry(jitted, specs, captured)
 
 

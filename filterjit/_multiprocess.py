@@ -1,12 +1,14 @@
 """Static arguments across the processes of a multi-process JAX program.
 
 Under `jax.distributed.initialize`, every process runs the same program on its own
-share of a global array, and each compiles the top-level call itself. If a static
-argument differs between processes, each compiles a *different* program; the
-collectives inside them then wait on each other forever, or return garbage. So on
-every top-level compilation, the processes compare a digest of their static
-arguments (one small all-gather, a few milliseconds, only on a cache miss) and all
-raise the same `ValueError`, naming the argument, if they disagree.
+share of global arrays, and each compiles a top-level call itself. If a static
+argument differs between processes, each compiles a *different* program, and their
+collectives then wait on each other forever, or return garbage. So whenever a call
+whose program spans processes (`spans_processes`) compiles, the processes compare
+a digest of their static arguments (one small all-gather, about a millisecond) and
+all raise the same `ValueError`, naming the argument, if they disagree
+(`check_statics_agree`). Calls that find their program compiled do not
+communicate.
 
 Values are compared through a canonical text that keeps types apart (`1`, `1.0`
 and `True` differ, as do `0.0` and `-0.0`) and leaves out what legitimately differs

@@ -8,11 +8,15 @@ trace records an `OutputSpec`: the output's structure and its other leaves. The
 call puts the two together again.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
+
+
+_identity = object.__eq__
 
 
 class Pure:
@@ -59,6 +63,7 @@ class OutputSpec:
         "passthrough",
         "copies",
         "aliases",
+        "build",
     )
 
     def __init__(self, output: Any, inputs: list[Any]):
@@ -75,8 +80,10 @@ class OutputSpec:
             if isinstance(leaf, Tracer):
                 dynamic_positions.append(position)
                 leaves[position] = None
-            elif id(leaf) in input_positions:
-                # The call's own object comes back, not the traced call's.
+            elif id(leaf) in input_positions and type(leaf).__eq__ is not _identity:
+                # The call's own object comes back, not the traced call's. (Where
+                # `==` is identity, as for functions, an equal key is the same
+                # object already.)
                 positions = input_positions[id(leaf)]
                 passthrough.append((position, positions[0]))
                 if len(positions) > 1:
@@ -91,6 +98,32 @@ class OutputSpec:
         self.passthrough = tuple(passthrough)
         self.copies = tuple(copies)
         self.aliases = tuple(aliases)
+        # `build(out, inputs)`: the user's output, from the traced leaves `out` and
+        # this call's leaves. Most outputs need only the traced leaves put in.
+        self.build: Callable[[list[Any], list[Any]], Any] = (
+            self._build if passthrough or copies else self._builder()
+        )
+
+    def _builder(self) -> Callable[[list[Any], list[Any]], Any]:
+        template, unflatten = self.template, self.treedef.unflatten
+        if len(self.dynamic_positions) == 1:
+            (position,) = self.dynamic_positions
+
+            def build_one(out: list[Any], inputs: list[Any]) -> Any:
+                leaves = template.copy()
+                leaves[position] = out[0]
+                return unflatten(leaves)
+
+            return build_one
+        positions = self.dynamic_positions
+
+        def build(out: list[Any], inputs: list[Any]) -> Any:
+            leaves = template.copy()
+            for position, leaf in zip(positions, out):
+                leaves[position] = leaf
+            return unflatten(leaves)
+
+        return build
 
     def aliases_hold(self, inputs: list[Any]) -> bool:
         """Whether the inputs that were one object when traced are one now."""
@@ -105,8 +138,7 @@ class OutputSpec:
         leaves = jtu.tree_leaves(output)
         return [leaves[position] for position in self.dynamic_positions]
 
-    def build(self, out: list[Any], inputs: list[Any]) -> Any:
-        """The user's output, from the traced leaves `out` and this call's leaves."""
+    def _build(self, out: list[Any], inputs: list[Any]) -> Any:
         leaves = list(self.template)
         for position, leaf in zip(self.dynamic_positions, out):
             leaves[position] = leaf

@@ -18,7 +18,9 @@ import jax.tree_util as jtu
 from ._cache import BoundedCache
 from ._diagnostics import Explanation, key_error, row, TraceLog
 from ._entry import aval_key, Entry, make_entry
+from ._errors import call_checked
 from ._function import Function, Keywords
+from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options
 from ._output import PURE
 from ._partition import ABSTRACT, Partition
@@ -103,11 +105,23 @@ class Dispatcher:
         if entry.captured and not entry.valid():
             return self._miss(level, fun, leaves, treedef)
         spec = entry.specs.by_avals.get(tuple(map(aval_key, dynamic)))
-        if spec is None:  # new avals: this call traces, with these very inputs
-            return entry.finish(entry.jitted(*dynamic), dynamic, leaves)
-        if not spec.aliases_hold(leaves):
+        if spec is not None and not spec.aliases_hold(leaves):
             return self._miss(level, fun, leaves, treedef, by_alias=True)
-        return spec.build(entry.jitted(*dynamic), leaves)
+        return self._run(level, entry, dynamic, leaves)
+
+    def _run(
+        self, level: int, entry: Entry, dynamic: Sequence[Any], leaves: list[Any]
+    ) -> Any:
+        """Calls an entry's jitted function (which may trace) and builds the output.
+        At the top level, a failed runtime check is raised at the call."""
+        if level != TOP:
+            return entry.finish(entry.jitted(*dynamic), dynamic, leaves)
+        with_checks = entry.specs.with_runtime_checks
+        avals = tuple(map(aval_key, dynamic))
+        out = call_checked(
+            entry.jitted, dynamic, self.function.name, lambda: avals in with_checks
+        )
+        return entry.finish(out, dynamic, leaves)
 
     def _miss(
         self,
@@ -126,13 +140,8 @@ class Dispatcher:
             assert partition is not None
             if entry is None:
                 owners = self.owners(partition)
-                if level == TOP and jax.process_count() > 1:
-                    from ._multiprocess import check_statics_agree
-
-                    check_statics_agree(
-                        self.function.name,
-                        [(owners[p][2], leaves[p]) for p in partition.static_positions],
-                    )
+                if level in (TOP, EAGER) and jax.process_count() > 1:
+                    self._check_processes_agree(partition, owners, leaves, dynamic)
                 entry = make_entry(
                     self.function,
                     fun,
@@ -144,15 +153,30 @@ class Dispatcher:
                     self.trace_log,
                 )
                 try:
-                    out = entry.jitted(*dynamic)
+                    return self._run(level, entry, dynamic, leaves)
                 finally:
                     if entry.specs.by_avals:  # traced, whatever happened after
                         self.entries[level].put(
                             key, entry, partition.captured_bytes(leaves)
                         )
-            else:
-                out = entry.jitted(*dynamic)
-            return entry.finish(out, dynamic, leaves)
+            return self._run(level, entry, dynamic, leaves)
+
+    def _check_processes_agree(
+        self,
+        partition: Partition,
+        owners: list[tuple[str, int | None, str]],
+        leaves: list[Any],
+        dynamic: Sequence[Any],
+    ) -> None:
+        """Before compiling a program that spans processes: that every process
+        compiles it with the same static values (else a clear error, not a hang).
+        A program on this process's devices alone waits for no other process."""
+        options = self.options
+        if not spans_processes(dynamic, options.in_shardings, options.out_shardings):
+            return
+        statics = [(owners[p][2], leaves[p]) for p in partition.static_positions]
+        statics.append(("(the structure of the arguments)", partition.treedef))
+        check_statics_agree(self.function.name, statics)
 
     def lookup(
         self,

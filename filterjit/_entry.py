@@ -14,6 +14,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._diagnostics import row, TraceLog
+from ._errors import traced_a_check
 from ._function import Function
 from ._options import Options, UNSPECIFIED
 from ._output import in_place, output_spec, OutputSpec, PURE, Pure
@@ -39,7 +40,7 @@ class _Specs:
     static outputs do not depend on shapes), else `None`. `fast` is `single` where
     a call needs no other check, else `None`."""
 
-    __slots__ = ("by_avals", "single", "fast", "checked")
+    __slots__ = ("by_avals", "single", "fast", "checked", "with_runtime_checks")
 
     def __init__(self, checked: bool) -> None:
         self.by_avals: dict[tuple[Any, ...], OutputSpec | Pure] = {}
@@ -47,15 +48,29 @@ class _Specs:
         self.fast: OutputSpec | Pure | None = None
         # Whether every call must check the entry (its captured NumPy arrays).
         self.checked = checked
+        # The avals whose traces hold a runtime check (`eqx.error_if`): their
+        # calls wait for the result, to raise a failed check at the call.
+        self.with_runtime_checks: set[tuple[Any, ...]] = set()
 
-    def record(self, avals: tuple[Any, ...], spec: OutputSpec | Pure) -> None:
+    def record(
+        self, avals: tuple[Any, ...], spec: OutputSpec | Pure, runtime_check: bool
+    ) -> None:
         if not self.by_avals:
             self.single = spec
         elif self.single is not None and not self.single.same_as(spec):
             self.single = None
         self.by_avals[avals] = spec
+        if runtime_check:
+            self.with_runtime_checks.add(avals)
         single = self.single
-        self.fast = None if self.checked or single is None or single.aliases else single
+        self.fast = (
+            None
+            if self.checked
+            or self.with_runtime_checks
+            or single is None
+            or single.aliases
+            else single
+        )
 
     def get(self, dynamic: Sequence[Any]) -> OutputSpec | Pure:
         if self.single is not None:
@@ -154,7 +169,9 @@ def make_entry(
         else:
             spec = output_spec(output, inputs)
             result = output if spec is PURE else spec.dynamic(output)  # pyright: ignore[reportAttributeAccessIssue]
-        specs.record(tuple(map(aval_key, dynamic)), spec)
+        # At the top level, where the program runs: whether to wait for it.
+        runtime_check = level == TOP and traced_a_check()
+        specs.record(tuple(map(aval_key, dynamic)), spec, runtime_check)
         if log is not None:
             log.record(list(map(row, labels, roles, inputs)))
         return result
@@ -250,18 +267,24 @@ def _leaf_shardings(
     per_leaf: list[Any] = []
     if not function.fun_is_leaf:
         per_leaf += [None] * len(jtu.tree_leaves(fun))
+    is_none = lambda x: x is None  # noqa: E731 - None is a sharding here
     for index, (sharding, arg) in enumerate(zip(in_shardings, args)):
+        prefix = jtu.tree_structure(sharding, is_leaf=is_none)
         try:
-            per_arg = jax.tree.broadcast(sharding, arg, is_leaf=lambda x: x is None)
+            # Each sharding's subtree of the argument. (Not jax.tree.broadcast,
+            # which would take a None inside the argument for a leaf.)
+            subtrees = prefix.flatten_up_to(arg)
         except (ValueError, TypeError):
             raise ValueError(
                 f"{function.name}: in_shardings[{index}] is not a pytree prefix of "
                 f"argument `{function._parameter(index)[1]}`: its structure is "
-                f"{jtu.tree_structure(sharding, is_leaf=lambda x: x is None)}, and "
-                f"the argument's is {jtu.tree_structure(arg)}. Give one sharding "
-                "(or None) for the whole argument, or a pytree of them with the "
-                "argument's structure."
+                f"{prefix}, and the argument's is {jtu.tree_structure(arg)}. Give "
+                "one sharding (or None) for the whole argument, or a pytree of them "
+                "with the argument's structure."
             ) from None
-        per_leaf += jtu.tree_leaves(per_arg, is_leaf=lambda x: x is None)
+        for leaf_sharding, subtree in zip(
+            jtu.tree_leaves(sharding, is_leaf=is_none), subtrees
+        ):
+            per_leaf += [leaf_sharding] * len(jtu.tree_leaves(subtree))
     per_leaf += [None] * len(jtu.tree_leaves(kwargs))
     return tuple(per_leaf[position] for position in partition.dynamic_positions)

@@ -5,6 +5,7 @@ public fallback, and `tests/test_trace.py` fails loudly if the private path move
 """
 
 import os
+from typing import Any
 
 import jax
 import jax.extend.core
@@ -41,6 +42,10 @@ _package_dir = os.path.dirname(os.path.abspath(__file__))
 jax.extend.source_info_util.register_exclusion(_package_dir)
 
 
+def _current_equations_public() -> list[Any] | None:
+    return None  # unknown: the caller assumes the worst
+
+
 def _call_level_public() -> int:
     return DISABLED if _jit_disabled_public() else _trace_level_public()
 
@@ -63,6 +68,7 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     trace_level = _trace_level_public
     jit_disabled = _jit_disabled_public
     call_level = _call_level_public
+    current_equations = _current_equations_public
 else:
     private_api_available = True
     # Hide filterjit's frames from tracebacks of errors in user code, as JAX hides
@@ -101,6 +107,15 @@ else:
     def _jit_disabled_private() -> bool:
         return _disable_jit_state.value
 
+    def _current_equations_private() -> list[Any] | None:
+        # The equations traced so far by the innermost staged trace: for a nested
+        # function's trace, what that function did.
+        trace = _current_trace.value
+        frame = getattr(trace, "frame", None)
+        get_eqns = getattr(frame, "get_eqns", None)
+        return None if get_eqns is None else list(get_eqns())
+
     trace_level = _trace_level_private
     jit_disabled = _jit_disabled_private
     call_level = _call_level_private
+    current_equations = _current_equations_private

@@ -1,0 +1,111 @@
+"""Runtime checks (`eqx.error_if`, `eqx.branched_error_if`): a failed check raises
+`equinox.EquinoxRuntimeError` with its message at the call, as inside
+`equinox.filter_jit`, instead of JAX's raw callback error.
+
+A check is a `pure_callback` into Equinox that raises when the check fails. Only
+calls whose trace holds such a callback block until their result is ready (to see
+the error at the call); every other call keeps JAX's asynchronous dispatch.
+
+This is the only module that reads Equinox's private state (the message of the
+latest failed check), with a fallback to the message in JAX's error.
+"""
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.extend.core
+from jax.errors import JaxRuntimeError
+
+from . import _trace
+
+
+# Equinox's callback raises an exception of this name; JAX's error quotes it.
+_MARKER = "_EquinoxRuntimeError: "
+
+
+def _is_check(eqn: Any) -> bool:
+    if eqn.primitive.name != "pure_callback":
+        return False
+    callback = eqn.params.get("callback")
+    function = getattr(callback, "callback_func", callback)
+    return getattr(function, "__module__", "").startswith("equinox")
+
+
+def _subjaxprs(value: Any) -> list[Any]:
+    if isinstance(value, jax.extend.core.ClosedJaxpr):
+        return [value.jaxpr]
+    if isinstance(value, jax.extend.core.Jaxpr):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [jaxpr for item in value for jaxpr in _subjaxprs(item)]
+    return []
+
+
+def has_runtime_check(eqns: Sequence[Any]) -> bool:
+    """Whether these jaxpr equations, or any jaxpr inside them, hold an Equinox
+    runtime check."""
+    stack = [list(eqns)]
+    while stack:
+        for eqn in stack.pop():
+            if _is_check(eqn):
+                return True
+            for value in eqn.params.values():
+                stack.extend(jaxpr.eqns for jaxpr in _subjaxprs(value))
+    return False
+
+
+def traced_a_check() -> bool:
+    """Called at the end of a function's trace: whether it traced a runtime check
+    (`True` where that cannot be known, so that errors are never lost)."""
+    eqns = _trace.current_equations()
+    return True if eqns is None else has_runtime_check(eqns)
+
+
+class _QuietCallbackLog(logging.Filter):
+    # JAX logs a failed callback with its traceback before raising; the error
+    # raised at the call says all of it.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.name == "jax._src.callback"
+            and record.getMessage() == "jax.pure_callback failed"
+        )
+
+
+def _message(error: Exception) -> str:
+    info = getattr(getattr(eqx, "_jit", None), "last_error_info", None)
+    if isinstance(info, tuple) and info and isinstance(info[0], str):
+        return info[0]
+    # Fallback: the check's message follows the marker in JAX's error.
+    text = str(error)
+    return text[text.index(_MARKER) + len(_MARKER) :].split("\n\n\n")[0].strip()
+
+
+def call_checked(
+    jitted: Callable[..., Any],
+    dynamic: Sequence[Any],
+    name: str,
+    must_wait: Callable[[], bool],
+) -> Any:
+    """`jitted(*dynamic)`, with a failed runtime check raised as
+    `equinox.EquinoxRuntimeError`; waited for if `must_wait()` says so after the
+    call (which may trace)."""
+    logger = logging.getLogger("jax._src.callback")
+    quiet = _QuietCallbackLog()
+    logger.addFilter(quiet)
+    try:
+        out = jitted(*dynamic)
+        return jax.block_until_ready(out) if must_wait() else out
+    except (JaxRuntimeError, ValueError) as e:
+        if _MARKER not in str(e):
+            raise
+        raise eqx.EquinoxRuntimeError(
+            f"{_message(e)}\n\n(A runtime check failed inside the filter_jit-"
+            f"compiled function `{name}`. Setting EQX_ON_ERROR=breakpoint opens a "
+            "debugger where the check failed; JAX_DISABLE_JIT=1 runs the program "
+            "as plain Python.)"
+        ) from None
+    finally:
+        logger.removeFilter(quiet)

@@ -1,0 +1,76 @@
+"""What Equinox users rely on from `eqx.filter_jit`: runtime checks raised at the
+call, wrappers called exactly as the caller called them."""
+
+import functools as ft
+import logging
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+
+from filterjit import filter_jit
+
+
+def _positive(x):
+    return eqx.error_if(x, x < 0, "x must be positive")
+
+
+def test_a_failed_runtime_check_raises_equinox_runtime_error(caplog):
+    f = filter_jit(_positive)
+    assert f(jnp.ones(2)).tolist() == [1.0, 1.0]
+    with caplog.at_level(logging.ERROR):
+        for _ in range(2):  # the first call, and a cached one
+            with pytest.raises(eqx.EquinoxRuntimeError, match="x must be positive"):
+                f(-jnp.ones(2))
+    assert not [r for r in caplog.records if "pure_callback" in r.getMessage()]
+
+
+def test_a_runtime_check_in_a_nested_call_or_a_branch_is_found():
+    inner = filter_jit(_positive)
+
+    @filter_jit
+    def outer(x, flag):
+        y = inner(x) if flag else x
+        return jax.lax.cond(y.sum() < -100, _positive, lambda z: z, y)
+
+    with pytest.raises(eqx.EquinoxRuntimeError, match="x must be positive"):
+        outer(-jnp.ones(2), True)
+    # In a cond's branch, taken for large negative sums only.
+    with pytest.raises(eqx.EquinoxRuntimeError, match="x must be positive"):
+        outer(-jnp.full(2, 100.0), False)
+    assert outer(-jnp.ones(2), False).tolist() == [-1.0, -1.0]
+
+
+def test_only_calls_with_a_runtime_check_wait():
+    checked = filter_jit(_positive)
+    plain = filter_jit(lambda x: x + 1)
+    checked(jnp.ones(2))
+    plain(jnp.ones(2))
+    (checked_entry,) = checked._dispatcher.entries[0]._values.values()
+    (plain_entry,) = plain._dispatcher.entries[0]._values.values()
+    assert checked_entry.specs.with_runtime_checks
+    assert not plain_entry.specs.with_runtime_checks
+    assert plain_entry.specs.fast is not None  # the hit path, which never waits
+
+
+def test_filter_vmap_with_a_keyword_default_is_called_as_called():
+    def f(x, *, key=None):
+        return x * 2 if key is None else x
+
+    vmapped = filter_jit(eqx.filter_vmap(f))
+    assert vmapped(jnp.ones((3, 2))).shape == (3, 2)
+    assert jnp.allclose(vmapped(jnp.ones((3, 2))), 2.0)
+
+
+def test_a_wraps_wrapper_taking_args_is_called_as_called():
+    def g(x, n=2):
+        return x * n
+
+    @ft.wraps(g)
+    def wrapper(*args):  # advertises (x, n=2), accepts no keywords
+        return g(*args)
+
+    f = filter_jit(wrapper)
+    assert f(jnp.ones(1)).tolist() == [2.0]
+    assert f(jnp.ones(1), 3).tolist() == [3.0]

@@ -138,7 +138,7 @@ def run(settings: Settings) -> Section:
         "step: an `eqx.nn.MLP` (16 -> 64 -> 64 -> 16) and `optax.adam` on a batch "
         "of 32, returning `(model, opt_state, loss)`; jax.jit is given the model's "
         "arrays partitioned by hand. Static output: `x -> (x + 1, 3)` (jax.jit "
-        "returns the 3 as an array, in its C++ fast path). Fresh wrapper: `jit(scale)(x, 20)`, the wrapper made anew "
-        "on every call, as libraries do."
+        "returns the 3 as an array, in its C++ fast path). Fresh wrapper: "
+        "`jit(scale)(x, 20)`, the wrapper made anew on every call, as libraries do."
     )
     return Section("programs", header, markdown_table(headers, rows), targets)

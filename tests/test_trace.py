@@ -35,6 +35,24 @@ def test_private_api_is_available():
     assert _trace._current_trace.value is _trace._trace_ctx.trace
 
 
+def test_current_equations_reads_the_innermost_trace():
+    # If this fails, JAX has moved the equations of a trace in progress
+    # (`DynamicJaxprTrace.frame.get_eqns`): runtime checks (`eqx.error_if`) are
+    # then assumed everywhere, and every top-level call waits for its result.
+    assert _trace.current_equations.__name__ == "_current_equations_private"
+    seen = []
+
+    @jax.jit
+    def f(x):
+        y = jnp.sin(x) + 1
+        seen.append([eqn.primitive.name for eqn in _trace.current_equations() or []])
+        return y
+
+    f(1.0)
+    assert seen == [["sin", "add"]]
+    assert _trace.current_equations() is None  # no staged trace
+
+
 def _levels_seen(run) -> list[int]:
     seen = []
 

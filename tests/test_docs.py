@@ -9,8 +9,10 @@ Conventions in `docs/**/*.md`:
   block prints (stdout and stderr); it is compared exactly, trailing spaces aside.
 - A ```` ```py ```` block is shown but not run: a fragment, or a signature.
 
-`python tests/test_docs.py docs/page.md` prints what each block of a page prints;
-add `--update` to write that into the page's `Output` blocks.
+Running the pages takes a while, so that test is in the slow tier
+(`python -m pytest --full`). `python tests/test_docs.py docs/page.md` prints what
+each block of a page prints; add `--update` to write that into the page's `Output`
+blocks.
 """
 
 import ast

@@ -16,6 +16,7 @@ flattening, so a leaf read from the wrong place changes the result.
 
 import collections
 import dataclasses
+import os
 from typing import Any
 
 import equinox as eqx
@@ -227,10 +228,11 @@ _CONTEXTS = {"top": _run_top, "jit": _run_jit, "scan": _run_scan, "aot": _run_ao
 
 def _settings() -> settings:
     # The active profile's examples (tests/conftest.py: the default tier or
-    # --full), half again.
+    # --full), half again; or a random soak of FILTERJIT_SOAK examples.
+    soak = int(os.environ.get("FILTERJIT_SOAK", "0"))
     return settings(
-        max_examples=settings.default.max_examples * 3 // 2,
-        derandomize=True,
+        max_examples=soak or settings.default.max_examples * 3 // 2,
+        derandomize=not soak,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )

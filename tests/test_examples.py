@@ -56,6 +56,14 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
             r"filterjit, closed over +\d+\.\d µs +\d+\.\d\dx jax\.jit",
         ],
     ),
+    "multi_process.py": (
+        [],
+        [
+            r"2 processes x 2 CPU devices: a batch of 64 rows over 4\n",
+            r"losses agree to a relative 1e-5: True\n",
+            r"traces of step on each process: 1\n",
+        ],
+    ),
     "scan_vmap.py": (
         [],
         [
@@ -100,7 +108,7 @@ def test_every_example_is_tested():
 
 
 # Slow examples are in the slow tier (`--full`).
-SLOW = {"library_author.py"}
+SLOW = {"library_author.py", "multi_process.py"}
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,29 @@ class Entry:
         return self.specs.get(dynamic).build(out, leaves)
 
 
+class _Source:
+    """Where the user's function is defined, for JAX's messages (which follow
+    `__wrapped__` to a `__code__`), without keeping the function or its `self`
+    alive."""
+
+    def __init__(self, name: str, code: Any):
+        self.__name__ = name
+        self.__code__ = code
+
+    @staticmethod
+    def of(fun: Any) -> "_Source | None":
+        while isinstance(fun, jtu.Partial):
+            fun = fun.func
+        fun = getattr(fun, "__func__", fun)
+        code = getattr(fun, "__code__", None)
+        if code is None:  # a callable object, such as an eqx.Module
+            fun = getattr(type(fun), "__call__", None)
+            code = getattr(fun, "__code__", None)
+        if code is None:
+            return None
+        return _Source(getattr(fun, "__name__", code.co_name), code)
+
+
 def _parameter_names(labels: list[str]) -> list[str]:
     """Identifiers from argument paths (`params['w']` -> `params_w`), unique, so
     that JAX's own messages about the jitted function name the user's arguments."""
@@ -186,8 +209,9 @@ def make_entry(
             for name in _parameter_names([labels[p] for p in dynamic_positions])
         ]
     )
-    if not function.fun_is_leaf:  # a plain function: would keep it alive
-        run.__wrapped__ = fun  # pyright: ignore[reportFunctionMemberAccess]
+    source = _Source.of(fun)
+    if source is not None:
+        run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)
     if level == STAGED:
         jitkwargs["inline"] = options.inline

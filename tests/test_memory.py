@@ -49,3 +49,19 @@ def test_the_nested_cache_is_bounded_in_bytes():
     # Evicted entries free their arrays without waiting for the cycle collector.
     alive = sum(ref() is not None for ref in tables)
     assert alive <= len(staged_cache), (alive, len(staged_cache))
+
+
+def test_top_level_entries_keep_no_model_alive():
+    # (Nested, a model's concrete arrays are compile-time constants: its entry
+    # pins them, in a cache bounded in bytes.)
+    import equinox as eqx
+
+    for make in (lambda m: m, lambda m: m.__call__):
+        model = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+        weight = weakref.ref(model.weight)
+        wrapped = filter_jit(make(model))
+        wrapped(jnp.ones(2))
+        jax.grad(lambda x: wrapped(x).sum())(jnp.ones(2))
+        del model, wrapped
+        gc.collect()
+        assert weight() is None

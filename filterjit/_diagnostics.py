@@ -373,3 +373,20 @@ def key_error(
         f"{name}(): looking up the cache for this call failed "
         f"({type(error).__name__}: {error})."
     )
+
+
+def check_traceable(
+    name: str, labels: list[str], leaves: list[Any], positions: Any
+) -> None:
+    """Raises, naming the argument, if a leaf to trace is a NumPy array that JAX
+    cannot trace (strings, objects, dates)."""
+    for position in positions:
+        leaf = leaves[position]
+        if isinstance(leaf, np.ndarray | np.generic) and leaf.dtype.kind in "OSUVMm":
+            raise TypeError(
+                f"{name}(): argument `{labels[position]}` is a NumPy array of dtype "
+                f"{leaf.dtype}, which cannot be traced, and filter_jit traces every "
+                "NumPy array. Pass its values as a tuple of Python values (static: "
+                "each new value traces anew), or encode them as numbers (an array "
+                "of indices, say) so that they are traced."
+            )

@@ -16,7 +16,7 @@ import jax
 import jax.tree_util as jtu
 
 from ._cache import BoundedCache
-from ._diagnostics import Explanation, key_error, row, TraceLog
+from ._diagnostics import check_traceable, Explanation, key_error, row, TraceLog
 from ._entry import aval_key, Entry, make_entry
 from ._errors import call_checked
 from ._function import Function, Keywords
@@ -85,7 +85,11 @@ class Dispatcher:
         spec = specs.fast
         if spec is None:
             return self._resolve(level, fun, leaves, treedef, entry, dynamic)
-        out = entry.jitted(*dynamic)
+        try:
+            out = entry.jitted(*dynamic)
+        except TypeError:
+            self._check_traceable(partition, leaves)  # pyright: ignore[reportArgumentType]
+            raise
         if specs.fast is not spec:  # traced for new avals, with a new spec
             return entry.finish(out, dynamic, leaves)
         return out if spec is PURE else spec.build(out, leaves)
@@ -140,6 +144,7 @@ class Dispatcher:
             assert partition is not None
             if entry is None:
                 owners = self.owners(partition)
+                self._check_traceable(partition, leaves)
                 if level in (TOP, EAGER) and jax.process_count() > 1:
                     self._check_processes_agree(partition, owners, leaves, dynamic)
                 entry = make_entry(
@@ -160,6 +165,11 @@ class Dispatcher:
                             key, entry, partition.captured_bytes(leaves)
                         )
             return self._run(level, entry, dynamic, leaves)
+
+    def _check_traceable(self, partition: Partition, leaves: list[Any]) -> None:
+        labels = [label for _, _, label in self.owners(partition)]
+        positions = partition.dynamic_positions
+        check_traceable(self.function.name, labels, leaves, positions)
 
     def _check_processes_agree(
         self,
@@ -259,6 +269,7 @@ class Dispatcher:
             assert partition is not None
             if entry is None:
                 owners = self.owners(partition)
+                self._check_traceable(partition, leaves)
                 entry = make_entry(
                     self.function,
                     fun,

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from helpers import TraceCounter
 
+import filterjit
 from filterjit import filter_jit
 
 
@@ -148,3 +149,35 @@ def test_tracebacks_of_nested_calls_show_no_filterjit_frames(tmp_path):
     # Only the user's frames: the script's.
     assert frames, result.stderr
     assert all(str(script) in frame for frame in frames), frames
+
+
+def test_a_numpy_string_array_names_the_argument_and_the_fix():
+    f = filter_jit(lambda x, names: x)
+    f(jnp.ones(2), np.array([1, 2]))  # the same shape, numbers: cached
+    for _ in range(2):  # a miss, then a cached entry's call
+        with pytest.raises(TypeError) as info:
+            f(jnp.ones(2), np.array(["a", "b"]))
+        message = str(info.value)
+        assert "argument `names` is a NumPy array of dtype <U1" in message
+        assert "tuple of Python values" in message
+        assert "static_argnums" not in message
+    g = filter_jit(lambda x, names: x)
+    with pytest.raises(TypeError, match="argument `names` is a NumPy array"):
+        g(jnp.ones(2), np.array(["a", "b"]))
+
+
+def test_explain_of_a_non_callable_names_explain():
+    with pytest.raises(TypeError, match="^explain expects a callable"):
+        filterjit.explain(3, jnp.ones(1))  # pyright: ignore[reportArgumentType]
+
+
+def test_a_wrong_in_shardings_prefix_names_the_argument():
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    f = filter_jit(lambda params, x: x, in_shardings=({"w": sharding}, None))
+    with pytest.raises(ValueError) as info:
+        f({"v": jnp.ones(1)}, jnp.ones(1))
+    message = str(info.value)
+    assert "in_shardings[0] is not a pytree prefix of argument `params`" in message
+    assert "broadcast_prefix" not in message and "prefix_tree" not in message
+    with pytest.raises(ValueError, match="one entry per positional argument"):
+        filter_jit(lambda x: x, in_shardings=(sharding, sharding))(jnp.ones(1))

@@ -1,6 +1,5 @@
 """Looking at what filter_jit does: explain a call, count traces, clear caches."""
 
-from collections.abc import Callable
 from typing import Any
 
 from ._diagnostics import Explanation
@@ -9,7 +8,7 @@ from ._jit import _decorate, FilterJitWrapper
 from ._options import Options
 
 
-def explain(fun: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Explanation:
+def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked below
     """Explains what calling `fun(*args, **kwargs)` here would do, without calling it.
 
     **Arguments:**

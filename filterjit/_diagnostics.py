@@ -375,6 +375,12 @@ def key_error(
     )
 
 
+def _untraceable(dtype: np.dtype[Any]) -> bool:
+    # Objects, strings, dates; and raw or structured voids (ml_dtypes' bfloat16
+    # and friends are of kind "V" too, but JAX traces them).
+    return dtype.kind in "OSUMm" or dtype.type is np.void
+
+
 def check_traceable(
     name: str, labels: list[str], leaves: list[Any], positions: Any
 ) -> None:
@@ -382,7 +388,7 @@ def check_traceable(
     cannot trace (strings, objects, dates)."""
     for position in positions:
         leaf = leaves[position]
-        if isinstance(leaf, np.ndarray | np.generic) and leaf.dtype.kind in "OSUVMm":
+        if isinstance(leaf, np.ndarray | np.generic) and _untraceable(leaf.dtype):
             raise TypeError(
                 f"{name}(): argument `{labels[position]}` is a NumPy array of dtype "
                 f"{leaf.dtype}, which cannot be traced, and filter_jit traces every "

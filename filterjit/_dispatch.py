@@ -55,6 +55,8 @@ class Dispatcher:
         self._plain_arity = self.function.plain_arity
         self._fun_is_leaf = self.function.fun_is_leaf
         self._partition_gets = tuple(cache.get for cache in self.partitions)
+        # The latest call's partition, per level.
+        self._latest: list[Partition | None] = [None] * 4
         self._entry_gets = tuple(cache.get for cache in self.entries)
         # Partitions with one signature share an owner, and so their entries.
         self._owners: dict[Any, object] = {}
@@ -69,18 +71,32 @@ class Dispatcher:
         """Calls `fun(*args, **kwargs)` at trace level `level` (not DISABLED)."""
         if kwargs or len(args) != self._plain_arity:
             args, kwargs = self.function.bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
-        call = Keywords(args, kwargs) if kwargs else args
-        leaves, treedef = _flatten(call if self._fun_is_leaf else (fun, call))
+            tree = Keywords(args, kwargs) if kwargs else args
+        else:
+            tree = args
+        leaves, treedef = _flatten(tree if self._fun_is_leaf else (fun, tree))
+        types = tuple(map(type, leaves))
+        # Most calls repeat the latest call's partition: two comparisons, where a
+        # lookup would hash the structure.
+        partition = self._latest[level]
         try:
-            partition = self._partition_gets[level]((treedef, tuple(map(type, leaves))))
-            entry = self._entry_gets[level](partition.key(leaves))  # pyright: ignore[reportOptionalMemberAccess]
+            if (
+                partition is None
+                or partition.types != types
+                or partition.treedef != treedef
+            ):
+                partition = self._partition_gets[level]((treedef, types))
+                if partition is None:
+                    return self._miss(level, fun, leaves, treedef)
+                self._latest[level] = partition
+            entry = self._entry_gets[level](partition.key(leaves))
         except Exception:
-            # No partition yet (`None.key`), or a static value or structure that
-            # cannot be hashed or compared: the full path makes it or says which.
+            # A static value or structure that cannot be hashed or compared: the
+            # full path says which.
             return self._miss(level, fun, leaves, treedef)
         if entry is None:
             return self._miss(level, fun, leaves, treedef)
-        dynamic = partition.take_dynamic(leaves)  # pyright: ignore[reportOptionalMemberAccess]
+        dynamic = partition.take_dynamic(leaves)
         specs = entry.specs
         spec = specs.fast
         if spec is None:
@@ -88,7 +104,7 @@ class Dispatcher:
         try:
             out = entry.jitted(*dynamic)
         except TypeError:
-            self._check_traceable(partition, leaves)  # pyright: ignore[reportArgumentType]
+            self._check_traceable(partition, leaves)
             raise
         if specs.fast is not spec:  # traced for new avals, with a new spec
             return entry.finish(out, dynamic, leaves)
@@ -284,6 +300,7 @@ class Dispatcher:
         return entry, partition, dynamic, leaves
 
     def clear(self) -> None:
+        self._latest = [None] * 4
         for cache in (*self.partitions, *self.entries):
             cache.clear()
         self._owners.clear()

@@ -9,6 +9,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
+from ._codegen import compile_function
 from ._trace import STAGED
 
 
@@ -17,6 +18,9 @@ from ._trace import STAGED
 ABSTRACT = 3
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+
+# Partitions with up to this many static leaves get a generated key function.
+_GENERATED_KEYS = 64
 
 # NumPy arrays up to this size are keyed by their bytes; larger ones by a digest.
 _INLINE_BYTES = 256
@@ -116,6 +120,9 @@ def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
     if len(positions) == 1:
         (position,) = positions
         return lambda leaves: (leaves[position],)
+    first, last = positions[0], positions[-1]
+    if last - first + 1 == len(positions):  # contiguous: a slice, at C speed
+        return operator.itemgetter(slice(first, last + 1))
     return operator.itemgetter(*positions)
 
 
@@ -188,17 +195,39 @@ class Partition:
         self.key = self._key_function(static)
 
     def _key_function(self, static: list[int]) -> Callable[[list[Any]], Any]:
-        # The common shapes of key as closures with no further call.
         owner = self.owner
         if not static:
             return lambda leaves: owner
-        if self._rekeys:
+        if len(static) > _GENERATED_KEYS:
             return lambda leaves: (owner, *self.statics(leaves))
-        if len(static) == 1:
-            (position,) = static
-            return lambda leaves: (owner, leaves[position])
-        take = operator.itemgetter(*static)
-        return lambda leaves: (owner, *take(leaves))
+        # One generated function, such as
+        #
+        #     def key(l):
+        #         v3 = l[3]
+        #         return (owner, l[0], v3.hex() if v3 == 0.0 or v3 != v3 else v3, )
+        #
+        # Its source holds positions only; the owner and key functions are in its
+        # namespace.
+        rekeys = dict(self._rekeys)
+        namespace: dict[str, Any] = {"owner": owner}
+        body: list[str] = []
+        parts: list[str] = []
+        for index, position in enumerate(static):
+            rekey = rekeys.get(index)
+            if rekey is None:
+                parts.append(f"l[{position}]")
+            elif rekey is float_key and self.types[position] is float:
+                body.append(f"v{position} = l[{position}]")
+                value = f"v{position}"
+                parts.append(
+                    f"{value}.hex() if {value} == 0.0 or {value} != {value} "
+                    f"else {value}"
+                )
+            else:
+                namespace[f"k{index}"] = rekey
+                parts.append(f"k{index}(l[{position}])")
+        body.append(f"return (owner, {''.join(f'{part}, ' for part in parts)})")
+        return compile_function("key", "l", body, namespace)
 
     def split(self, leaves: list[Any]) -> tuple[Sequence[Any], Any]:
         """The traced leaves, and the cache key of the others."""

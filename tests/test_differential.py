@@ -93,8 +93,9 @@ def _partial(children: list[Any]) -> jtu.Partial:
 
 # ---------------------------------------------------------------------- leaves
 
-# No subnormals: eager and compiled XLA may flush them differently.
-_floats = st.floats(-4, 4, allow_nan=False, allow_subnormal=False, width=32)
+# Multiples of 1/8 (and -0.0): every weighted sum below is exact in float32, so
+# the results agree whatever order XLA sums in, and any misplaced leaf shows.
+_floats = st.one_of(st.integers(-32, 32).map(lambda i: i / 8), st.just(-0.0))
 leaves = st.one_of(
     _floats.map(jnp.float32),
     _floats.map(lambda v: jnp.asarray(v)),  # weakly typed
@@ -178,7 +179,7 @@ def _check(actual: Any, expected: Any, traced_arrays: bool) -> None:
         if _is_array(e):
             if traced_arrays:
                 assert isinstance(a, jax.Array), (a, e)
-            np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-5)
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
         else:
             assert type(a) is type(e) and a == e, (a, e)
 

@@ -51,17 +51,22 @@ def test_the_nested_cache_is_bounded_in_bytes():
     assert alive <= len(staged_cache), (alive, len(staged_cache))
 
 
+def _use_at_the_top_level(wrapped, x):
+    wrapped(x)
+    jax.grad(lambda x: wrapped(x).sum())(x)  # and an eager entry
+
+
 def test_top_level_entries_keep_no_model_alive():
     # (Nested, a model's concrete arrays are compile-time constants: its entry
     # pins them, in a cache bounded in bytes.)
     import equinox as eqx
 
-    for make in (lambda m: m, lambda m: m.__call__):
+    for method in (False, True):
         model = eqx.nn.Linear(2, 2, key=jax.random.key(0))
         weight = weakref.ref(model.weight)
-        wrapped = filter_jit(make(model))
-        wrapped(jnp.ones(2))
-        jax.grad(lambda x: wrapped(x).sum())(jnp.ones(2))
-        del model, wrapped
+        _use_at_the_top_level(
+            filter_jit(model.__call__ if method else model), jnp.ones(2)
+        )
+        del model
         gc.collect()
         assert weight() is None

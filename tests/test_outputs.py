@@ -13,8 +13,8 @@ from filterjit import filter_jit
 def test_static_output_leaves_keep_the_cpp_fast_path():
     f = filter_jit(lambda x: (x + 1, 3, {"steps": 2, "name": "a"}))
     x = jnp.ones(3)
-    for _ in range(3):
-        y, three, info = f(x)
+    f(x)
+    y, three, info = f(x)
     assert three == 3 and info == {"steps": 2, "name": "a"}
     np.testing.assert_allclose(y, 2.0)
     assert cpp_cache_size(f) == 1
@@ -29,8 +29,8 @@ def test_a_returned_module_keeps_the_cpp_fast_path():
         params = jax.tree.map(lambda p: p - 0.1, params)
         return eqx.combine(params, static), model(x)
 
-    for _ in range(3):
-        new_model, out = step(model, jnp.ones(2))
+    step(model, jnp.ones(2))
+    new_model, out = step(model, jnp.ones(2))
     assert new_model.activation is model.activation  # a static leaf, unchanged
     assert cpp_cache_size(step) == 1
     reference = eqx.filter_jit(step.__wrapped__)(model, jnp.ones(2))
@@ -79,10 +79,10 @@ def test_nested_returned_numpy_arrays_are_fresh_per_call():
 
     def outer(x):
         for _ in range(2):  # the second call is served from the cache
-            y, table = f(x)
+            _, table = f(x)
             tables.append(table.copy())
             table[0] = 7  # mutates what this call got, as it could undecorated
-        return y
+        return x
 
     jax.make_jaxpr(outer)(jnp.float32(1))
     assert [t.tolist() for t in tables] == [[0, 1, 2], [0, 1, 2]]

@@ -344,16 +344,12 @@ def _draw_traced(data: st.DataObject, tree: Any) -> list[bool]:
     return data.draw(st.lists(st.booleans(), min_size=count, max_size=count))
 
 
-# Examples per test (and per function: each test runs for `identity` and for
-# `arithmetic`). About 70 s for the whole file on 2 CPU cores.
-TOP_LEVEL_EXAMPLES = 200
-NESTED_EXAMPLES = 150
-
-
-def _settings(max_examples: int) -> settings:
-    # Derandomized, so that CI runs the same examples every time.
+def _settings(share: float = 1.0) -> settings:
+    # The active profile's examples (tests/conftest.py: 25 in the default tier, 200
+    # with --full), times `share`; per test and per function. Derandomized, so that
+    # CI runs the same examples every time.
     return settings(
-        max_examples=max_examples,
+        max_examples=max(1, round(settings().max_examples * share)),
         deadline=None,
         derandomize=True,
         database=None,
@@ -365,7 +361,7 @@ def _settings(max_examples: int) -> settings:
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings(TOP_LEVEL_EXAMPLES)
+@_settings()
 @given(tree=trees)
 def test_top_level(fun: Callable[[Any], Any], tree: Any) -> None:
     decorated = filterjit.filter_jit(fun)
@@ -439,7 +435,7 @@ def _run_in_jit(fun: Callable[[Any], Any], traced: Any, closed: list[Any]) -> An
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings(NESTED_EXAMPLES)
+@_settings(0.75)
 @given(tree=trees, data=st.data())
 def test_inside_jit(fun: Callable[[Any], Any], tree: Any, data: st.DataObject) -> None:
     traced, closed = _split(tree, _draw_traced(data, tree))
@@ -477,7 +473,7 @@ def _run_in_scan(
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings(NESTED_EXAMPLES)
+@_settings(0.75)
 @given(tree=trees, data=st.data())
 def test_inside_scan(fun: Callable[[Any], Any], tree: Any, data: st.DataObject) -> None:
     traced, closed = _split(tree, _draw_traced(data, tree))
@@ -531,7 +527,7 @@ def _run_in_vmap(
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings(NESTED_EXAMPLES)
+@_settings(0.75)
 @given(tree=trees, data=st.data())
 def test_inside_vmap(fun: Callable[[Any], Any], tree: Any, data: st.DataObject) -> None:
     traced, closed = _split(tree, _draw_traced(data, tree))

@@ -89,14 +89,18 @@ class Dispatcher:
                 if partition is None:
                     return self._miss(level, fun, leaves, treedef)
                 self._latest[level] = partition
-            entry = self._entry_gets[level](partition.key(leaves))
+            key = partition.constant_key
+            entry = self._entry_gets[level](
+                partition.key(leaves) if key is None else key
+            )
         except Exception:
             # A static value or structure that cannot be hashed or compared: the
             # full path says which.
             return self._miss(level, fun, leaves, treedef)
         if entry is None:
             return self._miss(level, fun, leaves, treedef)
-        dynamic = partition.take_dynamic(leaves)
+        take = partition.take_dynamic
+        dynamic = leaves if take is None else take(leaves)
         specs = entry.specs
         spec = specs.fast
         if spec is None:

@@ -44,6 +44,7 @@ class FilterJitWrapper(Generic[_P, _R]):
     _fun: Callable[_P, _R]
     _options: Options
     _dispatcher: Dispatcher
+    _call: Callable[..., Any]  # the dispatcher's `call`
 
     def __init__(self, fun: Callable[_P, _R], options: Options):
         if isinstance(fun, ft.partial) and not isinstance(fun, jtu.Partial):
@@ -56,6 +57,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         self._fun = fun
         self._options = options
         self._dispatcher = dispatcher_for(fun, options)
+        self._call = self._dispatcher.call
         self.__wrapped__ = fun
         self.__name__ = getattr(fun, "__name__", name_of(fun))
         self.__qualname__ = name_of(fun)
@@ -71,7 +73,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         level = _trace.call_level()
         if level == DISABLED:
             return self._fun(*args, **kwargs)
-        return self._dispatcher.call(level, self._fun, args, kwargs)
+        return self._call(level, self._fun, args, kwargs)
 
     @overload
     def __get__(
@@ -171,6 +173,7 @@ def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:
     )
     try:
         wrapper._dispatcher = dispatcher_for(fun, options)
+        wrapper._call = wrapper._dispatcher.call
     except Exception:  # a placeholder rather than a function
         pass
     return wrapper

@@ -148,6 +148,7 @@ class Partition:
         "array_positions",
         "take_dynamic",
         "key",
+        "constant_key",
         "_take_static",
         "_rekeys",
         "_labels",
@@ -187,12 +188,17 @@ class Partition:
             tuple(types[p] for p in static),
         )
         self.owner = owner_of(self.signature)
-        # `take_dynamic(leaves)`: the traced leaves. `key(leaves)`: the cache key.
-        self.take_dynamic = _taker(dynamic, len(types))
+        # `take_dynamic(leaves)`: the traced leaves (`None`: all of them).
+        # `key(leaves)`: the cache key; `constant_key`, the key when there are no
+        # static leaves (else `None`).
+        self.take_dynamic = (
+            None if len(dynamic) == len(types) else _taker(dynamic, len(types))
+        )
         self._take_static = _taker(static, len(types))
         self._rekeys = tuple(rekeys)
         self._labels: list[str] | None = None
         self.key = self._key_function(static)
+        self.constant_key = None if static else self.owner
 
     def _key_function(self, static: list[int]) -> Callable[[list[Any]], Any]:
         owner = self.owner
@@ -231,7 +237,8 @@ class Partition:
 
     def split(self, leaves: list[Any]) -> tuple[Sequence[Any], Any]:
         """The traced leaves, and the cache key of the others."""
-        return self.take_dynamic(leaves), self.key(leaves)
+        take = self.take_dynamic
+        return (leaves if take is None else take(leaves)), self.key(leaves)
 
     def statics(self, leaves: list[Any]) -> Sequence[Any]:
         """The keys of the static leaves."""

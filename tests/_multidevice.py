@@ -34,6 +34,21 @@ def check_in_shardings_prefix_skips_statics():
     assert out.sharding.spec == P("data"), out.sharding
 
 
+def check_in_shardings_prefix_over_an_argument_holding_none():
+    # eqx.partition's output and optax states hold None: a prefix entry covers
+    # the arrays beside it, and the None is no leaf.
+    @filter_jit(in_shardings=((replicated, by_data), by_data))
+    def f(pair, batch):
+        weights, _ = pair
+        return batch * weights.sum()
+
+    pair = (jnp.ones(8), None)
+    batch = jnp.arange(8.0)
+    out = f((pair[0], None), batch)
+    np.testing.assert_allclose(out, batch * 8.0)
+    assert out.sharding.spec == P("data"), out.sharding
+
+
 def check_outputs_keep_input_shardings():
     f = filter_jit(lambda x, k: (x * k, k))
     x = jax.device_put(jnp.arange(16.0).reshape(8, 2), by_data)

@@ -17,6 +17,7 @@ def test_shardings_on_eight_devices():
     assert result.returncode == 0, result.stdout + result.stderr
     for check in (
         "check_in_shardings_prefix_skips_statics",
+        "check_in_shardings_prefix_over_an_argument_holding_none",
         "check_outputs_keep_input_shardings",
         "check_out_shardings_prefix",
         "check_nested_in_shard_map_and_in_a_jit_over_a_mesh",

@@ -6,8 +6,10 @@ A check is a `pure_callback` into Equinox that raises when the check fails. Only
 calls whose trace holds such a callback block until their result is ready (to see
 the error at the call); every other call keeps JAX's asynchronous dispatch.
 
-This is the only module that reads Equinox's private state (the message of the
-latest failed check), with a fallback to the message in JAX's error.
+This is the only module that reads Equinox's private state (the message and
+frames of the latest failed check, and the wording of Equinox's error, so that the
+error reads as under `equinox.filter_jit`), with a fallback to the message in
+JAX's error.
 """
 
 import logging
@@ -74,13 +76,34 @@ class _QuietCallbackLog(logging.Filter):
         )
 
 
-def _message(error: Exception) -> str:
-    info = getattr(getattr(eqx, "_jit", None), "last_error_info", None)
-    if isinstance(info, tuple) and info and isinstance(info[0], str):
-        return info[0]
+def _message(error: Exception, name: str) -> str:
+    """The failed check's message, as `equinox.filter_jit` words it where
+    Equinox's private state allows."""
+    _jit = getattr(eqx, "_jit", None)
+    info = getattr(_jit, "last_error_info", None)
+    template = getattr(_jit, "_on_error_msg", None)
+    if (
+        isinstance(info, tuple)
+        and len(info) == 2
+        and isinstance(info[0], str)
+        and isinstance(template, str)
+    ):
+        message, stack = info
+        # The frames inside the jit, innermost last (Equinox records them from
+        # the check outwards, with markers for its own jit calls between).
+        frames = "".join(reversed([piece for piece in stack if type(piece) is str]))
+        try:
+            return template.format(msg=message, stack=frames)
+        except (KeyError, IndexError, ValueError):
+            pass
     # Fallback: the check's message follows the marker in JAX's error.
     text = str(error)
-    return text[text.index(_MARKER) + len(_MARKER) :].split("\n\n\n")[0].strip()
+    message = text[text.index(_MARKER) + len(_MARKER) :].split("\n\n\n")[0].strip()
+    return (
+        f"{message}\n\n(A runtime check failed inside the filter_jit-compiled "
+        f"function `{name}`. Setting EQX_ON_ERROR=breakpoint opens a debugger where "
+        "the check failed; JAX_DISABLE_JIT=1 runs the program as plain Python.)"
+    )
 
 
 def call_checked(
@@ -101,11 +124,6 @@ def call_checked(
     except (JaxRuntimeError, ValueError) as e:
         if _MARKER not in str(e):
             raise
-        raise eqx.EquinoxRuntimeError(
-            f"{_message(e)}\n\n(A runtime check failed inside the filter_jit-"
-            f"compiled function `{name}`. Setting EQX_ON_ERROR=breakpoint opens a "
-            "debugger where the check failed; JAX_DISABLE_JIT=1 runs the program "
-            "as plain Python.)"
-        ) from None
+        raise eqx.EquinoxRuntimeError(_message(e, name)) from None
     finally:
         logger.removeFilter(quiet)

@@ -34,6 +34,20 @@ def _globals_of(fun: Any) -> dict[str, Any]:
     return namespace
 
 
+def _copy_metadata(wrapper: Any, fun: Any) -> None:
+    # As functools.wraps does, for the wrapper made by filter_jit and the one JAX
+    # unflattens (whose function may be a placeholder).
+    wrapper.__wrapped__ = fun
+    wrapper.__name__ = getattr(fun, "__name__", None) or name_of(fun)
+    wrapper.__qualname__ = name_of(fun)
+    wrapper.__doc__ = getattr(fun, "__doc__", None)
+    wrapper.__module__ = getattr(fun, "__module__", None) or __name__
+    wrapper.__annotations__ = getattr(fun, "__annotations__", {})
+    # Where the annotations' names resolve: decorators that read a function's
+    # globals (jaxtyping's `jaxtyped`) work on the wrapper too.
+    wrapper.__globals__ = _globals_of(fun)
+
+
 class FilterJitWrapper(Generic[_P, _R]):
     """A function compiled with `filter_jit`. See `filterjit.filter_jit`.
 
@@ -58,15 +72,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         self._options = options
         self._dispatcher = dispatcher_for(fun, options)
         self._call = self._dispatcher.call
-        self.__wrapped__ = fun
-        self.__name__ = getattr(fun, "__name__", name_of(fun))
-        self.__qualname__ = name_of(fun)
-        self.__doc__ = getattr(fun, "__doc__", None)
-        self.__module__ = getattr(fun, "__module__", None) or __name__
-        self.__annotations__ = getattr(fun, "__annotations__", {})
-        # Where the annotations' names resolve: decorators that read a function's
-        # globals (jaxtyping's `jaxtyped`) work on the wrapper too.
-        self.__globals__ = _globals_of(fun)
+        _copy_metadata(self, fun)
 
     def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
@@ -95,7 +101,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
-        return f"<filter_jit-wrapped {self.__qualname__} at {id(self):#x}>"
+        return f"<filter_jit-wrapped {name_of(self._fun)} at {id(self):#x}>"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The caches are found again from the function and options.
@@ -107,7 +113,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         dispatcher = self._dispatcher
         entry, partition, dynamic, leaves = dispatcher.abstract(self._fun, args, kwargs)
         specialisation = Specialisation(
-            self.__qualname__,
+            dispatcher.function.name,
             entry,
             partition,
             leaves,
@@ -164,13 +170,8 @@ def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:
     # normalising, no validation.
     wrapper = object.__new__(FilterJitWrapper)
     (fun,) = children
-    wrapper.__dict__.update(
-        _fun=fun,
-        _options=options,
-        __wrapped__=fun,
-        __name__=getattr(fun, "__name__", None) or type(fun).__name__,
-        __qualname__=name_of(fun),
-    )
+    wrapper.__dict__.update(_fun=fun, _options=options)
+    _copy_metadata(wrapper, fun)
     try:
         wrapper._dispatcher = dispatcher_for(fun, options)
         wrapper._call = wrapper._dispatcher.call

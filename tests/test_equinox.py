@@ -74,3 +74,15 @@ def test_a_wraps_wrapper_taking_args_is_called_as_called():
     f = filter_jit(wrapper)
     assert f(jnp.ones(1)).tolist() == [2.0]  # not wrapper(x, n=2)
     assert f(jnp.ones(1)).tolist() == [2.0]
+
+
+def test_a_failed_check_reads_as_under_equinox(caplog):
+    inner = filter_jit(lambda x: eqx.error_if(x, x > 0, "egads"))
+    outer = filter_jit(lambda x: inner(x))
+    with pytest.raises(eqx.EquinoxRuntimeError) as info:
+        outer(jnp.array(1.0))
+    message = str(info.value).strip()
+    assert message.startswith("Above is the stack outside of JIT")
+    assert "egads" in message and "EQX_ON_ERROR" in message
+    assert info.value.__cause__ is None
+    assert caplog.text == ""

@@ -147,3 +147,15 @@ def test_wrappers_copy_and_pickle(copier):
         scale = 4.0
         local = filter_jit(lambda x: x * scale)
         assert copy_of(local)(jnp.ones(1)).tolist() == [4.0]
+
+
+def test_a_wrapper_unflattened_by_jax_keeps_its_metadata():
+    wrapped = filter_jit(scale)
+    seen = []
+
+    @filter_jit
+    def g(w):
+        seen.append((w.__name__, w.__doc__, w.__qualname__, w.__annotations__))
+
+    g(wrapped)
+    assert seen == [("scale", "Multiplies by n.", "scale", {"n": int})]

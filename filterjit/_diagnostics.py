@@ -145,17 +145,22 @@ class Row(NamedTuple):
     # The code of a static function leaf: a function made anew by the same code
     # (a lambda in a loop) is the trap a RetraceWarning is for.
     code: Any = None
+    # Whether the leaf is in the call's arguments, not in the function (a bound
+    # method's `self`, a partial's arguments).
+    argument: bool = True
 
 
-def row(path: str, role: str, leaf: Any) -> Row:
+def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
     code = getattr(leaf, "__code__", None) if role == "static" else None
-    return Row(path, role, describe(leaf, role), type(leaf), code)
+    return Row(path, role, describe(leaf, role), type(leaf), code, argument)
 
 
 def _avoidable(before: Row | None, after: Row | None) -> bool:
-    """Whether a change between two traces is the trap: a Python scalar's value,
-    or a function re-made by the same code."""
+    """Whether a change between two traces is the trap: an argument that is a
+    Python scalar, or a function re-made by the same code."""
     if before is None or after is None or before.role != after.role:
+        return False
+    if not after.argument:
         return False
     if before.role != "static" or before.kind is not after.kind:
         return False
@@ -212,6 +217,10 @@ def _changes(
     return changed
 
 
+# Values remembered per static argument, for the RetraceWarning.
+_MAX_SEEN = 64
+
+
 class TraceLog:
     """The top-level traces of one function: how many, what changed between them,
     and whether the RetraceWarning has been emitted."""
@@ -222,6 +231,9 @@ class TraceLog:
         self.count = 0
         self.avoidable = 0
         self._previous: dict[str, Row] | None = None
+        # The values each static argument has had: a value seen before (a flag
+        # toggled back, one of a few settings) is no trap.
+        self._seen: dict[str, set[str]] = collections.defaultdict(set)
         self._change_counts: collections.Counter[str] = collections.Counter()
         self._hints: dict[str, str] = {}
         self._warned = False
@@ -233,7 +245,10 @@ class TraceLog:
         current = {row.path: row for row in rows}
         if self._previous is not None:
             changes = _changes(self._previous, current)
-            if changes and all(_avoidable(b, a) for _, b, a in changes):
+            if changes and all(
+                _avoidable(b, a) and a is not None and a.value not in self._seen[path]
+                for path, b, a in changes
+            ):
                 self.avoidable += 1
                 for path, before, after in changes:
                     self._change_counts[path] += 1
@@ -241,6 +256,10 @@ class TraceLog:
             if _explain_retraces():
                 logger.warning(self._retrace_message(changes))
         self._previous = current
+        for path, now in current.items():
+            seen = self._seen[path]
+            if now.role == "static" and len(seen) <= _MAX_SEEN:
+                seen.add(now.value)
         threshold = _threshold_for(self.module)
         if not self._warned and threshold is not None and self.avoidable > threshold:
             self._warned = True
@@ -270,7 +289,8 @@ class TraceLog:
         path, times = self._change_counts.most_common(1)[0]
         return (
             f"filter_jit: {self.name} has been traced {self.count} times, "
-            f"{self.avoidable} of them only because a static value changed; `{path}` "
+            f"{self.avoidable} of them only because a static value changed to a new "
+            f"value; `{path}` "
             f"changed in {times} of them ({self._hints[path]}). Set "
             "FILTERJIT_EXPLAIN_RETRACES=1 (or jax_explain_cache_misses) to log every "
             "retrace to the 'filterjit' logger; "

@@ -163,6 +163,7 @@ def make_entry(
     for position in dynamic_positions:
         template[position] = None
     roles = partition.roles()
+    arguments = [parameter != "<function>" for parameter, _, _ in owners]
     log = trace_log if level in (TOP, EAGER) else None
     sharded_output = level != STAGED and options.out_shardings is not UNSPECIFIED
     captured = [
@@ -196,7 +197,7 @@ def make_entry(
         runtime_check = level == TOP and traced_a_check()
         specs.record(tuple(map(aval_key, dynamic)), spec, runtime_check)
         if log is not None:
-            log.record(list(map(row, labels, roles, inputs)))
+            log.record(list(map(row, labels, roles, inputs, arguments)))
         return result
 
     # So that JAX's own messages (jax_explain_cache_misses, errors) point at the

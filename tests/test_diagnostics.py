@@ -107,8 +107,8 @@ def test_retrace_warning_once_naming_the_argument():
     params = {"w": jnp.ones(3)}
     with pytest.warns(
         filterjit.RetraceWarning,
-        match=r"traced 12 times, 11 of them only because a static value changed; "
-        r"`n` changed in 11",
+        match=r"traced 12 times, 11 of them only because a static value changed to "
+        r"a new value; `n` changed in 11",
     ):
         for n in range(12):
             f(params, n, {"mode": "a"})
@@ -165,6 +165,12 @@ def test_retrace_warning_is_for_avoidable_retraces_only():
             f({"w": jnp.ones(1), f"extra{n}": jnp.ones(1)}, 2, {"mode": "a"})
             f({"w": jnp.ones(1)}, 2, {"mode": f"mode{n}"})
     assert filterjit.num_traces(f) == 45
+    # Flags toggled and settings revisited: values seen before.
+    h = filter_jit(lambda x, flag, tol: x * tol if flag else x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in range(30):
+            h(jnp.ones(1), n % 2 == 0, (1e-3, 1e-6, 1e-9)[n % 3])
     # A lambda made anew on every call is the trap.
     g = filter_jit(lambda x, fn: fn(x))
     with pytest.warns(filterjit.RetraceWarning, match="a function made anew"):

@@ -249,9 +249,9 @@ class Dispatcher:
 
     def owners(self, partition: Partition) -> list[tuple[str, int | None, str]]:
         """Each leaf's parameter, position and label; made once per partition."""
-        if partition._labels is None:
-            partition._labels = self.function.leaf_owners(partition.treedef)  # pyright: ignore[reportAttributeAccessIssue]
-        return partition._labels  # pyright: ignore[reportReturnType]
+        if partition.owners is None:
+            partition.owners = self.function.leaf_owners(partition.treedef)
+        return partition.owners
 
     def explain(
         self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

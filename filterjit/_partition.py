@@ -151,7 +151,7 @@ class Partition:
         "constant_key",
         "_take_static",
         "_rekeys",
-        "_labels",
+        "owners",
     )
 
     def __init__(
@@ -196,7 +196,9 @@ class Partition:
         )
         self._take_static = _taker(static, len(types))
         self._rekeys = tuple(rekeys)
-        self._labels: list[str] | None = None
+        # Each leaf's parameter, position and label (see `Dispatcher.owners`),
+        # made when first needed.
+        self.owners: list[tuple[str, int | None, str]] | None = None
         self.key = self._key_function(static)
         self.constant_key = None if static else self.owner
 

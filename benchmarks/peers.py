@@ -1,0 +1,763 @@
+"""Run another library's test suite twice: as it is, and with `equinox.filter_jit`
+replaced by `filterjit.filter_jit`, and print what changed, as markdown.
+
+    # one suite: a checkout of the library, then pytest's arguments
+    python benchmarks/peers.py /tmp/src/equinox -- tests/test_jit.py
+
+    # several, each named: --suite NAME DIRECTORY "PYTEST ARGUMENTS"
+    python benchmarks/peers.py \\
+        --suite equinox-jit /tmp/src/equinox "tests/test_jit.py" \\
+        --suite lineax /tmp/src/lineax "tests"
+
+Each run is a subprocess `python -m pytest` started in the suite's directory, with
+that directory as pytest's rootdir, so the suite's own configuration
+(`pyproject.toml`, `conftest.py`, `filterwarnings`, `--jaxtyping-packages`) applies,
+not filterjit's. A small plugin, written to a temporary directory and loaded with
+`-p`, does the patching: it imports Equinox after the jaxtyping import hook is in
+place and before the suite's `conftest.py` files, and in the patched run sets
+`equinox.filter_jit = filterjit.filter_jit` there. Libraries built on Equinox
+decorate their entry points when they are imported, so they see the patched name.
+The unpatched run loads the same plugin and imports Equinox at the same point,
+without patching, so that the two runs differ only in the patch. filterjit is
+imported from this checkout. The plugin also records every test's outcome, and
+refuses network connections other than to the local machine.
+
+Each run has a time limit (`--timeout`, per run); a run that exceeds it is killed,
+and the tests it had finished are still reported. If pytest dies (XLA crashing in
+a compile, say), the run resumes past the test it died in, which counts as an
+error. Each executable XLA compiles holds memory maps, and a suite that compiles
+thousands of them reaches the kernel's limit and crashes: between tests, where a
+process holds more than half that limit, JAX's caches are cleared, in both runs
+alike (`--no-clear` to never do so). The report says where either happened.
+
+Everything is written under one temporary directory, removed at the end (`--keep
+DIR` keeps the pytest logs and the raw results); pytest's cache and bytecode files
+are not written into the suite's checkout, and anything else a run writes there is
+removed. `--rev REV` tests filterjit as committed at REV rather than the working
+tree; `--json FILE` writes every test's outcome.
+
+Not part of filterjit's test run: the suites and their dependencies are not
+filterjit's. See docs/migration.md for the suites measured, the commands, and the
+results.
+"""
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+PLUGIN = "_filterjit_peers_plugin"
+RUNS = ("unpatched", "patched")
+# How many times a run that crashed resumes past the test it crashed in.
+MAX_CRASHES = 5
+
+# The plugin pytest loads with `-p`. It is written out as a file rather than
+# imported from here so that the subprocess imports nothing of this repository
+# but filterjit itself.
+PLUGIN_SOURCE = '''\
+"""Written by filterjit's benchmarks/peers.py; removed when the run ends."""
+
+import ipaddress
+import json
+import os
+import socket
+import sys
+
+import pytest
+
+
+_RESULTS = os.environ["FILTERJIT_PEERS_RESULTS"]
+_PATCH = os.environ["FILTERJIT_PEERS_PATCH"] == "1"
+
+
+def _record(**entry):
+    with open(_RESULTS, "a", encoding="utf-8") as file:
+        file.write(json.dumps(entry) + "\\n")
+
+
+# No network: connections go to this machine or nowhere.
+def _is_local(address):
+    if not isinstance(address, tuple):
+        return True  # AF_UNIX paths, and the like
+    host = address[0]
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _refuse(address):
+    raise OSError(f"benchmarks/peers.py: no network in this run ({address!r})")
+
+
+_connect = socket.socket.connect
+_connect_ex = socket.socket.connect_ex
+_getaddrinfo = socket.getaddrinfo
+
+
+def _guarded_connect(self, address):
+    if not _is_local(address):
+        _refuse(address)
+    return _connect(self, address)
+
+
+def _guarded_connect_ex(self, address):
+    if not _is_local(address):
+        _refuse(address)
+    return _connect_ex(self, address)
+
+
+def _guarded_getaddrinfo(host, *args, **kwargs):
+    if host is not None and not _is_local((host if isinstance(host, str)
+                                           else host.decode(),)):
+        _refuse(host)
+    return _getaddrinfo(host, *args, **kwargs)
+
+
+socket.socket.connect = _guarded_connect
+socket.socket.connect_ex = _guarded_connect_ex
+socket.getaddrinfo = _guarded_getaddrinfo
+
+
+# After the hooks of the plugins registered later (pluggy calls them first):
+# jaxtyping's, which installs its import hook and refuses packages already
+# imported. Before pytest's own (trylast), which loads the initial conftest.py
+# files.
+def pytest_load_initial_conftests(early_config, parser, args):
+    preimported = sorted(
+        name for name in ("equinox", "lineax", "optimistix", "diffrax")
+        if name in sys.modules
+    )
+    import equinox
+
+    if _PATCH:
+        import filterjit
+
+        equinox.filter_jit = filterjit.filter_jit
+    jit = equinox.filter_jit
+    _record(
+        event="start",
+        patched=_PATCH,
+        filter_jit=f"{jit.__module__}.{jit.__qualname__}",
+        preimported=preimported,
+    )
+
+
+def _message(report):
+    crash = getattr(report.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else str(report.longrepr)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+# Each executable XLA compiles for the CPU holds about ten memory maps until JAX's
+# caches let go of it. A suite that compiles thousands of programs in one process
+# reaches the kernel's limit (vm.max_map_count, often 65530), and XLA crashes in
+# the next compile. Between tests, past half the limit, clear JAX's caches: both
+# runs alike, and only where the run would otherwise crash.
+def _map_limit():
+    if os.environ.get("FILTERJIT_PEERS_CLEAR") != "1":
+        return None
+    if os.environ.get("FILTERJIT_PEERS_MAP_LIMIT"):  # to test this
+        return int(os.environ["FILTERJIT_PEERS_MAP_LIMIT"])
+    try:
+        with open("/proc/sys/vm/max_map_count") as file:
+            return int(file.read()) // 2
+    except (OSError, ValueError):
+        return None
+
+
+_MAP_LIMIT = _map_limit()
+
+
+def _maps():
+    with open("/proc/self/maps", "rb") as file:
+        return sum(1 for _ in file)
+
+
+def _clear_if_needed():
+    if _MAP_LIMIT is None or _maps() <= _MAP_LIMIT:
+        return
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+    _record(event="clear", limit=_MAP_LIMIT, maps=_maps())
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        _clear_if_needed()
+    entry = {"event": "test", "nodeid": report.nodeid, "when": report.when,
+             "outcome": report.outcome, "duration": report.duration}
+    if hasattr(report, "wasxfail"):
+        entry["xfail"] = True
+    if report.failed:
+        entry["message"] = _message(report)
+    _record(**entry)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    # After a crash, the run resumes past the tests already begun.
+    try:
+        with open(os.environ["FILTERJIT_PEERS_DONE"], encoding="utf-8") as file:
+            done = set(file.read().splitlines())
+    except (KeyError, OSError):
+        return
+    deselected = [item for item in items if item.nodeid in done]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item.nodeid not in done]
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _record(event="collect", nodeid=report.nodeid, message=_message(report))
+
+
+# Which jit the libraries' module-level entry points ended up with.
+_WRAPPERS = {"_JitWrapper": "equinox", "FilterJitWrapper": "filterjit"}
+
+
+def _wrapped_entry_points():
+    counts, seen = {}, set()
+    for name, module in list(sys.modules.items()):
+        library = name.partition(".")[0]
+        if library not in ("equinox", "lineax", "optimistix", "diffrax"):
+            continue
+        for value in list(getattr(module, "__dict__", {}).values()):
+            kind = _WRAPPERS.get(type(value).__name__)
+            if kind is not None and id(value) not in seen:
+                seen.add(id(value))
+                by_kind = counts.setdefault(library, {})
+                by_kind[kind] = by_kind.get(kind, 0) + 1
+    return counts
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import equinox
+
+    jit = equinox.filter_jit
+    _record(event="end", exitstatus=int(exitstatus),
+            filter_jit=f"{jit.__module__}.{jit.__qualname__}",
+            entry_points=_wrapped_entry_points())
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    name: str
+    directory: Path
+    args: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class Run:
+    """One pytest run of a suite: each test's outcome and first error line."""
+
+    outcomes: dict[str, str]  # nodeid -> passed/failed/error/skipped
+    messages: dict[str, str]  # nodeid -> first line of the error
+    wall: float
+    cpu: float  # user + system time of the run's processes
+    returncode: int | None
+    timed_out: bool
+    filter_jit: str  # the equinox.filter_jit the run saw
+    notes: list[str]
+    log: str
+
+    def count(self, outcome: str) -> int:
+        return sum(1 for o in self.outcomes.values() if o == outcome)
+
+
+def _collate(entries: list[dict]) -> tuple[dict[str, str], dict[str, str]]:
+    """Per test, the outcome pytest's summary line counts it under (an xfail as
+    skipped, an xpass as passed), and the first line of its error. A test the run
+    did not finish (it was killed) is left out."""
+    phases: dict[str, dict[str, dict]] = {}
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    for entry in entries:
+        if entry["event"] == "collect":
+            outcomes[entry["nodeid"]] = "error"
+            messages[entry["nodeid"]] = entry["message"]
+        elif entry["event"] == "test":
+            phases.setdefault(entry["nodeid"], {})[entry["when"]] = entry
+    for nodeid, by_when in phases.items():
+        outcome = {when: e["outcome"] for when, e in by_when.items()}
+        if outcome.get("setup") == "failed":
+            failed, result = "setup", "error"
+        elif outcome.get("call") == "failed":
+            failed, result = "call", "failed"
+        elif outcome.get("teardown") == "failed":
+            failed, result = "teardown", "error"
+        elif "skipped" in outcome.values():
+            failed, result = None, "skipped"
+        elif outcome.get("call") == "passed":
+            failed, result = None, "passed"
+        else:
+            continue
+        outcomes[nodeid] = result
+        if failed is not None:
+            messages[nodeid] = by_when[failed].get("message", "")
+    return outcomes, messages
+
+
+def _tree(directory: Path) -> set[Path]:
+    """Every path under `directory`, not following links."""
+    found = set()
+    for parent, dirnames, filenames in os.walk(directory):
+        found.update(Path(parent, name) for name in dirnames + filenames)
+    return found
+
+
+def _remove_new(directory: Path, before: set[Path]) -> list[Path]:
+    """Removes every path under `directory` that is not in `before`, and says
+    which."""
+    written = sorted(_tree(directory) - before)
+    for path in reversed(written):  # deepest first
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return written
+
+
+def _entries(results: Path) -> list[dict]:
+    """What the plugin recorded so far."""
+    entries = []
+    if results.exists():
+        for line in results.read_text(encoding="utf-8").splitlines():
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:  # the last line of a killed run
+                pass
+    return entries
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _children_cpu() -> float:
+    """User and system time of this process's waited-for children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _terminate(process: subprocess.Popen[bytes]) -> None:
+    """End the run and everything it started (its own process group)."""
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_suite(
+    suite: Suite, patched: bool, workdir: Path, timeout: float, clear_caches: bool
+) -> Run:
+    label = "patched" if patched else "unpatched"
+    base = workdir / f"{suite.name}-{label}"
+    base.mkdir(parents=True)
+    (base / "tmp").mkdir()
+    results = base / "results.jsonl"
+    log = base / "pytest.log"
+    env = dict(os.environ)
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join(
+                [str(workdir / "plugin")]
+                + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+            ),
+            "FILTERJIT_PEERS_RESULTS": str(results),
+            "FILTERJIT_PEERS_PATCH": "1" if patched else "0",
+            "FILTERJIT_PEERS_CLEAR": "1" if clear_caches else "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "TMPDIR": str(base / "tmp"),
+            "MPLBACKEND": "Agg",
+            # Clients that honour these fail fast; the plugin refuses the rest.
+            "http_proxy": "http://127.0.0.1:9",
+            "https_proxy": "http://127.0.0.1:9",
+            "HTTP_PROXY": "http://127.0.0.1:9",
+            "HTTPS_PROXY": "http://127.0.0.1:9",
+            "no_proxy": "",
+            "NO_PROXY": "",
+        }
+    )
+    done = base / "done.txt"  # tests not to run again after a crash
+    env["FILTERJIT_PEERS_DONE"] = str(done)
+    if importlib.util.find_spec("pytest_benchmark") is not None:
+        # Its default storage is ./.benchmarks, in the suite's checkout.
+        extra = [f"--benchmark-storage=file://{base / 'benchmarks'}"]
+    else:
+        extra = []
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        PLUGIN,
+        "-p",
+        "no:cacheprovider",
+        f"--rootdir={suite.directory}",
+        f"--basetemp={base / 'basetemp'}",
+        "--tb=short",
+        "-q",
+        *extra,
+        *suite.args,
+    ]
+    notes: list[str] = []
+    before = _tree(suite.directory)
+    process: subprocess.Popen[bytes] | None = None
+    timed_out = False
+    crashes: dict[str, str] = {}  # nodeid -> how pytest died in it
+    start, start_cpu = time.perf_counter(), _children_cpu()
+    try:
+        with open(log, "wb") as out:
+            while True:
+                out.write(f"$ cd {shlex.quote(str(suite.directory))}\n".encode())
+                out.write(f"$ {shlex.join(command)}\n".encode())
+                out.flush()
+                process = subprocess.Popen(
+                    command,
+                    cwd=suite.directory,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                left = timeout - (time.perf_counter() - start)
+                try:
+                    process.wait(timeout=max(left, 0.0))
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    notes.append(f"killed after the {timeout:.0f} s limit")
+                    break
+                if process.returncode >= 0 or len(crashes) >= MAX_CRASHES:
+                    break
+                # pytest died (XLA crashed, say): once more, past the tests begun.
+                tests = [e for e in _entries(results) if e["event"] == "test"]
+                begun = [e["nodeid"] for e in tests]
+                finished = {e["nodeid"] for e in tests if e["when"] == "teardown"}
+                in_progress = [n for n in begun if n not in finished]
+                if not in_progress:
+                    break
+                crashes[in_progress[-1]] = _signal_name(process.returncode)
+                done.write_text("\n".join(dict.fromkeys(begun)), encoding="utf-8")
+                out.write(
+                    f"\n[benchmarks/peers.py: pytest died "
+                    f"({_signal_name(process.returncode)}) in {in_progress[-1]}; "
+                    "resuming after it]\n\n".encode()
+                )
+    finally:
+        # Interrupted or not: leave nothing running, and nothing behind.
+        if process is not None and process.poll() is None:
+            _terminate(process)
+        written = _remove_new(suite.directory, before)
+    wall, cpu = time.perf_counter() - start, _children_cpu() - start_cpu
+    if written:
+        shown = ", ".join(str(p.relative_to(suite.directory)) for p in written[:5])
+        notes.append(f"removed what the run wrote into the checkout: {shown}")
+
+    entries = _entries(results)
+    outcomes, messages = _collate(entries)
+    for nodeid, how in crashes.items():
+        outcomes[nodeid] = "error"
+        messages[nodeid] = f"pytest crashed ({how}) in this test"
+        notes.append(f"pytest crashed ({how}) in `{nodeid}`; resumed after it")
+    if process is not None and not timed_out and process.returncode < 0:
+        notes.append(
+            f"pytest crashed ({_signal_name(process.returncode)}), and the "
+            f"run ended there (after {len(crashes)} resumptions)"
+        )
+    starts = [e for e in entries if e["event"] == "start"]
+    ends = [e for e in entries if e["event"] == "end"]
+    seen = starts[0]["filter_jit"] if starts else "?"
+    if not starts:
+        notes.append("the plugin did not start (see the log)")
+    elif starts[0]["preimported"]:
+        names = ", ".join(starts[0]["preimported"])
+        notes.append(f"imported before the patch point: {names}")
+    clears = [e for e in entries if e["event"] == "clear"]
+    if clears:
+        notes.append(
+            f"JAX's caches cleared {len(clears)} times between tests, at more than "
+            f"{clears[0]['limit']} memory maps"
+        )
+    if ends:
+        wrapped = "; ".join(
+            f"{library}: "
+            + ", ".join(f"{n} {kind}" for kind, n in sorted(by_kind.items()))
+            for library, by_kind in sorted(ends[-1].get("entry_points", {}).items())
+        )
+        if wrapped:
+            notes.append(f"module-level jitted functions at the end: {wrapped}")
+    if ends and ends[-1]["filter_jit"] != seen:
+        notes.append(f"equinox.filter_jit was {ends[-1]['filter_jit']} at the end")
+    if patched and starts and not seen.startswith("filterjit."):
+        notes.append(f"not patched: equinox.filter_jit is {seen}")
+    return Run(
+        outcomes=outcomes,
+        messages=messages,
+        wall=wall,
+        cpu=cpu,
+        returncode=None if timed_out or process is None else process.returncode,
+        timed_out=timed_out,
+        filter_jit=seen,
+        notes=notes,
+        log=log.read_text(encoding="utf-8", errors="replace"),
+    )
+
+
+def _cell(text: str, limit: int = 160) -> str:
+    text = " ".join(text.split())
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text.replace("|", "\\|").replace("`", "'")
+
+
+def report(suite: Suite, runs: dict[str, Run]) -> str:
+    lines = [
+        f"### {suite.name}",
+        "",
+        f"`cd {suite.directory} && python -m pytest {shlex.join(suite.args)}`",
+        "",
+        "| run | `equinox.filter_jit` is | passed | failed | errors | skipped "
+        "| wall time | CPU time |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, run in runs.items():
+        wall = f"{run.wall:.1f} s" + (" (timed out)" if run.timed_out else "")
+        lines.append(
+            f"| {label} | `{run.filter_jit}` | {run.count('passed')} "
+            f"| {run.count('failed')} | {run.count('error')} "
+            f"| {run.count('skipped')} | {wall} | {run.cpu:.1f} s |"
+        )
+    for label, run in runs.items():
+        for note in run.notes:
+            lines.append(f"\n{label}: {note}.")
+        if not run.outcomes:
+            tail = "\n".join(run.log.splitlines()[-15:])
+            lines += ["", f"{label}: no test ran; the end of its log:", "", "```"]
+            lines += [tail, "```"]
+    if set(runs) == set(RUNS):
+        before, after = runs["unpatched"], runs["patched"]
+        lost = sorted(
+            n
+            for n, o in before.outcomes.items()
+            if o == "passed" and after.outcomes.get(n) != "passed"
+        )
+        gained = sorted(
+            n
+            for n, o in after.outcomes.items()
+            if o == "passed" and before.outcomes.get(n) in ("failed", "error")
+        )
+        lines += ["", f"Pass unpatched, not patched: {len(lost)}."]
+        if lost:
+            lines += ["", "| test | patched | error (first line) |", "|---|---|---|"]
+            for nodeid in lost:
+                outcome = after.outcomes.get(nodeid, "not run")
+                message = after.messages.get(nodeid, "")
+                lines.append(
+                    f"| `{_cell(nodeid, 200)}` | {outcome} | {_cell(message)} |"
+                )
+        if gained:
+            lines += ["", f"Fail unpatched, pass patched: {len(gained)}.", ""]
+            lines += [f"- `{nodeid}`" for nodeid in gained]
+    return "\n".join(lines) + "\n"
+
+
+def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Suite]]:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Pytest arguments after `--` belong to the one DIRECTORY suite.",
+    )
+    parser.add_argument("directory", nargs="?", type=Path, help="a suite's checkout")
+    parser.add_argument(
+        "--suite",
+        nargs=3,
+        action="append",
+        default=[],
+        metavar=("NAME", "DIRECTORY", "ARGS"),
+        help="a named suite; ARGS is one shell-quoted string of pytest arguments",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="seconds each run (unpatched, patched) may take (default: 3600)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=RUNS,
+        help="make one of the two runs only",
+    )
+    parser.add_argument(
+        "--rev",
+        help="test filterjit as committed at this git revision (default: the "
+        "working tree)",
+    )
+    parser.add_argument(
+        "--no-clear",
+        dest="clear",
+        action="store_false",
+        help="never clear JAX's caches between tests (by default they are cleared "
+        "where the process nears the kernel's limit on memory maps, where XLA "
+        "would crash)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the outcomes here")
+    parser.add_argument(
+        "--keep", type=Path, help="keep each run's pytest log and results here"
+    )
+    argv = list(argv)
+    rest: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, rest = argv[:split], argv[split + 1 :]
+    args = parser.parse_args(argv)
+    suites = [
+        Suite(n, Path(d).resolve(), tuple(shlex.split(a))) for n, d, a in args.suite
+    ]
+    if args.directory is not None:
+        directory = args.directory.resolve()
+        suites.append(Suite(directory.name, directory, tuple(rest)))
+    elif rest:
+        parser.error("pytest arguments after `--` need a DIRECTORY")
+    if not suites:
+        parser.error("give a DIRECTORY or at least one --suite")
+    for suite in suites:
+        if not suite.directory.is_dir():
+            parser.error(f"{suite.name}: {suite.directory} is not a directory")
+    names = [suite.name for suite in suites]
+    if len(set(names)) != len(names):
+        parser.error("suite names must differ")
+    return args, suites
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, suites = _parse(sys.argv[1:] if argv is None else argv)
+    # Terminated (or interrupted), end the run in progress and remove the
+    # temporary files on the way out. (A shell starts background jobs with SIGINT
+    # ignored; SIGTERM is what reaches them.)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _exit_on_signal)
+    labels = [args.only] if args.only else list(RUNS)
+    everything: dict[str, dict[str, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="filterjit-peers-") as name:
+        workdir = Path(name)
+        plugin = workdir / "plugin"
+        plugin.mkdir()
+        (plugin / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE, encoding="utf-8")
+        # filterjit from this checkout, whatever is installed: its working tree, or
+        # a commit of it.
+        if args.rev is None:
+            (plugin / "filterjit").symlink_to(
+                ROOT / "filterjit", target_is_directory=True
+            )
+            source = _describe("HEAD") + " and the working tree's changes, if any"
+        else:
+            archive = subprocess.run(
+                ["git", "-C", str(ROOT), "archive", args.rev, "filterjit"],
+                check=True,
+                capture_output=True,
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(plugin)], input=archive, check=True)
+            source = _describe(args.rev)
+        print("## filterjit in place of equinox.filter_jit\n")
+        print(f"filterjit at {source}.\n")
+        print(f"Python {sys.version.split()[0]}; {_versions()}.\n", flush=True)
+        for suite in suites:
+            runs = {}
+            for label in labels:
+                print(f"<!-- {suite.name}: {label} run ... -->", flush=True)
+                runs[label] = run_suite(
+                    suite, label == "patched", workdir, args.timeout, args.clear
+                )
+            print(report(suite, runs), flush=True)
+            everything[suite.name] = {
+                label: {
+                    "outcomes": run.outcomes,
+                    "messages": run.messages,
+                    "wall_s": run.wall,
+                    "cpu_s": run.cpu,
+                    "timed_out": run.timed_out,
+                    "returncode": run.returncode,
+                    "filter_jit": run.filter_jit,
+                    "notes": run.notes,
+                }
+                for label, run in runs.items()
+            }
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for run_dir in workdir.iterdir():
+                if run_dir.name == "plugin":
+                    continue
+                for kept in ("pytest.log", "results.jsonl"):
+                    if (run_dir / kept).exists():
+                        shutil.copy(
+                            run_dir / kept, args.keep / f"{run_dir.name}.{kept}"
+                        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(everything, indent=1), encoding="utf-8")
+    return 0
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _describe(rev: str) -> str:
+    """A revision of this checkout, as `abc1234 (committed 2026-01-31)`."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(ROOT), "log", "-1", "--format=%h (committed %cs)", rev],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return rev
+
+
+def _versions() -> str:
+    from importlib import metadata
+
+    found = []
+    for package in ("jax", "jaxlib", "equinox", "lineax", "optimistix", "diffrax"):
+        try:
+            found.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            pass
+    return ", ".join(found)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -59,6 +59,11 @@ class FilterJitWrapper(Generic[_P, _R]):
     _options: Options
     _dispatcher: Dispatcher
     _call: Callable[..., Any]  # the dispatcher's `call`
+    # The function's metadata, as functools.wraps copies it (`_copy_metadata`).
+    __wrapped__: Callable[_P, _R]
+    __name__: str
+    __qualname__: str
+    __globals__: dict[str, Any]
 
     def __init__(self, fun: Callable[_P, _R], options: Options):
         if isinstance(fun, ft.partial) and not isinstance(fun, jtu.Partial):

@@ -715,18 +715,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
                 for label, run in runs.items()
             }
-        if args.keep is not None:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            for run_dir in workdir.iterdir():
-                if run_dir.name == "plugin":
-                    continue
-                for kept in ("pytest.log", "results.jsonl"):
-                    if (run_dir / kept).exists():
-                        shutil.copy(
-                            run_dir / kept, args.keep / f"{run_dir.name}.{kept}"
-                        )
-    if args.json is not None:
-        args.json.write_text(json.dumps(everything, indent=1), encoding="utf-8")
+            # After each suite, so that a long series stopped part-way keeps what
+            # it finished.
+            if args.json is not None:
+                args.json.write_text(json.dumps(everything, indent=1), encoding="utf-8")
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                for label in runs:
+                    run_dir = workdir / f"{suite.name}-{label}"
+                    for kept in ("pytest.log", "results.jsonl"):
+                        if (run_dir / kept).exists():
+                            shutil.copy(
+                                run_dir / kept, args.keep / f"{run_dir.name}.{kept}"
+                            )
     return 0
 
 

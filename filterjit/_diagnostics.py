@@ -30,14 +30,17 @@ _module_thresholds: dict[str, int | None] = {}
 
 
 class RetraceWarning(UserWarning):
-    """Emitted once per decorated function when it has been traced again more often
-    than the threshold set by `filterjit.set_retrace_warning_threshold` (10 unless
-    changed) because of the trap the warning is for: a Python scalar, or a fresh
-    function object made by the same code (a lambda or closure made anew on every
-    call), that changes between calls. It names that argument.
+    """Emitted once per decorated function when it has been traced again, more times
+    in a row than the threshold set by `filterjit.set_retrace_warning_threshold` (10
+    unless changed), because of the trap the warning is for: a Python scalar, or a
+    fresh function object made by the same code (a lambda or closure made anew on
+    every call), that takes a new value on every call. It names that argument.
 
     Traces for new shapes, dtypes, structures, strings or other functions are the
-    ordinary work of a library's entry point and do not count."""
+    ordinary work of a library's entry point: they do not count, and they end a run
+    of avoidable retraces, so that a library traced for one user problem after
+    another does not warn where a few of those problems differ only in a
+    function."""
 
 
 def set_retrace_warning_threshold(
@@ -47,10 +50,10 @@ def set_retrace_warning_threshold(
 
     **Arguments:**
 
-    - `threshold`: a function traced again more than this many times because a
-        Python scalar or a re-made function changed warns, once. `None` disables
-        the warning. The default is 10, or the value of the environment variable
-        `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
+    - `threshold`: a function traced again more than this many times in a row
+        because a Python scalar or a re-made function took a new value warns,
+        once. `None` disables the warning. The default is 10, or the value of the
+        environment variable `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
     - `module`: if given, the threshold applies only to functions defined in this
         module or its submodules (`"optimistix"`, say), and takes precedence over
         the global one for them: a library can quiet its own entry points, or a
@@ -230,6 +233,8 @@ class TraceLog:
         self.module = module
         self.count = 0
         self.avoidable = 0
+        # Avoidable retraces since the last trace that was not one.
+        self.in_a_row = 0
         self._previous: dict[str, Row] | None = None
         # The values each static argument has had: a value seen before (a flag
         # toggled back, one of a few settings) is no trap.
@@ -250,9 +255,13 @@ class TraceLog:
                 for path, b, a in changes
             ):
                 self.avoidable += 1
+                self.in_a_row += 1
                 for path, before, after in changes:
                     self._change_counts[path] += 1
                     self._hints[path] = _hint(before, after)
+            else:
+                self.in_a_row = 0
+                self._change_counts.clear()
             if _explain_retraces():
                 logger.warning(self._retrace_message(changes))
         self._previous = current
@@ -261,7 +270,7 @@ class TraceLog:
             if now.role == "static" and len(seen) <= _MAX_SEEN:
                 seen.add(now.value)
         threshold = _threshold_for(self.module)
-        if not self._warned and threshold is not None and self.avoidable > threshold:
+        if not self._warned and threshold is not None and self.in_a_row > threshold:
             self._warned = True
             _warn_at_user_frame(self._warning_message(), RetraceWarning)
 
@@ -288,9 +297,8 @@ class TraceLog:
     def _warning_message(self) -> str:
         path, times = self._change_counts.most_common(1)[0]
         return (
-            f"filter_jit: {self.name} has been traced {self.count} times, "
-            f"{self.avoidable} of them only because a static value changed to a new "
-            f"value; `{path}` "
+            f"filter_jit: {self.name} has been traced {self.count} times, the last "
+            f"{self.in_a_row} only because a static value took a new value; `{path}` "
             f"changed in {times} of them ({self._hints[path]}). Set "
             "FILTERJIT_EXPLAIN_RETRACES=1 (or jax_explain_cache_misses) to log every "
             "retrace to the 'filterjit' logger; "

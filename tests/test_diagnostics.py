@@ -107,8 +107,8 @@ def test_retrace_warning_once_naming_the_argument():
     params = {"w": jnp.ones(3)}
     with pytest.warns(
         filterjit.RetraceWarning,
-        match=r"traced 12 times, 11 of them only because a static value changed to "
-        r"a new value; `n` changed in 11",
+        match=r"traced 12 times, the last 11 only because a static value took a "
+        r"new value; `n` changed in 11",
     ):
         for n in range(12):
             f(params, n, {"mode": "a"})
@@ -171,6 +171,17 @@ def test_retrace_warning_is_for_avoidable_retraces_only():
         warnings.simplefilter("error")
         for n in range(30):
             h(jnp.ones(1), n % 2 == 0, (1e-3, 1e-6, 1e-9)[n % 3])
+    # A library entry point traced for one problem after another, some of which
+    # differ from the one before only in a closure the caller made (as a test suite
+    # parametrized over problems does): the closures are not made anew on every call.
+    solve = filter_jit(lambda fn, y: fn(y))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in range(40):
+            offset = jnp.ones(())
+            solve(lambda y: y + offset, jnp.ones(n % 3 + 1))
+            solve(lambda y: y + offset, jnp.ones(n % 3 + 1))
+            solve(lambda y: y + offset, jnp.ones(n % 3 + 1))
     # A lambda made anew on every call is the trap.
     g = filter_jit(lambda x, fn: fn(x))
     with pytest.warns(filterjit.RetraceWarning, match="a function made anew"):

@@ -24,6 +24,7 @@ from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options
 from ._output import PURE
 from ._partition import ABSTRACT, Partition
+from ._shallow import leaves_of
 from ._trace import EAGER, STAGED, TOP
 
 
@@ -35,6 +36,10 @@ STAGED_MAXSIZE = 256
 STAGED_MAXBYTES = 16 * 2**20
 
 _flatten = jtu.default_registry.flatten
+
+# The partition of a structure that no call has (a `Keywords` node is made only for
+# keyword arguments), so that the latest partition is never `None`.
+_NO_CALL = Partition(_flatten(Keywords((), {}))[1], (), TOP, lambda _: object())
 
 
 class Dispatcher:
@@ -55,8 +60,8 @@ class Dispatcher:
         self._plain_arity = self.function.plain_arity
         self._fun_is_leaf = self.function.fun_is_leaf
         self._partition_gets = tuple(cache.get for cache in self.partitions)
-        # The latest call's partition, per level.
-        self._latest: list[Partition | None] = [None] * 4
+        # The latest call's partition, per level: at first one that no call has.
+        self._latest = [_NO_CALL] * 4
         self._entry_gets = tuple(cache.get for cache in self.entries)
         # Partitions with one signature share an owner, and so their entries.
         self._owners: dict[Any, object] = {}
@@ -69,21 +74,28 @@ class Dispatcher:
         self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """Calls `fun(*args, **kwargs)` at trace level `level` (not DISABLED)."""
+        # Most calls repeat the latest call's partition.
+        partition = self._latest[level]
+        leaves = None
         if kwargs or len(args) != self._plain_arity:
             args, kwargs = self.function.bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
             tree = Keywords(args, kwargs) if kwargs else args
         else:
             tree = args
-        leaves, treedef = _flatten(tree if self._fun_is_leaf else (fun, tree))
-        types = tuple(map(type, leaves))
-        # Most calls repeat the latest call's partition: two comparisons, where a
-        # lookup would hash the structure.
-        partition = self._latest[level]
+            if partition.arguments and self._fun_is_leaf:
+                # Arguments that are leaves and sequences of leaves: checked
+                # against that partition without flattening.
+                leaves = leaves_of(args, partition.arguments)
+        if leaves is not None:
+            treedef = partition.treedef
+            types = None
+        else:
+            leaves, treedef = _flatten(tree if self._fun_is_leaf else (fun, tree))
+            types = tuple(map(type, leaves))
         try:
-            if (
-                partition is None
-                or partition.types != types
-                or partition.treedef != treedef
+            # Two comparisons, where a lookup would hash the structure.
+            if types is not None and (
+                partition.types != types or partition.treedef != treedef
             ):
                 partition = self._partition_gets[level]((treedef, types))
                 if partition is None:
@@ -162,6 +174,7 @@ class Dispatcher:
                 level, fun, leaves, treedef, create=True, by_alias=by_alias
             )
             assert partition is not None
+            self._latest[level] = partition
             if entry is None:
                 owners = self.owners(partition)
                 self._check_traceable(partition, leaves)
@@ -287,6 +300,7 @@ class Dispatcher:
                 ABSTRACT, fun, leaves, treedef, create=True
             )
             assert partition is not None
+            self._latest[level] = partition
             if entry is None:
                 owners = self.owners(partition)
                 self._check_traceable(partition, leaves)
@@ -304,7 +318,7 @@ class Dispatcher:
         return entry, partition, dynamic, leaves
 
     def clear(self) -> None:
-        self._latest = [None] * 4
+        self._latest = [_NO_CALL] * 4
         for cache in (*self.partitions, *self.entries):
             cache.clear()
         self._owners.clear()

@@ -10,6 +10,7 @@ import numpy as np
 from jax.core import Tracer
 
 from ._codegen import compile_function
+from ._shallow import argument_kinds
 from ._trace import STAGED
 
 
@@ -152,6 +153,7 @@ class Partition:
         "_take_static",
         "_rekeys",
         "owners",
+        "arguments",
     )
 
     def __init__(
@@ -201,6 +203,9 @@ class Partition:
         self.owners: list[tuple[str, int | None, str]] | None = None
         self.key = self._key_function(static)
         self.constant_key = None if static else self.owner
+        # Where the call's arguments are leaves and sequences of leaves, their
+        # kinds: a repeat of the call is then checked by `leaves_of`, not flattened.
+        self.arguments = argument_kinds(treedef, types)
 
     def _key_function(self, static: list[int]) -> Callable[[list[Any]], Any]:
         owner = self.owner

@@ -300,7 +300,6 @@ class Dispatcher:
                 ABSTRACT, fun, leaves, treedef, create=True
             )
             assert partition is not None
-            self._latest[level] = partition
             if entry is None:
                 owners = self.owners(partition)
                 self._check_traceable(partition, leaves)

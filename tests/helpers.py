@@ -1,11 +1,13 @@
 """Shared test utilities."""
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from hypothesis import HealthCheck, settings
 
 
 class TraceCounter:
@@ -47,3 +49,16 @@ def cpp_cache_size(wrapped: Any) -> int:
     JAX's private `_cache_size`; tests only.)"""
     entries = wrapped._dispatcher.entries[0]._values.values()
     return sum(entry.jitted._cache_size() for entry in entries)
+
+
+def property_settings() -> settings:
+    """Settings for the differential property tests: the active profile's examples
+    (tests/conftest.py: 25 in the default tier, 200 with --full), derandomized; or
+    a random soak of FILTERJIT_SOAK examples."""
+    soak = int(os.environ.get("FILTERJIT_SOAK", "0"))
+    return settings(
+        max_examples=soak or settings().max_examples,
+        derandomize=not soak,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )

@@ -16,7 +16,6 @@ flattening, so a leaf read from the wrong place changes the result.
 
 import collections
 import dataclasses
-import os
 from typing import Any
 
 import equinox as eqx
@@ -25,7 +24,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
-from hypothesis import given, HealthCheck, settings, strategies as st
+from helpers import property_settings
+from hypothesis import given, strategies as st
 from jax import lax
 
 import filterjit
@@ -228,18 +228,6 @@ def _run_scan(fun: Any, tree: Any) -> Any:
 _CONTEXTS = {"top": _run_top, "jit": _run_jit, "scan": _run_scan, "aot": _run_aot}
 
 
-def _settings() -> settings:
-    # The active profile's examples (tests/conftest.py: 25 in the default tier,
-    # 200 with --full), or a random soak of FILTERJIT_SOAK examples.
-    soak = int(os.environ.get("FILTERJIT_SOAK", "0"))
-    return settings(
-        max_examples=soak or settings().max_examples,
-        derandomize=not soak,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
-
-
 @pytest.fixture(autouse=True)
 def _no_retrace_warning():
     # One function, traced for every example's statics.
@@ -249,7 +237,7 @@ def _no_retrace_warning():
 
 
 @pytest.mark.parametrize("context", list(_CONTEXTS))
-@_settings()
+@property_settings()
 @given(tree=trees)
 def test_agrees_with_the_undecorated_function(context: str, tree: Any) -> None:
     run = _CONTEXTS[context]

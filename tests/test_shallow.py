@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from helpers import property_settings
+from hypothesis import given, strategies as st
 
 import filterjit
 from filterjit import _dispatch
@@ -133,13 +134,13 @@ def _check(recorded: tuple[Any, ...], call: tuple[Any, ...]) -> None:
     assert all(map(lambda a, b: a is b, taken, jax_leaves))
 
 
-@settings(deadline=None)
+@property_settings()
 @given(_calls, _calls)
 def test_accepts_only_what_jax_flattens_alike(recorded, call):
     _check(recorded, call)
 
 
-@settings(deadline=None)
+@property_settings()
 @given(st.one_of(_flat_calls, _calls), st.data())
 def test_near_misses(recorded, data):
     _check(recorded, recorded)

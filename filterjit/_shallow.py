@@ -2,9 +2,10 @@
 one type, taken without flattening it.
 
 Flattening is most of filterjit's own cost on a call with many leaves (a list of
-100 arrays: about 2.7 µs to flatten and 1.1 µs to list the leaves' types, against
-about 1 µs here). This path only ever accepts what JAX's flatten would turn into the
-structure and leaf types of the latest call's partition: each argument of the exact
+100 arrays: about 2.7 µs to flatten, 1.1 µs to list the leaves' types and 0.8 µs to
+compare them and the structure with the latest call's, against about 1.4 µs here).
+This path only ever accepts what JAX's flatten would turn into the structure and
+leaf types of the latest call's partition: each argument of the exact
 type recorded, each sequence an exact `list` or `tuple` of the recorded length whose
 items are all of the recorded exact type, and only types that are always pytree
 leaves. Anything else takes the full path. `tests/test_shallow.py` checks this

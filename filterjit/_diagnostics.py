@@ -232,7 +232,6 @@ class TraceLog:
         self.name = name
         self.module = module
         self.count = 0
-        self.avoidable = 0
         # Avoidable retraces since the last trace that was not one.
         self.in_a_row = 0
         self._previous: dict[str, Row] | None = None
@@ -254,7 +253,6 @@ class TraceLog:
                 _avoidable(b, a) and a is not None and a.value not in self._seen[path]
                 for path, b, a in changes
             ):
-                self.avoidable += 1
                 self.in_a_row += 1
                 for path, before, after in changes:
                     self._change_counts[path] += 1

@@ -24,7 +24,6 @@ from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options
 from ._output import PURE
 from ._partition import ABSTRACT, Partition
-from ._shallow import leaves_of
 from ._trace import EAGER, STAGED, TOP
 
 
@@ -82,10 +81,10 @@ class Dispatcher:
             tree = Keywords(args, kwargs) if kwargs else args
         else:
             tree = args
-            if partition.arguments and self._fun_is_leaf:
-                # Arguments that are leaves and sequences of leaves: checked
-                # against that partition without flattening.
-                leaves = leaves_of(args, partition.arguments)
+            read_leaves = partition.read_leaves
+            if read_leaves is not None:
+                # Checked against that partition without flattening.
+                leaves = read_leaves(args if self._fun_is_leaf else (fun, args))
         if leaves is not None:
             treedef = partition.treedef
             types = None

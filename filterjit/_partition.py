@@ -10,7 +10,7 @@ import numpy as np
 from jax.core import Tracer
 
 from ._codegen import compile_function
-from ._shallow import argument_kinds
+from ._shallow import call_reader, CallReader
 from ._trace import STAGED
 
 
@@ -153,7 +153,7 @@ class Partition:
         "_take_static",
         "_rekeys",
         "owners",
-        "arguments",
+        "read_leaves",
     )
 
     def __init__(
@@ -203,9 +203,10 @@ class Partition:
         self.owners: list[tuple[str, int | None, str]] | None = None
         self.key = self._key_function(static)
         self.constant_key = None if static else self.owner
-        # Where the call's arguments are leaves and sequences of leaves, their
-        # kinds: a repeat of the call is then checked by `leaves_of`, not flattened.
-        self.arguments = argument_kinds(treedef, types)
+        # `read_leaves(tree)`: the leaves of a call flattened to this partition's
+        # structure and types, taken without flattening (`None` for another call);
+        # `None` where no reader can be made for this structure.
+        self.read_leaves: CallReader | None = call_reader(treedef, types)
 
     def _key_function(self, static: list[int]) -> Callable[[list[Any]], Any]:
         owner = self.owner

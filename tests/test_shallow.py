@@ -1,17 +1,20 @@
-"""The path that takes the leaves of flat arguments without flattening them
+"""The path that takes the leaves of a call without flattening it
 (`filterjit/_shallow.py`), checked against `jax.tree_util` itself.
 
-Whenever `leaves_of` accepts a call for the kinds recorded from another call, JAX's
-own flatten of that call must give the recorded structure and leaf types, and the
-same leaves in the same order. Calls are generated in pairs, the second often a
-near miss of the first (an item of another type, another length, a list for a
-tuple, a list subclass, a namedtuple, `None`, a nested sequence, a NumPy array
-where a jax Array was, `True` where `1` was).
+Whenever the reader made from one call's structure and leaf types accepts another
+call, JAX's own flatten of that call must give the recorded structure and leaf
+types, and the same leaves in the same order. Calls are generated in pairs, the
+second often a near miss of the first (an item of another type, another length, a
+list for a tuple, a list subclass, a namedtuple, `None`, a nested sequence, a NumPy
+array where a jax Array was, `True` where `1` was; for an `eqx.Module`, another
+static value, a subclass, a field missing, a field too many).
 """
 
 import collections
+import dataclasses
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -21,8 +24,8 @@ from helpers import property_settings
 from hypothesis import given, strategies as st
 
 import filterjit
-from filterjit import _dispatch
-from filterjit._shallow import argument_kinds, leaves_of
+from filterjit import _dispatch, _shallow
+from filterjit._shallow import call_reader
 
 
 Pair = collections.namedtuple("Pair", "first second")
@@ -52,6 +55,60 @@ _same_type_items = st.sampled_from([jnp.ones(2), 1.0, 3, np.ones(1), "s"]).flatm
 )
 
 
+def _double(x: Any) -> Any:
+    return 2 * x
+
+
+class Flat(eqx.Module):
+    a: Any
+    b: Any
+    scale: Any = eqx.field(static=True)
+
+
+class SubFlat(Flat):
+    pass
+
+
+class Bare(eqx.Module):
+    x: Any
+
+
+class Outer(eqx.Module):
+    inner: Any
+    items: Any
+    name: str = eqx.field(static=True)
+
+
+_statics = st.sampled_from([0.5, 1, 1.0, True, "s", (1, 2), None])
+# Functions are leaves too: a Module's activation fields hold them.
+_functions = st.sampled_from([jax.nn.relu, jnp.tanh, _double, len])
+
+
+def _modules(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.builds(Flat, children, children, _statics),
+        st.builds(SubFlat, children, children, _statics),
+        st.builds(Bare, children),
+        st.builds(
+            Outer,
+            children,
+            st.lists(children, max_size=3).map(tuple),
+            st.sampled_from(["n", "m"]),
+        ),
+    )
+
+
+_module_trees = _modules(
+    st.recursive(
+        st.one_of(_leaves, _functions),
+        lambda inner: st.one_of(
+            _modules(inner), st.lists(inner, max_size=3), st.tuples(inner, inner)
+        ),
+        max_leaves=8,
+    )
+)
+
+
 def _arguments(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     items = st.one_of(_same_type_items, st.lists(leaves, max_size=5))
     return st.one_of(
@@ -62,6 +119,7 @@ def _arguments(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         st.tuples(leaves, leaves).map(lambda t: Pair(*t)),
         st.lists(st.lists(leaves, max_size=2), max_size=2),
         st.dictionaries(st.sampled_from("ab"), leaves, max_size=2),
+        _module_trees,
     )
 
 
@@ -87,6 +145,35 @@ def _twin(arg: Any) -> Any:
     return list(arg)
 
 
+def _rebuilt(module: Any, cls: type | None = None, drop: str = "", **fields: Any):
+    """A copy of `module` of class `cls`, with `fields` changed and `drop` missing,
+    made without `__init__` (as JAX's unflatten makes Modules)."""
+    new = object.__new__(cls or type(module))
+    values = dict(vars(module), **fields)
+    values.pop(drop, None)
+    object.__getattribute__(new, "__dict__").update(values)
+    return new
+
+
+def _is_module(x: Any) -> bool:
+    return isinstance(x, eqx.Module)
+
+
+def _module_near_misses(module: Any, replacements: list[Any]):
+    """One-place changes of an `eqx.Module`."""
+    names = [f.name for f in dataclasses.fields(module)]
+    for name in names:
+        yield _rebuilt(module, drop=name)
+        for value in replacements:
+            yield _rebuilt(module, **{name: value})
+    yield _rebuilt(module, __doc__="a wrapper's metadata")
+    yield _rebuilt(module, extra=1)
+    yield _rebuilt(module, cls=SubFlat if type(module) is Flat else Flat)
+    if isinstance(module, Flat):  # a static value that compares equal, or not
+        for scale in (vars(module).get("scale"), 1, 1.0, True, "s", np.ones(2), (1, 2)):
+            yield _rebuilt(module, scale=scale)
+
+
 def _near_miss(args: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
     """`args` changed in one place."""
     if not args:
@@ -95,7 +182,10 @@ def _near_miss(args: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
     arg = args[index]
     sequence = type(arg) in (list, tuple)
     change = data.draw(st.sampled_from(["argument", "item", "twin", "close", "drop"]))
-    if change == "item" and sequence and arg:
+    if _is_module(arg) and change != "argument":
+        misses = list(_module_near_misses(arg, [data.draw(_leaves), None]))
+        new = misses[data.draw(st.integers(0, len(misses) - 1))]
+    elif change == "item" and sequence and arg:
         items = list(arg)
         items[data.draw(st.integers(0, len(arg) - 1))] = data.draw(_leaves)
         new = type(arg)(items)
@@ -114,17 +204,22 @@ def _near_miss(args: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
     return (*args[:index], new, *args[index + 1 :])
 
 
+def _reader(*args: Any):
+    leaves, treedef = jtu.default_registry.flatten(args)
+    return call_reader(treedef, tuple(map(type, leaves)))
+
+
 def _check(recorded: tuple[Any, ...], call: tuple[Any, ...]) -> None:
     leaves, treedef = jtu.default_registry.flatten(recorded)
     types = tuple(map(type, leaves))
-    kinds = argument_kinds(treedef, types)
-    if kinds is None:
+    read = call_reader(treedef, types)
+    if read is None:
         return
     # The recorded call itself is always accepted, with JAX's leaves.
-    own = leaves_of(recorded, kinds)
+    own = read(recorded)
     assert own is not None
     assert len(own) == len(leaves) and all(map(lambda a, b: a is b, own, leaves))
-    taken = leaves_of(call, kinds)
+    taken = read(call)
     if taken is None:
         return
     jax_leaves, jax_treedef = jtu.default_registry.flatten(call)
@@ -168,6 +263,8 @@ def _all_near_misses(args: tuple[Any, ...]):
                 if type(arg[item]) in _CLOSE:
                     close = _CLOSE[type(arg[item])]
                     news.append(type(arg)([*arg[:item], close, *arg[item + 1 :]]))
+        if _is_module(arg):
+            news += list(_module_near_misses(arg, replacements))
         for new in news:
             yield (*around[0], new, *around[1])
 
@@ -180,6 +277,10 @@ def _all_near_misses(args: tuple[Any, ...]):
         ([1.0, 2.0], [True, False], 2),
         ((jnp.ones(2), jnp.ones(3)), []),
         (np.ones(2), 1j, ()),
+        (Flat(jnp.ones(2), 1.0, 0.5), jnp.ones(2)),
+        (Outer(Flat(jnp.ones(2), jax.nn.relu, "s"), (1, None), "n"), 2),
+        (Bare([jnp.ones(2), np.float32(1)]), Bare(None)),
+        (eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0)),),
     ],
 )
 def test_every_near_miss_of_a_flat_call(recorded):
@@ -187,30 +288,45 @@ def test_every_near_miss_of_a_flat_call(recorded):
         _check(recorded, call)
 
 
-def test_which_calls_have_kinds():
+def test_which_calls_have_readers():
     array = jnp.ones(2)
+    mlp = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
+    for args in [
+        ([array] * 3, 1.0),
+        ((1, 2), "s", np.float32(1)),
+        ([],),
+        (),
+        ([array, 1.0],),
+        ([[array]],),
+        (None, (array, None)),
+        (Flat(array, 1.0, 0.5), array),
+        (Outer(Bare(array), (Flat(1, 2, None),), "n"),),
+        (mlp, array),  # its activations are functions
+    ]:
+        assert _reader(*args) is not None, args
+    for args in [
+        ({"a": array},),
+        (Pair(1, 2),),
+        (MyList([1]),),
+        (object(),),  # a static of a type that might be a node
+        (Bare({"a": array}),),
+        (Bare(jtu.Partial(_double, array)),),
+        (_rebuilt(Flat(array, 1.0, 0.5), extra=1),),  # more than its fields
+        (_rebuilt(Flat(array, 1.0, 0.5), drop="b"),),  # a field missing
+        (_rebuilt(Flat(array, 1.0, 0.5), __doc__="a wrapper's metadata"),),
+    ]:
+        assert _reader(*args) is None, args
 
-    def kinds(*args):
-        leaves, treedef = jtu.default_registry.flatten(args)
-        return argument_kinds(treedef, tuple(map(type, leaves)))
 
-    assert kinds([array] * 3, 1.0) == ((list, type(array), 3), (float, None, 1))
-    assert kinds((1, 2), "s", np.float32(1)) == (
-        (tuple, int, 2),
-        (str, None, 1),
-        (np.float32, None, 1),
-    )
-    assert kinds([]) is not None
-    assert kinds() == ()
-    # Mixed item types, nested sequences, other containers and None: flattened.
-    assert kinds([array, 1.0]) is None
-    assert kinds([[array]]) is None
-    assert kinds({"a": array}) is None
-    assert kinds(Pair(1, 2)) is None
-    assert kinds(MyList([1])) is None
-    assert kinds(None) is None
-    assert kinds(array, None) is None
-    assert kinds(object()) is None  # a static of a type that might be a node
+def test_module_layouts_are_confirmed_by_jax():
+    # Equinox's layout of a Module class is checked against JAX's flatten of a
+    # probe: if Equinox changes how it flattens, Modules lose the fast path, and
+    # this says so.
+    for cls in (Flat, SubFlat, Bare, Outer, eqx.nn.Linear, eqx.nn.MLP):
+        layout = _shallow._layout(cls)
+        assert layout is not None, cls
+    assert _shallow._layout(Flat).static == ("scale",)  # pyright: ignore
+    assert _shallow._layout(Flat).dynamic == ("a", "b")  # pyright: ignore
 
 
 def test_repeated_flat_calls_are_not_flattened(monkeypatch):
@@ -229,6 +345,48 @@ def test_repeated_flat_calls_are_not_flattened(monkeypatch):
     out = f([*xs, np.ones(2, dtype=np.float32)], 3.0)
     assert flattened == [1]
     assert [float(o[1]) for o in out] == [3.0, 6.0, 3.0]
+
+
+class Scaled(eqx.Module):
+    weight: Any
+    activation: Any
+    scale: float = eqx.field(static=True)
+
+    @filterjit.filter_jit
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.activation(x * self.weight) * self.scale
+
+    def undecorated(self, x: jax.Array) -> jax.Array:
+        return self.activation(x * self.weight) * self.scale
+
+
+class Apply(eqx.Module):
+    fn: Any
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.fn(x)
+
+
+def test_repeated_module_calls_are_not_flattened(monkeypatch):
+    model = Scaled(jnp.full(2, 2.0), jnp.tanh, 0.5)
+    as_function = filterjit.filter_jit(Apply(jnp.sin))  # a Module as the function
+    x = jnp.ones(2)
+    model(x)
+    as_function(x)
+    flattened = []
+    flatten = _dispatch._flatten
+    monkeypatch.setattr(
+        _dispatch, "_flatten", lambda tree: flattened.append(1) or flatten(tree)
+    )
+    np.testing.assert_allclose(model(x), jnp.tanh(2.0) * 0.5)
+    np.testing.assert_allclose(as_function(x), jnp.sin(x))
+    assert flattened == []
+    # Another static value, another activation, another class: the full path.
+    np.testing.assert_allclose(
+        Scaled(jnp.full(2, 2.0), jnp.tanh, 2.0)(x), jnp.tanh(2.0) * 2.0
+    )
+    np.testing.assert_allclose(Scaled(model.weight, jnp.sin, 0.5)(x), jnp.sin(2.0) / 2)
+    assert len(flattened) == 2
 
 
 @pytest.mark.parametrize("nested", [False, True])
@@ -256,8 +414,35 @@ def test_alternating_near_misses_match_the_undecorated_function(nested):
         ([b, a], 2.0),
     ]
     for args in calls * 2:
+        _check(calls[0], args)
         if nested:
             got = jax.jit(lambda: f(*args))()
         else:
             got = f(*args)
         np.testing.assert_allclose(got, fun(*args))
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_alternating_module_calls_match_the_undecorated_method(nested):
+    w = jnp.full(2, 2.0)
+    models = [
+        Scaled(w, jnp.tanh, 0.5),
+        Scaled(w, jnp.tanh, 0.5),  # another object, equal
+        Scaled(w, jnp.tanh, 1.0),
+        Scaled(w, jnp.tanh, 1),  # equal to 1.0: the same structure
+        Scaled(w, jnp.sin, 0.5),
+        Scaled(np.full(2, 3.0, dtype=np.float32), jnp.tanh, 0.5),
+        Scaled(w.astype(jnp.bfloat16), jnp.tanh, 0.5),
+        _rebuilt(Scaled(w, jnp.tanh, 0.5), weight=jnp.full(2, 5.0)),
+        _rebuilt(Scaled(w, jnp.tanh, 0.5), __doc__="wrapped"),
+    ]
+    x = 1.5  # weakly typed
+    for model in models * 2:
+        _check((models[0], x), (model, x))
+        if nested:
+            got = jax.jit(lambda: model(x))()
+        else:
+            got = model(x)
+        want = model.undecorated(x)
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=1e-2)

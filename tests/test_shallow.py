@@ -73,10 +73,23 @@ class Bare(eqx.Module):
     x: Any
 
 
+class SubBare(Bare):
+    pass
+
+
 class Outer(eqx.Module):
     inner: Any
     items: Any
     name: str = eqx.field(static=True)
+
+
+class SubOuter(Outer):
+    pass
+
+
+# Each class's twin: a subclass, or the class it subclasses.
+_TWIN_CLASS = {Flat: SubFlat, Bare: SubBare, Outer: SubOuter}
+_TWIN_CLASS.update({v: k for k, v in _TWIN_CLASS.items()})
 
 
 _statics = st.sampled_from([0.5, 1, 1.0, True, "s", (1, 2), None])
@@ -89,8 +102,10 @@ def _modules(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         st.builds(Flat, children, children, _statics),
         st.builds(SubFlat, children, children, _statics),
         st.builds(Bare, children),
+        st.builds(SubBare, children),
         st.builds(
-            Outer,
+            lambda cls, *fields: cls(*fields),
+            st.sampled_from([Outer, SubOuter]),
             children,
             st.lists(children, max_size=3).map(tuple),
             st.sampled_from(["n", "m"]),
@@ -168,7 +183,7 @@ def _module_near_misses(module: Any, replacements: list[Any]):
             yield _rebuilt(module, **{name: value})
     yield _rebuilt(module, __doc__="a wrapper's metadata")
     yield _rebuilt(module, extra=1)
-    yield _rebuilt(module, cls=SubFlat if type(module) is Flat else Flat)
+    yield _rebuilt(module, cls=_TWIN_CLASS.get(type(module), Flat))
     if isinstance(module, Flat):  # a static value that compares equal, or not
         for scale in (vars(module).get("scale"), 1, 1.0, True, "s", np.ones(2), (1, 2)):
             yield _rebuilt(module, scale=scale)
@@ -181,7 +196,8 @@ def _near_miss(args: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
     index = data.draw(st.integers(0, len(args) - 1))
     arg = args[index]
     sequence = type(arg) in (list, tuple)
-    change = data.draw(st.sampled_from(["argument", "item", "twin", "close", "drop"]))
+    changes = ["argument", "item", "twin", "close", "drop", "extend"]
+    change = data.draw(st.sampled_from(changes))
     if _is_module(arg) and change != "argument":
         misses = list(_module_near_misses(arg, [data.draw(_leaves), None]))
         new = misses[data.draw(st.integers(0, len(misses) - 1))]
@@ -197,6 +213,8 @@ def _near_miss(args: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
         new = type(arg)([_CLOSE[type(arg[0])], *arg[1:]])
     elif change == "drop" and sequence and arg:
         new = arg[:-1]
+    elif change == "extend" and sequence:
+        new = type(arg)([*arg, data.draw(_leaves)])
     elif change == "drop":
         return args[:index] + args[index + 1 :]
     else:
@@ -277,7 +295,9 @@ def _all_near_misses(args: tuple[Any, ...]):
         ([1.0, 2.0], [True, False], 2),
         ((jnp.ones(2), jnp.ones(3)), []),
         (np.ones(2), 1j, ()),
+        ([jnp.ones(2), 1.0], (None, 2), [[1.0], ()]),
         (Flat(jnp.ones(2), 1.0, 0.5), jnp.ones(2)),
+        (Outer(Bare(1.0), ((jnp.ones(2), 1), None), "n"), 2),
         (Outer(Flat(jnp.ones(2), jax.nn.relu, "s"), (1, None), "n"), 2),
         (Bare([jnp.ones(2), np.float32(1)]), Bare(None)),
         (eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0)),),
@@ -327,6 +347,33 @@ def test_module_layouts_are_confirmed_by_jax():
         assert layout is not None, cls
     assert _shallow._layout(Flat).static == ("scale",)  # pyright: ignore
     assert _shallow._layout(Flat).dynamic == ("a", "b")  # pyright: ignore
+
+
+@dataclasses.dataclass
+class Reversed:
+    a: Any
+    b: Any
+
+
+jtu.register_pytree_node(
+    Reversed, lambda r: ((r.b, r.a), (None,)), lambda _, c: Reversed(c[1], c[0])
+)
+
+
+@dataclasses.dataclass
+class Registered:
+    a: Any
+    b: Any = dataclasses.field(metadata={"static": True})
+
+
+jtu.register_dataclass(Registered, data_fields=["a"], meta_fields=["b"])
+
+
+def test_classes_not_flattened_as_equinox_does_have_no_layout():
+    # The probe must see JAX flatten the fields that are children in field order,
+    # with the static ones after a head in the node data; else no layout.
+    assert _shallow._layout(Reversed) is None
+    assert _shallow._layout(Registered) is None
 
 
 def test_repeated_flat_calls_are_not_flattened(monkeypatch):

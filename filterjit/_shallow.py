@@ -13,15 +13,15 @@ that structure and those leaf types, and takes the leaves in JAX's order:
 
 - a leaf of the exact type recorded, where that type is always a pytree leaf;
 - an exact `list` or `tuple` of the recorded length, item by item (all at once
-  where every item is a leaf of one type), or `None`;
+  where every item is a leaf), a `dict` with the recorded string keys, or `None`;
 - an `eqx.Module` of the exact class recorded, whose `__dict__` holds exactly its
   fields, whose static fields equal the recorded ones (as the structures'
   comparison has it) and whose other fields are read as above. How Equinox
   flattens a class is checked against JAX, once per class, on a probe instance.
 
-Anything else (dicts, namedtuples, other registered nodes, other leaf types) makes
-no reader, and every call takes the full path. `tests/test_shallow.py` checks this
-against `jax.tree_util` on generated calls.
+Anything else (namedtuples, dicts with other keys, other registered nodes, other
+leaf types) makes no reader, and every call takes the full path.
+`tests/test_shallow.py` checks this against `jax.tree_util` on generated calls.
 """
 
 import dataclasses
@@ -82,37 +82,64 @@ def call_reader(treedef: Any, types: tuple[type, ...]) -> CallReader | None:
             return list(args) if tuple(map(type, args)) == types else None
 
         return read_leaves
-    readers = _children_readers(treedef, types)
-    if readers is None:
+    read_values = _values_reader(treedef, types)
+    if read_values is None:
         return None
-    count = len(readers)
+    count = len(treedef.children())
 
     def read(args: tuple[Any, ...]) -> list[Any] | None:
-        if len(args) != count:
-            return None
         leaves: list[Any] = []
         try:
-            for reader, arg in zip(readers, args):
-                if not reader(arg, leaves):
-                    return None
+            if len(args) == count and read_values(args, leaves):
+                return leaves
         except Exception:  # a field missing, a static field that cannot compare
-            return None
-        return leaves
+            pass
+        return None
 
     return read
 
 
-def _children_readers(treedef: Any, types: tuple[type, ...]) -> list[_Reader] | None:
+def _values_reader(treedef: Any, types: tuple[type, ...]) -> _Reader | None:
+    """The reader of the children of `treedef`'s root, given as a sequence of the
+    right length."""
+    count = len(treedef.children())
+    if treedef.num_nodes == len(types) + 1:  # every child a leaf
+        if not all(map(_is_leaf_type, types)):
+            return None
+        if len(set(types)) == 1:  # of one type: counted at C speed
+            (item,) = set(types)
+
+            def read_items(values: Any, leaves: list[Any]) -> bool:
+                if _count_of(map(type, values), item) != count:
+                    return False
+                leaves += values
+                return True
+
+            return read_items
+
+        def read_leaves(values: Any, leaves: list[Any]) -> bool:
+            if tuple(map(type, values)) != types:
+                return False
+            leaves += values
+            return True
+
+        return read_leaves
     readers = []
     position = 0
     for child in treedef.children():
-        count = child.num_leaves
-        reader = _reader(child, types[position : position + count])
+        reader = _reader(child, types[position : position + child.num_leaves])
         if reader is None:
             return None
         readers.append(reader)
-        position += count
-    return readers
+        position += child.num_leaves
+
+    def read(values: Any, leaves: list[Any]) -> bool:
+        for reader, value in zip(readers, values):
+            if not reader(value, leaves):
+                return False
+        return True
+
+    return read
 
 
 def _reader(treedef: Any, types: tuple[type, ...]) -> _Reader | None:
@@ -121,10 +148,32 @@ def _reader(treedef: Any, types: tuple[type, ...]) -> _Reader | None:
     kind, data = treedef.node_data()
     if kind is type(None):
         return lambda obj, leaves: obj is None
+    read_values = _values_reader(treedef, types)
+    if read_values is None:
+        return None
     if kind is list or kind is tuple:
-        return _sequence_reader(treedef, kind, types)
+        length = len(treedef.children())
+
+        def read_sequence(obj: Any, leaves: list[Any]) -> bool:
+            return type(obj) is kind and len(obj) == length and read_values(obj, leaves)
+
+        return read_sequence
+    if kind is dict and all(type(key) is str for key in data):
+        # JAX takes the values in the order of the sorted keys; keys of one
+        # type, strings, sort one way whatever order they were inserted in.
+        length = len(data)
+        get_values = _getter(tuple(data))
+
+        def read_dict(obj: Any, leaves: list[Any]) -> bool:
+            return (
+                type(obj) is dict
+                and len(obj) == length
+                and read_values(get_values(obj), leaves)
+            )
+
+        return read_dict
     if isinstance(kind, type) and issubclass(kind, eqx.Module):
-        return _module_reader(treedef, kind, data, types)
+        return _module_reader(treedef, kind, data, read_values)
     return None
 
 
@@ -136,42 +185,6 @@ def _leaf_reader(kind: type) -> _Reader | None:
         if type(obj) is not kind:
             return False
         leaves.append(obj)
-        return True
-
-    return read
-
-
-def _sequence_reader(
-    treedef: Any, kind: type, types: tuple[type, ...]
-) -> _Reader | None:
-    length = treedef.num_nodes - 1
-    if len(types) == length and len(set(types)) <= 1:  # leaves of one type
-        item = types[0] if types else float  # empty: any type
-        if not _is_leaf_type(item):
-            return None
-
-        def read_items(obj: Any, leaves: list[Any]) -> bool:
-            if (
-                type(obj) is not kind
-                or len(obj) != length
-                or _count_of(map(type, obj), item) != length
-            ):
-                return False
-            leaves += obj
-            return True
-
-        return read_items
-    readers = _children_readers(treedef, types)
-    if readers is None:
-        return None
-    length = len(readers)
-
-    def read(obj: Any, leaves: list[Any]) -> bool:
-        if type(obj) is not kind or len(obj) != length:
-            return False
-        for reader, item in zip(readers, obj):
-            if not reader(item, leaves):
-                return False
         return True
 
     return read
@@ -237,7 +250,7 @@ def _getter(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...
 
 
 def _module_reader(
-    treedef: Any, cls: type, data: Any, types: tuple[type, ...]
+    treedef: Any, cls: type, data: Any, read_values: _Reader
 ) -> _Reader | None:
     layout = _layout(cls)
     if (
@@ -251,34 +264,15 @@ def _module_reader(
     field_count = len(layout.dynamic) + len(layout.static)
     get_statics = _getter(layout.static)
     get_dynamic = _getter(layout.dynamic)
-    if treedef.num_nodes == len(types) + 1 and all(map(_is_leaf_type, types)):
-        # Every field that is a child is a leaf: one comparison of their types.
-        def read_leaves(obj: Any, leaves: list[Any]) -> bool:
-            if type(obj) is not cls:
-                return False
-            fields = _dict_of(obj, "__dict__")
-            if len(fields) != field_count or not get_statics(fields) == statics:
-                return False
-            values = get_dynamic(fields)
-            if tuple(map(type, values)) != types:
-                return False
-            leaves += values
-            return True
-
-        return read_leaves
-    readers = _children_readers(treedef, types)
-    if readers is None:
-        return None
 
     def read(obj: Any, leaves: list[Any]) -> bool:
         if type(obj) is not cls:
             return False
         fields = _dict_of(obj, "__dict__")
-        if len(fields) != field_count or not get_statics(fields) == statics:
-            return False
-        for reader, value in zip(readers, get_dynamic(fields)):
-            if not reader(value, leaves):
-                return False
-        return True
+        return (
+            len(fields) == field_count
+            and get_statics(fields) == statics
+            and read_values(get_dynamic(fields), leaves)
+        )
 
     return read

@@ -117,7 +117,10 @@ _module_trees = _modules(
     st.recursive(
         st.one_of(_leaves, _functions),
         lambda inner: st.one_of(
-            _modules(inner), st.lists(inner, max_size=3), st.tuples(inner, inner)
+            _modules(inner),
+            st.lists(inner, max_size=3),
+            st.tuples(inner, inner),
+            st.dictionaries(st.sampled_from("abc"), inner, max_size=3),
         ),
         max_leaves=8,
     )
@@ -174,6 +177,10 @@ def _is_module(x: Any) -> bool:
     return isinstance(x, eqx.Module)
 
 
+def _is_plain_dict(x: Any) -> bool:
+    return type(x) is dict
+
+
 def _module_near_misses(module: Any, replacements: list[Any]):
     """One-place changes of an `eqx.Module`."""
     names = [f.name for f in dataclasses.fields(module)]
@@ -189,6 +196,20 @@ def _module_near_misses(module: Any, replacements: list[Any]):
             yield _rebuilt(module, scale=scale)
 
 
+def _dict_near_misses(d: dict[Any, Any], replacements: list[Any]):
+    """One-place changes of a dict."""
+    for key in d:
+        yield {k: v for k, v in d.items() if k != key}
+        yield {(k + "x" if k == key else k): v for k, v in d.items()}
+        for value in replacements:
+            yield {**d, key: value}
+    yield dict(reversed(d.items()))  # inserted in another order: the same
+    yield {**d, "z": 1.0}
+    yield {**d, 1: 1.0}
+    yield collections.OrderedDict(d)
+    yield collections.defaultdict(int, d)
+
+
 def _near_miss(args: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
     """`args` changed in one place."""
     if not args:
@@ -200,6 +221,9 @@ def _near_miss(args: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
     change = data.draw(st.sampled_from(changes))
     if _is_module(arg) and change != "argument":
         misses = list(_module_near_misses(arg, [data.draw(_leaves), None]))
+        new = misses[data.draw(st.integers(0, len(misses) - 1))]
+    elif _is_plain_dict(arg) and change != "argument":
+        misses = list(_dict_near_misses(arg, [data.draw(_leaves), None]))
         new = misses[data.draw(st.integers(0, len(misses) - 1))]
     elif change == "item" and sequence and arg:
         items = list(arg)
@@ -283,6 +307,8 @@ def _all_near_misses(args: tuple[Any, ...]):
                     news.append(type(arg)([*arg[:item], close, *arg[item + 1 :]]))
         if _is_module(arg):
             news += list(_module_near_misses(arg, replacements))
+        if _is_plain_dict(arg):
+            news += list(_dict_near_misses(arg, replacements))
         for new in news:
             yield (*around[0], new, *around[1])
 
@@ -297,6 +323,7 @@ def _all_near_misses(args: tuple[Any, ...]):
         (np.ones(2), 1j, ()),
         ([jnp.ones(2), 1.0], (None, 2), [[1.0], ()]),
         (Flat(jnp.ones(2), 1.0, 0.5), jnp.ones(2)),
+        ({"w": jnp.ones(2), "b": [1.0, 2]}, {"a": None}, {}),
         (Outer(Bare(1.0), ((jnp.ones(2), 1), None), "n"), 2),
         (Outer(Flat(jnp.ones(2), jax.nn.relu, "s"), (1, None), "n"), 2),
         (Bare([jnp.ones(2), np.float32(1)]), Bare(None)),
@@ -322,14 +349,16 @@ def test_which_calls_have_readers():
         (Flat(array, 1.0, 0.5), array),
         (Outer(Bare(array), (Flat(1, 2, None),), "n"),),
         (mlp, array),  # its activations are functions
+        ({"b": array, "a": [1.0, None]},),
+        (Bare({"a": array}),),
     ]:
         assert _reader(*args) is not None, args
     for args in [
-        ({"a": array},),
+        ({1: array},),  # keys that are not strings
+        (collections.OrderedDict(a=array),),
         (Pair(1, 2),),
         (MyList([1]),),
         (object(),),  # a static of a type that might be a node
-        (Bare({"a": array}),),
         (Bare(jtu.Partial(_double, array)),),
         (_rebuilt(Flat(array, 1.0, 0.5), extra=1),),  # more than its fields
         (_rebuilt(Flat(array, 1.0, 0.5), drop="b"),),  # a field missing

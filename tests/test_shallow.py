@@ -200,7 +200,7 @@ def _dict_near_misses(d: dict[Any, Any], replacements: list[Any]):
     """One-place changes of a dict."""
     for key in d:
         yield {k: v for k, v in d.items() if k != key}
-        yield {(k + "x" if k == key else k): v for k, v in d.items()}
+        yield {(f"{k}x" if k == key else k): v for k, v in d.items()}
         for value in replacements:
             yield {**d, key: value}
     yield dict(reversed(d.items()))  # inserted in another order: the same

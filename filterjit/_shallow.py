@@ -82,21 +82,36 @@ def call_reader(treedef: Any, types: tuple[type, ...]) -> CallReader | None:
             return list(args) if tuple(map(type, args)) == types else None
 
         return read_leaves
-    read_values = _values_reader(treedef, types)
-    if read_values is None:
+    readers = _child_readers(treedef, types)
+    if readers is None:
         return None
-    count = len(treedef.children())
+    count = len(readers)
 
     def read(args: tuple[Any, ...]) -> list[Any] | None:
+        if len(args) != count:
+            return None
         leaves: list[Any] = []
         try:
-            if len(args) == count and read_values(args, leaves):
-                return leaves
+            for reader, arg in zip(readers, args):
+                if not reader(arg, leaves):
+                    return None
         except Exception:  # a field missing, a static field that cannot compare
-            pass
-        return None
+            return None
+        return leaves
 
     return read
+
+
+def _child_readers(treedef: Any, types: tuple[type, ...]) -> list[_Reader] | None:
+    readers = []
+    position = 0
+    for child in treedef.children():
+        reader = _reader(child, types[position : position + child.num_leaves])
+        if reader is None:
+            return None
+        readers.append(reader)
+        position += child.num_leaves
+    return readers
 
 
 def _values_reader(treedef: Any, types: tuple[type, ...]) -> _Reader | None:
@@ -124,14 +139,9 @@ def _values_reader(treedef: Any, types: tuple[type, ...]) -> _Reader | None:
             return True
 
         return read_leaves
-    readers = []
-    position = 0
-    for child in treedef.children():
-        reader = _reader(child, types[position : position + child.num_leaves])
-        if reader is None:
-            return None
-        readers.append(reader)
-        position += child.num_leaves
+    readers = _child_readers(treedef, types)
+    if readers is None:
+        return None
 
     def read(values: Any, leaves: list[Any]) -> bool:
         for reader, value in zip(readers, values):

@@ -12,16 +12,20 @@ A reader is made once per partition from its structure (read with `node_data()` 
 that structure and those leaf types, and takes the leaves in JAX's order:
 
 - a leaf of the exact type recorded, where that type is always a pytree leaf;
-- an exact `list` or `tuple` of the recorded length, item by item (all at once
-  where every item is a leaf), a `dict` with the recorded string keys, or `None`;
+- an exact `list`, `tuple` or namedtuple of the recorded length, item by item (all
+  at once where every item is a leaf), a `dict` with the recorded string keys, or
+  `None`;
 - an `eqx.Module` of the exact class recorded, whose `__dict__` holds exactly its
   fields, whose static fields equal the recorded ones (as the structures'
-  comparison has it) and whose other fields are read as above. How Equinox
-  flattens a class is checked against JAX, once per class, on a probe instance.
+  comparison has it) and whose other fields are read as above.
 
-Anything else (namedtuples, dicts with other keys, other registered nodes, other
-leaf types) makes no reader, and every call takes the full path.
-`tests/test_shallow.py` checks this against `jax.tree_util` on generated calls.
+How Equinox flattens a class, and that JAX flattens a namedtuple class as a
+namedtuple, are checked against JAX once per class, on a probe instance.
+
+Anything else (dicts with other keys, other registered nodes, namedtuples that
+have a registration of their own, other leaf types) makes no reader, and every
+call takes the full path. `tests/test_shallow.py` checks this against
+`jax.tree_util` on generated calls.
 """
 
 import dataclasses
@@ -161,7 +165,8 @@ def _reader(treedef: Any, types: tuple[type, ...]) -> _Reader | None:
     read_values = _values_reader(treedef, types)
     if read_values is None:
         return None
-    if kind is list or kind is tuple:
+    sequence = kind is list or kind is tuple or _is_namedtuple(kind)
+    if sequence:
         length = len(treedef.children())
 
         def read_sequence(obj: Any, leaves: list[Any]) -> bool:
@@ -198,6 +203,37 @@ def _leaf_reader(kind: type) -> _Reader | None:
         return True
 
     return read
+
+
+_namedtuples: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+
+
+def _is_namedtuple(cls: type) -> bool:
+    """Whether JAX flattens `cls` as a namedtuple (its items, in order) rather than
+    with a registration of its own, as the text of its structure says on a probe
+    instance."""
+    try:
+        return _namedtuples[cls]
+    except KeyError:
+        pass
+    found = False
+    try:
+        # Read as a tuple: its items, with tuple's own iteration and length.
+        if issubclass(cls, tuple) and all(
+            getattr(cls, name) is getattr(tuple, name)
+            for name in ("__iter__", "__len__", "__getitem__")
+        ):
+            items = [object() for _ in cls._fields]  # pyright: ignore
+            treedef = jax.tree_util.tree_structure(tuple.__new__(cls, items))
+            stars = ", ".join(["*"] * len(items))
+            found = (
+                str(treedef)
+                == f"PyTreeDef(CustomNode(namedtuple[{cls.__name__}], [{stars}]))"
+            )
+    except Exception:  # not a namedtuple
+        found = False
+    _namedtuples[cls] = found
+    return found
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ static value, a subclass, a field missing, a field too many).
 
 import collections
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -29,6 +29,48 @@ from filterjit._shallow import call_reader
 
 
 Pair = collections.namedtuple("Pair", "first second")
+
+
+class Triple(NamedTuple):
+    a: Any
+    b: Any
+    c: Any = None
+
+
+class SubTriple(Triple):
+    pass
+
+
+class Backwards(Triple):
+    """Iterates backwards; JAX flattens it by its items, in order."""
+
+    def __iter__(self):
+        return reversed(tuple(self[i] for i in range(len(self))))
+
+
+class Swapped(NamedTuple):
+    """A namedtuple registered with its own flatten: its items in another order."""
+
+    a: Any
+    b: Any
+
+
+jtu.register_pytree_node(
+    Swapped, lambda s: ((s.b, s.a), None), lambda _, c: Swapped(c[1], c[0])
+)
+
+
+class Keyed(NamedTuple):
+    """A namedtuple registered with its own flatten: its items in order, and
+    whether the first is positive in its node data."""
+
+    a: Any
+    b: Any
+
+
+jtu.register_pytree_node(
+    Keyed, lambda k: ((k.a, k.b), bool(k.a > 0)), lambda _, c: Keyed(*c)
+)
 
 
 class MyList(list):
@@ -120,6 +162,8 @@ _module_trees = _modules(
             _modules(inner),
             st.lists(inner, max_size=3),
             st.tuples(inner, inner),
+            st.tuples(inner, inner).map(lambda t: Pair(*t)),
+            st.tuples(inner, inner).map(lambda t: SubTriple(*t)),
             st.dictionaries(st.sampled_from("abc"), inner, max_size=3),
         ),
         max_leaves=8,
@@ -135,6 +179,8 @@ def _arguments(leaves: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         items.map(tuple),
         items.map(MyList),
         st.tuples(leaves, leaves).map(lambda t: Pair(*t)),
+        st.tuples(leaves, leaves, leaves).map(lambda t: Triple(*t)),
+        st.tuples(leaves, leaves).map(lambda t: Swapped(*t)),
         st.lists(st.lists(leaves, max_size=2), max_size=2),
         st.dictionaries(st.sampled_from("ab"), leaves, max_size=2),
         _module_trees,
@@ -154,10 +200,26 @@ _flat_calls = st.lists(
 _CLOSE = {int: True, float: np.float64(1.0), bool: 1}
 
 
+_SEQUENCES = (list, tuple, Pair, Triple, SubTriple, Swapped)
+# Each namedtuple's twin: of another class, with the same items.
+_TWIN_TUPLE = {Triple: SubTriple, SubTriple: Triple, Pair: Swapped, Swapped: Pair}
+
+
+def _remade(kind: type, items: list[Any]) -> Any:
+    """A sequence of type `kind` holding `items` (of any length)."""
+    if kind in (list, tuple):
+        return kind(items)
+    if kind is Swapped and len(items) != 2:  # its flatten needs two
+        return tuple(items)
+    return tuple.__new__(kind, items)
+
+
 def _twin(arg: Any) -> Any:
     """A container that holds what `arg` holds but flattens otherwise."""
     if type(arg) is list:
         return MyList(arg)
+    if type(arg) in _TWIN_TUPLE:
+        return _remade(_TWIN_TUPLE[type(arg)], list(arg))
     if len(arg) == 2:
         return Pair(*arg)
     return list(arg)
@@ -216,7 +278,7 @@ def _near_miss(args: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
         return (data.draw(_arguments(_leaves)),)
     index = data.draw(st.integers(0, len(args) - 1))
     arg = args[index]
-    sequence = type(arg) in (list, tuple)
+    sequence = type(arg) in _SEQUENCES
     changes = ["argument", "item", "twin", "close", "drop", "extend"]
     change = data.draw(st.sampled_from(changes))
     if _is_module(arg) and change != "argument":
@@ -228,17 +290,17 @@ def _near_miss(args: tuple[Any, ...], data: st.DataObject) -> tuple[Any, ...]:
     elif change == "item" and sequence and arg:
         items = list(arg)
         items[data.draw(st.integers(0, len(arg) - 1))] = data.draw(_leaves)
-        new = type(arg)(items)
+        new = _remade(type(arg), items)
     elif change == "twin" and sequence:
         new = _twin(arg)
     elif change == "close" and type(arg) in _CLOSE:
         new = _CLOSE[type(arg)]
     elif change == "close" and sequence and arg and type(arg[0]) in _CLOSE:
-        new = type(arg)([_CLOSE[type(arg[0])], *arg[1:]])
+        new = _remade(type(arg), [_CLOSE[type(arg[0])], *arg[1:]])
     elif change == "drop" and sequence and arg:
         new = arg[:-1]
     elif change == "extend" and sequence:
-        new = type(arg)([*arg, data.draw(_leaves)])
+        new = _remade(type(arg), [*arg, data.draw(_leaves)])
     elif change == "drop":
         return args[:index] + args[index + 1 :]
     else:
@@ -297,14 +359,17 @@ def _all_near_misses(args: tuple[Any, ...]):
         news = list(replacements)
         if type(arg) in _CLOSE:
             news.append(_CLOSE[type(arg)])
-        if type(arg) in (list, tuple):
-            news += [_twin(arg), list(arg), tuple(arg), arg[:-1], type(arg)([*arg, 1])]
+        if type(arg) in _SEQUENCES:
+            kind = type(arg)
+            news += [_twin(arg), list(arg), tuple(arg), arg[:-1]]
+            news.append(_remade(kind, [*arg, 1]))
             for item in range(len(arg)):
+                before, after = arg[:item], arg[item + 1 :]
                 for leaf in replacements:
-                    news.append(type(arg)([*arg[:item], leaf, *arg[item + 1 :]]))
+                    news.append(_remade(kind, [*before, leaf, *after]))
                 if type(arg[item]) in _CLOSE:
                     close = _CLOSE[type(arg[item])]
-                    news.append(type(arg)([*arg[:item], close, *arg[item + 1 :]]))
+                    news.append(_remade(kind, [*before, close, *after]))
         if _is_module(arg):
             news += list(_module_near_misses(arg, replacements))
         if _is_plain_dict(arg):
@@ -322,6 +387,7 @@ def _all_near_misses(args: tuple[Any, ...]):
         ((jnp.ones(2), jnp.ones(3)), []),
         (np.ones(2), 1j, ()),
         ([jnp.ones(2), 1.0], (None, 2), [[1.0], ()]),
+        (Pair(jnp.ones(2), 1.0), Triple(1, 2, 3), Swapped(1.0, 2.0)),
         (Flat(jnp.ones(2), 1.0, 0.5), jnp.ones(2)),
         ({"w": jnp.ones(2), "b": [1.0, 2]}, {"a": None}, {}),
         (Outer(Bare(1.0), ((jnp.ones(2), 1), None), "n"), 2),
@@ -350,13 +416,16 @@ def test_which_calls_have_readers():
         (Outer(Bare(array), (Flat(1, 2, None),), "n"),),
         (mlp, array),  # its activations are functions
         ({"b": array, "a": [1.0, None]},),
+        (Pair(1, 2), SubTriple(array, (), None)),
         (Bare({"a": array}),),
     ]:
         assert _reader(*args) is not None, args
     for args in [
         ({1: array},),  # keys that are not strings
         (collections.OrderedDict(a=array),),
-        (Pair(1, 2),),
+        (Swapped(1, 2),),  # namedtuples with a registration of their own
+        (Keyed(1.0, 2.0),),
+        (Backwards(1.0, 2.0, 3.0),),  # read by its items, not by iterating
         (MyList([1]),),
         (object(),),  # a static of a type that might be a node
         (Bare(jtu.Partial(_double, array)),),

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
+import optax
 import pytest
 from helpers import property_settings
 from hypothesis import given, strategies as st
@@ -445,6 +446,17 @@ def test_module_layouts_are_confirmed_by_jax():
         assert layout is not None, cls
     assert _shallow._layout(Flat).static == ("scale",)  # pyright: ignore
     assert _shallow._layout(Flat).dynamic == ("a", "b")  # pyright: ignore
+
+
+def test_namedtuple_classes_are_confirmed_by_jax():
+    # A namedtuple class is read only where the text of JAX's structure of a probe
+    # says JAX flattens it as a namedtuple: if that text changes, namedtuples lose
+    # the fast path, and this says so.
+    state: Any = optax.adam(1e-3).init(jnp.ones(2))
+    for cls in (Pair, Triple, SubTriple, type(state[0]), type(state[1])):
+        assert _shallow._is_namedtuple(cls), cls
+    for cls in (Swapped, Keyed, Backwards, tuple, MyList, dict):
+        assert not _shallow._is_namedtuple(cls), cls
 
 
 @dataclasses.dataclass

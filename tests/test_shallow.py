@@ -387,6 +387,7 @@ def _all_near_misses(args: tuple[Any, ...]):
         ([1.0, 2.0], [True, False], 2),
         ((jnp.ones(2), jnp.ones(3)), []),
         (np.ones(2), 1j, ()),
+        (jnp.ones(2), 1.0, "s", np.float32(1.0), True),
         ([jnp.ones(2), 1.0], (None, 2), [[1.0], ()]),
         (Pair(jnp.ones(2), 1.0), Triple(1, 2, 3), Swapped(1.0, 2.0)),
         (Flat(jnp.ones(2), 1.0, 0.5), jnp.ones(2)),

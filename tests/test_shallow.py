@@ -398,7 +398,7 @@ def _all_near_misses(args: tuple[Any, ...]):
         (eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0)),),
     ],
 )
-def test_every_near_miss_of_a_flat_call(recorded):
+def test_every_near_miss_of_a_fixed_call(recorded):
     for call in _all_near_misses(recorded):
         _check(recorded, call)
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._entry import Entry
+from ._output import finish
 from ._partition import Partition
 
 
@@ -90,9 +91,7 @@ class Compiled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         partition, dynamic, leaves = self._prepare(args, kwargs)
         self._specialisation.check(partition, leaves)
-        return self._specialisation.entry.finish(
-            self.compiled(*dynamic), dynamic, leaves
-        )
+        return finish(self.compiled(*dynamic), leaves)
 
     def as_text(self) -> str | None:
         """The compiled program's text, as `jax.stages.Compiled.as_text`."""
@@ -161,13 +160,7 @@ class Traced:
     def out_info(self) -> Any:
         """The output, with `jax.ShapeDtypeStruct`s for traced leaves and every
         other leaf as the function returned it."""
-        specialisation = self._specialisation
-        dynamic = [
-            specialisation.leaves[p] for p in specialisation.partition.dynamic_positions
-        ]
-        return specialisation.entry.finish(
-            self.traced.out_info, dynamic, specialisation.leaves
-        )
+        return finish(self.traced.out_info, self._specialisation.leaves)
 
     def lower(self) -> Lowered:
         """Lowers the traced program; see `Lowered`."""

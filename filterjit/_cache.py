@@ -1,8 +1,9 @@
 """A small thread-safe cache bounded by entry count and by pinned bytes."""
 
 import threading
-from collections.abc import Hashable
-from typing import Generic, TypeVar
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 
 _V = TypeVar("_V")
@@ -23,7 +24,9 @@ class BoundedCache(Generic[_V]):
         self._values: dict[Hashable, _V] = {}
         self._sizes: dict[Hashable, int] = {}
         self._bytes = 0
-        self._lock = threading.Lock()
+        # Re-entrant: an entry is discarded from a weak reference's callback, which
+        # the collector may run inside `put`.
+        self._lock = threading.RLock()
         # The hot path: `get(key)` is the dict's own method. It raises `TypeError`
         # if `key` cannot be hashed.
         self.get = self._values.get
@@ -43,6 +46,14 @@ class BoundedCache(Generic[_V]):
                 del self._values[oldest]
                 self._bytes -= self._sizes.pop(oldest)
 
+    def discard(self, key: Hashable, value: _V) -> None:
+        """Removes `key` if it still maps to `value`."""
+        with self._lock:
+            existing = self._values.get(key)
+            if existing is not None and existing is value:
+                del self._values[key]
+                self._bytes -= self._sizes.pop(key)
+
     def setdefault(self, key: Hashable, value: _V) -> _V:
         """The value stored under `key`, storing `value` there first if none is."""
         with self._lock:
@@ -60,3 +71,9 @@ class BoundedCache(Generic[_V]):
 
     def __len__(self) -> int:
         return len(self._values)
+
+
+def lifelines(objects: list[Any], drop: Callable[[], None]) -> list[Any]:
+    """Weak references to `objects` that call `drop()` when any of them dies: kept
+    by whatever is to be dropped, so that they live as long as it."""
+    return [weakref.ref(o, lambda _: drop()) for o in objects]

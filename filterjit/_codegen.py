@@ -4,12 +4,14 @@ written once per shape of call; this module owns every `exec`."""
 import itertools
 import linecache
 import os
+import weakref
 from typing import Any
 
 
 # Generated code is filed under the package's directory, so that JAX leaves its
 # frames out of tracebacks as it does filterjit's other frames; each function gets
-# a file name of its own, registered with `linecache` so tracebacks show its source.
+# a file name of its own, registered with `linecache` so tracebacks show its source
+# while it lives.
 _DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 _counter = itertools.count()
 
@@ -24,4 +26,7 @@ def compile_function(
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     namespace = dict(namespace)
     exec(compile(source, filename, "exec"), namespace)
-    return namespace[name]
+    function = namespace[name]
+    # The source lives as long as the function: caches dropped, code gone.
+    weakref.finalize(function, linecache.cache.pop, filename, None)
+    return function

@@ -7,12 +7,15 @@ import os
 import reprlib
 import sys
 import warnings
+import weakref
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.tree_util as jtu
 import numpy as np
+
+from ._partition import weakly_keyed
 
 
 logger = logging.getLogger("filterjit")
@@ -151,11 +154,15 @@ class Row(NamedTuple):
     # Whether the leaf is in the call's arguments, not in the function (a bound
     # method's `self`, a partial's arguments).
     argument: bool = True
+    # A static leaf compared by identity, held weakly: its text may repeat once
+    # its address is reused.
+    ref: Any = None
 
 
 def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
     code = getattr(leaf, "__code__", None) if role == "static" else None
-    return Row(path, role, describe(leaf, role), type(leaf), code, argument)
+    ref = weakref.ref(leaf) if role == "static" and weakly_keyed(type(leaf)) else None
+    return Row(path, role, describe(leaf, role), type(leaf), code, argument, ref)
 
 
 def _avoidable(before: Row | None, after: Row | None) -> bool:
@@ -215,7 +222,12 @@ def _changes(
     changed = []
     for path in dict.fromkeys([*old, *new]):
         before, after = old.get(path), new.get(path)
-        if before is None or after is None or before[1:3] != after[1:3]:
+        if (
+            before is None
+            or after is None
+            or before[1:3] != after[1:3]
+            or before.ref != after.ref
+        ):
             changed.append((path, before, after))
     return changed
 
@@ -250,7 +262,11 @@ class TraceLog:
         if self._previous is not None:
             changes = _changes(self._previous, current)
             if changes and all(
-                _avoidable(b, a) and a is not None and a.value not in self._seen[path]
+                _avoidable(b, a)
+                and a is not None
+                # A value seen before is no trap; a function made anew is, whatever
+                # its text (its address may be reused once the last one is freed).
+                and (a.code is not None or a.value not in self._seen[path])
                 for path, b, a in changes
             ):
                 self.in_a_row += 1

@@ -9,20 +9,20 @@ key picks an `Entry`, whose jitted function is called with the traced leaves.
 
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.tree_util as jtu
 
-from ._cache import BoundedCache
+from ._cache import BoundedCache, lifelines
 from ._diagnostics import check_traceable, Explanation, key_error, row, TraceLog
 from ._entry import aval_key, Entry, make_entry
-from ._errors import call_checked
+from ._errors import call_checked, check_failed, wait_checked
 from ._function import Function, Keywords
 from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options
-from ._output import PURE
+from ._output import Carried
 from ._partition import ABSTRACT, Partition
 from ._trace import EAGER, STAGED, TOP
 
@@ -67,7 +67,14 @@ class Dispatcher:
         # Held while a new entry is made and first called, so that concurrent
         # first calls trace once. Re-entrant: a function may call itself nested.
         self._lock = threading.RLock()
+        # Weak references that drop this dispatcher from its owner's caches when
+        # an object its key holds weakly dies (see `_owners`).
+        self._lifelines: list[Any] = []
         _dispatchers.add(self)
+
+    def drop_with(self, objects: list[Any], drop: Callable[[], None]) -> None:
+        """Calls `drop()` when any of `objects` dies."""
+        self._lifelines = lifelines(objects, drop)
 
     def call(
         self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -112,20 +119,40 @@ class Dispatcher:
             return self._miss(level, fun, leaves, treedef)
         take = partition.take_dynamic
         dynamic = leaves if take is None else take(leaves)
-        specs = entry.specs
-        spec = specs.fast
-        if spec is None:
-            return self._resolve(level, fun, leaves, treedef, entry, dynamic)
+        if entry.guarded:
+            return self._guarded(level, fun, leaves, treedef, entry, dynamic)
         try:
             out = entry.jitted(*dynamic)
-        except TypeError:
-            self._check_traceable(partition, leaves)
+        except Exception as e:
+            # A leaf JAX cannot trace, or a runtime check that failed in a trace
+            # made just now: said in the user's terms. Else raised as it is.
+            self._failed(partition, leaves, e)
             raise
-        if specs.fast is not spec:  # traced for new avals, with a new spec
-            return entry.finish(out, dynamic, leaves)
-        return out if spec is PURE else spec.build(out, leaves)
+        if type(out) is Carried:
+            return self._finish(level, fun, leaves, treedef, out)
+        return out
 
-    def _resolve(
+    def _failed(
+        self, partition: Partition, leaves: list[Any], error: Exception
+    ) -> None:
+        if isinstance(error, TypeError):
+            self._check_traceable(partition, leaves)
+        check_failed(error, self.function.name)
+
+    def _finish(
+        self, level: int, fun: Any, leaves: list[Any], treedef: Any, out: Carried
+    ) -> Any:
+        """The user's output from a `Carried` one: the trace's own spec finishes
+        it with this call's leaves. At the top level, a trace that holds a runtime
+        check waits, to raise a failed check at the call."""
+        spec = out.spec
+        if not spec.aliases_hold(leaves):
+            return self._miss(level, fun, leaves, treedef, by_alias=True)
+        if spec.runtime_check and level == TOP:
+            wait_checked(out.leaves, self.function.name)
+        return spec.build(out.leaves, leaves)
+
+    def _guarded(
         self,
         level: int,
         fun: Any,
@@ -135,28 +162,30 @@ class Dispatcher:
         dynamic: Sequence[Any],
     ) -> Any:
         """A hit that needs more checks: nested, with NumPy arrays compiled in that
-        may have been mutated since; or whose output spec depends on the traced
-        leaves' avals, or on which static inputs are one object."""
+        may have been mutated since; or an entry whose traces hold runtime checks."""
         if entry.captured and not entry.valid():
             return self._miss(level, fun, leaves, treedef)
-        spec = entry.specs.by_avals.get(tuple(map(aval_key, dynamic)))
-        if spec is not None and not spec.aliases_hold(leaves):
-            return self._miss(level, fun, leaves, treedef, by_alias=True)
-        return self._run(level, entry, dynamic, leaves)
+        return self._run(level, fun, leaves, treedef, entry, dynamic)
 
     def _run(
-        self, level: int, entry: Entry, dynamic: Sequence[Any], leaves: list[Any]
+        self,
+        level: int,
+        fun: Any,
+        leaves: list[Any],
+        treedef: Any,
+        entry: Entry,
+        dynamic: Sequence[Any],
     ) -> Any:
-        """Calls an entry's jitted function (which may trace) and builds the output.
-        At the top level, a failed runtime check is raised at the call."""
-        if level != TOP:
-            return entry.finish(entry.jitted(*dynamic), dynamic, leaves)
-        with_checks = entry.specs.with_runtime_checks
-        avals = tuple(map(aval_key, dynamic))
-        out = call_checked(
-            entry.jitted, dynamic, self.function.name, lambda: avals in with_checks
-        )
-        return entry.finish(out, dynamic, leaves)
+        """Calls an entry's jitted function (which may trace) and finishes the
+        output; a failed runtime check is raised at the call."""
+        out = call_checked(entry.jitted, dynamic, self.function.name)
+        if type(out) is Carried:
+            return self._finish(level, fun, leaves, treedef, out)
+        if level == TOP and entry.has_checks:
+            # A boxed output (`out_shardings`) does not say whether its trace held
+            # the check: wait, as for one that did.
+            wait_checked(out, self.function.name)
+        return out
 
     def _miss(
         self,
@@ -190,13 +219,35 @@ class Dispatcher:
                     self.trace_log,
                 )
                 try:
-                    return self._run(level, entry, dynamic, leaves)
+                    return self._run(level, fun, leaves, treedef, entry, dynamic)
                 finally:
-                    if entry.specs.by_avals:  # traced, whatever happened after
-                        self.entries[level].put(
-                            key, entry, partition.captured_bytes(leaves)
-                        )
-            return self._run(level, entry, dynamic, leaves)
+                    if entry.traced_avals:  # traced, whatever happened after
+                        self._store(level, partition, leaves, key, entry)
+            return self._run(level, fun, leaves, treedef, entry, dynamic)
+
+    def _store(
+        self,
+        level: int,
+        partition: Partition,
+        leaves: list[Any],
+        key: Any,
+        entry: Entry,
+    ) -> None:
+        """Stores a traced entry under `key`, to be dropped when an object it is
+        keyed by weakly dies."""
+        cache = self.entries[level]
+        cache.put(key, entry, partition.captured_bytes(leaves))
+        weak = [leaves[p] for p in partition.weak_positions]
+        if weak:
+            cache_ref = weakref.ref(cache)
+
+            def drop() -> None:
+                cache = cache_ref()
+                if cache is not None:
+                    cache.discard(key, entry_ref())
+
+            entry_ref = weakref.ref(entry)
+            entry.drop_with(weak, drop)
 
     def _check_traceable(self, partition: Partition, leaves: list[Any]) -> None:
         labels = [label for _, _, label in self.owners(partition)]
@@ -275,7 +326,7 @@ class Dispatcher:
         partition, dynamic, _, entry = self.lookup(level, fun, leaves, treedef)
         assert partition is not None
         cache_hit = (
-            entry is not None and tuple(map(aval_key, dynamic)) in entry.specs.by_avals
+            entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
         )
         owners = self.function.leaf_owners(treedef)
         labels = [label for _, _, label in owners]
@@ -312,7 +363,7 @@ class Dispatcher:
                     leaves,
                     self.trace_log,
                 )
-                self.entries[ABSTRACT].put(key, entry)
+                self._store(ABSTRACT, partition, leaves, key, entry)
         return entry, partition, dynamic, leaves
 
     def clear(self) -> None:
@@ -324,55 +375,6 @@ class Dispatcher:
 
 # Every live dispatcher, for `clear_caches`.
 _dispatchers: "weakref.WeakSet[Dispatcher]" = weakref.WeakSet()
-
-# Dispatchers by function, held weakly by it (as JAX and Equinox hold their
-# traces), then by options: every wrapper of one function with one set of options
-# shares its caches and trace count.
-_registry: "weakref.WeakKeyDictionary[Any, dict[Any, Dispatcher]]" = (
-    weakref.WeakKeyDictionary()
-)
-_registry_lock = threading.Lock()
-
-
-def _identity(fun: Any) -> tuple[Any, Any]:
-    """What a function's caches are held by, and what else tells its wrappers
-    apart: a plain function is itself; a bound method (a `jtu.Partial` here) its
-    function and the number of bound arguments; another pytree, such as an
-    `eqx.Module` with a `__call__`, its type (its structure is part of each key)."""
-    if isinstance(fun, jtu.Partial):
-        return fun.func, (len(fun.args), tuple(fun.keywords))
-    func = getattr(fun, "__func__", None)
-    if func is not None:
-        return func, type(fun)
-    if not jtu.treedef_is_leaf(jtu.tree_structure(fun)):
-        return type(fun), None
-    return fun, None
-
-
-def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
-    """The dispatcher shared by the wrappers of `fun` with `options`."""
-    owner, extra = _identity(fun)
-    options_key = options.key()
-    if options_key is None:
-        return Dispatcher(fun, options)
-    key = (extra, options_key)
-    try:
-        by_options = _registry.get(owner)
-    except TypeError:  # not weakly referenceable, or not hashable: not shared
-        return Dispatcher(fun, options)
-    if by_options is not None:
-        found = by_options.get(key)
-        if found is not None:
-            return found
-    with _registry_lock:
-        try:
-            by_options = _registry.setdefault(owner, {})
-        except TypeError:
-            return Dispatcher(fun, options)
-        found = by_options.get(key)
-        if found is None:
-            found = by_options[key] = Dispatcher(fun, options)
-        return found
 
 
 def clear_all() -> None:

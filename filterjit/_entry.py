@@ -6,18 +6,19 @@ import inspect
 import re
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from ._cache import lifelines
 from ._diagnostics import row, TraceLog
 from ._errors import traced_a_check
 from ._function import Function
 from ._options import Options, UNSPECIFIED
-from ._output import in_place, output_spec, OutputSpec, PURE, Pure
+from ._output import jit_output
 from ._partition import ABSTRACT, ndarray_key, Partition
 from ._trace import EAGER, STAGED, TOP
 
@@ -34,77 +35,52 @@ def aval_key(x: Any) -> tuple[Any, ...]:
     return aval.shape, aval.dtype, aval.weak_type  # pyright: ignore[reportAttributeAccessIssue]
 
 
-class _Specs:
-    """The output specs of an entry's traces, by the avals they were traced for.
-    `single` is the spec of every trace so far if they agree (most functions'
-    static outputs do not depend on shapes), else `None`. `fast` is `single` where
-    a call needs no other check, else `None`."""
-
-    __slots__ = ("by_avals", "single", "fast", "checked", "with_runtime_checks")
-
-    def __init__(self, checked: bool) -> None:
-        self.by_avals: dict[tuple[Any, ...], OutputSpec | Pure] = {}
-        self.single: OutputSpec | Pure | None = None
-        self.fast: OutputSpec | Pure | None = None
-        # Whether every call must check the entry (its captured NumPy arrays).
-        self.checked = checked
-        # The avals whose traces hold a runtime check (`eqx.error_if`): their
-        # calls wait for the result, to raise a failed check at the call.
-        self.with_runtime_checks: set[tuple[Any, ...]] = set()
-
-    def record(
-        self, avals: tuple[Any, ...], spec: OutputSpec | Pure, runtime_check: bool
-    ) -> None:
-        if not self.by_avals:
-            self.single = spec
-        elif self.single is not None and not self.single.same_as(spec):
-            self.single = None
-        self.by_avals[avals] = spec
-        if runtime_check:
-            self.with_runtime_checks.add(avals)
-        single = self.single
-        self.fast = (
-            None
-            if self.checked
-            or self.with_runtime_checks
-            or single is None
-            or single.aliases
-            else single
-        )
-
-    def get(self, dynamic: Sequence[Any]) -> OutputSpec | Pure:
-        if self.single is not None:
-            return self.single
-        spec = self.by_avals.get(tuple(map(aval_key, dynamic)))
-        if spec is None:
-            raise AssertionError(
-                "filter_jit: no output recorded for a trace with these avals; "
-                "please report this."
-            )
-        return spec
-
-
 class Entry:
-    """A jitted function for one cache key, and what its traces recorded."""
+    """A jitted function for one cache key.
 
-    __slots__ = ("jitted", "specs", "captured", "traced", "__weakref__")
+    What each trace learned about its output is not kept here but in the jitted
+    function's output (see `_output`), where JAX keeps it per executable. An entry
+    keeps only what routes a call: the NumPy arrays it compiled in, whether any of
+    its traces held a runtime check, and (for `explain`) which avals it traced.
+    """
 
-    def __init__(
-        self, jitted: Callable[..., Any], specs: _Specs, captured: list[Any]
-    ) -> None:
+    __slots__ = (
+        "jitted",
+        "captured",
+        "has_checks",
+        "traced_avals",
+        "guarded",
+        "_lifelines",
+        "__weakref__",
+    )
+
+    def __init__(self, jitted: Callable[..., Any], captured: list[Any]) -> None:
         self.jitted = jitted
-        self.specs = specs
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
+        # Whether some trace held a runtime check: calls then take the checked
+        # path (which quiets JAX's log of a failed callback). Whether a call waits
+        # is the executable's own fact, carried by its output.
+        self.has_checks = False
+        self.traced_avals: set[tuple[Any, ...]] = set()
+        # Whether calls must take the checked path rather than the hot one.
+        self.guarded = bool(captured)
+        # Weak references whose callbacks drop this entry from its cache when an
+        # object it is keyed by (through a weak reference) dies.
+        self._lifelines: list[Any] = []
 
     def valid(self) -> bool:
         """Whether every NumPy array compiled in still holds the value it was keyed
         by: one mutated in place since must not serve a call with its old value."""
         return all(ndarray_key(array) == key for array, key in self.captured)
 
-    def finish(self, out: Any, dynamic: Sequence[Any], leaves: list[Any]) -> Any:
-        """The user's output from what the jitted function returned."""
-        return self.specs.get(dynamic).build(out, leaves)
+    def traced_with_check(self) -> None:
+        self.has_checks = True
+        self.guarded = True
+
+    def drop_with(self, objects: list[Any], drop: Callable[[], None]) -> None:
+        """Drops this entry (`drop()`) when any of `objects` dies."""
+        self._lifelines = lifelines(objects, drop)
 
 
 class _Source:
@@ -158,22 +134,28 @@ def make_entry(
     treedef = partition.treedef
     dynamic_positions = partition.dynamic_positions
     labels = [label for _, _, label in owners]
-    # The traced leaves' values are not part of the trace: keep none alive.
-    template = list(leaves)
+    # The traced leaves' values are not part of the trace: keep none alive; and
+    # objects keyed by identity only weakly (the key holds them so too).
+    template: list[Any] = list(leaves)
     for position in dynamic_positions:
         template[position] = None
+    weak_positions = partition.weak_positions
+    for position in weak_positions:
+        template[position] = weakref.ref(leaves[position])
     roles = partition.roles()
     arguments = [parameter != "<function>" for parameter, _, _ in owners]
     log = trace_log if level in (TOP, EAGER) else None
-    sharded_output = level != STAGED and options.out_shardings is not UNSPECIFIED
+    staged = level == STAGED
+    boxed = not staged and options.out_shardings is not UNSPECIFIED
     captured = [
         (leaves[p], ndarray_key(leaves[p]))
         for p in partition.array_positions
         if isinstance(leaves[p], np.ndarray)
     ]
-    specs = _Specs(checked=bool(captured))
+    # Not the entry itself: it holds `run`, and a cycle would outlive eviction.
+    entry_ref: Callable[[], Entry | None]
     # The entry must not keep a plain function alive: the caches that hold entries
-    # are held weakly by the function.
+    # are held by the function.
     fun_ref: Callable[[], Any]
     try:
         fun_ref = weakref.ref(fun) if function.fun_is_leaf else lambda: None
@@ -182,23 +164,25 @@ def make_entry(
 
     def run(*dynamic: Any) -> Any:
         inputs = list(template)
+        for position in weak_positions:
+            inputs[position] = inputs[position]()
         for position, leaf in zip(dynamic_positions, dynamic):
             inputs[position] = leaf
         f, args, kwargs = function.split_call(
             fun_ref(), jtu.tree_unflatten(treedef, inputs)
         )
         output = f(*args, **kwargs)
-        if sharded_output:
-            spec, result = PURE, in_place(output)
-        else:
-            spec = output_spec(output, inputs)
-            result = output if spec is PURE else spec.dynamic(output)  # pyright: ignore[reportAttributeAccessIssue]
-        # At the top level, where the program runs: whether to wait for it.
-        runtime_check = level == TOP and traced_a_check()
-        specs.record(tuple(map(aval_key, dynamic)), spec, runtime_check)
+        # Where the program runs (not nested): whether a failed check must be
+        # raised at the call, which then waits for the result.
+        runtime_check = not staged and traced_a_check()
+        entry = entry_ref()
+        if entry is not None:
+            if runtime_check:
+                entry.traced_with_check()
+            entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None:
             log.record(list(map(row, labels, roles, inputs, arguments)))
-        return result
+        return jit_output(output, inputs, runtime_check, boxed)
 
     # So that JAX's own messages (jax_explain_cache_misses, errors) point at the
     # user's function and name the user's arguments, not this closure.
@@ -217,7 +201,7 @@ def make_entry(
     if level == STAGED:
         jitkwargs["inline"] = options.inline
     else:
-        if sharded_output:
+        if boxed:
             jitkwargs["out_shardings"] = options.out_shardings
         if options.in_shardings is not UNSPECIFIED:
             jitkwargs["in_shardings"] = _leaf_shardings(
@@ -230,7 +214,9 @@ def make_entry(
     jitted = jax.jit(run, **jitkwargs)
     if options.silence_donation and level == TOP:
         jitted = _silencing(jitted)
-    return Entry(jitted, specs, captured)
+    entry = Entry(jitted, captured)
+    entry_ref = weakref.ref(entry)
+    return entry
 
 
 def _silencing(jitted: Any) -> Any:

@@ -12,8 +12,9 @@ error reads as under `equinox.filter_jit`), with a fallback to the message in
 JAX's error.
 """
 
+import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -106,24 +107,38 @@ def _message(error: Exception, name: str) -> str:
     )
 
 
-def call_checked(
-    jitted: Callable[..., Any],
-    dynamic: Sequence[Any],
-    name: str,
-    must_wait: Callable[[], bool],
-) -> Any:
-    """`jitted(*dynamic)`, with a failed runtime check raised as
-    `equinox.EquinoxRuntimeError`; waited for if `must_wait()` says so after the
-    call (which may trace)."""
+def check_failed(error: Exception, name: str) -> None:
+    """Raises `error` as `equinox.EquinoxRuntimeError` if it is a failed runtime
+    check; returns if not."""
+    if isinstance(error, JaxRuntimeError | ValueError) and _MARKER in str(error):
+        raise eqx.EquinoxRuntimeError(_message(error, name)) from None
+
+
+@contextlib.contextmanager
+def _raising_checks(name: str) -> Iterator[None]:
+    # A failed runtime check inside raises as `equinox.EquinoxRuntimeError`, and
+    # JAX's log of the failed callback is quieted.
     logger = logging.getLogger("jax._src.callback")
     quiet = _QuietCallbackLog()
     logger.addFilter(quiet)
     try:
-        out = jitted(*dynamic)
-        return jax.block_until_ready(out) if must_wait() else out
-    except (JaxRuntimeError, ValueError) as e:
-        if _MARKER not in str(e):
-            raise
-        raise eqx.EquinoxRuntimeError(_message(e, name)) from None
+        yield
+    except Exception as e:
+        check_failed(e, name)
+        raise
     finally:
         logger.removeFilter(quiet)
+
+
+def call_checked(jitted: Callable[..., Any], dynamic: Sequence[Any], name: str) -> Any:
+    """`jitted(*dynamic)`, with a failed runtime check raised as
+    `equinox.EquinoxRuntimeError`."""
+    with _raising_checks(name):
+        return jitted(*dynamic)
+
+
+def wait_checked(out: Any, name: str) -> None:
+    """Waits for `out`, with a failed runtime check raised as
+    `equinox.EquinoxRuntimeError`."""
+    with _raising_checks(name):
+        jax.block_until_ready(out)

@@ -40,6 +40,18 @@ def _plain_arity(signature: inspect.Signature | None) -> int:
     return count
 
 
+def in_call_tree(fun: Any) -> bool:
+    """Whether a wrapped callable is part of each call's pytree, partitioned like
+    an argument: a pytree (an `eqx.Module`, a `jtu.Partial`, a Module with no
+    fields), or a leaf compared by value (a frozen dataclass), which is keyed by
+    value like a static argument. A callable compared by identity (a function) is
+    not: its caches are its own."""
+    treedef = jtu.tree_structure(fun)
+    if treedef.num_nodes != 1 or treedef.num_leaves != 1:
+        return True
+    return type(fun).__eq__ is not object.__eq__
+
+
 class Keywords:
     """The arguments of a call that has keyword arguments. A pytree node of its own
     type, so that `f(a, b, c=1)` and `f((a, b), {"c": 1})` differ in structure."""
@@ -67,7 +79,7 @@ class Function:
 
     def __init__(self, fun: Any):
         self.name = name_of(fun)
-        self.fun_is_leaf = jtu.treedef_is_leaf(jtu.tree_structure(fun))
+        self.fun_is_leaf = not in_call_tree(fun)
         # Calls bind to the function's own signature, not to that of its
         # `__wrapped__`: a wrapper such as `eqx.filter_vmap(f)` may accept less
         # than it advertises, and must be called as the caller called it.

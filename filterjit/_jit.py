@@ -12,9 +12,11 @@ import jax.tree_util as jtu
 from . import _trace
 from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
-from ._dispatch import Dispatcher, dispatcher_for
+from ._dispatch import Dispatcher
 from ._function import name_of
 from ._options import check_donated_names, DonateOption, make_options, Options
+from ._output import finish
+from ._owners import dispatcher_for
 from ._trace import DISABLED
 
 
@@ -68,8 +70,12 @@ class FilterJitWrapper(Generic[_P, _R]):
     def __init__(self, fun: Callable[_P, _R], options: Options):
         if isinstance(fun, ft.partial) and not isinstance(fun, jtu.Partial):
             # functools.partial is not a pytree; jtu.Partial is, so the arrays
-            # bound in it are traced like any other argument.
-            fun = jtu.Partial(fun.func, *fun.args, **fun.keywords)
+            # bound in it are traced like any other argument. A bound method in it
+            # is unbound too, so that its function owns the caches.
+            func, args = fun.func, fun.args
+            if isinstance(func, types.MethodType):
+                func, args = func.__func__, (func.__self__, *args)
+            fun = jtu.Partial(func, *args, **fun.keywords)
         elif isinstance(fun, types.MethodType):
             # Likewise a bound method: its `self` is partitioned, not hashed.
             fun = jtu.Partial(fun.__func__, fun.__self__)
@@ -162,8 +168,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         """The output's shapes and dtypes, as `jax.eval_shape`: traced output
         leaves as `jax.ShapeDtypeStruct`s, every other leaf unchanged."""
         jitted, specialisation, dynamic = self._specialise(args, kwargs)
-        out = jitted.eval_shape(*dynamic)
-        return specialisation.entry.finish(out, dynamic, specialisation.leaves)
+        return finish(jitted.eval_shape(*dynamic), specialisation.leaves)
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
         level = _trace.trace_level()

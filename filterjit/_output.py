@@ -1,14 +1,23 @@
-"""Outputs: only traced leaves leave the jitted function; the rest is known from
-the trace.
+"""Outputs: what the jitted function returns, so that what a trace learned about
+its output is kept by JAX with the executable compiled from that trace.
 
-A jitted function that returns anything but arrays leaves JAX's C++ fast path on
-every call. So the jitted function returns the user's output itself when every
-leaf of it is traced, and otherwise only the list of traced leaves, while the
-trace records an `OutputSpec`: the output's structure and its other leaves. The
-call puts the two together again.
+JAX keeps a jitted function's output structure per executable, the auxiliary data
+of its nodes included, and rebuilds the output from it on its C++ fast path. So
+every fact of a trace that the caller needs rides in the output itself, never in a
+table of filterjit's own beside it (JAX reuses executables for reasons filterjit
+cannot see: configuration such as x64, context, shardings):
+
+- an output whose leaves are all traced is returned as it is;
+- a static leaf (a Python value, a string, a dtype, a function) rides in its place
+  as the auxiliary data of a childless node, `_Static`, so that JAX hands it back;
+- an output that needs the caller's arguments to be finished (an input handed
+  back, a NumPy array computed at trace time, which each call gets a copy of) or a
+  wait (a runtime check) is `Carried`: its children are the traced leaves and its
+  auxiliary data the `OutputSpec` that finishes it.
+
+Only tracers are outputs of the jit; the rest is what the function returned.
 """
 
-from collections.abc import Callable
 from typing import Any
 
 import jax.tree_util as jtu
@@ -19,42 +28,30 @@ from jax.core import Tracer
 _identity = object.__eq__
 
 
-class Pure:
-    """The output spec of an output whose leaves are all traced: the jitted
-    function returns it as it is."""
+class _Static:
+    """A static output leaf as a childless node: JAX keeps it with the executable
+    and hands it back on every call. Compared by identity."""
 
-    __slots__ = ()
-    aliases = ()
+    __slots__ = ("value",)
 
-    def aliases_hold(self, inputs: list[Any]) -> bool:
-        return True
-
-    def build(self, out: Any, inputs: list[Any]) -> Any:
-        return out
-
-    def same_as(self, other: "OutputSpec | Pure") -> bool:
-        return other is self
+    def __init__(self, value: Any):
+        self.value = value
 
 
-PURE = Pure()
-
-
-def _same_leaf(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, np.ndarray):
-        return a.shape == b.shape and a.dtype == b.dtype and bool(np.all(a == b))
-    try:
-        return (a == b) is True
-    except Exception:
-        return False
+jtu.register_pytree_node(
+    _Static,
+    lambda leaf: ((), leaf),
+    lambda leaf, _: leaf.value,  # pyright: ignore[reportArgumentType]
+)
 
 
 class OutputSpec:
-    """The part of an output that is not traced: its structure, its static leaves,
-    and which of them are inputs handed back."""
+    """The part of an output that is not traced, when the call must finish it: its
+    structure, its static leaves, which of them are inputs handed back or NumPy
+    arrays to copy, and whether the trace holds a runtime check.
+
+    Made during a trace and carried by JAX as the auxiliary data of `Carried`, so
+    that it is always that trace's. Compared by identity."""
 
     __slots__ = (
         "treedef",
@@ -63,67 +60,28 @@ class OutputSpec:
         "passthrough",
         "copies",
         "aliases",
-        "build",
+        "runtime_check",
     )
 
-    def __init__(self, output: Any, inputs: list[Any]):
-        leaves, self.treedef = jtu.tree_flatten(output)
-        input_positions: dict[int, list[int]] = {}
-        for position, leaf in enumerate(inputs):
-            if not isinstance(leaf, Tracer):
-                input_positions.setdefault(id(leaf), []).append(position)
-        aliases = set()
-        dynamic_positions = []
-        passthrough = []
-        copies = []
-        for position, leaf in enumerate(leaves):
-            if isinstance(leaf, Tracer):
-                dynamic_positions.append(position)
-                leaves[position] = None
-            elif id(leaf) in input_positions and type(leaf).__eq__ is not _identity:
-                # The call's own object comes back, not the traced call's. (Where
-                # `==` is identity, as for functions, an equal key is the same
-                # object already.)
-                positions = input_positions[id(leaf)]
-                passthrough.append((position, positions[0]))
-                if len(positions) > 1:
-                    # One object at several inputs: which one came back is known
-                    # only for calls where they are one object again.
-                    aliases.add(tuple(positions))
-            elif isinstance(leaf, np.ndarray):
-                # As without jit, every call gets its own array.
-                copies.append(position)
-        self.template = leaves
-        self.dynamic_positions = tuple(dynamic_positions)
-        self.passthrough = tuple(passthrough)
-        self.copies = tuple(copies)
-        self.aliases = tuple(aliases)
-        # `build(out, inputs)`: the user's output, from the traced leaves `out` and
-        # this call's leaves. Most outputs need only the traced leaves put in.
-        self.build: Callable[[list[Any], list[Any]], Any] = (
-            self._build if passthrough or copies else self._builder()
-        )
-
-    def _builder(self) -> Callable[[list[Any], list[Any]], Any]:
-        template, unflatten = self.template, self.treedef.unflatten
-        if len(self.dynamic_positions) == 1:
-            (position,) = self.dynamic_positions
-
-            def build_one(out: list[Any], inputs: list[Any]) -> Any:
-                leaves = template.copy()
-                leaves[position] = out[0]
-                return unflatten(leaves)
-
-            return build_one
-        positions = self.dynamic_positions
-
-        def build(out: list[Any], inputs: list[Any]) -> Any:
-            leaves = template.copy()
-            for position, leaf in zip(positions, out):
-                leaves[position] = leaf
-            return unflatten(leaves)
-
-        return build
+    def __init__(
+        self,
+        treedef: Any,
+        template: list[Any],
+        dynamic_positions: tuple[int, ...],
+        passthrough: tuple[tuple[int, int], ...],
+        copies: tuple[int, ...],
+        aliases: tuple[tuple[int, ...], ...],
+        runtime_check: bool,
+    ):
+        self.treedef = treedef
+        self.template = template
+        self.dynamic_positions = dynamic_positions
+        self.passthrough = passthrough
+        self.copies = copies
+        # Groups of input positions that held one object when traced, of which one
+        # came back: which one is known only while they are one object again.
+        self.aliases = aliases
+        self.runtime_check = runtime_check
 
     def aliases_hold(self, inputs: list[Any]) -> bool:
         """Whether the inputs that were one object when traced are one now."""
@@ -133,12 +91,8 @@ class OutputSpec:
             for position in group[1:]
         )
 
-    def dynamic(self, output: Any) -> list[Any]:
-        """The traced leaves of `output` (for which this spec was made)."""
-        leaves = jtu.tree_leaves(output)
-        return [leaves[position] for position in self.dynamic_positions]
-
-    def _build(self, out: list[Any], inputs: list[Any]) -> Any:
+    def build(self, out: Any, inputs: list[Any]) -> Any:
+        """The user's output from the traced leaves `out` and this call's leaves."""
         leaves = list(self.template)
         for position, leaf in zip(self.dynamic_positions, out):
             leaves[position] = leaf
@@ -148,46 +102,84 @@ class OutputSpec:
             leaves[position] = leaves[position].copy()
         return self.treedef.unflatten(leaves)
 
-    def same_as(self, other: "OutputSpec | Pure") -> bool:
-        return (
-            type(other) is OutputSpec
-            and self.treedef == other.treedef
-            and self.dynamic_positions == other.dynamic_positions
-            and self.passthrough == other.passthrough
-            and all(map(_same_leaf, self.template, other.template))
-        )
 
+class Carried:
+    """An output finished by the caller: the traced leaves, and the spec of the
+    trace that made them (JAX's auxiliary data, so kept per executable)."""
 
-def output_spec(output: Any, inputs: list[Any]) -> OutputSpec | Pure:
-    """The spec of an output traced with `inputs` (the call's leaves, traced ones
-    as tracers)."""
-    if all(isinstance(leaf, Tracer) for leaf in jtu.tree_leaves(output)):
-        return PURE
-    return OutputSpec(output, inputs)
+    __slots__ = ("leaves", "spec")
 
-
-class _StaticLeaf:
-    """A non-traced output leaf as a childless pytree node, so that the output
-    keeps the user's structure: then jax.jit's `out_shardings`, given as a prefix
-    of the user's output, applies to it. Hashed and compared by identity."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
+    def __init__(self, leaves: Any, spec: OutputSpec):
+        self.leaves = leaves
+        self.spec = spec
 
 
 jtu.register_pytree_node(
-    _StaticLeaf,
-    lambda leaf: ((), leaf),
-    lambda leaf, _: leaf.value,  # pyright: ignore[reportArgumentType]
+    Carried,
+    lambda carried: (carried.leaves, carried.spec),
+    lambda spec, leaves: Carried(leaves, spec),  # pyright: ignore[reportArgumentType]
 )
 
 
-def in_place(output: Any) -> Any:
-    """The output with each non-traced leaf boxed where it is, for
-    `out_shardings`. Inputs handed back come back as the objects of the call that
-    was traced (equal to this call's, since they are keyed by value)."""
-    return jtu.tree_map(
-        lambda leaf: leaf if isinstance(leaf, Tracer) else _StaticLeaf(leaf), output
+def finish(out: Any, inputs: list[Any]) -> Any:
+    """The user's output from what the jitted function returned (or its shapes,
+    from `eval_shape`), for a call with leaves `inputs`."""
+    if type(out) is Carried:
+        return out.spec.build(out.leaves, inputs)
+    return out
+
+
+def jit_output(
+    output: Any, inputs: list[Any], runtime_check: bool, boxed: bool = False
+) -> Any:
+    """What the jitted function returns for the user's `output`, traced with
+    `inputs` (the call's leaves, traced ones as tracers). `boxed`: keep the
+    user's structure whatever it takes (for `out_shardings`, a prefix of it);
+    inputs handed back are then the traced call's (equal to this call's: they are
+    keyed by value)."""
+    leaves, treedef = jtu.tree_flatten(output)
+    input_positions: dict[int, list[int]] = {}
+    for position, leaf in enumerate(inputs):
+        if not isinstance(leaf, Tracer):
+            input_positions.setdefault(id(leaf), []).append(position)
+    dynamic_positions: list[int] = []
+    passthrough: list[tuple[int, int]] = []
+    copies: list[int] = []
+    aliases: set[tuple[int, ...]] = set()
+    for position, leaf in enumerate(leaves):
+        if isinstance(leaf, Tracer):
+            dynamic_positions.append(position)
+        elif id(leaf) in input_positions and type(leaf).__eq__ is not _identity:
+            # The call's own object comes back, not the traced call's. (Where `==`
+            # is identity, the key holds the object itself: it is this call's.)
+            positions = input_positions[id(leaf)]
+            passthrough.append((position, positions[0]))
+            if len(positions) > 1:
+                aliases.add(tuple(positions))
+        elif isinstance(leaf, np.ndarray):
+            copies.append(position)  # as without jit, every call its own array
+    if boxed or not (passthrough or copies or runtime_check):
+        if len(dynamic_positions) == len(leaves):
+            return output
+        dynamic = set(dynamic_positions)
+        return treedef.unflatten(
+            [
+                leaf if position in dynamic else _Static(leaf)
+                for position, leaf in enumerate(leaves)
+            ]
+        )
+    template = list(leaves)
+    for position in dynamic_positions:
+        template[position] = None
+    for position, _ in passthrough:
+        template[position] = None  # filled from each call: pins nothing
+    spec = OutputSpec(
+        treedef,
+        template,
+        tuple(dynamic_positions),
+        tuple(passthrough),
+        tuple(copies),
+        tuple(aliases),
+        runtime_check,
     )
+    return Carried([leaves[p] for p in dynamic_positions], spec)

@@ -2,6 +2,7 @@
 
 import hashlib
 import operator
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -96,6 +97,18 @@ def _identity_key(x: jax.Array) -> int:
     return id(x)
 
 
+def weakly_keyed(kind: type) -> bool:
+    """Whether static leaves of this type are keyed by a weak reference: those
+    compared by identity, which a weak reference compares the same way. A cache
+    keyed by them then keeps none alive (a function passed to its own wrapper, an
+    instance whose class holds the wrapper)."""
+    return (
+        kind.__eq__ is object.__eq__
+        and kind.__hash__ is object.__hash__
+        and kind.__weakrefoffset__ != 0
+    )
+
+
 def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     # np.generic before float: np.float64 subclasses float.
     if staged and issubclass(kind, np.ndarray):
@@ -108,7 +121,15 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
         return float_key
     if issubclass(kind, complex):
         return _complex_key
+    if weakly_keyed(kind):
+        return weakref.ref
     return None
+
+
+def static_key(leaf: Any) -> Any:
+    """The key of a static leaf at the top level (its type is keyed apart)."""
+    rekey = _key_function(type(leaf), staged=False)
+    return leaf if rekey is None else rekey(leaf)
 
 
 def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
@@ -147,6 +168,7 @@ class Partition:
         "dynamic_positions",
         "static_positions",
         "array_positions",
+        "weak_positions",
         "take_dynamic",
         "key",
         "constant_key",
@@ -183,6 +205,10 @@ class Partition:
         self.static_positions = tuple(static)
         self.array_positions = tuple(
             p for p in static if staged and issubclass(types[p], _ARRAY_TYPES)
+        )
+        # The static leaves that caches hold only weakly (see `weakly_keyed`).
+        self.weak_positions = tuple(
+            p for p in static if _key_function(types[p], staged) is weakref.ref
         )
         self.signature = (
             treedef,

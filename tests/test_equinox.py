@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from filterjit import filter_jit
+from filterjit import _dispatch, filter_jit
 
 
 def _positive(x):
@@ -42,16 +42,23 @@ def test_a_runtime_check_in_a_nested_call_or_a_branch_is_found():
     assert outer(-jnp.ones(2), False).tolist() == [-1.0, -1.0]
 
 
-def test_only_calls_with_a_runtime_check_wait():
+def test_only_calls_with_a_runtime_check_wait(monkeypatch):
+    waits = []
+    wait_checked = _dispatch.wait_checked
+
+    def counting(out, name):
+        waits.append(name)
+        wait_checked(out, name)
+
+    monkeypatch.setattr(_dispatch, "wait_checked", counting)
     checked = filter_jit(_positive)
     plain = filter_jit(lambda x: x + 1)
-    checked(jnp.ones(2))
-    plain(jnp.ones(2))
-    (checked_entry,) = checked._dispatcher.entries[0]._values.values()
-    (plain_entry,) = plain._dispatcher.entries[0]._values.values()
-    assert checked_entry.specs.with_runtime_checks
-    assert not plain_entry.specs.with_runtime_checks
-    assert plain_entry.specs.fast is not None  # the hit path, which never waits
+    for _ in range(2):
+        checked(jnp.ones(2))
+        plain(jnp.ones(2))
+    # Under eager transforms a failed check raises at the call without a wait.
+    jax.grad(lambda x: checked(x).sum())(jnp.ones(2))
+    assert waits == ["_positive", "_positive"]
 
 
 def test_filter_vmap_with_a_keyword_default_is_called_as_called():

@@ -8,6 +8,7 @@ import gc
 import linecache
 import pickle
 import weakref
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -31,8 +32,11 @@ class Scale:
         return x * self.k
 
 
+MakeCallable = Callable[[], Callable[[jax.Array], jax.Array]]
+
+
 @pytest.mark.parametrize("make", [Relu, Scale], ids=["module", "dataclass"])
-def test_equal_callables_each_call_their_own_instance(make):
+def test_equal_callables_each_call_their_own_instance(make: MakeCallable):
     first, second = filter_jit(make()), filter_jit(make())
     first(jnp.ones(2))
     del first
@@ -41,7 +45,7 @@ def test_equal_callables_each_call_their_own_instance(make):
 
 
 @pytest.mark.parametrize("make", [Relu, Scale], ids=["module", "dataclass"])
-def test_a_callable_rewrapped_per_call_traces_once(make):
+def test_a_callable_rewrapped_per_call_traces_once(make: MakeCallable):
     before = filterjit.num_traces(filter_jit(make()))
     for _ in range(5):
         filter_jit(make())(jnp.ones(17))  # as libraries write it
@@ -191,5 +195,7 @@ def test_caches_are_neither_copied_nor_pickled_with_a_function():
     clone = cloudpickle.loads(cloudpickle.dumps(f))
     assert filter_jit(clone)(jnp.ones(2)).tolist() == [2.0, 2.0]
     assert filterjit.num_traces(filter_jit(clone)) == 1
-    wrapper = pickle.loads(pickle.dumps(filter_jit(Scale(3))))
+    wrapper: Callable[[jax.Array], jax.Array] = pickle.loads(
+        pickle.dumps(filter_jit(Scale(3)))
+    )
     assert wrapper(jnp.ones(1)).tolist() == [3.0]

@@ -2,6 +2,8 @@
 JAX runs, whichever trace made it and whatever JAX keyed it on."""
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -30,7 +32,9 @@ def x64_restored():
 
 
 @pytest.mark.parametrize("fun", [_dtype_of_sum, _x64_flag])
-def test_static_outputs_follow_the_executable_across_x64(fun, x64_restored):
+def test_static_outputs_follow_the_executable_across_x64(
+    fun: Callable[[jax.Array], tuple[jax.Array, Any]], x64_restored: None
+):
     wrapped = filter_jit(fun)
     for x64 in (False, True, False, True):
         jax.config.update("jax_enable_x64", x64)

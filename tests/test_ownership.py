@@ -192,7 +192,7 @@ def test_caches_are_neither_copied_nor_pickled_with_a_function():
 
     filter_jit(f)(jnp.ones(2))
     assert any("filterjit" in name for name in vars(f))
-    clone = cloudpickle.loads(cloudpickle.dumps(f))
+    clone: Callable[[jax.Array], jax.Array] = cloudpickle.loads(cloudpickle.dumps(f))
     assert filter_jit(clone)(jnp.ones(2)).tolist() == [2.0, 2.0]
     assert filterjit.num_traces(filter_jit(clone)) == 1
     wrapper: Callable[[jax.Array], jax.Array] = pickle.loads(

@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(
             "filterjit against the targets of the issue (ratios are to jax.jit in "
-            "this run; informational unless --check is given)."
+            "this run, for programs to each row's jax.jit baseline; informational "
+            "unless --check is given)."
         )
         print()
         print(_summary(targets))

@@ -1,15 +1,25 @@
-"""Resident memory growth when every outer trace hands a fresh NumPy array to a
-nested call: does a cache keep those arrays alive?
+"""What caches keep alive.
 
-Each implementation runs in a subprocess of its own (`run.py --memory-child
-NAME`), so that no implementation's leftovers count against another.
+- Resident memory growth when every outer trace hands a fresh NumPy array to a
+  nested call: does a cache keep those arrays alive? Each implementation runs in a
+  subprocess of its own (`run.py --memory-child NAME`), so that no
+  implementation's leftovers count against another.
+- Ownership: classes with a decorated method, defined in a loop, whose instances
+  are not pytrees (so `self` is a static leaf), called and dropped: are they freed?
+  And wrappers of fresh lambdas, dropped: is their generated code freed? One
+  subprocess (`run.py --ownership-child`) measures every implementation in turn,
+  each against its own baseline.
 """
 
+import functools as ft
 import gc
 import json
+import linecache
 import os
 import subprocess
 import sys
+import tracemalloc
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +50,11 @@ WARMUP = 10
 UNBOUNDED = "unbounded cache"
 NAMES = (UNDECORATED, JAX, EQX, FILTERJIT, UNBOUNDED)
 _MIB = 2**20
+
+# Ownership: classes defined in a loop, each instance holding a blob of this many
+# bytes; wrappers of fresh lambdas.
+BLOB_BYTES = 200_000
+OWNERS = (JAX, EQX, FILTERJIT)
 
 
 def inner(x: jax.Array, c: np.ndarray) -> jax.Array:
@@ -119,18 +134,192 @@ def _run_child(name: str, iterations: int) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _method_decorator(name: str) -> Callable[[Any], Any]:
+    """How each implementation decorates a method whose `self` is static."""
+    if name == JAX:
+        return ft.partial(jax.jit, static_argnums=0)
+    if name == EQX:
+        return eqx.filter_jit
+    if name == FILTERJIT:
+        return filterjit.filter_jit
+    raise ValueError(f"unknown implementation {name!r}; expected one of {OWNERS}")
+
+
+def _make_class(index: int, decorate: Callable[[Any], Any]) -> type:
+    """A class with a decorated method, whose instances are not pytrees."""
+
+    class Holder:
+        def __init__(self) -> None:
+            self.blob = np.ones(BLOB_BYTES // 8)
+
+        @decorate
+        def method(self, x: jax.Array) -> jax.Array:
+            return x + self.blob.shape[0]
+
+    Holder.__name__ = Holder.__qualname__ = f"Holder{index}"
+    return Holder
+
+
+def _use_classes(
+    count: int, decorate: Callable[[Any], Any], refs: list[tuple[Any, Any, Any]]
+) -> None:
+    """Defines `count` classes, calls each one's method on an instance at the top
+    level and nested, and drops them, keeping weak references in `refs`."""
+    x = jnp.ones(4)
+    for index in range(count):
+        cls = _make_class(index, decorate)
+        instance = cls()
+        jax.block_until_ready(instance.method(x))
+        jax.make_jaxpr(lambda y: instance.method(y))(x)
+        refs.append(
+            (weakref.ref(cls), weakref.ref(instance), weakref.ref(instance.blob))
+        )
+
+
+def _fresh_wrapper(name: str) -> Callable[..., Any]:
+    """A wrapper of a fresh lambda, with a default and a static argument."""
+    if name == JAX:
+        return jax.jit(lambda x, n, k=1: x * n + k, static_argnums=1)
+    if name == EQX:
+        return eqx.filter_jit(lambda x, n, k=1: x * n + k)
+    return filterjit.filter_jit(lambda x, n, k=1: x * n + k)
+
+
+def _use_lambdas(count: int, name: str) -> None:
+    x = jnp.ones(4)
+    for _ in range(count):
+        wrapper = _fresh_wrapper(name)
+        jax.block_until_ready(wrapper(x, 2))
+        jax.make_jaxpr(lambda y: wrapper(y, 2))(x)
+
+
+def _collect() -> None:
+    filterjit.clear_caches()
+    jax.clear_caches()
+    gc.collect()
+
+
+def ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, Any]:
+    """Runs in the subprocess: for each implementation, after a warm-up round, the
+    classes (what stays alive after `gc.collect()`, and how much the Python heap
+    grew, by `tracemalloc`), then the lambdas (entries added to `linecache` that
+    remain after every cache is cleared and garbage collected)."""
+    results: dict[str, Any] = {}
+    for name in OWNERS:
+        decorate = _method_decorator(name)
+        _use_classes(warmup, decorate, [])  # warm-up: JAX's and the allocator's
+        _use_lambdas(warmup, name)
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        refs: list[tuple[Any, Any, Any]] = []
+        _use_classes(classes, decorate, refs)
+        gc.collect()
+        growth = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        alive_classes = sum(cls() is not None for cls, _, _ in refs)
+        alive_instances = sum(instance() is not None for _, instance, _ in refs)
+        held = sum(blob().nbytes for _, _, blob in refs if blob() is not None)
+        _collect()
+        alive_after_clearing = sum(cls() is not None for cls, _, _ in refs)
+
+        _collect()
+        entries = set(linecache.cache)
+        _use_lambdas(lambdas, name)
+        _collect()
+        left = len(set(linecache.cache) - entries)
+        results[name] = {
+            "classes": alive_classes,
+            "instances": alive_instances,
+            "held": held,
+            "growth": growth,
+            "freed_by_clearing": alive_classes - alive_after_clearing,
+            "linecache": left,
+        }
+    return results
+
+
+def _run_ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, Any]:
+    script = Path(__file__).with_name("run.py")
+    command = [sys.executable, str(script), "--ownership-child"]
+    command += ["--classes", str(classes), "--lambdas", str(lambdas)]
+    command += ["--warmup", str(warmup)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"The ownership child failed (exit {done.returncode}):\n{done.stderr}"
+        )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _ownership(settings: Settings) -> tuple[str, list[Target]]:
+    classes = settings.pick(full=30, quick=3)
+    lambdas = settings.pick(full=100, quick=5)
+    warmup = settings.pick(full=3, quick=1)
+    results = _run_ownership_child(classes, lambdas, warmup)
+    measures = [
+        (f"classes alive, of {classes}", "classes", str),
+        (f"instances alive, of {classes}", "instances", str),
+        ("instance bytes held (blobs alive)", "held", str),
+        (
+            "Python heap growth, kB (tracemalloc)",
+            "growth",
+            lambda v: fmt_number(v / 1e3),
+        ),
+        ("of the classes alive, freed by clearing caches", "freed_by_clearing", str),
+        (f"linecache entries left, of {lambdas} wrappers", "linecache", str),
+    ]
+    # Targets: zero for filterjit.
+    zero = {
+        "held": ("instance bytes held", " B"),
+        "linecache": ("linecache entries left", ""),
+    }
+    headers = ["after `gc.collect()`", *OWNERS]
+    targets = []
+    rows = []
+    for label, key, fmt in measures:
+        row = [label, *(fmt(results[name][key]) for name in OWNERS)]
+        if settings.targets:
+            if key in zero:
+                measure, unit = zero[key]
+                target = Target("memory", measure, results[FILTERJIT][key], 0, unit)
+                targets.append(target)
+                row += [target.describe(), target.verdict]
+            else:
+                row += ["", ""]
+        rows.append(row)
+    if settings.targets:
+        headers += ["target (filterjit)", "result"]
+    text = (
+        f"Ownership, in one subprocess, each implementation after a warm-up round "
+        f"of its own: {classes} classes defined in a loop, each with a decorated "
+        f"method `method(self, x)` (jax.jit: `static_argnums=0`) whose instances "
+        f"are not pytrees (so `self` is a static leaf) and hold a "
+        f"{BLOB_BYTES // 1000} kB NumPy blob; one instance of each is called at the "
+        "top level and nested (`jax.make_jaxpr`), then class and instance are "
+        "dropped. Alive: by weak references after `gc.collect()`; heap growth: "
+        "`tracemalloc` over that loop, which includes what JAX itself keeps. "
+        "Then `filterjit.clear_caches()` and `jax.clear_caches()`: how many of those "
+        f"alive that frees. Last, {lambdas} wrappers of fresh lambdas "
+        "(`lambda x, n, k=1: x * n + k`, `n` static), each called at the top level "
+        "and nested, then dropped: entries added to `linecache` that remain after "
+        "both caches are cleared and garbage collected."
+    )
+    return text + "\n\n" + markdown_table(headers, rows), targets
+
+
 def run(settings: Settings) -> Section:
+    ownership, targets = _ownership(settings)
     iterations = settings.pick(full=300, quick=20)
     if not os.path.exists("/proc/self/statm"):
         header = f"{NA}: resident memory is read from /proc/self/statm (Linux)."
-        return Section("memory", header, "")
+        return Section("memory", header, "", targets, [ownership])
     growth = {name: _run_child(name, iterations)["growth"] / _MIB for name in NAMES}
     headers = ["outer traces", *(f"{name} (MiB)" for name in NAMES)]
     row = [str(iterations), *(fmt_number(growth[name]) for name in NAMES)]
-    targets = []
     if settings.targets:
         target = Target("memory", "growth", growth[FILTERJIT], LIMIT_MIB, " MiB")
-        targets.append(target)
+        targets.insert(0, target)
         headers += ["target", "result"]
         row += [target.describe(), target.verdict]
     header = (
@@ -145,4 +334,5 @@ def run(settings: Settings) -> Section:
         f"'{UNBOUNDED}' is a reference wrapper that keys on the value and keeps "
         "every entry."
     )
-    return Section("memory", header, markdown_table(headers, [row]), targets)
+    table = markdown_table(headers, [row])
+    return Section("memory", header, table, targets, [ownership])

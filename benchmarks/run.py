@@ -140,10 +140,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--memory-child", metavar="NAME", help=argparse.SUPPRESS)
     parser.add_argument("--iterations", type=int, default=300, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ownership-child", action="store_true", help=argparse.SUPPRESS
+    )
+    parser.add_argument("--classes", type=int, default=30, help=argparse.SUPPRESS)
+    parser.add_argument("--lambdas", type=int, default=100, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.memory_child is not None:
         print(json.dumps(_memory.child(args.memory_child, args.iterations)))
+        return 0
+    if args.ownership_child:
+        print(
+            json.dumps(_memory.ownership_child(args.classes, args.lambdas, args.warmup))
+        )
         return 0
     if args.profile:
         quick = {"sizes": (1,), "calls": 200} if args.quick else {}

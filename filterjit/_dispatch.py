@@ -129,6 +129,9 @@ class Dispatcher:
             self._failed(partition, leaves, e)
             raise
         if type(out) is Carried:
+            spec = out.spec
+            if spec.plain:
+                return spec.build(out.leaves, leaves)
             return self._finish(level, fun, leaves, treedef, out)
         return out
 

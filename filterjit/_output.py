@@ -2,22 +2,21 @@
 its output is kept by JAX with the executable compiled from that trace.
 
 JAX keeps a jitted function's output structure per executable, the auxiliary data
-of its nodes included, and rebuilds the output from it on its C++ fast path. So
-every fact of a trace that the caller needs rides in the output itself, never in a
-table of filterjit's own beside it (JAX reuses executables for reasons filterjit
-cannot see: configuration such as x64, context, shardings):
+of its nodes included, and rebuilds the output from it on its C++ fast path (which
+it keeps only while the rebuilt output flattens to arrays alone). So every fact of
+a trace that the caller needs rides in the output itself, never in a table of
+filterjit's own beside it (JAX reuses executables for reasons filterjit cannot
+see: configuration such as x64, context, shardings):
 
 - an output whose leaves are all traced is returned as it is;
-- a static leaf (a Python value, a string, a dtype, a function) rides in its place
-  as the auxiliary data of a childless node, `_Static`, so that JAX hands it back;
-- an output that needs the caller's arguments to be finished (an input handed
-  back, a NumPy array computed at trace time, which each call gets a copy of) or a
-  wait (a runtime check) is `Carried`: its children are the traced leaves and its
-  auxiliary data the `OutputSpec` that finishes it.
+- any other is `Carried`: its children are the traced leaves and its auxiliary
+  data the `OutputSpec` that finishes it (static leaves, inputs handed back, NumPy
+  arrays each call gets a copy of, whether the trace holds a runtime check).
 
 Only tracers are outputs of the jit; the rest is what the function returned.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import jax.tree_util as jtu
@@ -29,8 +28,8 @@ _identity = object.__eq__
 
 
 class _Static:
-    """A static output leaf as a childless node: JAX keeps it with the executable
-    and hands it back on every call. Compared by identity."""
+    """A static output leaf as a childless node, for `out_shardings` (a prefix of
+    the user's output, so the output keeps its structure). Compared by identity."""
 
     __slots__ = ("value",)
 
@@ -61,6 +60,8 @@ class OutputSpec:
         "copies",
         "aliases",
         "runtime_check",
+        "plain",
+        "build",
     )
 
     def __init__(
@@ -82,6 +83,34 @@ class OutputSpec:
         # came back: which one is known only while they are one object again.
         self.aliases = aliases
         self.runtime_check = runtime_check
+        # Whether the call needs nothing but `build`.
+        self.plain = not (aliases or runtime_check)
+        # `build(out, inputs)`: the user's output from the traced leaves `out` and
+        # this call's leaves. Most outputs need only the traced leaves put in.
+        self.build: Callable[[Any, list[Any]], Any] = (
+            self._build if passthrough or copies else self._builder()
+        )
+
+    def _builder(self) -> Callable[[Any, list[Any]], Any]:
+        template, unflatten = self.template, self.treedef.unflatten
+        positions = self.dynamic_positions
+        if len(positions) == 1:
+            (position,) = positions
+
+            def build_one(out: Any, inputs: list[Any]) -> Any:
+                leaves = template.copy()
+                leaves[position] = out[0]
+                return unflatten(leaves)
+
+            return build_one
+
+        def build(out: Any, inputs: list[Any]) -> Any:
+            leaves = template.copy()
+            for position, leaf in zip(positions, out):
+                leaves[position] = leaf
+            return unflatten(leaves)
+
+        return build
 
     def aliases_hold(self, inputs: list[Any]) -> bool:
         """Whether the inputs that were one object when traced are one now."""
@@ -91,8 +120,7 @@ class OutputSpec:
             for position in group[1:]
         )
 
-    def build(self, out: Any, inputs: list[Any]) -> Any:
-        """The user's output from the traced leaves `out` and this call's leaves."""
+    def _build(self, out: Any, inputs: list[Any]) -> Any:
         leaves = list(self.template)
         for position, leaf in zip(self.dynamic_positions, out):
             leaves[position] = leaf
@@ -158,9 +186,9 @@ def jit_output(
                 aliases.add(tuple(positions))
         elif isinstance(leaf, np.ndarray):
             copies.append(position)  # as without jit, every call its own array
-    if boxed or not (passthrough or copies or runtime_check):
-        if len(dynamic_positions) == len(leaves):
-            return output
+    if len(dynamic_positions) == len(leaves) and not runtime_check:
+        return output
+    if boxed:
         dynamic = set(dynamic_positions)
         return treedef.unflatten(
             [

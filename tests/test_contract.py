@@ -141,7 +141,7 @@ def test_custom_vjp_rules_are_staged():
     g.defvjp(g_fwd, g_bwd)
     assert jax.jit(jax.grad(g))(jnp.float32(1.0)) == 2.0
     # The forward rule and the backward rule, each with the concrete `n`. (Both run
-    # in the outer jit's trace. Were their calls identical, JAX < 0.11 would still
+    # in the outer jit's trace. Were their calls identical, JAX <= 0.11.1 would still
     # trace the function twice, as it keys the backward pass's trace by another
     # abstract mesh; newer JAX shares one trace, as for any identical nested calls.)
     assert sorted(args[2] for args in seen) == ["bwd", "fwd"]
@@ -151,7 +151,7 @@ def test_custom_vjp_rules_are_staged():
 
 
 def test_identical_calls_in_custom_vjp_rules_share_a_trace_where_jax_does():
-    # The backward rule runs in the outer trace, under a context that JAX < 0.11
+    # The backward rule runs in the outer trace, under a context that JAX <= 0.11.1
     # keys its traces by (an empty abstract mesh); the nested call shares the
     # forward rule's trace exactly where a `jax.jit` of the function would.
     traces = {}

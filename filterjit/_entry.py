@@ -25,6 +25,12 @@ from ._trace import EAGER, STAGED, TOP
 
 _UNUSED_DONATION = "Some donated buffers were not usable"
 
+# What `inline=True` asks of `jax.jit`: inlined into the caller's jaxpr while tracing.
+# jax < 0.11 knows only `inline=True`; jax 0.11.0 and 0.11.1 read it as
+# `jax.Inline.JAX_EARLY`, and jax >= 0.11.2 as `JAX_LATE`, inlined only when lowered,
+# which leaves a `jit` equation in the jaxpr.
+_INLINE: Any = getattr(getattr(jax, "Inline", None), "JAX_EARLY", True)
+
 
 def aval_key(x: Any) -> tuple[Any, ...]:
     """What a trace of the jitted function sees of a traced leaf."""
@@ -199,7 +205,7 @@ def make_entry(
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)
     if level == STAGED:
-        jitkwargs["inline"] = options.inline
+        jitkwargs["inline"] = _INLINE if options.inline else False
     else:
         if boxed:
             jitkwargs["out_shardings"] = options.out_shardings

@@ -53,16 +53,26 @@ def _call_level_public() -> int:
 try:
     from jax._src import traceback_util as _traceback_util
     from jax._src.config import disable_jit as _disable_jit_state
-    from jax._src.core import (
-        EvalTrace as _EvalTrace,
-        # `_current_trace` is the state behind `trace_ctx.trace`, read directly;
-        # `trace_ctx` is here for the test that checks the two agree.
-        trace_ctx as _trace_ctx,  # noqa: F401
-        trace_state_strong_ref as _current_trace,
-    )
+    from jax._src.core import EvalTrace as _EvalTrace, trace_ctx as _trace_ctx
     from jax._src.interpreters.partial_eval import (
         DynamicJaxprTrace as _DynamicJaxprTrace,
     )
+
+    try:
+        # jax >= 0.10: the state behind the `trace_ctx.trace` property, read
+        # directly to save a Python-level property call.
+        from jax._src.core import trace_state_strong_ref as _current_trace
+    except ImportError:
+        # jax 0.9: `trace_ctx` is a thread-local whose `trace` is an attribute.
+
+        class _TraceAttribute:
+            __slots__ = ()
+
+            @property
+            def value(self) -> object:
+                return _trace_ctx.trace
+
+        _current_trace = _TraceAttribute()
 except ImportError:  # pragma: no cover - the tests simulate this by monkeypatching
     private_api_available = False
     trace_level = _trace_level_public

@@ -127,22 +127,46 @@ def test_custom_vjp_rules_are_staged():
 
     @jax.custom_vjp
     def g(x):
-        f(x, n)
+        f(x, n, "primal")
         return x * 2
 
     def g_fwd(x):
-        f(x, n)
+        f(x, n, "fwd")
         return x * 2, None
 
     def g_bwd(_, ct):
-        f(ct, n)
+        f(ct, n, "bwd")
         return (ct * 2,)
 
     g.defvjp(g_fwd, g_bwd)
     assert jax.jit(jax.grad(g))(jnp.float32(1.0)) == 2.0
-    assert len(seen) == 2  # the forward rule and the backward rule
+    # The forward rule and the backward rule, each with the concrete `n`. (Both run
+    # in the outer jit's trace. Were their calls identical, JAX <= 0.11.1 would still
+    # trace the function twice, as it keys the backward pass's trace by another
+    # abstract mesh; newer JAX shares one trace, as for any identical nested calls.)
+    assert sorted(args[2] for args in seen) == ["bwd", "fwd"]
     for args in seen:
+        assert isinstance(args[0], Tracer)
         assert args[1] is n
+
+
+def test_identical_calls_in_custom_vjp_rules_share_a_trace_where_jax_does():
+    # The backward rule runs in the outer trace, under a context that JAX <= 0.11.1
+    # keys its traces by (an empty abstract mesh); the nested call shares the
+    # forward rule's trace exactly where a `jax.jit` of the function would.
+    traces = {}
+    for wrap in (filter_jit, jax.jit):
+        counter = TraceCounter(lambda x: x)
+        h = wrap(counter)
+
+        @jax.custom_vjp
+        def g(x):
+            return h(x) * 2
+
+        g.defvjp(lambda x: (h(x) * 2, None), lambda _, ct: (h(ct) * 2,))
+        assert jax.jit(jax.grad(g))(jnp.float32(1.0)) == 2.0
+        traces[wrap] = counter.count
+    assert traces[filter_jit] == traces[jax.jit] >= 1
 
 
 def test_print_inside_shows_the_concrete_value(capsys):

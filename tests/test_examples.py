@@ -71,7 +71,7 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
             r"with jax\.jit on the helper instead: TracerArrayConversionError",
             r"traces of damp \(vmap, vmap\(grad\)\): 1\n",
             r"after three more batches: 1\n",
-            r"jit\(scan\(vmap\)\) +max \|decorated - undecorated\| = 0\.0e\+00",
+            r"jit\(scan\(vmap\)\) +max \|decorated - undecorated\| = 0 ulp\n",
         ],
     ),
 }
@@ -132,8 +132,10 @@ def test_example_runs(name: str):
         ]
         assert len(losses) >= 5 and losses[-1] < losses[0] / 10, out
     if name == "scan_vmap.py":
-        differences = re.findall(r"= (\S+)\n", out)
-        assert differences and all(float(d) <= 1e-6 for d in differences), out
+        # Equal, or equal but for rounding: compiled and op-by-op results may differ
+        # in the last place, and by how much depends on the XLA of the JAX version.
+        differences = re.findall(r"= (\d+) ulp\n", out)
+        assert len(differences) == 5 and all(int(d) <= 2 for d in differences), out
     shown = documented_outputs().get(name)
     if shown is not None:
         assert out.rstrip("\n") == shown, (

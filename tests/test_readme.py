@@ -57,3 +57,41 @@ def test_quickstart_is_the_one_in_getting_started():
     quickstart = README.read_text().split("## Quickstart", 1)[1]
     bash = re.compile(r"```bash\n(.*?)```", re.S)
     assert bash.findall(quickstart)[0] == bash.findall(getting_started)[0]
+
+
+def test_ci_runs_the_matrix():
+    """CI runs the floor and newest legs after the main one, and each leg runs the
+    README's test command."""
+    ci = (README.parent / ".ci" / "run").read_text()
+    commands = [line.split("#")[0].strip() for line in ci.splitlines()]
+    assert ".ci/matrix floor newest" in commands
+    assert commands.index(".ci/matrix floor newest") > commands.index(
+        "python -m pytest --full"
+    )
+    matrix = (README.parent / ".ci" / "matrix").read_text()
+    matrix_commands = [line.split("#")[0].strip() for line in matrix.splitlines()]
+    assert "python -m pytest" in matrix_commands
+
+
+def test_floor_leg_pins_the_lower_bounds():
+    """`.ci/floor.txt` pins every runtime dependency at its lower bound in
+    pyproject.toml: the floor leg tests what the bounds promise."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    pyproject = tomllib.loads((README.parent / "pyproject.toml").read_text())
+    floors = {}
+    for dependency in pyproject["project"]["dependencies"]:
+        requirement = Requirement(dependency)
+        lower = [s.version for s in requirement.specifier if s.operator == ">="]
+        assert len(lower) == 1, dependency
+        floors[requirement.name] = Version(lower[0])
+    pins = {}
+    for line in (README.parent / ".ci" / "floor.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[name] = Version(version)
+    assert pins == floors

@@ -22,7 +22,11 @@ def test_private_api_is_available():
     assert _trace.trace_level.__name__ == "_trace_level_private"
     assert _trace.jit_disabled.__name__ == "_jit_disabled_private"
     assert _trace.call_level.__name__ == "_call_level_private"
-    # The hot path reads the state behind `trace_ctx.trace` directly.
+    # The hot path reads the state behind `trace_ctx.trace` directly (from jax 0.10,
+    # `trace_state_strong_ref`; jax 0.9 keeps the trace in an attribute of
+    # `trace_ctx`, read through a stand-in).
+    from_attribute = type(_trace._current_trace).__name__ == "_TraceAttribute"
+    assert from_attribute == (jax.__version_info__ < (0, 10))
     seen = []
 
     @jax.jit

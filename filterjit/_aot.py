@@ -40,7 +40,7 @@ class Specialisation:
         """Raises if a call with these leaves differs in anything but the values
         of its traced leaves."""
         lowered = self.partition
-        if partition.treedef != lowered.treedef:
+        if partition.treedef != lowered.treedef or partition.exact != lowered.exact:
             raise TypeError(
                 f"{self.name}: called with arguments whose structure differs from "
                 f"the one it was lowered with.\n  lowered with: {lowered.treedef}\n"
@@ -88,7 +88,7 @@ class Compiled:
         self._specialisation = specialisation
         self._prepare = prepare
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         partition, dynamic, leaves = self._prepare(args, kwargs)
         self._specialisation.check(partition, leaves)
         return finish(self.compiled(*dynamic), leaves)

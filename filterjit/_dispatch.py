@@ -19,6 +19,7 @@ from ._cache import BoundedCache, lifelines
 from ._diagnostics import check_traceable, Explanation, key_error, row, TraceLog
 from ._entry import aval_key, Entry, make_entry
 from ._errors import call_checked, check_failed, wait_checked
+from ._exact import exact_aux
 from ._function import Function, Keywords
 from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options
@@ -83,44 +84,52 @@ class Dispatcher:
         # Most calls repeat the latest call's partition.
         partition = self._latest[level]
         leaves = None
+        # The pytree of the call, flattened and partitioned.
+        tree: Any
         if kwargs or len(args) != self._plain_arity:
             args, kwargs = self.function.bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
             tree = Keywords(args, kwargs) if kwargs else args
+            if not self._fun_is_leaf:
+                tree = (fun, tree)
         else:
-            tree = args
+            tree = args if self._fun_is_leaf else (fun, args)
             read_leaves = partition.read_leaves
             if read_leaves is not None:
                 # Checked against that partition without flattening.
-                leaves = read_leaves(args if self._fun_is_leaf else (fun, args))
+                leaves = read_leaves(tree)
         if leaves is not None:
             treedef = partition.treedef
             types = None
         else:
-            leaves, treedef = _flatten(tree if self._fun_is_leaf else (fun, tree))
+            leaves, treedef = _flatten(tree)
             types = tuple(map(type, leaves))
         try:
             # Two comparisons, where a lookup would hash the structure.
             if types is not None and (
-                partition.types != types or partition.treedef != treedef
+                partition.types != types
+                or partition.treedef != treedef
+                or (partition.exact is not None and not partition.exactly(treedef))
             ):
-                partition = self._partition_gets[level]((treedef, types))
+                partition = self._find(level, treedef, types)
                 if partition is None:
-                    return self._miss(level, fun, leaves, treedef)
+                    return self._miss(level, fun, tree, leaves, treedef)
                 self._latest[level] = partition
             key = partition.constant_key
-            entry = self._entry_gets[level](
-                partition.key(leaves) if key is None else key
-            )
+            if key is None:
+                key = partition.key(leaves)
+            if partition.orders is not None:
+                key = (key, partition.orders(tree))
+            entry = self._entry_gets[level](key)
         except Exception:
             # A static value or structure that cannot be hashed or compared: the
             # full path says which.
-            return self._miss(level, fun, leaves, treedef)
+            return self._miss(level, fun, tree, leaves, treedef)
         if entry is None:
-            return self._miss(level, fun, leaves, treedef)
+            return self._miss(level, fun, tree, leaves, treedef)
         take = partition.take_dynamic
         dynamic = leaves if take is None else take(leaves)
         if entry.guarded:
-            return self._guarded(level, fun, leaves, treedef, entry, dynamic)
+            return self._guarded(level, fun, tree, leaves, treedef, entry, dynamic)
         try:
             out = entry.jitted(*dynamic)
         except Exception as e:
@@ -132,8 +141,24 @@ class Dispatcher:
             spec = out.spec
             if spec.plain:
                 return spec.build(out.leaves, leaves)
-            return self._finish(level, fun, leaves, treedef, out)
+            return self._finish(level, fun, tree, leaves, treedef, out)
         return out
+
+    def _find(self, level: int, treedef: Any, types: tuple[type, ...]) -> Any:
+        """The partition of a structure and leaf types, if recorded. Structures
+        that are equal by `==` but not exactly (see `_exact`) have partitions of
+        their own: the first recorded is found by (structure, types), the others
+        also by their exact keys."""
+        partition = self._partition_gets[level]((treedef, types))
+        if (
+            partition is not None
+            and partition.exact is not None
+            and not partition.exactly(treedef)
+        ):
+            partition = self._partition_gets[level](
+                (treedef, types, exact_aux(treedef))
+            )
+        return partition
 
     def _failed(
         self, partition: Partition, leaves: list[Any], error: Exception
@@ -143,14 +168,20 @@ class Dispatcher:
         check_failed(error, self.function.name)
 
     def _finish(
-        self, level: int, fun: Any, leaves: list[Any], treedef: Any, out: Carried
+        self,
+        level: int,
+        fun: Any,
+        tree: Any,
+        leaves: list[Any],
+        treedef: Any,
+        out: Carried,
     ) -> Any:
         """The user's output from a `Carried` one: the trace's own spec finishes
         it with this call's leaves. At the top level, a trace that holds a runtime
         check waits, to raise a failed check at the call."""
         spec = out.spec
         if not spec.aliases_hold(leaves):
-            return self._miss(level, fun, leaves, treedef, by_alias=True)
+            return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
         if spec.runtime_check and level == TOP:
             wait_checked(out.leaves, self.function.name)
         return spec.build(out.leaves, leaves)
@@ -159,6 +190,7 @@ class Dispatcher:
         self,
         level: int,
         fun: Any,
+        tree: Any,
         leaves: list[Any],
         treedef: Any,
         entry: Entry,
@@ -167,13 +199,14 @@ class Dispatcher:
         """A hit that needs more checks: nested, with NumPy arrays compiled in that
         may have been mutated since; or an entry whose traces hold runtime checks."""
         if entry.captured and not entry.valid():
-            return self._miss(level, fun, leaves, treedef)
-        return self._run(level, fun, leaves, treedef, entry, dynamic)
+            return self._miss(level, fun, tree, leaves, treedef)
+        return self._run(level, fun, tree, leaves, treedef, entry, dynamic)
 
     def _run(
         self,
         level: int,
         fun: Any,
+        tree: Any,
         leaves: list[Any],
         treedef: Any,
         entry: Entry,
@@ -181,9 +214,13 @@ class Dispatcher:
     ) -> Any:
         """Calls an entry's jitted function (which may trace) and finishes the
         output; a failed runtime check is raised at the call."""
-        out = call_checked(entry.jitted, dynamic, self.function.name)
+        if level == STAGED:
+            with entry.called_from(tree, leaves):
+                out = call_checked(entry.jitted, dynamic, self.function.name)
+        else:
+            out = call_checked(entry.jitted, dynamic, self.function.name)
         if type(out) is Carried:
-            return self._finish(level, fun, leaves, treedef, out)
+            return self._finish(level, fun, tree, leaves, treedef, out)
         if level == TOP and entry.has_checks:
             # A boxed output (`out_shardings`) does not say whether its trace held
             # the check: wait, as for one that did.
@@ -194,6 +231,7 @@ class Dispatcher:
         self,
         level: int,
         fun: Any,
+        tree: Any,
         leaves: list[Any],
         treedef: Any,
         by_alias: bool = False,
@@ -202,7 +240,7 @@ class Dispatcher:
         keyed also by which static inputs are one object (see `OutputSpec`)."""
         with self._lock:
             partition, dynamic, key, entry = self.lookup(
-                level, fun, leaves, treedef, create=True, by_alias=by_alias
+                level, fun, tree, leaves, treedef, create=True, by_alias=by_alias
             )
             assert partition is not None
             self._latest[level] = partition
@@ -222,11 +260,11 @@ class Dispatcher:
                     self.trace_log,
                 )
                 try:
-                    return self._run(level, fun, leaves, treedef, entry, dynamic)
+                    return self._run(level, fun, tree, leaves, treedef, entry, dynamic)
                 finally:
                     if entry.traced_avals:  # traced, whatever happened after
                         self._store(level, partition, leaves, key, entry)
-            return self._run(level, fun, leaves, treedef, entry, dynamic)
+            return self._run(level, fun, tree, leaves, treedef, entry, dynamic)
 
     def _store(
         self,
@@ -278,6 +316,7 @@ class Dispatcher:
         self,
         level: int,
         fun: Any,
+        tree: Any,
         leaves: list[Any],
         treedef: Any,
         create: bool = False,
@@ -288,7 +327,7 @@ class Dispatcher:
         recorded when `create`, else only looked at."""
         types = tuple(map(type, leaves))
         try:
-            partition = self.partitions[level].get((treedef, types))
+            partition = self._find(level, treedef, types)
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, None, e) from e
         if partition is None:
@@ -297,11 +336,17 @@ class Dispatcher:
                     signature, object()
                 )
                 partition = Partition(treedef, types, level, owner_of)
-                self.partitions[level].put((treedef, types), partition)
+                cache = self.partitions[level]
+                if cache.get((treedef, types)) is None:
+                    cache.put((treedef, types), partition)
+                else:  # equal by `==` to the one recorded, but not exactly
+                    cache.put((treedef, types, partition.exact), partition)
             else:  # looked at, not recorded
                 owner_of = lambda signature: self._owners.get(signature, object())  # noqa: E731
                 partition = Partition(treedef, types, level, owner_of)
         dynamic, key = partition.split(leaves)
+        if partition.orders is not None:
+            key = (key, partition.orders(tree))
         if by_alias:
             ids = [id(leaves[position]) for position in partition.static_positions]
             key = (key, tuple(map(ids.index, ids)))
@@ -326,7 +371,7 @@ class Dispatcher:
         args, kwargs = self.function.bind(args, kwargs)
         tree = self.function.call_tree(fun, args, kwargs)
         leaves, treedef = _flatten(tree)
-        partition, dynamic, _, entry = self.lookup(level, fun, leaves, treedef)
+        partition, dynamic, _, entry = self.lookup(level, fun, tree, leaves, treedef)
         assert partition is not None
         cache_hit = (
             entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
@@ -347,10 +392,11 @@ class Dispatcher:
         """The entry for an ahead-of-time call (arrays may be ShapeDtypeStructs),
         made if new: with its partition, traced leaves and leaves."""
         args, kwargs = self.function.bind(args, kwargs)
-        leaves, treedef = _flatten(self.function.call_tree(fun, args, kwargs))
+        tree = self.function.call_tree(fun, args, kwargs)
+        leaves, treedef = _flatten(tree)
         with self._lock:
             partition, dynamic, key, entry = self.lookup(
-                ABSTRACT, fun, leaves, treedef, create=True
+                ABSTRACT, fun, tree, leaves, treedef, create=True
             )
             assert partition is not None
             if entry is None:

@@ -2,11 +2,13 @@
 leaves of a call; the static leaves (and, nested, the concrete arrays) are
 captured. JAX's own cache then holds one trace per set of input avals."""
 
+import contextlib
 import inspect
 import re
+import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -16,10 +18,12 @@ import numpy as np
 from ._cache import lifelines
 from ._diagnostics import row, TraceLog
 from ._errors import traced_a_check
+from ._exact import ndarray_key
 from ._function import Function
 from ._options import Options, UNSPECIFIED
 from ._output import jit_output
-from ._partition import ABSTRACT, ndarray_key, Partition
+from ._partition import ABSTRACT, Partition
+from ._structure import replace_leaves
 from ._trace import EAGER, STAGED, TOP
 
 
@@ -60,7 +64,9 @@ class Entry:
         "__weakref__",
     )
 
-    def __init__(self, jitted: Callable[..., Any], captured: list[Any]) -> None:
+    def __init__(
+        self, jitted: Callable[..., Any], captured: list[Any], staged: bool
+    ) -> None:
         self.jitted = jitted
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
@@ -69,8 +75,9 @@ class Entry:
         # is the executable's own fact, carried by its output.
         self.has_checks = False
         self.traced_avals: set[tuple[Any, ...]] = set()
-        # Whether calls must take the checked path rather than the hot one.
-        self.guarded = bool(captured)
+        # Whether calls must take the checked path rather than the hot one; nested,
+        # always (`called_from`).
+        self.guarded = bool(captured) or staged
         # Weak references whose callbacks drop this entry from its cache when an
         # object it is keyed by (through a weak reference) dies.
         self._lifelines: list[Any] = []
@@ -84,9 +91,25 @@ class Entry:
         self.has_checks = True
         self.guarded = True
 
+    @contextlib.contextmanager
+    def called_from(self, tree: Any, leaves: list[Any]) -> Iterator[None]:
+        """Nested: a trace of this entry made inside calls the function with the
+        caller's own arguments, `tree` (flattened to `leaves`), with only the
+        traced leaves replaced (see `_structure`)."""
+        previous = getattr(_pending, "call", None)
+        _pending.call = (self, tree, leaves)
+        try:
+            yield
+        finally:
+            _pending.call = previous
+
     def drop_with(self, objects: list[Any], drop: Callable[[], None]) -> None:
         """Drops this entry (`drop()`) when any of `objects` dies."""
         self._lifelines = lifelines(objects, drop)
+
+
+# The nested call under way, per thread: (entry, pytree, leaves).
+_pending = threading.local()
 
 
 class _Source:
@@ -169,26 +192,34 @@ def make_entry(
         fun_ref = lambda: fun  # noqa: E731
 
     def run(*dynamic: Any) -> Any:
-        inputs = list(template)
-        for position in weak_positions:
-            inputs[position] = inputs[position]()
-        for position, leaf in zip(dynamic_positions, dynamic):
-            inputs[position] = leaf
-        f, args, kwargs = function.split_call(
-            fun_ref(), jtu.tree_unflatten(treedef, inputs)
-        )
+        entry = entry_ref()
+        pending = getattr(_pending, "call", None)
+        if pending is not None and pending[0] is entry:
+            # Nested: the caller's own arguments, traced leaves replaced.
+            _, tree, inputs = pending
+            inputs = list(inputs)
+            for position, leaf in zip(dynamic_positions, dynamic):
+                inputs[position] = leaf
+            call = replace_leaves(tree, lambda position, leaf: inputs[position])
+        else:
+            inputs = list(template)
+            for position in weak_positions:
+                inputs[position] = inputs[position]()
+            for position, leaf in zip(dynamic_positions, dynamic):
+                inputs[position] = leaf
+            call = jtu.tree_unflatten(treedef, inputs)
+        f, args, kwargs = function.split_call(fun_ref(), call)
         output = f(*args, **kwargs)
         # Where the program runs (not nested): whether a failed check must be
         # raised at the call, which then waits for the result.
         runtime_check = not staged and traced_a_check()
-        entry = entry_ref()
         if entry is not None:
             if runtime_check:
                 entry.traced_with_check()
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None:
             log.record(list(map(row, labels, roles, inputs, arguments)))
-        return jit_output(output, inputs, runtime_check, boxed)
+        return jit_output(output, inputs, runtime_check, staged, boxed)
 
     # So that JAX's own messages (jax_explain_cache_misses, errors) point at the
     # user's function and name the user's arguments, not this closure.
@@ -220,7 +251,7 @@ def make_entry(
     jitted = jax.jit(run, **jitkwargs)
     if options.silence_donation and level == TOP:
         jitted = _silencing(jitted)
-    entry = Entry(jitted, captured)
+    entry = Entry(jitted, captured, staged)
     entry_ref = weakref.ref(entry)
     return entry
 
@@ -274,6 +305,18 @@ def _leaf_shardings(
     _, args, kwargs = function.split_call(
         fun, jtu.tree_unflatten(partition.treedef, leaves)
     )
+    if isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
+        # As in `jax.jit`, a prefix covers the arguments the caller gave; the
+        # arguments left to their defaults are placed by JAX.
+        defaulted = [
+            p.default is not p.empty
+            for p in function.parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        if all(defaulted[len(in_shardings) : len(args)]) and len(defaulted) >= len(
+            args
+        ):
+            in_shardings += (None,) * (len(args) - len(in_shardings))
     if not isinstance(in_shardings, tuple) or len(in_shardings) != len(args):
         raise ValueError(
             f"{function.name}: in_shardings must be a tuple with one entry per "

@@ -16,7 +16,22 @@ def name_of(fun: Any) -> str:
     return getattr(fun, "__qualname__", None) or type(fun).__qualname__
 
 
+def _defined_in_python(fun: Any) -> bool:
+    """Whether calling `fun` runs Python code, whose signature is exact. A ufunc's
+    or builtin's signature describes it only: binding a call to it and filling in
+    defaults passes arguments the caller never gave (`np.add`'s `dtype=None` and
+    `signature=None`, which it refuses together)."""
+    while isinstance(fun, ft.partial):
+        fun = fun.func
+    fun = getattr(fun, "__func__", fun)  # a bound method
+    if isinstance(fun, type):
+        return True
+    return hasattr(fun, "__code__") or hasattr(type(fun).__call__, "__code__")
+
+
 def _signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
+    if not follow_wrapped and not _defined_in_python(fun):
+        return None
     try:
         return inspect.signature(fun, follow_wrapped=follow_wrapped)
     except (TypeError, ValueError):  # builtins and other callables without one

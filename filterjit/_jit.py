@@ -85,7 +85,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         self._call = self._dispatcher.call
         _copy_metadata(self, fun)
 
-    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
         level = _trace.call_level()
         if level == DISABLED:
@@ -140,7 +140,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         )
         return partition, dynamic, leaves
 
-    def lower(self, *args: _P.args, **kwargs: _P.kwargs) -> Lowered:
+    def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Lowered:
         """Lowers the function for these arguments, as `jax.jit(...).lower`.
 
         Arrays may be given as `jax.ShapeDtypeStruct`s. Every other leaf is static
@@ -154,7 +154,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         jitted, specialisation, dynamic = self._specialise(args, kwargs)
         return Lowered(jitted.lower(*dynamic), specialisation, self._prepare)
 
-    def trace(self, *args: _P.args, **kwargs: _P.kwargs) -> Traced:
+    def trace(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Traced:
         """Traces the function for these arguments, as `jax.jit(...).trace`.
 
         **Returns:**
@@ -164,7 +164,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         jitted, specialisation, dynamic = self._specialise(args, kwargs)
         return Traced(jitted.trace(*dynamic), specialisation, self._prepare)
 
-    def eval_shape(self, *args: _P.args, **kwargs: _P.kwargs) -> Any:
+    def eval_shape(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Any:
         """The output's shapes and dtypes, as `jax.eval_shape`: traced output
         leaves as `jax.ShapeDtypeStruct`s, every other leaf unchanged."""
         jitted, specialisation, dynamic = self._specialise(args, kwargs)

@@ -8,7 +8,8 @@ a trace that the caller needs rides in the output itself, never in a table of
 filterjit's own beside it (JAX reuses executables for reasons filterjit cannot
 see: configuration such as x64, context, shardings):
 
-- an output whose leaves are all traced is returned as it is;
+- an output whose leaves are all traced is returned as it is (not nested, every
+  array leaf is an output of the jit, as in `jax.jit`);
 - any other is `Carried`: its children are the traced leaves and its auxiliary
   data the `OutputSpec` that finishes it (static leaves, inputs handed back, NumPy
   arrays each call gets a copy of, whether the trace holds a runtime check).
@@ -19,9 +20,14 @@ Only tracers are outputs of the jit; the rest is what the function returned.
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
+
+
+# The leaves that are outputs of a jit, unless nested.
+_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
 
 _identity = object.__eq__
@@ -158,13 +164,20 @@ def finish(out: Any, inputs: list[Any]) -> Any:
 
 
 def jit_output(
-    output: Any, inputs: list[Any], runtime_check: bool, boxed: bool = False
+    output: Any,
+    inputs: list[Any],
+    runtime_check: bool,
+    staged: bool,
+    boxed: bool = False,
 ) -> Any:
     """What the jitted function returns for the user's `output`, traced with
-    `inputs` (the call's leaves, traced ones as tracers). `boxed`: keep the
-    user's structure whatever it takes (for `out_shardings`, a prefix of it);
-    inputs handed back are then the traced call's (equal to this call's: they are
-    keyed by value)."""
+    `inputs` (the call's leaves, traced ones as tracers). Not `staged`, every
+    array leaf is an output of the jit, as in `jax.jit`: a NumPy array or a
+    concrete `jax.Array` returned as it is comes back as a new JAX array. `boxed`:
+    keep the user's structure whatever it takes (for `out_shardings`, a prefix of
+    it); inputs handed back are then the traced call's (equal to this call's: they
+    are keyed by value)."""
+    traced = Tracer if staged else _ARRAY_TYPES
     leaves, treedef = jtu.tree_flatten(output)
     input_positions: dict[int, list[int]] = {}
     for position, leaf in enumerate(inputs):
@@ -175,7 +188,7 @@ def jit_output(
     copies: list[int] = []
     aliases: set[tuple[int, ...]] = set()
     for position, leaf in enumerate(leaves):
-        if isinstance(leaf, Tracer):
+        if isinstance(leaf, traced):
             dynamic_positions.append(position)
         elif id(leaf) in input_positions and type(leaf).__eq__ is not _identity:
             # The call's own object comes back, not the traced call's. (Where `==`
@@ -185,7 +198,8 @@ def jit_output(
             if len(positions) > 1:
                 aliases.add(tuple(positions))
         elif isinstance(leaf, np.ndarray):
-            copies.append(position)  # as without jit, every call its own array
+            # Nested, as without the decorator: a NumPy array, every call its own.
+            copies.append(position)
     if len(dynamic_positions) == len(leaves) and not runtime_check:
         return output
     if boxed:

@@ -1,6 +1,5 @@
 """Which leaves of a call are traced, and the cache key made from the others."""
 
-import hashlib
 import operator
 import weakref
 from collections.abc import Callable, Sequence
@@ -11,8 +10,17 @@ import numpy as np
 from jax.core import Tracer
 
 from ._codegen import compile_function
+from ._exact import (
+    complex_key,
+    exact_aux,
+    float_key,
+    generic_key,
+    ndarray_key,
+    same_exact,
+)
 from ._shallow import call_reader, CallReader
-from ._trace import STAGED
+from ._structure import dict_orders, has_sorted_dicts
+from ._trace import aux_data, STAGED
 
 
 # Not a trace level: the level of `lower`, `trace` and `eval_shape`, which take
@@ -23,9 +31,6 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 
 # Partitions with up to this many static leaves get a generated key function.
 _GENERATED_KEYS = 64
-
-# NumPy arrays up to this size are keyed by their bytes; larger ones by a digest.
-_INLINE_BYTES = 256
 
 
 def is_array(element: Any) -> bool:
@@ -70,26 +75,6 @@ def traced_types(level: int) -> tuple[type, ...]:
 # arrays that become constants of the nested program.
 
 
-def float_key(x: float) -> float | str:
-    # Only the two cases that `==` gets wrong need the (slower) exact key.
-    return x.hex() if x == 0.0 or x != x else x
-
-
-def _complex_key(x: complex) -> tuple[str, str]:
-    return x.real.hex(), x.imag.hex()
-
-
-def ndarray_key(x: np.ndarray) -> tuple[Any, ...]:
-    data = x.tobytes()
-    if len(data) > _INLINE_BYTES:
-        data = hashlib.blake2b(data, digest_size=20).digest()
-    return x.shape, x.dtype, data
-
-
-def _generic_key(x: np.generic) -> tuple[Any, ...]:
-    return x.dtype, x.tobytes()
-
-
 def _identity_key(x: jax.Array) -> int:
     # jax Arrays are immutable, and a cache entry holds its arrays alive, so the
     # id cannot be reused while the key exists. Keying by value would copy the
@@ -114,13 +99,13 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     if staged and issubclass(kind, np.ndarray):
         return ndarray_key
     if staged and issubclass(kind, np.generic):
-        return _generic_key
+        return generic_key
     if staged and issubclass(kind, jax.Array):
         return _identity_key
     if issubclass(kind, float):
         return float_key
     if issubclass(kind, complex):
-        return _complex_key
+        return complex_key
     if weakly_keyed(kind):
         return weakref.ref
     return None
@@ -176,6 +161,9 @@ class Partition:
         "_rekeys",
         "owners",
         "read_leaves",
+        "exact",
+        "_aux",
+        "orders",
     )
 
     def __init__(
@@ -210,10 +198,19 @@ class Partition:
         self.weak_positions = tuple(
             p for p in static if _key_function(types[p], staged) is weakref.ref
         )
+        # What `==` does not see of the structure's auxiliary data (`None` where
+        # it holds no numbers): structures equal by `==` but not exactly get
+        # partitions of their own (see `_exact`).
+        self.exact = exact_aux(treedef)
+        self._aux = aux_data(treedef) if self.exact is not None else None
+        # Nested, `orders(tree)`: what the key needs beyond the leaves, the
+        # insertion order of the call's dicts (`None` where it has none).
+        self.orders = dict_orders if staged and has_sorted_dicts(treedef) else None
         self.signature = (
             treedef,
             self.dynamic_positions,
             tuple(types[p] for p in static),
+            self.exact,
         )
         self.owner = owner_of(self.signature)
         # `take_dynamic(leaves)`: the traced leaves (`None`: all of them).
@@ -268,6 +265,12 @@ class Partition:
                 parts.append(f"k{index}(l[{position}])")
         body.append(f"return (owner, {''.join(f'{part}, ' for part in parts)})")
         return compile_function("key", "l", body, namespace)
+
+    def exactly(self, treedef: Any) -> bool:
+        """Whether `treedef`, equal to this partition's by `==`, is exactly
+        equal. Only for a partition whose `exact` is not `None`."""
+        assert self._aux is not None
+        return same_exact(treedef, self._aux, self.exact)
 
     def split(self, leaves: list[Any]) -> tuple[Sequence[Any], Any]:
         """The traced leaves, and the cache key of the others."""

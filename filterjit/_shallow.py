@@ -17,7 +17,8 @@ that structure and those leaf types, and takes the leaves in JAX's order:
   `None`;
 - an `eqx.Module` of the exact class recorded, whose `__dict__` holds exactly its
   fields, whose static fields equal the recorded ones (as the structures'
-  comparison has it) and whose other fields are read as above.
+  comparison has it, and of the same types: see `_exact`) and whose other fields
+  are read as above.
 
 How Equinox flattens a class, and that JAX flattens a namedtuple class as a
 namedtuple, are checked against JAX once per class, on a probe instance.
@@ -39,6 +40,8 @@ import equinox as eqx
 import jax
 import numpy as np
 from jax.core import Tracer
+
+from ._exact import exact_key
 
 
 # Types whose instances are always pytree leaves: no program registers them as
@@ -70,7 +73,8 @@ _count_of = operator.countOf
 _dict_of = object.__getattribute__  # not a Module's own `__getattribute__`
 
 
-def _is_leaf_type(kind: type) -> bool:
+def is_leaf_type(kind: type) -> bool:
+    """Whether instances of `kind` are always pytree leaves."""
     return kind in _LEAF_TYPES or issubclass(kind, _LEAF_BASES)
 
 
@@ -80,7 +84,7 @@ def call_reader(treedef: Any, types: tuple[type, ...]) -> CallReader | None:
     node = treedef.node_data()
     if node is None or node[0] is not tuple:
         return None
-    if treedef.num_nodes == len(types) + 1 and all(map(_is_leaf_type, types)):
+    if treedef.num_nodes == len(types) + 1 and all(map(is_leaf_type, types)):
         # Every argument a leaf: one comparison of their types.
         def read_leaves(args: tuple[Any, ...]) -> list[Any] | None:
             return list(args) if tuple(map(type, args)) == types else None
@@ -123,7 +127,7 @@ def _values_reader(treedef: Any, types: tuple[type, ...]) -> _Reader | None:
     right length."""
     count = len(treedef.children())
     if treedef.num_nodes == len(types) + 1:  # every child a leaf
-        if not all(map(_is_leaf_type, types)):
+        if not all(map(is_leaf_type, types)):
             return None
         if len(set(types)) == 1:  # of one type: counted at C speed
             (item,) = set(types)
@@ -193,7 +197,7 @@ def _reader(treedef: Any, types: tuple[type, ...]) -> _Reader | None:
 
 
 def _leaf_reader(kind: type) -> _Reader | None:
-    if not _is_leaf_type(kind):
+    if not is_leaf_type(kind):
         return None
 
     def read(obj: Any, leaves: list[Any]) -> bool:
@@ -307,6 +311,8 @@ def _module_reader(
     ):
         return None
     statics = data[1:]
+    # What `==` does not see of them: `scale=1` where `scale=1.0` was recorded.
+    exact = exact_key(statics)
     field_count = len(layout.dynamic) + len(layout.static)
     get_statics = _getter(layout.static)
     get_dynamic = _getter(layout.dynamic)
@@ -315,9 +321,16 @@ def _module_reader(
         if type(obj) is not cls:
             return False
         fields = _dict_of(obj, "__dict__")
+        if len(fields) != field_count:
+            return False
+        values = get_statics(fields)
         return (
-            len(fields) == field_count
-            and get_statics(fields) == statics
+            values == statics
+            and (
+                exact is None
+                or all(map(operator.is_, values, statics))
+                or exact_key(values) == exact
+            )
             and read_values(get_dynamic(fields), leaves)
         )
 

@@ -1,4 +1,5 @@
-"""Where in JAX's trace stack a call happens, and which frames JAX shows.
+"""Where in JAX's trace stack a call happens, which frames JAX shows, and what a
+pytree structure holds.
 
 This is the only module that touches private JAX API. Every private access has a
 public fallback, and `tests/test_trace.py` fails loudly if the private path moves.
@@ -129,3 +130,41 @@ else:
     jit_disabled = _jit_disabled_private
     call_level = _call_level_private
     current_equations = _current_equations_private
+
+
+def _aux_data_public(treedef: Any) -> list[Any]:
+    # Node by node, children first, as the structure lists its nodes.
+    found: list[Any] = []
+    data = treedef.node_data()
+    if data is not None:
+        for child in treedef.children():
+            found += _aux_data_public(child)
+        if data[1] is not None:
+            found.append(data[1])
+    return found
+
+
+def _aux_data_private(treedef: Any) -> list[Any]:
+    # The structure's pickled state lists its nodes, children first, as (kind,
+    # arity, node data, ...): read in one call, where `node_data()` and `children()`
+    # take one per node. Kinds 5 and 6 are dicts and registered nodes; the others
+    # (tuples, namedtuples, lists, None, leaves) have no data of the user's.
+    nodes = treedef.__getstate__()[1]
+    return [node[2] for node in nodes if node[0] >= 5 and node[2] is not None]
+
+
+def _choose_aux_data() -> Any:
+    probe = jax.tree_util.tree_structure(
+        [{"a": 1, "b": (None, 2)}, jax.tree_util.Partial(len, 3), ()]
+    )
+    try:
+        if _aux_data_private(probe) == _aux_data_public(probe):
+            return _aux_data_private
+    except Exception:
+        pass
+    return _aux_data_public
+
+
+# `aux_data(treedef)`: the auxiliary data of each node of `treedef` that has some
+# (a dict's keys, a registered node's aux), children before their parents.
+aux_data = _choose_aux_data()

@@ -47,12 +47,20 @@ def test_static_outputs_that_depend_on_input_shapes():
     assert counter.count == 3
 
 
-def test_returned_numpy_arrays_are_fresh_per_call():
+def test_returned_numpy_arrays_are_fresh_per_call_when_nested():
     f = filter_jit(lambda x: (x + 1, np.zeros(3)))
-    _, first = f(jnp.ones(2))
-    first[0] = 5.0  # editing one result must not change the next
-    _, second = f(jnp.ones(2))
-    assert second.tolist() == [0.0, 0.0, 0.0]
+    seen = []
+
+    def outer(x):
+        _, table = f(x)
+        seen.append(table)
+        table[0] = 5.0  # editing one result must not change the next
+        return x
+
+    jax.jit(outer)(jnp.ones(2))
+    jax.jit(lambda x: outer(x) * 2)(jnp.ones(2))
+    first, second = seen
+    assert type(second) is np.ndarray and second.tolist() == [5.0, 0.0, 0.0]
     assert second is not first
 
 

@@ -26,6 +26,7 @@ from hypothesis import given, strategies as st
 
 import filterjit
 from filterjit import _dispatch, _shallow
+from filterjit._exact import exact_aux
 from filterjit._shallow import call_reader
 
 
@@ -329,6 +330,8 @@ def _check(recorded: tuple[Any, ...], call: tuple[Any, ...]) -> None:
         return
     jax_leaves, jax_treedef = jtu.default_registry.flatten(call)
     assert jax_treedef == treedef
+    # Exactly: a Module's static fields of the recorded types too (`1` is not `1.0`).
+    assert exact_aux(jax_treedef) == exact_aux(treedef)
     assert tuple(map(type, jax_leaves)) == types
     assert len(taken) == len(jax_leaves)
     assert all(map(lambda a, b: a is b, taken, jax_leaves))

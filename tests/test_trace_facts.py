@@ -101,8 +101,17 @@ def test_a_nested_check_is_the_outer_programs():
 def test_inputs_handed_back_and_numpy_outputs_per_call():
     marker = object()
     wrapped = filter_jit(lambda x, m, t: (x * 2, m, t, np.arange(2)))
+    tables = []
     for name in ("a", "b", "a"):
-        _, m, t_back, table = wrapped(jnp.ones(1), marker, name)
-        assert m is marker and t_back is name
-        table[0] = 7  # each call its own array
-    assert wrapped(jnp.ones(1), marker, "a")[3].tolist() == [0, 1]
+
+        def outer(x):
+            _, m, t_back, table = wrapped(x, marker, name)  # noqa: B023
+            assert m is marker and t_back is name  # noqa: B023
+            tables.append(table.tolist())
+            table[0] = 7  # each call its own array
+            return x
+
+        jax.jit(outer)(jnp.ones(1))
+    assert tables == [[0, 1]] * 3
+    # At the top level, a JAX array, as from jax.jit.
+    assert isinstance(wrapped(jnp.ones(1), marker, "a")[3], jax.Array)

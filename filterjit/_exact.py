@@ -1,0 +1,134 @@
+"""Keys that tell apart values that `==` takes for one: `1`, `1.0` and `True`;
+`0.0` and `-0.0`; `nan` and itself; a NumPy array and its bytes.
+
+Static leaves are keyed by their types and these keys. A pytree structure compares
+the auxiliary data of its nodes (an `eqx.Module`'s static fields, a dict's keys)
+with `==` alone, so a structure whose auxiliary data holds numbers is keyed also by
+`exact_aux`: a Module built with `scale=1` and one built with `scale=1.0` are two
+programs, as two calls with `1` and `1.0` are.
+"""
+
+import hashlib
+import numbers
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ._trace import aux_data
+
+
+# NumPy arrays up to this size are keyed by their bytes; larger ones by a digest.
+_INLINE_BYTES = 256
+
+
+def float_key(x: float) -> float | str:
+    # Only the two cases that `==` gets wrong need the (slower) exact key.
+    return x.hex() if x == 0.0 or x != x else x
+
+
+def complex_key(x: complex) -> tuple[str, str]:
+    return x.real.hex(), x.imag.hex()
+
+
+def ndarray_key(x: np.ndarray) -> tuple[Any, ...]:
+    data = x.tobytes()
+    if len(data) > _INLINE_BYTES:
+        data = hashlib.blake2b(data, digest_size=20).digest()
+    return x.shape, x.dtype, data
+
+
+def generic_key(x: np.generic) -> tuple[Any, ...]:
+    return x.dtype, x.tobytes()
+
+
+def _sequence_key(value: Any) -> Any:
+    keys = tuple(map(exact_key, value))
+    return None if keys.count(None) == len(keys) else (type(value), keys)
+
+
+def _dict_key(value: Any) -> Any:
+    keys = (_sequence_key(tuple(value)), _sequence_key(tuple(value.values())))
+    return None if keys == (None, None) else (dict, keys)
+
+
+def _none(value: Any) -> None:
+    return None
+
+
+def _key_of(kind: type) -> Callable[[Any], Any]:
+    """How `exact_key` keys instances of `kind`."""
+    if kind is tuple or kind is list:
+        return _sequence_key
+    if kind is dict:
+        return _dict_key
+    if issubclass(kind, np.generic):
+        key = generic_key
+    elif issubclass(kind, np.ndarray):
+        key = ndarray_key
+    elif issubclass(kind, float):
+        key = float_key
+    elif issubclass(kind, complex):
+        key = complex_key
+    elif issubclass(kind, numbers.Number):
+        key = _same
+    else:
+        return _none
+    return _exact_scalar(kind, key)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _exact_scalar(kind: type, key: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: (kind, key(value))
+
+
+# The types most auxiliary data holds, looked up before anything else. (Other
+# types are not cached: a cache would keep its classes alive.)
+_KEYS_OF: dict[type, Callable[[Any], Any]] = {
+    int: _exact_scalar(int, _same),
+    bool: _exact_scalar(bool, _same),
+    float: _exact_scalar(float, float_key),
+    complex: _exact_scalar(complex, complex_key),
+    tuple: _sequence_key,
+    list: _sequence_key,
+    dict: _dict_key,
+    str: _none,
+    type(None): _none,
+}
+
+
+def exact_key(value: Any) -> Any:
+    """What `==` does not see of `value`: for numbers (NumPy's included) and NumPy
+    arrays, their types and exact keys; through tuples, lists and dicts; `None`
+    where there is nothing of the kind (the rest is compared by `==` alone)."""
+    kind = type(value)
+    key = _KEYS_OF.get(kind)
+    if key is None:
+        key = _key_of(kind)
+    return key(value)
+
+
+def exact_aux(treedef: Any) -> Any:
+    """`exact_key` of the auxiliary data of `treedef`'s nodes, or `None` if none
+    holds a number."""
+    return exact_key(aux_data(treedef))
+
+
+def same_exact(treedef: Any, recorded: list[Any], recorded_key: Any) -> bool:
+    """Whether a structure equal (by `==`) to one whose auxiliary data was
+    `recorded`, with `exact_key` `recorded_key`, is exactly equal to it. Most often
+    its data holds the very same objects, which settles it at once."""
+    data = aux_data(treedef)
+    for value, known in zip(data, recorded):
+        if value is known or (
+            type(value) is tuple
+            and type(known) is tuple
+            and all(map(operator.is_, value, known))
+        ):
+            continue
+        return exact_key(data) == recorded_key
+    return True

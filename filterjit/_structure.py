@@ -1,0 +1,102 @@
+"""What a nested call's function sees of its arguments: the caller's own objects.
+
+JAX flattens a dict in the order of its sorted keys and rebuilds it in that order,
+and rebuilds every container it flattens as a new object. A function called
+without the decorator sees its arguments as the caller made them: dicts (and
+`**kwargs`) in their insertion order, containers that are the caller's own. So a
+nested call, which must change nothing, is keyed also by the insertion order of
+its dicts (`dict_orders`), and its function is called with the caller's arguments
+with only the traced leaves replaced (`replace_leaves`).
+"""
+
+import collections
+import itertools
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import jax.tree_util as jtu
+
+from ._shallow import is_leaf_type
+
+
+# The dicts whose flatten sorts their keys (an `OrderedDict` keeps its order).
+_SORTED_DICTS = (dict, collections.defaultdict)
+
+
+def _children(node: Any) -> tuple[list[Any], Any] | None:
+    """`node`'s children as JAX flattens it, and the structure that rebuilds it
+    from them; `None` if `node` is a leaf."""
+    children, structure = jtu.tree_flatten(
+        node, is_leaf=lambda child: child is not node
+    )
+    if structure.num_nodes == 1 and structure.num_leaves == 1:
+        return None
+    return children, structure
+
+
+def has_sorted_dicts(treedef: Any) -> bool:
+    """Whether a structure holds a dict whose flatten sorts its keys."""
+    data = treedef.node_data()
+    if data is None:
+        return False
+    return data[0] in _SORTED_DICTS or any(map(has_sorted_dicts, treedef.children()))
+
+
+def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
+    """The keys of each dict in `tree`, in insertion order, dict by dict."""
+    orders: list[tuple[Any, ...]] = []
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        kind = type(node)
+        if node is None or is_leaf_type(kind):
+            continue
+        # Anything but a leaf of a known type, an exact dict, list or tuple is
+        # asked of JAX.
+        if kind is dict:
+            orders.append(tuple(node))
+            pending += node.values()
+        elif kind is list or kind is tuple:
+            pending += node
+        else:
+            found = _children(node)
+            if found is not None:
+                if kind is collections.defaultdict:
+                    orders.append(tuple(node))
+                pending += found[0]
+    return tuple(orders)
+
+
+def replace_leaves(tree: Any, replace: Callable[[int, Any], Any]) -> Any:
+    """`tree` with each leaf replaced by `replace(position, leaf)` (positions in
+    JAX's flatten order). A node none of whose leaves changed (`is`) is `tree`'s
+    own object; a changed dict keeps its insertion order. The result flattens as
+    `tree` does."""
+    # Not a recursive closure: its cycle would keep the leaves alive until the
+    # cycle collector runs.
+    return _rebuild(tree, replace, itertools.count())
+
+
+def _rebuild(node: Any, replace: Callable[[int, Any], Any], count: Any) -> Any:
+    if node is None:
+        return None
+    if not is_leaf_type(type(node)):  # else asked of JAX
+        found = _children(node)
+        if found is not None:
+            children, structure = found
+            new = [_rebuild(child, replace, count) for child in children]
+            if all(map(operator.is_, new, children)):
+                return node
+            if type(node) in _SORTED_DICTS:
+                # `children` are the values in the order of the sorted keys.
+                _, keys = structure.node_data()
+                if type(node) is collections.defaultdict:
+                    keys = keys[1]
+                values = dict(zip(keys, new))
+                rebuilt = {key: values[key] for key in node}
+                if type(node) is dict:
+                    return rebuilt
+                return collections.defaultdict(node.default_factory, rebuilt)
+            return structure.unflatten(new)
+    return replace(next(count), node)

@@ -1,0 +1,132 @@
+"""Static values that `==` takes for one are keyed apart (`filterjit/_exact.py`):
+`exact_key` checked against a reference on generated values, then a Module's
+static fields (`scale=1` against `scale=1.0`) on every path a call can take.
+"""
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+from helpers import assert_tree_equal, property_settings
+from hypothesis import given, strategies as st
+
+from filterjit import filter_jit
+from filterjit._exact import exact_aux, exact_key
+
+
+_scalars = st.sampled_from(
+    [
+        0,
+        1,
+        2,
+        True,
+        False,
+        0.0,
+        -0.0,
+        1.0,
+        2.0,
+        float("nan"),
+        1j,
+        1 + 0j,
+        np.float32(1.0),
+        np.int32(1),
+        np.float64(-0.0),
+        "s",
+        None,
+    ]
+)
+_values = st.recursive(
+    _scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=3),
+        st.lists(children, max_size=3).map(tuple),
+    ),
+    max_leaves=6,
+)
+
+
+def _reference(x: Any) -> Any:
+    """Independently of `exact_key`: a value's types all the way down, floats by
+    their bits."""
+    if type(x) in (tuple, list):
+        return type(x), tuple(map(_reference, x))
+    if isinstance(x, float | complex | np.floating):
+        return type(x), repr(complex(x).real.hex()), repr(complex(x).imag.hex())
+    return type(x), repr(x)
+
+
+@property_settings()
+@given(_values, _values)
+def test_exact_key_tells_apart_what_eq_confuses(a, b):
+    if a != b and not (_reference(a) == _reference(b)):
+        return  # `==` already tells them apart (or nan, handled by the reference)
+    assert (exact_key(a) == exact_key(b)) == (_reference(a) == _reference(b))
+
+
+class Scaled(eqx.Module):
+    weight: jax.Array
+    scale: Any = eqx.field(static=True)
+
+    @filter_jit
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = jnp.asarray(self.scale)
+        return (x * self.weight).astype(scale.dtype) / scale
+
+
+_X = jnp.arange(1, 4, dtype=jnp.int32)
+
+
+def _undecorated(model: Scaled, x: jax.Array) -> jax.Array:
+    scale = jnp.asarray(model.scale)
+    return (x * model.weight).astype(scale.dtype) / scale
+
+
+@pytest.mark.parametrize("scales", [(1, 1.0), (1.0, 1), (0.0, -0.0), (True, 1)])
+def test_module_static_fields_are_keyed_by_type_and_exact_value(scales):
+    weight = jnp.ones(3, dtype=jnp.int32)
+    for scale in [*scales, *scales]:
+        model = Scaled(weight, scale)
+        expected = _undecorated(model, _X)
+        # The method (read without flattening), a keyword call (flattened), the
+        # Module itself wrapped, and nested.
+        assert_tree_equal(model(_X), expected)
+        assert_tree_equal(model(x=_X), expected)
+        assert_tree_equal(filter_jit(_undecorated)(model, _X), expected)
+        assert_tree_equal(jax.jit(lambda x: model(x))(_X), expected)  # noqa: B023
+
+
+def test_structures_equal_by_eq_get_their_own_traces():
+    # Two structures JAX compares equal: a dict's keys 1 and 1.0.
+    @filter_jit
+    def key_types(d: dict[Any, Any]) -> list[str]:
+        return [type(key).__name__ for key in d]
+
+    assert key_types({1: jnp.ones(1)}) == ["int"]
+    assert key_types({1.0: jnp.ones(1)}) == ["float"]
+    assert key_types({1: jnp.ones(1)}) == ["int"]
+    assert jtu.tree_structure({1: 0}) == jtu.tree_structure({1.0: 0})
+    assert exact_aux(jtu.tree_structure({1: 0})) != exact_aux(
+        jtu.tree_structure({1.0: 0})
+    )
+
+
+def test_alternating_static_fields_keep_one_trace_each():
+    traces = []
+
+    class Counted(eqx.Module):
+        scale: Any = eqx.field(static=True)
+
+        @filter_jit
+        def __call__(self, x: jax.Array) -> jax.Array:
+            traces.append(self.scale)
+            return x * self.scale
+
+    x = jnp.ones(2)
+    for _ in range(3):
+        for scale in (2, 2.0):
+            Counted(scale)(x)
+    assert [type(scale) for scale in traces] == [int, float]

@@ -4,7 +4,9 @@
 import inspect
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import filterjit
@@ -121,3 +123,44 @@ def test_keyword_calls_are_one_call():
         assert jnp.array_equal(result, x * 2)
     with pytest.raises(TypeError, match=r"f\(\): missing a required argument: 'x'"):
         f(n=2)  # pyright: ignore[reportCallIssue]
+
+
+def _scale(self, x):
+    return self * x
+
+
+def test_a_parameter_named_self_can_be_passed_by_keyword():
+    x = jnp.arange(3.0)
+    wrapped = filterjit.filter_jit(_scale)
+    assert wrapped(self=2.0, x=x).tolist() == _scale(self=2.0, x=x).tolist()
+    assert wrapped.eval_shape(self=2.0, x=x).shape == (3,)
+    assert [row.path for row in filterjit.explain(wrapped, self=2.0, x=x).rows] == [
+        "self",
+        "x",
+    ]
+
+
+def test_a_ufunc_gets_only_the_arguments_given():
+    # Its signature describes it; filling in its defaults would pass
+    # `signature=None` and `dtype=None` together, which it refuses.
+    np_add = filterjit.filter_jit(np.add)
+    out = np_add(1, 2)
+    assert isinstance(out, jax.Array) and out.tolist() == 3
+    assert np_add(1, 2, dtype=np.float32).dtype == jnp.float32
+    assert jax.jit(lambda: np_add(1, 2))().tolist() == 3
+
+
+def test_in_shardings_covers_the_arguments_given():
+    # As in jax.jit: a prefix of the positional arguments the caller gave, not of
+    # those left to their defaults.
+    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def f(x, scale=2.0):
+        return x * scale
+
+    x = jnp.ones(2)
+    wrapped = filterjit.filter_jit(f, in_shardings=(sharding,))
+    assert wrapped(x).tolist() == jax.jit(f, in_shardings=(sharding,))(x).tolist()
+    assert wrapped(x, 3.0).tolist() == [3.0, 3.0]
+    with pytest.raises(ValueError, match="one entry per positional argument"):
+        filterjit.filter_jit(f, in_shardings=())(x)

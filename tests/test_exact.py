@@ -72,17 +72,17 @@ class Scaled(eqx.Module):
     scale: Any = eqx.field(static=True)
 
     @filter_jit
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         scale = jnp.asarray(self.scale)
-        return (x * self.weight).astype(scale.dtype) / scale
+        return (x * self.weight).astype(scale.dtype) * scale, 1 / scale.astype(float)
 
 
 _X = jnp.arange(1, 4, dtype=jnp.int32)
 
 
-def _undecorated(model: Scaled, x: jax.Array) -> jax.Array:
+def _undecorated(model: Scaled, x: jax.Array) -> tuple[jax.Array, jax.Array]:
     scale = jnp.asarray(model.scale)
-    return (x * model.weight).astype(scale.dtype) / scale
+    return (x * model.weight).astype(scale.dtype) * scale, 1 / scale.astype(float)
 
 
 @pytest.mark.parametrize("scales", [(1, 1.0), (1.0, 1), (0.0, -0.0), (True, 1)])

@@ -94,3 +94,41 @@ def test_nested_returned_numpy_arrays_are_fresh_per_call():
 
     jax.make_jaxpr(outer)(jnp.float32(1))
     assert [t.tolist() for t in tables] == [[0, 1, 2], [0, 1, 2]]
+
+
+_TABLE = np.linspace(0.0, 1.0, 4)  # float64
+_GLOBAL = jnp.arange(3.0)
+
+
+def test_top_level_array_outputs_are_jax_arrays_as_from_jax_jit():
+    # Returned without being computed: as jax.jit and equinox.filter_jit return
+    # them, new JAX arrays of the default dtypes.
+    def f(x):
+        return x + 1, _TABLE, np.float64(2.0), _GLOBAL
+
+    ours = filter_jit(f)(jnp.ones(2))
+    theirs = jax.jit(f)(jnp.ones(2))
+    for mine, reference in zip(ours, theirs):
+        assert isinstance(mine, jax.Array)
+        assert mine.dtype == reference.dtype and mine.shape == reference.shape
+        np.testing.assert_array_equal(mine, reference)
+    assert ours[3] is not _GLOBAL
+    assert eqx.filter_jit(f)(jnp.ones(2))[1].dtype == ours[1].dtype
+
+
+def test_a_global_returned_is_not_deleted_by_a_later_donation():
+    f = filter_jit(lambda x: (x + 1, _GLOBAL), donate="all")
+    _, returned = f(jnp.ones(3))
+    f(returned)  # donates `returned`
+    np.testing.assert_array_equal(_GLOBAL, np.arange(3.0))
+
+
+def test_nested_array_outputs_stay_what_the_function_returns():
+    def f(x):
+        return x + 1, _TABLE
+
+    seen = []
+    jax.jit(lambda x: seen.append(filter_jit(f)(x)[1]) or x)(jnp.ones(2))
+    (table,) = seen
+    assert type(table) is np.ndarray and table.dtype == np.float64
+    np.testing.assert_array_equal(table, _TABLE)

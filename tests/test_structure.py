@@ -328,7 +328,8 @@ class Scaled(eqx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         scale = jnp.asarray(self.scale)
-        return (x * self.weight).astype(scale.dtype) / scale
+        product = (x * self.weight).astype(scale.dtype) * scale
+        return product.astype(x.dtype) + 1 / scale.astype(x.dtype)
 
 
 _STATICS = [1, 1.0, True, 2, 2.0, -0.0, 0.0, False]

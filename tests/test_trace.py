@@ -1,11 +1,14 @@
 """The private-JAX access in `filterjit._trace`, and its fallback."""
 
+import collections
 import warnings
 
+import equinox as eqx
 import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax import lax
 
@@ -37,6 +40,30 @@ def test_private_api_is_available():
     f(1.0)
     assert seen == [True]
     assert _trace._current_trace.value is _trace._trace_ctx.trace
+
+
+def test_aux_data_reads_the_pickled_structure():
+    # If this fails, JAX has changed what a PyTreeDef pickles: update
+    # `_aux_data_private` in filterjit/_trace.py. The fallback (a walk with
+    # `node_data()` and `children()`) keeps working meanwhile, more slowly.
+    assert _trace.aux_data is _trace._aux_data_private
+    Point = collections.namedtuple("Point", "x y")
+    model = eqx.nn.MLP(2, 3, 4, 2, key=jax.random.key(0))
+    for tree in [
+        [{"b": 1, "a": (None, 2.0)}, Point(1, {3: 4}), ()],
+        collections.OrderedDict(b=1, a=2),
+        collections.defaultdict(int, {1.0: [1]}),
+        jax.tree_util.Partial(len, 1),
+        model,
+        {"model": model, "opt": optax.adam(1e-3).init(eqx.filter(model, eqx.is_array))},
+        1.0,
+        None,
+    ]:
+        treedef = jax.tree_util.tree_structure(tree)
+        private = _trace._aux_data_private(treedef)
+        public = _trace._aux_data_public(treedef)
+        assert len(private) == len(public)
+        assert all(map(lambda a, b: a is b or a == b, private, public))
 
 
 def test_current_equations_reads_the_innermost_trace():

@@ -25,6 +25,8 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
+from ._structure import dict_orders, restore_orders
+
 
 # The leaves that are outputs of a jit, unless nested.
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
@@ -68,6 +70,7 @@ class OutputSpec:
         "runtime_check",
         "plain",
         "build",
+        "orders",
     )
 
     def __init__(
@@ -79,6 +82,7 @@ class OutputSpec:
         copies: tuple[int, ...],
         aliases: tuple[tuple[int, ...], ...],
         runtime_check: bool,
+        orders: tuple[tuple[Any, ...], ...] | None = None,
     ):
         self.treedef = treedef
         self.template = template
@@ -96,6 +100,12 @@ class OutputSpec:
         self.build: Callable[[Any, list[Any]], Any] = (
             self._build if passthrough or copies else self._builder()
         )
+        # Nested: the insertion orders of the output's dicts, where JAX's rebuild
+        # (in sorted key order) would change them.
+        self.orders = orders
+        if orders is not None:
+            build = self.build
+            self.build = lambda out, inputs: restore_orders(build(out, inputs), orders)
 
     def _builder(self) -> Callable[[Any, list[Any]], Any]:
         template, unflatten = self.template, self.treedef.unflatten
@@ -200,7 +210,13 @@ def jit_output(
         elif isinstance(leaf, np.ndarray):
             # Nested, as without the decorator: a NumPy array, every call its own.
             copies.append(position)
-    if len(dynamic_positions) == len(leaves) and not runtime_check:
+    orders = None
+    if staged:
+        # As the function returned it: a dict in its insertion order.
+        found = dict_orders(output)
+        if found and found != dict_orders(treedef.unflatten(leaves)):
+            orders = found
+    if len(dynamic_positions) == len(leaves) and not runtime_check and not orders:
         return output
     if boxed:
         dynamic = set(dynamic_positions)
@@ -223,5 +239,6 @@ def jit_output(
         tuple(copies),
         tuple(aliases),
         runtime_check,
+        orders,
     )
     return Carried([leaves[p] for p in dynamic_positions], spec)

@@ -44,7 +44,8 @@ def has_sorted_dicts(treedef: Any) -> bool:
 
 
 def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
-    """The keys of each dict in `tree`, in insertion order, dict by dict."""
+    """The keys of each dict in `tree`, in insertion order, dict by dict (depth
+    first, each node's children in their order)."""
     orders: list[tuple[Any, ...]] = []
     pending = [tree]
     while pending:
@@ -56,16 +57,42 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
         # asked of JAX.
         if kind is dict:
             orders.append(tuple(node))
-            pending += node.values()
+            pending += reversed(node.values())
         elif kind is list or kind is tuple:
-            pending += node
+            pending += reversed(node)
         else:
             found = _children(node)
             if found is not None:
                 if kind is collections.defaultdict:
                     orders.append(tuple(node))
-                pending += found[0]
+                    found = list(node.values()), None
+                pending += reversed(found[0])
     return tuple(orders)
+
+
+def restore_orders(tree: Any, orders: tuple[tuple[Any, ...], ...]) -> Any:
+    """`tree`, rebuilt by JAX from a tree whose `dict_orders` were `orders`, with
+    each dict back in its order."""
+    return _restore(tree, iter(orders))
+
+
+def _restore(node: Any, orders: Any) -> Any:
+    kind = type(node)
+    if node is None or is_leaf_type(kind):
+        return node
+    if kind in _SORTED_DICTS:
+        order = next(orders)
+        values = {key: _restore(node[key], orders) for key in order}
+        if kind is dict:
+            return values
+        return collections.defaultdict(node.default_factory, values)
+    if kind is list or kind is tuple:
+        return kind(_restore(child, orders) for child in node)
+    found = _children(node)
+    if found is None:
+        return node
+    children, structure = found
+    return structure.unflatten([_restore(child, orders) for child in children])
 
 
 def replace_leaves(tree: Any, replace: Callable[[int, Any], Any]) -> Any:

@@ -20,7 +20,12 @@ from test_noop_matrix import _run as run_outcome, agree, CONTEXTS
 
 from filterjit import filter_jit
 from filterjit._function import Keywords
-from filterjit._structure import dict_orders, has_sorted_dicts, replace_leaves
+from filterjit._structure import (
+    dict_orders,
+    has_sorted_dicts,
+    replace_leaves,
+    restore_orders,
+)
 
 
 # The repr of a recursive strategy of this many kinds is long; it is never shown.
@@ -157,6 +162,18 @@ def test_untouched_subtrees_are_the_callers_own(tree):
 
 
 @property_settings()
+@given(_trees)
+def test_restore_orders_undoes_jaxs_sorting(tree):
+    leaves, treedef = jtu.tree_flatten(tree)
+    rebuilt = jtu.tree_unflatten(treedef, leaves)  # dicts in sorted key order
+    restored = restore_orders(rebuilt, dict_orders(tree))
+    assert dict_orders(restored) == dict_orders(tree)
+    restored_leaves, restored_treedef = jtu.tree_flatten(restored)
+    assert restored_treedef == treedef
+    assert all(map(_is, restored_leaves, leaves))
+
+
+@property_settings()
 @given(st.lists(st.tuples(_keys, _leaf_values), max_size=5, unique_by=lambda i: i[0]))
 def test_dict_orders_tell_insertion_orders_apart(items):
     forward, backward = dict(items), dict(reversed(items))
@@ -250,6 +267,22 @@ def test_defaultdict_order_and_factory_reach_the_function():
     out = jax.jit(lambda x: f(collections.defaultdict(list, {"b": x, "a": Y})))(X)
     assert seen == [(["b", "a"], list)]
     np.testing.assert_array_equal(out, _stack_values(d))
+
+
+def test_nested_outputs_keep_their_dicts_order():
+    def f(x: jax.Array) -> Any:
+        return {"b": x, "a": 2 * x, "n": {"z": 1, "y": x}}, [{"d": 1.0, "c": x}]
+
+    def orders(g: Any) -> Any:
+        seen = []
+        jax.jit(lambda x: seen.append(dict_orders(g(x))) or x)(X)
+        return seen
+
+    assert (
+        orders(filter_jit(f))
+        == orders(f)
+        == [(("b", "a", "n"), ("z", "y"), ("d", "c"))]
+    )
 
 
 def _log_into(x: jax.Array, sink: list[Any]) -> jax.Array:

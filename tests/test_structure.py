@@ -16,6 +16,7 @@ import pytest
 from helpers import assert_tree_equal, property_settings
 from hypothesis import given, strategies as st
 from jax import lax
+from jax.core import Tracer
 from test_noop_matrix import _run as run_outcome, agree, CONTEXTS
 
 from filterjit import filter_jit
@@ -299,7 +300,7 @@ def test_nested_side_effects_reach_the_callers_containers():
     jax.jit(lambda x: logged(x, sink))(X)
     jax.jit(lambda x: _log_into(x, reference))(X)
     assert len(sink) == len(reference) == 1
-    assert isinstance(sink[0], jax.core.Tracer)
+    assert isinstance(sink[0], Tracer)
 
 
 def test_nested_containers_are_the_callers_own():

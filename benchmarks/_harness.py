@@ -173,7 +173,9 @@ class Section:
     notes: list[str] = dataclasses.field(default_factory=list)
 
     def render(self, check_targets: bool) -> str:
-        parts = [f"## {self.title}", "", self.header, "", self.table]
+        parts = [f"## {self.title}", "", self.header]
+        if self.table:  # a skipped section has none
+            parts += ["", self.table]
         if self.notes:
             parts += ["", *self.notes]
         if self.targets and check_targets:

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _async  # noqa: E402
 import _dispatch  # noqa: E402
+import _libraries  # noqa: E402
 import _memory  # noqa: E402
 import _module  # noqa: E402
 import _nested  # noqa: E402
@@ -57,6 +58,7 @@ SECTIONS: dict[str, Callable[[Settings], Section]] = {
     "async": _async.run,
     "memory": _memory.run,
     "specialisation": _specialise.run,
+    "libraries": _libraries.run,
 }
 
 

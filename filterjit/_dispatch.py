@@ -93,10 +93,10 @@ class Dispatcher:
                 tree = (fun, tree)
         else:
             tree = args if self._fun_is_leaf else (fun, args)
-            read_leaves = partition.read_leaves
-            if read_leaves is not None:
-                # Checked against that partition without flattening.
-                leaves = read_leaves(tree)
+        read_leaves = partition.read_leaves
+        if read_leaves is not None:
+            # Checked against that partition without flattening.
+            leaves = read_leaves(tree)
         if leaves is not None:
             treedef = partition.treedef
             types = None

@@ -12,9 +12,9 @@ error reads as under `equinox.filter_jit`), with a fallback to the message in
 JAX's error.
 """
 
-import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -68,13 +68,33 @@ def traced_a_check() -> bool:
 
 
 class _QuietCallbackLog(logging.Filter):
-    # JAX logs a failed callback with its traceback before raising; the error
-    # raised at the call says all of it.
+    """JAX logs a failed callback with its traceback before raising; the error
+    raised at the call says all of it. Installed once, and quiet only while a
+    checked call or wait is under way (in any thread: JAX may log from its own)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.active = 0
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self._lock:
+            self.active += 1
+
+    def exit(self) -> None:
+        with self._lock:
+            self.active -= 1
+
     def filter(self, record: logging.LogRecord) -> bool:
         return not (
-            record.name == "jax._src.callback"
+            self.active
+            and record.name == "jax._src.callback"
             and record.getMessage() == "jax.pure_callback failed"
         )
+
+
+_quiet = _QuietCallbackLog()
+logging.getLogger("jax._src.callback").addFilter(_quiet)
 
 
 def _message(error: Exception, name: str) -> str:
@@ -114,31 +134,29 @@ def check_failed(error: Exception, name: str) -> None:
         raise eqx.EquinoxRuntimeError(_message(error, name)) from None
 
 
-@contextlib.contextmanager
-def _raising_checks(name: str) -> Iterator[None]:
-    # A failed runtime check inside raises as `equinox.EquinoxRuntimeError`, and
-    # JAX's log of the failed callback is quieted.
-    logger = logging.getLogger("jax._src.callback")
-    quiet = _QuietCallbackLog()
-    logger.addFilter(quiet)
+def call_checked(jitted: Callable[..., Any], dynamic: Sequence[Any], name: str) -> Any:
+    """`jitted(*dynamic)`, with a failed runtime check raised as
+    `equinox.EquinoxRuntimeError`."""
+    # Not a context manager: this is on the path of every call whose trace holds a
+    # check, and a generator-based one costs microseconds.
+    _quiet.enter()
     try:
-        yield
+        return jitted(*dynamic)
     except Exception as e:
         check_failed(e, name)
         raise
     finally:
-        logger.removeFilter(quiet)
-
-
-def call_checked(jitted: Callable[..., Any], dynamic: Sequence[Any], name: str) -> Any:
-    """`jitted(*dynamic)`, with a failed runtime check raised as
-    `equinox.EquinoxRuntimeError`."""
-    with _raising_checks(name):
-        return jitted(*dynamic)
+        _quiet.exit()
 
 
 def wait_checked(out: Any, name: str) -> None:
     """Waits for `out`, with a failed runtime check raised as
     `equinox.EquinoxRuntimeError`."""
-    with _raising_checks(name):
+    _quiet.enter()
+    try:
         jax.block_until_ready(out)
+    except Exception as e:
+        check_failed(e, name)
+        raise
+    finally:
+        _quiet.exit()

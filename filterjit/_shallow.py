@@ -42,6 +42,7 @@ import numpy as np
 from jax.core import Tracer
 
 from ._exact import exact_key
+from ._function import Keywords
 
 
 # Types whose instances are always pytree leaves: no program registers them as
@@ -82,8 +83,21 @@ def call_reader(treedef: Any, types: tuple[type, ...]) -> CallReader | None:
     """The reader of calls flattened to `treedef` (the tuple of a call's positional
     arguments) with leaves of `types`; `None` where some part of it has none."""
     node = treedef.node_data()
-    if node is None or node[0] is not tuple:
+    if node is None:
         return None
+    if node[0] is not tuple:  # a call with keyword arguments
+        reader = _reader(treedef, types)
+        if reader is None:
+            return None
+
+        def read_tree(tree: Any) -> list[Any] | None:
+            leaves: list[Any] = []
+            try:
+                return leaves if reader(tree, leaves) else None
+            except Exception:  # as in `read` below
+                return None
+
+        return read_tree
     if treedef.num_nodes == len(types) + 1 and all(map(is_leaf_type, types)):
         # Every argument a leaf: one comparison of their types.
         def read_leaves(args: tuple[Any, ...]) -> list[Any] | None:
@@ -193,6 +207,12 @@ def _reader(treedef: Any, types: tuple[type, ...]) -> _Reader | None:
         return read_dict
     if isinstance(kind, type) and issubclass(kind, eqx.Module):
         return _module_reader(treedef, kind, data, read_values)
+    if kind is Keywords:
+
+        def read_keywords(obj: Any, leaves: list[Any]) -> bool:
+            return type(obj) is Keywords and read_values((obj.args, obj.kwargs), leaves)
+
+        return read_keywords
     return None
 
 

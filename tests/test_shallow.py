@@ -27,6 +27,7 @@ from hypothesis import given, strategies as st
 import filterjit
 from filterjit import _dispatch, _shallow
 from filterjit._exact import exact_aux
+from filterjit._function import Keywords
 from filterjit._shallow import call_reader
 
 
@@ -353,6 +354,27 @@ def test_near_misses(recorded, data):
         _check(recorded, call)
 
 
+_names = st.lists(st.sampled_from(["a", "b", "c", "d"]), unique=True, max_size=3)
+
+
+@property_settings()
+@given(_calls, _calls, _names, st.data())
+def test_keyword_calls_accept_only_what_jax_flattens_alike(
+    positional, keyword, names, data
+):
+    # A call with keyword arguments: `Keywords(args, kwargs)`.
+    kwargs = dict(zip(names, keyword))
+    recorded = Keywords(positional, kwargs)
+    _check(recorded, recorded)
+    _check(recorded, Keywords(_near_miss(positional, data), kwargs))
+    changed = _near_miss(tuple(kwargs.values()), data)
+    _check(recorded, Keywords(positional, dict(zip(names, changed))))
+    _check(recorded, Keywords(positional, dict(zip(["e", *names[1:]], keyword))))
+    _check(recorded, Keywords(positional, dict(reversed(kwargs.items()))))
+    _check(recorded, positional)
+    _check(recorded, (positional, kwargs))
+
+
 def _all_near_misses(args: tuple[Any, ...]):
     """Every one-place change of `args` that `_near_miss` can make, but drawing
     replacements from a fixed list."""
@@ -439,6 +461,17 @@ def test_which_calls_have_readers():
         (_rebuilt(Flat(array, 1.0, 0.5), __doc__="a wrapper's metadata"),),
     ]:
         assert _reader(*args) is None, args
+    # Calls with keyword arguments, and a wrapped Module's calls, `(fun, call)`.
+    for tree in [
+        Keywords((array,), {"model": mlp, "n": 3}),
+        Keywords((), {"b": array, "a": Flat(array, 1.0, 0.5)}),
+        (mlp, Keywords((array,), {"key": None})),
+    ]:
+        leaves, treedef = jtu.default_registry.flatten(tree)
+        reader = call_reader(treedef, tuple(map(type, leaves)))
+        assert reader is not None, tree
+        taken = reader(tree)
+        assert taken is not None and all(map(lambda a, b: a is b, taken, leaves))
 
 
 def test_module_layouts_are_confirmed_by_jax():

@@ -67,8 +67,9 @@ _LEAF_TYPES = frozenset(
 # `reader(obj, leaves)`: whether `obj` has the recorded structure and leaf types;
 # if so its leaves were appended to `leaves`.
 _Reader = Callable[[Any, list[Any]], bool]
-# `read(args)`: the leaves of a call's positional arguments, or `None`.
-CallReader = Callable[[tuple[Any, ...]], list[Any] | None]
+# `read(tree)`: the leaves of a call's pytree (its positional arguments, or a
+# `Keywords` for a call with keyword arguments), or `None`.
+CallReader = Callable[[Any], list[Any] | None]
 
 _count_of = operator.countOf
 _dict_of = object.__getattribute__  # not a Module's own `__getattribute__`
@@ -100,8 +101,10 @@ def call_reader(treedef: Any, types: tuple[type, ...]) -> CallReader | None:
         return read_tree
     if treedef.num_nodes == len(types) + 1 and all(map(is_leaf_type, types)):
         # Every argument a leaf: one comparison of their types.
-        def read_leaves(args: tuple[Any, ...]) -> list[Any] | None:
-            return list(args) if tuple(map(type, args)) == types else None
+        def read_leaves(args: Any) -> list[Any] | None:
+            if type(args) is not tuple or tuple(map(type, args)) != types:
+                return None
+            return list(args)
 
         return read_leaves
     readers = _child_readers(treedef, types)
@@ -109,8 +112,8 @@ def call_reader(treedef: Any, types: tuple[type, ...]) -> CallReader | None:
         return None
     count = len(readers)
 
-    def read(args: tuple[Any, ...]) -> list[Any] | None:
-        if len(args) != count:
+    def read(args: Any) -> list[Any] | None:
+        if type(args) is not tuple or len(args) != count:
             return None
         leaves: list[Any] = []
         try:

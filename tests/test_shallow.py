@@ -373,6 +373,8 @@ def test_keyword_calls_accept_only_what_jax_flattens_alike(
     _check(recorded, Keywords(positional, dict(reversed(kwargs.items()))))
     _check(recorded, positional)
     _check(recorded, (positional, kwargs))
+    # And the other way round: a reader of positional calls given keywords.
+    _check(positional, recorded)
 
 
 def _all_near_misses(args: tuple[Any, ...]):

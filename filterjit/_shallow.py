@@ -357,4 +357,50 @@ def _module_reader(
             and read_values(get_dynamic(fields), leaves)
         )
 
-    return read
+    if not _immutable(treedef):
+        return read
+    # A Module is frozen, and so is everything below this one (no list or dict):
+    # the Module read last, when it comes again (a default argument, a model
+    # called in a loop), has the same leaves. Kept only while it lives.
+    last: list[Any] = [_FORGOTTEN]
+
+    def read_again(obj: Any, leaves: list[Any]) -> bool:
+        ref, taken = last[0]
+        if ref() is obj:
+            leaves += taken
+            return True
+        own: list[Any] = []
+        if not read(obj, own):
+            return False
+        leaves += own
+        try:
+            last[0] = (weakref.ref(obj, lambda _: last.__setitem__(0, _FORGOTTEN)), own)
+        except TypeError:  # not weakly referenceable: not remembered
+            pass
+        return True
+
+    return read_again
+
+
+def _dead() -> None:
+    return None
+
+
+_FORGOTTEN: tuple[Any, tuple[Any, ...]] = (_dead, ())
+
+
+def _immutable(treedef: Any) -> bool:
+    """Whether every node of `treedef` is of an immutable kind: a tuple, a
+    namedtuple, `None` or an `eqx.Module` (not a list or a dict)."""
+    data = treedef.node_data()
+    if data is None:
+        return True
+    kind = data[0]
+    if not (
+        kind is tuple
+        or kind is type(None)
+        or _is_namedtuple(kind)
+        or (isinstance(kind, type) and issubclass(kind, eqx.Module))
+    ):
+        return False
+    return all(map(_immutable, treedef.children()))

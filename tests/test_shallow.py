@@ -12,6 +12,8 @@ static value, a subclass, a field missing, a field too many).
 
 import collections
 import dataclasses
+import gc
+import weakref
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -642,3 +644,36 @@ def test_alternating_module_calls_match_the_undecorated_method(nested):
         want = model.undecorated(x)
         assert got.dtype == want.dtype
         np.testing.assert_allclose(got, want, rtol=1e-2)
+
+
+def test_a_module_read_again_gives_its_leaves_and_keeps_nothing_alive():
+    # The Module read last is remembered while it lives: read again, it gives its
+    # leaves at once; dead, nothing of it is kept.
+    inner = Flat(jnp.ones(2), Bare(np.ones(3)), 0.5)
+    recorded = (Outer(inner, (jnp.zeros(1), None), "n"),)
+    leaves, treedef = jtu.default_registry.flatten(recorded)
+    read = call_reader(treedef, tuple(map(type, leaves)))
+    assert read is not None
+    for _ in range(3):
+        taken = read(recorded)
+        assert taken is not None and all(map(lambda a, b: a is b, taken, leaves))
+    fresh = Flat(jnp.ones(2), Bare(np.ones(3)), 0.5)
+    other = (Outer(fresh, (jnp.zeros(1), None), "n"),)
+    taken = read(other)
+    assert taken is not None
+    assert all(map(lambda a, b: a is b, taken, jtu.tree_leaves(other)))
+    array_ref = weakref.ref(fresh.b.x)
+    del other, fresh, taken
+    gc.collect()
+    assert array_ref() is None
+
+
+def test_a_module_holding_a_list_is_read_afresh():
+    # A list below a Module can change between calls: never remembered.
+    model = Bare([jnp.ones(2)])
+    wrapped = filterjit.filter_jit(lambda m: sum(m.x))
+    assert wrapped(model).tolist() == [1.0, 1.0]
+    model.x.append(jnp.ones(2))
+    assert wrapped(model).tolist() == [2.0, 2.0]
+    model.x[0] = jnp.zeros(2)
+    assert wrapped(model).tolist() == [1.0, 1.0]

@@ -366,7 +366,8 @@ def _module_reader(
 
     def read_again(obj: Any, leaves: list[Any]) -> bool:
         ref, taken = last[0]
-        if ref() is obj:
+        # (The type first: a dead reference gives `None`, which `obj` may be.)
+        if type(obj) is cls and ref() is obj:
             leaves += taken
             return True
         own: list[Any] = []

@@ -668,6 +668,19 @@ def test_a_module_read_again_gives_its_leaves_and_keeps_nothing_alive():
     assert array_ref() is None
 
 
+def test_a_remembered_module_is_never_taken_for_none():
+    # Found by test_properties: once the Module remembered has died, its dead
+    # reference gives `None`, and a call with `None` in its place must not match.
+    recorded = ([Flat(1.0, 2.0, 0.5), None],)
+    leaves, treedef = jtu.default_registry.flatten(recorded)
+    read = call_reader(treedef, tuple(map(type, leaves)))
+    assert read is not None
+    assert read(([Flat(1.0, 2.0, 0.5), None],)) is not None  # remembered, then dead
+    gc.collect()
+    assert read(([None, None],)) is None
+    assert read(([Flat(1.0, 2.0, 0.5), None],)) is not None
+
+
 def test_a_module_holding_a_list_is_read_afresh():
     # A list below a Module can change between calls: never remembered.
     model = Bare([jnp.ones(2)])

@@ -20,16 +20,13 @@ Only tracers are outputs of the jit; the rest is what the function returned.
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
+from ._partition import traced_types
 from ._structure import dict_orders, restore_orders
-
-
-# The leaves that are outputs of a jit, unless nested.
-_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+from ._trace import STAGED, TOP
 
 
 _identity = object.__eq__
@@ -187,7 +184,7 @@ def jit_output(
     keep the user's structure whatever it takes (for `out_shardings`, a prefix of
     it); inputs handed back are then the traced call's (equal to this call's: they
     are keyed by value)."""
-    traced = Tracer if staged else _ARRAY_TYPES
+    traced = traced_types(STAGED if staged else TOP)
     leaves, treedef = jtu.tree_flatten(output)
     input_positions: dict[int, list[int]] = {}
     for position, leaf in enumerate(inputs):

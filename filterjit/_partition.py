@@ -12,7 +12,7 @@ from jax.core import Tracer
 from ._codegen import compile_function
 from ._exact import (
     complex_key,
-    exact_aux,
+    exact_key,
     float_key,
     generic_key,
     ndarray_key,
@@ -201,8 +201,9 @@ class Partition:
         # What `==` does not see of the structure's auxiliary data (`None` where
         # it holds no numbers): structures equal by `==` but not exactly get
         # partitions of their own (see `_exact`).
-        self.exact = exact_aux(treedef)
-        self._aux = aux_data(treedef) if self.exact is not None else None
+        aux = aux_data(treedef)
+        self.exact = exact_key(aux)
+        self._aux = aux if self.exact is not None else None
         # Nested, `orders(tree)`: what the key needs beyond the leaves, the
         # insertion order of the call's dicts (`None` where it has none).
         self.orders = dict_orders if staged and has_sorted_dicts(treedef) else None

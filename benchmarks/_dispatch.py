@@ -19,6 +19,7 @@ from _harness import (
     NNX,
     NO_FLAX,
     optional_nnx,
+    RatioRow,
     Section,
     Settings,
     Target,
@@ -77,6 +78,7 @@ def run(settings: Settings) -> Section:
         headers += ["target", "result"]
     rows = []
     targets = []
+    ratios = []
     for n in SIZES:
         us = {
             name: medians[n][name] * 1e6 if name in medians[n] else None
@@ -84,6 +86,13 @@ def run(settings: Settings) -> Section:
         }
         row = [str(n), *(fmt_number(us[name]) for name in names)]
         row += [fmt_ratio(us[name], us[JAX]) for name in names[1:]]
+        ratios.append(
+            RatioRow(
+                f"N={n}",
+                {name: medians[n][name] / medians[n][JAX] for name in medians[n]},
+                LIMITS[n],
+            )
+        )
         if settings.targets:
             value = medians[n][FILTERJIT] / medians[n][JAX]
             target = Target("dispatch", f"N={n}", value, LIMITS[n], "×")
@@ -100,4 +109,5 @@ def run(settings: Settings) -> Section:
         "not compute."
     )
     notes = [] if NNX in impls else [NO_FLAX]
-    return Section("dispatch", header, markdown_table(headers, rows), targets, notes)
+    table = markdown_table(headers, rows)
+    return Section("dispatch", header, table, targets, notes, ratios)

@@ -10,6 +10,7 @@ from types import ModuleType
 from typing import Any
 
 import jax
+from _plot import RatioRow
 
 
 # Display names, in the order columns are printed.
@@ -164,13 +165,15 @@ def markdown_table(
 @dataclasses.dataclass
 class Section:
     """What one section reports: its title, a header that says what it measures, a
-    markdown table, the targets it checked, and notes."""
+    markdown table, the targets it checked, and notes; and, for the sections that
+    `--plot` charts, `ratios`: each row's ratios to jax.jit, as figures."""
 
     title: str
     header: str
     table: str
     targets: list[Target] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    ratios: list[RatioRow] = dataclasses.field(default_factory=list)
 
     def render(self, check_targets: bool) -> str:
         parts = [f"## {self.title}", "", self.header]

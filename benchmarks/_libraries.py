@@ -21,6 +21,7 @@ from _harness import (
     JAX,
     markdown_table,
     NA,
+    RatioRow,
     Section,
     Settings,
     Target,
@@ -169,6 +170,7 @@ def run(settings: Settings) -> Section:
         headers += ["target", "result"]
     rows = []
     targets = []
+    ratios = []
     over_eqx = {}
     for name, make in CALLS.items():
         impls = _implementations(make(libs))
@@ -180,6 +182,9 @@ def run(settings: Settings) -> Section:
         over_eqx[name] = us[FILTERJIT] / us[EQX]
         row = [name, *(fmt_number(us[impl]) for impl in names)]
         row += [fmt_ratio(us[impl], us[JAX]) for impl in names[1:]]
+        ratios.append(
+            RatioRow(name, {impl: us[impl] / us[JAX] for impl in names}, LIMIT)
+        )
         if settings.targets:
             target = Target("libraries", name, us[FILTERJIT] / us[JAX], LIMIT, "×")
             targets.append(target)
@@ -214,4 +219,4 @@ def run(settings: Settings) -> Section:
         "timing."
     )
     table = markdown_table(headers, rows)
-    return Section("libraries", header, table, targets, notes)
+    return Section("libraries", header, table, targets, notes, ratios)

@@ -18,6 +18,7 @@ from _harness import (
     interleave,
     JAX,
     markdown_table,
+    RatioRow,
     Section,
     Settings,
     Target,
@@ -135,6 +136,7 @@ def run(settings: Settings) -> Section:
     rows = []
     targets = []
     notes = []
+    ratios = []
     for program, make in PROGRAMS.items():
         impls = make()
         for call in impls.values():  # compile
@@ -145,6 +147,13 @@ def run(settings: Settings) -> Section:
         us = {name: medians[name] * 1e6 for name in impls}
         row = [program, BASELINES[program], *(fmt_number(us[name]) for name in names)]
         row += [fmt_ratio(us[name], us[JAX]) for name in names[1:]]
+        ratios.append(
+            RatioRow(
+                program,
+                {name: us[name] / us[JAX] for name in names},
+                LIMITS[program],
+            )
+        )
         if settings.targets:
             value = us[FILTERJIT] / us[JAX]
             target = Target("programs", program, value, LIMITS[program], "×")
@@ -171,4 +180,4 @@ def run(settings: Settings) -> Section:
         "do; jax.jit with `n` in `static_argnums`."
     )
     table = markdown_table(headers, rows, left=2)
-    return Section("programs", header, table, targets, notes)
+    return Section("programs", header, table, targets, notes, ratios)

@@ -5,6 +5,7 @@
     python benchmarks/run.py --check    # exit 1 if a target is missed
     python benchmarks/run.py --sections dispatch,nested
     python benchmarks/run.py --profile  # where a filterjit call spends its time
+    python benchmarks/run.py --plot docs/performance.svg  # and chart the ratios
 
 Every implementation is measured in this one process, in interleaved rounds, so
 that drift of the machine hits all of them alike; the memory section alone runs
@@ -12,6 +13,7 @@ each implementation in a subprocess of its own. The output is markdown.
 """
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -32,15 +34,20 @@ import _libraries  # noqa: E402
 import _memory  # noqa: E402
 import _module  # noqa: E402
 import _nested  # noqa: E402
+import _plot  # noqa: E402
 import _profile  # noqa: E402
 import _programs  # noqa: E402
 import _specialise  # noqa: E402
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 from _harness import (  # noqa: E402
+    EQX,
+    FILTERJIT,
     fmt_number,
+    JAX,
     markdown_table,
     NA,
+    NNX,
     optional_nnx,
     Section,
     Settings,
@@ -59,6 +66,13 @@ SECTIONS: dict[str, Callable[[Settings], Section]] = {
     "memory": _memory.run,
     "specialisation": _specialise.run,
     "libraries": _libraries.run,
+}
+
+# The sections that `--plot` charts, each with the title of its panel.
+CHARTED = {
+    "dispatch": "Dispatch by leaf count: tree -> tree + k, N float32[4] leaves",
+    "programs": "Real programs",
+    "libraries": "Library entry points",
 }
 
 
@@ -118,6 +132,28 @@ def _summary(targets: list[Target]) -> str:
     return markdown_table(headers, rows, left=2)
 
 
+def _chart(sections: dict[str, Section], caption: str) -> str:
+    """The SVG chart of this run's ratios to jax.jit: a panel per charted
+    section, and a note for each that was not run or was skipped."""
+    panels = []
+    for name, title in CHARTED.items():
+        section = sections.get(name)
+        if section is None:
+            panels.append(
+                _plot.Panel(title, [], f"{name}: not run, not among --sections")
+            )
+        elif not section.ratios:
+            panels.append(_plot.Panel(title, [], section.header))
+        else:
+            panels.append(_plot.Panel(title, section.ratios))
+    return _plot.render(
+        "filterjit: time per call ÷ jax.jit",
+        caption,
+        panels,
+        [JAX, EQX, NNX, FILTERJIT],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
@@ -140,6 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print a cProfile of top-level filterjit calls instead",
     )
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        type=Path,
+        help=(
+            "after the run, write an SVG chart of its ratios to jax.jit to PATH "
+            f"(sections {', '.join(CHARTED)}; e.g. docs/performance.svg)"
+        ),
+    )
     parser.add_argument("--memory-child", metavar="NAME", help=argparse.SUPPRESS)
     parser.add_argument("--iterations", type=int, default=300, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -159,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.profile:
+        if args.plot is not None:
+            parser.error("--plot charts a benchmark run, not --profile")
         quick = {"sizes": (1,), "calls": 200} if args.quick else {}
         print(_profile.profile(**quick))
         return 0
@@ -172,11 +219,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     settings = Settings(quick=args.quick, targets=args.check or not args.quick)
     mode = "quick (smoke run, no targets)" if args.quick else "full"
+    run_line = f"Mode: {mode}. {_environment()}"
+    run_date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     print("# filterjit benchmarks")
     print()
-    print(f"Mode: {mode}. {_environment()}")
+    print(run_line)
     start = time.perf_counter()
     targets: list[Target] = []
+    sections: dict[str, Section] = {}
     for name in chosen:
         section_start = time.perf_counter()
         section = SECTIONS[name](settings)
@@ -185,6 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         print(section.render(settings.targets))
         print(f"\n({name}: {elapsed:.1f} s)", flush=True)
         targets += section.targets
+        sections[name] = section
+    if args.plot is not None:
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        args.plot.write_text(
+            _chart(sections, f"Run of {run_date}. {run_line}"), encoding="utf-8"
+        )
+        print(f"Chart of this run written to {args.plot}.", file=sys.stderr)
     print()
     if settings.targets and targets:
         print("## targets")

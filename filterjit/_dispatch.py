@@ -7,6 +7,7 @@ the partition splits the leaves into traced leaves and the key of the others; th
 key picks an `Entry`, whose jitted function is called with the traced leaves.
 """
 
+import functools as ft
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -218,13 +219,14 @@ class Dispatcher:
             with entry.called_from(tree, leaves):
                 out = entry.jitted(*dynamic)
         else:
-            out = call_checked(entry.jitted, dynamic, self.function.name)
+            # At the top level, run and waited for in one checked call.
+            ready = ft.partial(_waited_for, entry) if level == TOP else None
+            out = call_checked(entry.jitted, dynamic, self.function.name, ready)
         if type(out) is Carried:
-            return self._finish(level, fun, tree, leaves, treedef, out)
-        if level == TOP and entry.has_checks:
-            # A boxed output (`out_shardings`) does not say whether its trace held
-            # the check: wait, as for one that did.
-            wait_checked(out, self.function.name)
+            spec = out.spec
+            if not spec.aliases_hold(leaves):
+                return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
+            return spec.build(out.leaves, leaves)
         return out
 
     def _miss(
@@ -429,6 +431,19 @@ _dispatchers: "weakref.WeakSet[Dispatcher]" = weakref.WeakSet()
 def clear_all() -> None:
     for dispatcher in list(_dispatchers):
         dispatcher.clear()
+
+
+def _waited_for(entry: Entry, out: Any) -> Any:
+    """What a top-level call waits for, to raise a failed runtime check at the
+    call: the traced leaves where the executable's own spec says its trace held a
+    check; `None` for nothing."""
+    if type(out) is Carried:
+        return out.leaves if out.spec.runtime_check else None
+    # A boxed output (`out_shardings`) does not say whether its trace held the
+    # check: it waits as one that did, if any trace of the entry did.
+    if not entry.has_checks:
+        return None
+    return [leaf for leaf in jtu.tree_leaves(out) if isinstance(leaf, jax.Array)]
 
 
 def _module_of(fun: Any) -> str:

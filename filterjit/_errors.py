@@ -12,8 +12,8 @@ error reads as under `equinox.filter_jit`), with a fallback to the message in
 JAX's error.
 """
 
+import functools as ft
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -70,24 +70,19 @@ def traced_a_check() -> bool:
 class _QuietCallbackLog(logging.Filter):
     """JAX logs a failed callback with its traceback before raising; the error
     raised at the call says all of it. Installed once, and quiet only while a
-    checked call or wait is under way (in any thread: JAX may log from its own)."""
+    checked call is under way (in any thread: JAX may log from its own)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.active = 0
-        self._lock = threading.Lock()
-
-    def enter(self) -> None:
-        with self._lock:
-            self.active += 1
-
-    def exit(self) -> None:
-        with self._lock:
-            self.active -= 1
+        # One item per checked call under way. A list's `append` and `pop` are
+        # atomic, where `+= 1` is not and a lock costs more than the rest.
+        self.calls: list[None] = []
+        self.enter = ft.partial(self.calls.append, None)
+        self.exit = self.calls.pop
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (
-            self.active
+            self.calls
             and record.name == "jax._src.callback"
             and record.getMessage() == "jax.pure_callback failed"
         )
@@ -134,14 +129,26 @@ def check_failed(error: Exception, name: str) -> None:
         raise eqx.EquinoxRuntimeError(_message(error, name)) from None
 
 
-def call_checked(jitted: Callable[..., Any], dynamic: Sequence[Any], name: str) -> Any:
+def call_checked(
+    jitted: Callable[..., Any],
+    dynamic: Sequence[Any],
+    name: str,
+    ready: Callable[[Any], Any] | None = None,
+) -> Any:
     """`jitted(*dynamic)`, with a failed runtime check raised as
-    `equinox.EquinoxRuntimeError`."""
+    `equinox.EquinoxRuntimeError`. `ready(out)`: the arrays of the output to wait
+    for before returning (empty or `None` for none), so that a check that fails
+    while it runs is raised here too."""
     # Not a context manager: this is on the path of every call whose trace holds a
     # check, and a generator-based one costs microseconds.
     _quiet.enter()
     try:
-        return jitted(*dynamic)
+        out = jitted(*dynamic)
+        if ready is not None:
+            arrays = ready(out)
+            if arrays:
+                _trace.block_leaves(arrays)
+        return out
     except Exception as e:
         check_failed(e, name)
         raise
@@ -149,14 +156,11 @@ def call_checked(jitted: Callable[..., Any], dynamic: Sequence[Any], name: str) 
         _quiet.exit()
 
 
-def wait_checked(out: Any, name: str) -> None:
-    """Waits for `out`, with a failed runtime check raised as
+def wait_checked(arrays: list[Any], name: str) -> None:
+    """Waits for `arrays`, with a failed runtime check raised as
     `equinox.EquinoxRuntimeError`."""
-    _quiet.enter()
-    try:
-        jax.block_until_ready(out)
-    except Exception as e:
-        check_failed(e, name)
-        raise
-    finally:
-        _quiet.exit()
+    call_checked(_identity, (arrays,), name, _identity)
+
+
+def _identity(x: Any) -> Any:
+    return x

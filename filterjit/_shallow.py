@@ -55,6 +55,8 @@ _LEAF_TYPES = frozenset(
         bool,
         complex,
         str,
+        bytes,
+        frozenset,  # optimistix's `tags`
         # What a Module's activation fields hold.
         types.FunctionType,
         types.BuiltinFunctionType,

@@ -1,5 +1,5 @@
-"""Where in JAX's trace stack a call happens, which frames JAX shows, and what a
-pytree structure holds.
+"""Where in JAX's trace stack a call happens, which frames JAX shows, what a
+pytree structure holds, and waiting for a list of arrays.
 
 This is the only module that touches private JAX API. Every private access has a
 public fallback, and `tests/test_trace.py` fails loudly if the private path moves.
@@ -168,3 +168,26 @@ def _choose_aux_data() -> Any:
 # `aux_data(treedef)`: the auxiliary data of each node of `treedef` that has some
 # (a dict's keys, a registered node's aux), children before their parents.
 aux_data = _choose_aux_data()
+
+
+def _block_leaves_public(arrays: list[Any]) -> None:
+    jax.block_until_ready(arrays)
+
+
+def _choose_block_leaves() -> Any:
+    # What `jax.block_until_ready` calls for two or more arrays, without its
+    # flatten and its loop over the leaves (3 µs of 6 for eight arrays).
+    try:
+        from jax._src.lib import xla_client
+
+        batched = xla_client.batched_block_until_ready
+        probe = [jax.numpy.zeros(1), jax.numpy.ones(1)]
+        batched(probe)
+        return batched
+    except Exception:
+        return _block_leaves_public
+
+
+# `block_leaves(arrays)`: waits for every one of `arrays` (a list of `jax.Array`s,
+# the outputs of one jitted call), raising the error of one that failed.
+block_leaves = _choose_block_leaves()

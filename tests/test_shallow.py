@@ -13,6 +13,7 @@ static value, a subclass, a field missing, a field too many).
 import collections
 import dataclasses
 import gc
+import types
 import weakref
 from typing import Any, NamedTuple
 
@@ -94,6 +95,9 @@ _leaves = st.sampled_from(
         True,
         1j,
         "a",
+        b"b",
+        frozenset({1, 2}),
+        frozenset(),
         None,
     ]
 )
@@ -476,6 +480,25 @@ def test_which_calls_have_readers():
         assert reader is not None, tree
         taken = reader(tree)
         assert taken is not None and all(map(lambda a, b: a is b, taken, leaves))
+
+
+def test_leaf_types_are_leaves_to_jax():
+    # The reader takes instances of these types as leaves without asking JAX: if
+    # JAX ever flattens one of them as a node, this fails.
+    from filterjit._shallow import _LEAF_TYPES
+
+    samples = {
+        float: 1.0, int: 1, bool: True, complex: 1j, str: "s", bytes: b"b",
+        frozenset: frozenset({1}), types.FunctionType: _double,
+        types.BuiltinFunctionType: len, jax.custom_jvp: jax.nn.relu,
+        jax.custom_vjp: jax.custom_vjp(_double),
+        type(jax.jit(_double)): jax.jit(_double),
+    }  # fmt: skip
+    assert set(samples) == _LEAF_TYPES
+    for kind, sample in samples.items():
+        assert type(sample) is kind
+        leaves, treedef = jtu.default_registry.flatten(sample)
+        assert leaves == [sample] and treedef.num_nodes == 1, kind
 
 
 def test_module_layouts_are_confirmed_by_jax():

@@ -181,7 +181,7 @@ class Dispatcher:
         it with this call's leaves. At the top level, a trace that holds a runtime
         check waits, to raise a failed check at the call."""
         spec = out.spec
-        if not spec.aliases_hold(leaves):
+        if spec.aliases and not spec.aliases_hold(leaves):
             return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
         if spec.runtime_check and level == TOP:
             wait_checked(out.leaves, self.function.name)
@@ -224,7 +224,7 @@ class Dispatcher:
             out = call_checked(entry.jitted, dynamic, self.function.name, ready)
         if type(out) is Carried:
             spec = out.spec
-            if not spec.aliases_hold(leaves):
+            if spec.aliases and not spec.aliases_hold(leaves):
                 return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
             return spec.build(out.leaves, leaves)
         return out

@@ -17,6 +17,7 @@ see: configuration such as x64, context, shardings):
 Only tracers are outputs of the jit; the rest is what the function returned.
 """
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +60,6 @@ class OutputSpec:
 
     __slots__ = (
         "treedef",
-        "template",
         "dynamic_positions",
         "passthrough",
         "copies",
@@ -82,7 +82,6 @@ class OutputSpec:
         orders: tuple[tuple[Any, ...], ...] | None = None,
     ):
         self.treedef = treedef
-        self.template = template
         self.dynamic_positions = dynamic_positions
         self.passthrough = passthrough
         self.copies = copies
@@ -93,10 +92,8 @@ class OutputSpec:
         # Whether the call needs nothing but `build`.
         self.plain = not (aliases or runtime_check)
         # `build(out, inputs)`: the user's output from the traced leaves `out` and
-        # this call's leaves. Most outputs need only the traced leaves put in.
-        self.build: Callable[[Any, list[Any]], Any] = (
-            self._build if passthrough or copies else self._builder()
-        )
+        # this call's leaves.
+        self.build = self._builder(template)
         # Nested: the insertion orders of the output's dicts, where JAX's rebuild
         # (in sorted key order) would change them.
         self.orders = orders
@@ -104,23 +101,29 @@ class OutputSpec:
             build = self.build
             self.build = lambda out, inputs: restore_orders(build(out, inputs), orders)
 
-    def _builder(self) -> Callable[[Any, list[Any]], Any]:
-        template, unflatten = self.template, self.treedef.unflatten
-        positions = self.dynamic_positions
-        if len(positions) == 1:
-            (position,) = positions
-
-            def build_one(out: Any, inputs: list[Any]) -> Any:
-                leaves = template.copy()
-                leaves[position] = out[0]
-                return unflatten(leaves)
-
-            return build_one
+    def _builder(self, template: list[Any]) -> Callable[[Any, list[Any]], Any]:
+        """`build`: the output's leaves taken at once from a pool of the traced
+        leaves, this call's inputs handed back and the trace's static leaves."""
+        unflatten, copies = self.treedef.unflatten, self.copies
+        handed_back = [position for position, _ in self.passthrough]
+        from_pool = [*self.dynamic_positions, *handed_back]
+        others = set(from_pool)
+        static = [p for p in range(len(template)) if p not in others]
+        constants = tuple(template[p] for p in static)
+        index = [0] * len(template)
+        for place, position in enumerate([*from_pool, *static]):
+            index[position] = place
+        take = _taker(index)
+        if not self.passthrough and not copies:
+            return lambda out, inputs: unflatten(take((*out, *constants)))
+        take_inputs = _taker([position for _, position in self.passthrough])
 
         def build(out: Any, inputs: list[Any]) -> Any:
-            leaves = template.copy()
-            for position, leaf in zip(positions, out):
-                leaves[position] = leaf
+            leaves = take((*out, *take_inputs(inputs), *constants))
+            if copies:  # nested, as without the decorator: each call its own
+                leaves = list(leaves)
+                for position in copies:
+                    leaves[position] = leaves[position].copy()
             return unflatten(leaves)
 
         return build
@@ -133,15 +136,15 @@ class OutputSpec:
             for position in group[1:]
         )
 
-    def _build(self, out: Any, inputs: list[Any]) -> Any:
-        leaves = list(self.template)
-        for position, leaf in zip(self.dynamic_positions, out):
-            leaves[position] = leaf
-        for out_position, in_position in self.passthrough:
-            leaves[out_position] = inputs[in_position]
-        for position in self.copies:
-            leaves[position] = leaves[position].copy()
-        return self.treedef.unflatten(leaves)
+
+def _taker(index: list[int]) -> Callable[[Any], tuple[Any, ...]]:
+    """`take(pool)`: the tuple of `pool[i]` for `index`."""
+    if len(index) > 1:
+        return operator.itemgetter(*index)
+    if index:
+        (i,) = index
+        return lambda pool: (pool[i],)
+    return lambda pool: ()
 
 
 class Carried:

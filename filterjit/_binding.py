@@ -19,6 +19,14 @@ class _Placeholder:
     __slots__ = ()
 
 
+# Where a bound argument comes from: `("args", i)`, the call's positional argument
+# `i`; `("kwargs", name)`, its keyword argument `name`; `("default", value)`, the
+# parameter's default.
+Source = tuple[str, Any]
+# The sources of a call's bound positional and keyword arguments.
+Sources = tuple[list[Source], dict[str, Source]]
+
+
 class Binder:
     """`binder(args, kwargs)` gives `(args, kwargs)` as `inspect.Signature.bind`
     followed by `apply_defaults` would, so that `f(x)`, `f(x, 3)` and `f(x, n=3)`
@@ -26,14 +34,15 @@ class Binder:
 
     `Signature.bind` costs microseconds. For each shape of call (the number of
     positional arguments and the keyword names, in order) the binder binds
-    placeholders once and records where each bound value comes from, as a
-    generated function such as `lambda a, k: ((a[0], k['n']), {'mode': 'a'})`.
+    placeholders once and records where each bound value comes from (`sources`),
+    as a generated function such as `lambda a, k: ((a[0], k['n']), {'mode': 'a'})`.
     """
 
     def __init__(self, signature: inspect.Signature | None, name: str):
         self._signature = signature
         self._name = name
         self._plans: dict[tuple[Any, ...], Callable[[Args, Kwargs], Any]] = {}
+        self._sources: dict[tuple[Any, ...], Sources] = {}
 
     def __call__(self, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
         plan = self._plans.get((len(args), *kwargs))
@@ -49,36 +58,59 @@ class Binder:
             ) from None
         bound.apply_defaults()
         if len(self._plans) < _MAX_PLANS:
-            self._plans[(len(args), *kwargs)] = self._plan(len(args), tuple(kwargs))
+            shape = (len(args), *kwargs)
+            self._sources[shape] = self._find_sources(len(args), tuple(kwargs))
+            self._plans[shape] = _plan(*self._sources[shape])
         return bound.args, bound.kwargs
 
-    def _plan(
-        self, count: int, names: tuple[str, ...]
-    ) -> Callable[[Args, Kwargs], tuple[Args, Kwargs]]:
+    def sources(self, shape: tuple[Any, ...]) -> Sources | None:
+        """Where the bound arguments of calls of `shape` (the number of positional
+        arguments, then the keyword names) come from, once such a call is bound."""
+        return self._sources.get(shape)
+
+    def _find_sources(self, count: int, names: tuple[str, ...]) -> Sources:
         assert self._signature is not None
         positional = [_Placeholder() for _ in range(count)]
         keyword = {name: _Placeholder() for name in names}
         bound = self._signature.bind(*positional, **keyword)
         bound.apply_defaults()
-        sources = {id(p): f"a[{i}]" for i, p in enumerate(positional)}
-        sources.update({id(p): f"k[name{i}]" for i, p in enumerate(keyword.values())})
-        namespace: dict[str, Any] = {f"name{i}": name for i, name in enumerate(names)}
+        found: dict[int, Source] = {
+            id(p): ("args", i) for i, p in enumerate(positional)
+        }
+        found.update({id(p): ("kwargs", name) for name, p in keyword.items()})
+        # A default: the very object that `apply_defaults` would pass.
+        source = lambda value: found.get(id(value), ("default", value))  # noqa: E731
+        return (
+            [source(value) for value in bound.args],
+            {name: source(value) for name, value in bound.kwargs.items()},
+        )
 
-        def source(value: Any) -> str:
-            if id(value) in sources:
-                return sources[id(value)]
-            # A default: the very object that `apply_defaults` would pass.
-            constant = f"default{len(namespace)}"
-            namespace[constant] = value
-            return constant
 
-        args = "".join(f"{source(value)}, " for value in bound.args)
-        kwargs = []
-        for i, (name, value) in enumerate(bound.kwargs.items()):
-            namespace[f"key{i}"] = name
-            kwargs.append(f"key{i}: {source(value)}")
-        body = [f"return ({args}), {{{', '.join(kwargs)}}}"]
-        return compile_function("plan", "a, k", body, namespace)
+def _plan(
+    args: list[Source], kwargs: dict[str, Source]
+) -> Callable[[Args, Kwargs], tuple[Args, Kwargs]]:
+    """`plan(a, k)`: the bound arguments of a call `(*a, **k)`, from their sources."""
+    namespace: dict[str, Any] = {}
+
+    def constant(value: Any) -> str:
+        name = f"c{len(namespace)}"
+        namespace[name] = value
+        return name
+
+    def expression(source: Source) -> str:
+        kind, value = source
+        if kind == "args":
+            return f"a[{value}]"
+        if kind == "kwargs":
+            return f"k[{constant(value)}]"
+        return constant(value)
+
+    positional = "".join(f"{expression(source)}, " for source in args)
+    keyword = ", ".join(
+        f"{constant(name)}: {expression(source)}" for name, source in kwargs.items()
+    )
+    body = [f"return ({positional}), {{{keyword}}}"]
+    return compile_function("plan", "a, k", body, namespace)
 
 
 def _bind_error(

@@ -26,6 +26,7 @@ from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options
 from ._output import Carried
 from ._partition import ABSTRACT, Partition
+from ._shallow import bound_call_reader, BoundCallReader
 from ._trace import EAGER, STAGED, TOP
 
 
@@ -37,6 +38,13 @@ STAGED_MAXSIZE = 256
 STAGED_MAXBYTES = 16 * 2**20
 
 _flatten = jtu.default_registry.flatten
+
+# Bound on the shapes of call (see `_binding`) read as made, per partition.
+_MAX_CALL_READERS = 64
+# What `_run` and `_finish` return for a call whose static inputs that were one
+# object when traced are not one now: it is made again, keyed by alias.
+_BY_ALIAS = object()
+_UNMADE = object()
 
 # The partition of a structure that no call has (a `Keywords` node is made only for
 # keyword arguments), so that the latest partition is never `None`.
@@ -85,19 +93,23 @@ class Dispatcher:
         # Most calls repeat the latest call's partition.
         partition = self._latest[level]
         leaves = None
-        # The pytree of the call, flattened and partitioned.
-        tree: Any
+        # The pytree of the call, flattened and partitioned; `None` until needed
+        # where the call is read as it was made.
+        tree: Any = None
         if kwargs or len(args) != self._plain_arity:
-            args, kwargs = self.function.bind(args, kwargs)  # pyright: ignore[reportAssignmentType]
-            tree = Keywords(args, kwargs) if kwargs else args
-            if not self._fun_is_leaf:
-                tree = (fun, tree)
+            if level != STAGED:
+                read = partition.call_readers.get((len(args), *kwargs), _UNMADE)
+                if read is _UNMADE:
+                    read = self._call_reader(partition, args, kwargs)
+                if read is not None:
+                    leaves = read(fun, args, kwargs)
+            if leaves is None:
+                tree = self._call_tree(fun, args, kwargs)
         else:
             tree = args if self._fun_is_leaf else (fun, args)
-        read_leaves = partition.read_leaves
-        if read_leaves is not None:
+        if leaves is None and partition.read_leaves is not None:
             # Checked against that partition without flattening.
-            leaves = read_leaves(tree)
+            leaves = partition.read_leaves(tree)
         if leaves is not None:
             treedef = partition.treedef
             types = None
@@ -122,15 +134,22 @@ class Dispatcher:
                 key = (key, partition.orders(tree))
             entry = self._entry_gets[level](key)
         except Exception:
-            # A static value or structure that cannot be hashed or compared: the
-            # full path says which.
-            return self._miss(level, fun, tree, leaves, treedef)
+            entry = None
         if entry is None:
+            # Not cached; or a static value or structure that cannot be hashed or
+            # compared, which the full path names.
+            if tree is None:
+                tree = self._call_tree(fun, args, kwargs)
             return self._miss(level, fun, tree, leaves, treedef)
         take = partition.take_dynamic
         dynamic = leaves if take is None else take(leaves)
         if entry.guarded:
-            return self._guarded(level, fun, tree, leaves, treedef, entry, dynamic)
+            out = self._guarded(level, fun, tree, leaves, treedef, entry, dynamic)
+            if out is not _BY_ALIAS:
+                return out
+            if tree is None:
+                tree = self._call_tree(fun, args, kwargs)
+            return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
         try:
             out = entry.jitted(*dynamic)
         except Exception as e:
@@ -142,8 +161,37 @@ class Dispatcher:
             spec = out.spec
             if spec.plain:
                 return spec.build(out.leaves, leaves)
-            return self._finish(level, fun, tree, leaves, treedef, out)
+            out = self._finish(level, out, leaves)
+            if out is not _BY_ALIAS:
+                return out
+            if tree is None:
+                tree = self._call_tree(fun, args, kwargs)
+            return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
         return out
+
+    def _call_reader(
+        self, partition: Partition, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> BoundCallReader | None:
+        """The reader of calls shaped as this one that needs binding, read as it
+        was made (see `bound_call_reader`), if calls of that shape can fit
+        `partition`; made once the shape has been bound."""
+        shape = (len(args), *kwargs)
+        sources = self.function.bind.sources(shape)
+        if sources is None:  # not bound yet: binding makes the sources
+            return None
+        read = bound_call_reader(
+            partition.treedef, partition.types, self._fun_is_leaf, sources
+        )
+        if len(partition.call_readers) < _MAX_CALL_READERS:
+            partition.call_readers[shape] = read
+        return read
+
+    def _call_tree(
+        self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """The pytree of a call that needs binding, bound."""
+        args, kwargs = self.function.bind(args, kwargs)
+        return self.function.call_tree(fun, args, kwargs)
 
     def _find(self, level: int, treedef: Any, types: tuple[type, ...]) -> Any:
         """The partition of a structure and leaf types, if recorded. Structures
@@ -168,21 +216,14 @@ class Dispatcher:
             self._check_traceable(partition, leaves)
         check_failed(error, self.function.name)
 
-    def _finish(
-        self,
-        level: int,
-        fun: Any,
-        tree: Any,
-        leaves: list[Any],
-        treedef: Any,
-        out: Carried,
-    ) -> Any:
+    def _finish(self, level: int, out: Carried, leaves: list[Any]) -> Any:
         """The user's output from a `Carried` one: the trace's own spec finishes
-        it with this call's leaves. At the top level, a trace that holds a runtime
-        check waits, to raise a failed check at the call."""
+        it with this call's leaves (`_BY_ALIAS` where the call must be keyed by
+        alias). At the top level, a trace that holds a runtime check waits, to
+        raise a failed check at the call."""
         spec = out.spec
         if spec.aliases and not spec.aliases_hold(leaves):
-            return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
+            return _BY_ALIAS
         if spec.runtime_check and level == TOP:
             wait_checked(out.leaves, self.function.name)
         return spec.build(out.leaves, leaves)
@@ -198,7 +239,8 @@ class Dispatcher:
         dynamic: Sequence[Any],
     ) -> Any:
         """A hit that needs more checks: nested, with NumPy arrays compiled in that
-        may have been mutated since; or an entry whose traces hold runtime checks."""
+        may have been mutated since; or an entry whose traces hold runtime checks.
+        (`tree` is `None` only where nothing is captured.)"""
         if entry.captured and not entry.valid():
             return self._miss(level, fun, tree, leaves, treedef)
         return self._run(level, fun, tree, leaves, treedef, entry, dynamic)
@@ -214,7 +256,8 @@ class Dispatcher:
         dynamic: Sequence[Any],
     ) -> Any:
         """Calls an entry's jitted function (which may trace) and finishes the
-        output; a failed runtime check is raised at the call."""
+        output (`_BY_ALIAS` where the call must be keyed by alias); a failed
+        runtime check is raised at the call. (`tree` is needed only nested.)"""
         if level == STAGED:  # nothing runs, so no check can fail
             with entry.called_from(tree, leaves):
                 out = entry.jitted(*dynamic)
@@ -225,7 +268,7 @@ class Dispatcher:
         if type(out) is Carried:
             spec = out.spec
             if spec.aliases and not spec.aliases_hold(leaves):
-                return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
+                return _BY_ALIAS
             return spec.build(out.leaves, leaves)
         return out
 
@@ -262,11 +305,15 @@ class Dispatcher:
                     self.trace_log,
                 )
                 try:
-                    return self._run(level, fun, tree, leaves, treedef, entry, dynamic)
+                    out = self._run(level, fun, tree, leaves, treedef, entry, dynamic)
                 finally:
                     if entry.traced_avals:  # traced, whatever happened after
                         self._store(level, partition, leaves, key, entry)
-            return self._run(level, fun, tree, leaves, treedef, entry, dynamic)
+            else:
+                out = self._run(level, fun, tree, leaves, treedef, entry, dynamic)
+            if out is _BY_ALIAS:
+                return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
+            return out
 
     def _store(
         self,

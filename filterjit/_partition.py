@@ -18,7 +18,7 @@ from ._exact import (
     ndarray_key,
     same_exact,
 )
-from ._shallow import call_reader, CallReader
+from ._shallow import BoundCallReader, call_reader, CallReader
 from ._structure import dict_orders, has_sorted_dicts
 from ._trace import aux_data, STAGED
 
@@ -161,6 +161,7 @@ class Partition:
         "_rekeys",
         "owners",
         "read_leaves",
+        "call_readers",
         "exact",
         "_aux",
         "orders",
@@ -231,6 +232,9 @@ class Partition:
         # structure and types, taken without flattening (`None` for another call);
         # `None` where no reader can be made for this structure.
         self.read_leaves: CallReader | None = call_reader(treedef, types)
+        # The same for calls that need binding, read as they were made, by shape
+        # of call (see `Dispatcher._read_call`).
+        self.call_readers: dict[tuple[Any, ...], BoundCallReader | None] = {}
 
     def _key_function(self, static: list[int]) -> Callable[[list[Any]], Any]:
         owner = self.owner

@@ -42,6 +42,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
+from ._binding import Source, Sources
 from ._codegen import compile_function
 from ._exact import exact_key
 from ._function import Keywords
@@ -71,6 +72,8 @@ _LEAF_TYPES = frozenset(
 # `read(tree)`: the leaves of a call's pytree (its positional arguments, or a
 # `Keywords` for a call with keyword arguments), or `None`.
 CallReader = Callable[[Any], list[Any] | None]
+# `read(fun, args, kwargs)`: the same, of a call as it was made.
+BoundCallReader = Callable[[Any, tuple[Any, ...], dict[str, Any]], list[Any] | None]
 
 _count_of = operator.countOf
 _dict_of = object.__getattribute__  # not a Module's own `__getattribute__`
@@ -100,6 +103,18 @@ def call_reader(treedef: Any, types: tuple[type, ...]) -> CallReader | None:
 
         return read_leaves
     return _Writer().reader("read", "tree", treedef, types)
+
+
+def bound_call_reader(
+    treedef: Any, types: tuple[type, ...], fun_is_leaf: bool, sources: Sources
+) -> BoundCallReader | None:
+    """The reader of calls of one shape (see `_binding`) as `call_reader` reads them
+    bound, but from the call itself, `read(fun, args, kwargs)`, without binding
+    it: each bound argument is read where it comes from. A default, the same
+    object every call, is read once, here: a frozen one's leaves are constants."""
+    writer = _Writer()
+    leaves = writer.call(treedef, types, fun_is_leaf, sources)
+    return writer.compile("read_call", "f, a, k", leaves)
 
 
 class _Writer:
@@ -189,6 +204,91 @@ class _Writer:
             self.check(f"{leaves} is None")
             return [f"*{leaves}"]
         return None
+
+    def call(
+        self, treedef: Any, types: tuple[type, ...], fun_is_leaf: bool, sources: Sources
+    ) -> list[str] | None:
+        """Checks a call `f, a, k` of shape `sources` against `treedef`: `(f,
+        bound)` where the function is a pytree, else the bound call."""
+        if fun_is_leaf:
+            return self.bound(treedef, types, sources)
+        data = treedef.node_data()
+        if data is None or data[0] is not tuple or len(treedef.children()) != 2:
+            return None
+        fun, bound = treedef.children()
+        found = self.node(fun, types[: fun.num_leaves], "f")
+        rest = self.bound(bound, types[fun.num_leaves :], sources)
+        return None if found is None or rest is None else found + rest
+
+    def bound(
+        self, treedef: Any, types: tuple[type, ...], sources: Sources
+    ) -> list[str] | None:
+        """A bound call: the tuple of its positional arguments, or a `Keywords`
+        with it and the dict of its keyword arguments."""
+        args, kwargs = sources
+        data = treedef.node_data()
+        if not kwargs:
+            return self.sourced(treedef, types, args)
+        if data is None or data[0] is not Keywords:
+            return None
+        positional, keyword = treedef.children()
+        kind, names = keyword.node_data() or (None, ())
+        if kind is not dict or sorted(kwargs) != list(names):
+            return None
+        found = self.sourced(positional, types[: positional.num_leaves], args)
+        rest = self.children(
+            keyword,
+            types[positional.num_leaves :],
+            [kwargs[name] for name in names],  # JAX's order: sorted
+        )
+        return None if found is None or rest is None else found + rest
+
+    def sourced(
+        self, treedef: Any, types: tuple[type, ...], sources: list[Source]
+    ) -> list[str] | None:
+        data = treedef.node_data()
+        if data is None or data[0] is not tuple:
+            return None
+        if len(treedef.children()) != len(sources):
+            return None
+        return self.children(treedef, types, sources)
+
+    def children(
+        self, treedef: Any, types: tuple[type, ...], sources: list[Source]
+    ) -> list[str] | None:
+        leaves: list[str] = []
+        position = 0
+        for child, source in zip(treedef.children(), sources):
+            end = position + child.num_leaves
+            found = self.source(child, types[position:end], source)
+            if found is None:
+                return None
+            leaves += found
+            position = end
+        return leaves
+
+    def source(
+        self, treedef: Any, types: tuple[type, ...], source: Source
+    ) -> list[str] | None:
+        """Checks a bound argument, read from where it comes from."""
+        kind, value = source
+        if kind == "default":
+            read = _Writer().reader("read", "tree", treedef, types)
+            taken = None if read is None else read(value)
+            if taken is None:
+                return None
+            if not _immutable(treedef):  # a list or dict: read every call
+                return self.node(treedef, types, self.constant(value))
+            # The same leaves every call.
+            if len(taken) == 1:
+                return [self.constant(taken[0])]
+            return [f"*{self.constant(tuple(taken))}"] if taken else []
+        x = self.variable()
+        if kind == "args":
+            self.lines.append(f"{x} = a[{value}]")
+        else:
+            self.lines.append(f"{x} = k[{self.constant(value)}]")
+        return self.node(treedef, types, x)
 
     def values(
         self, treedef: Any, types: tuple[type, ...], values: str

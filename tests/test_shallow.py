@@ -13,6 +13,8 @@ static value, a subclass, a field missing, a field too many).
 import collections
 import dataclasses
 import gc
+import inspect
+import operator
 import types
 import weakref
 from typing import Any, NamedTuple
@@ -29,9 +31,10 @@ from hypothesis import given, strategies as st
 
 import filterjit
 from filterjit import _dispatch, _shallow
+from filterjit._binding import Binder
 from filterjit._exact import exact_aux
 from filterjit._function import Keywords
-from filterjit._shallow import call_reader
+from filterjit._shallow import bound_call_reader, call_reader
 
 
 Pair = collections.namedtuple("Pair", "first second")
@@ -381,6 +384,118 @@ def test_keyword_calls_accept_only_what_jax_flattens_alike(
     _check(recorded, (positional, kwargs))
     # And the other way round: a reader of positional calls given keywords.
     _check(positional, recorded)
+
+
+def _same_leaves(got: list[Any] | None, expected: list[Any] | None) -> bool:
+    if got is None or expected is None:
+        return got is expected
+    return len(got) == len(expected) and all(map(operator.is_, got, expected))
+
+
+_functions_as_pytrees = st.sampled_from([None, Bare(jnp.ones(2)), Bare(1.0)])
+
+
+@property_settings()
+@given(
+    st.lists(_arguments(_leaves), max_size=3),
+    st.lists(_arguments(_leaves), max_size=3),
+    _functions_as_pytrees,
+    st.data(),
+)
+def test_calls_read_as_made_are_read_as_bound(passed, defaults, fun, data):
+    # A call that needs binding is read as it was made, each bound argument where
+    # it comes from (`bound_call_reader`): exactly as the call bound and then read
+    # (`call_reader`, itself checked against JAX above), for calls of one shape.
+    parameters = [
+        inspect.Parameter(f"p{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        for i in range(len(passed))
+    ]
+    parameters += [
+        inspect.Parameter(f"d{i}", inspect.Parameter.KEYWORD_ONLY, default=value)
+        for i, value in enumerate(defaults)
+    ]
+    binder = Binder(inspect.Signature(parameters), "f")
+    by_keyword = data.draw(st.integers(0, len(passed)))
+    overridden = []
+    if defaults:
+        indices = st.integers(0, len(defaults) - 1)
+        overridden = data.draw(st.lists(indices, unique=True))
+
+    def made(values: tuple[Any, ...], overrides: tuple[Any, ...]):
+        count = len(values) - by_keyword
+        kwargs = {f"p{i}": values[i] for i in range(count, len(values))}
+        kwargs.update({f"d{i}": value for i, value in zip(overridden, overrides)})
+        return tuple(values[:count]), kwargs
+
+    def bound_tree(fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        args, kwargs = binder(args, kwargs)
+        tree = Keywords(args, kwargs) if kwargs else args
+        return tree if fun is None else (fun, tree)
+
+    overrides = tuple(data.draw(_arguments(_leaves)) for _ in overridden)
+    args, kwargs = made(tuple(passed), overrides)
+    leaves, treedef = jtu.default_registry.flatten(bound_tree(fun, args, kwargs))
+    types = tuple(map(type, leaves))
+    sources = binder.sources((len(args), *kwargs))
+    assert sources is not None
+    read_call = bound_call_reader(treedef, types, fun is None, sources)
+    read = call_reader(treedef, types)
+    if kwargs or len(args) != len(passed):  # else never read as made
+        assert (read_call is None) == (read is None)
+    if read_call is None or read is None:
+        return
+    assert _same_leaves(read_call(fun, args, kwargs), leaves)
+    for _ in range(4):
+        values = _near_miss((*passed, *overrides), data)
+        if len(values) != len(passed) + len(overrides):
+            continue  # another shape of call
+        other = data.draw(_functions_as_pytrees) if fun is not None else None
+        args, kwargs = made(values[: len(passed)], values[len(passed) :])
+        expected = read(bound_tree(other, args, kwargs))
+        assert _same_leaves(read_call(other, args, kwargs), expected)
+
+
+def test_mutable_defaults_are_read_every_call():
+    # A frozen default's leaves are read once; a list or dict default is read
+    # every call, so that one changed in place is seen.
+    items = [1.0, jnp.ones(2)]
+    table = {"a": 1}
+    module = Flat(jnp.ones(2), 1.0, 0.5)
+
+    def f(x, *, items=items, table=table, module=module):
+        return x
+
+    binder = Binder(inspect.signature(f), "f")
+    args, kwargs = (jnp.ones(2),), {"items": items}
+    bound, bound_kwargs = binder(args, kwargs)
+    leaves, treedef = jtu.default_registry.flatten(Keywords(bound, bound_kwargs))
+    sources = binder.sources((1, "items"))
+    assert sources is not None
+    read = bound_call_reader(treedef, tuple(map(type, leaves)), True, sources)
+    assert read is not None
+    assert _same_leaves(read(f, args, kwargs), leaves)
+    table["a"] = 2.0
+    assert read(f, args, kwargs) is None
+    table["a"] = 1
+    assert _same_leaves(read(f, args, kwargs), leaves)
+    table["b"] = 1
+    assert read(f, args, kwargs) is None
+
+
+def test_calls_with_defaults_match_the_undecorated_function():
+    table = {"scale": 2.0}
+
+    def f(x, n=2, *, table=table, shift=None):
+        out = x * table["scale"] + n
+        return out if shift is None else out + shift
+
+    jitted = filterjit.filter_jit(f)
+    x = jnp.arange(3.0)
+    for _ in range(3):
+        for kwargs in [{}, {"n": 3}, {"shift": 1.0}, {"n": 1.0, "shift": x}]:
+            np.testing.assert_array_equal(jitted(x, **kwargs), f(x, **kwargs))
+            np.testing.assert_array_equal(jitted(x=x, **kwargs), f(x=x, **kwargs))
+        table["scale"] += 1.0  # a static default changed in place: a new trace
 
 
 def _all_near_misses(args: tuple[Any, ...]):

@@ -44,7 +44,7 @@ _MAX_CALL_READERS = 64
 # What `_run` and `_finish` return for a call whose static inputs that were one
 # object when traced are not one now: it is made again, keyed by alias.
 _BY_ALIAS = object()
-_UNMADE = object()
+_UNMADE: Any = object()
 
 # The partition of a structure that no call has (a `Keywords` node is made only for
 # keyword arguments), so that the latest partition is never `None`.
@@ -104,7 +104,7 @@ class Dispatcher:
                 if read is not None:
                     leaves = read(fun, args, kwargs)
             if leaves is None:
-                tree = self._call_tree(fun, args, kwargs)
+                tree = self._call_tree(fun, None, args, kwargs)
         else:
             tree = args if self._fun_is_leaf else (fun, args)
         if leaves is None and partition.read_leaves is not None:
@@ -123,10 +123,10 @@ class Dispatcher:
                 or partition.treedef != treedef
                 or (partition.exact is not None and not partition.exactly(treedef))
             ):
-                partition = self._find(level, treedef, types)
-                if partition is None:
+                found = self._find(level, treedef, types)
+                if found is None:
                     return self._miss(level, fun, tree, leaves, treedef)
-                self._latest[level] = partition
+                self._latest[level] = partition = found
             key = partition.constant_key
             if key is None:
                 key = partition.key(leaves)
@@ -134,12 +134,11 @@ class Dispatcher:
                 key = (key, partition.orders(tree))
             entry = self._entry_gets[level](key)
         except Exception:
+            # A static value or structure that cannot be hashed or compared: the
+            # full path says which.
             entry = None
         if entry is None:
-            # Not cached; or a static value or structure that cannot be hashed or
-            # compared, which the full path names.
-            if tree is None:
-                tree = self._call_tree(fun, args, kwargs)
+            tree = self._call_tree(fun, tree, args, kwargs)
             return self._miss(level, fun, tree, leaves, treedef)
         take = partition.take_dynamic
         dynamic = leaves if take is None else take(leaves)
@@ -147,8 +146,7 @@ class Dispatcher:
             out = self._guarded(level, fun, tree, leaves, treedef, entry, dynamic)
             if out is not _BY_ALIAS:
                 return out
-            if tree is None:
-                tree = self._call_tree(fun, args, kwargs)
+            tree = self._call_tree(fun, tree, args, kwargs)
             return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
         try:
             out = entry.jitted(*dynamic)
@@ -164,8 +162,7 @@ class Dispatcher:
             out = self._finish(level, out, leaves)
             if out is not _BY_ALIAS:
                 return out
-            if tree is None:
-                tree = self._call_tree(fun, args, kwargs)
+            tree = self._call_tree(fun, tree, args, kwargs)
             return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
         return out
 
@@ -187,9 +184,11 @@ class Dispatcher:
         return read
 
     def _call_tree(
-        self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, fun: Any, tree: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        """The pytree of a call that needs binding, bound."""
+        """The pytree of a call: `tree` if made, else bound from the call."""
+        if tree is not None:
+            return tree
         args, kwargs = self.function.bind(args, kwargs)
         return self.function.call_tree(fun, args, kwargs)
 

@@ -178,7 +178,7 @@ def _choose_block_leaves() -> Any:
     # What `jax.block_until_ready` calls for two or more arrays, without its
     # flatten and its loop over the leaves (3 µs of 6 for eight arrays).
     try:
-        from jax._src.lib import xla_client
+        from jax._src.lib import xla_client  # pyright: ignore[reportPrivateImportUsage]
 
         batched = xla_client.batched_block_until_ready
         probe = [jax.numpy.zeros(1), jax.numpy.ones(1)]

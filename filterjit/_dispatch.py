@@ -7,7 +7,6 @@ the partition splits the leaves into traced leaves and the key of the others; th
 key picks an `Entry`, whose jitted function is called with the traced leaves.
 """
 
-import functools as ft
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -143,7 +142,10 @@ class Dispatcher:
         take = partition.take_dynamic
         dynamic = leaves if take is None else take(leaves)
         if entry.guarded:
-            out = self._guarded(level, fun, tree, leaves, treedef, entry, dynamic)
+            if level == TOP:  # where only runtime checks guard an entry
+                out = self._run(level, fun, tree, leaves, treedef, entry, dynamic)
+            else:
+                out = self._guarded(level, fun, tree, leaves, treedef, entry, dynamic)
             if out is not _BY_ALIAS:
                 return out
             tree = self._call_tree(fun, tree, args, kwargs)
@@ -224,7 +226,7 @@ class Dispatcher:
         if spec.aliases and not spec.aliases_hold(leaves):
             return _BY_ALIAS
         if spec.runtime_check and level == TOP:
-            wait_checked(out.leaves, self.function.name)
+            wait_checked(spec.awaited(out.leaves), self.function.name)
         return spec.build(out.leaves, leaves)
 
     def _guarded(
@@ -262,7 +264,7 @@ class Dispatcher:
                 out = entry.jitted(*dynamic)
         else:
             # At the top level, run and waited for in one checked call.
-            ready = ft.partial(_waited_for, entry) if level == TOP else None
+            ready = entry.awaited if level == TOP else None
             out = call_checked(entry.jitted, dynamic, self.function.name, ready)
         if type(out) is Carried:
             spec = out.spec
@@ -477,19 +479,6 @@ _dispatchers: "weakref.WeakSet[Dispatcher]" = weakref.WeakSet()
 def clear_all() -> None:
     for dispatcher in list(_dispatchers):
         dispatcher.clear()
-
-
-def _waited_for(entry: Entry, out: Any) -> Any:
-    """What a top-level call waits for, to raise a failed runtime check at the
-    call: the traced leaves where the executable's own spec says its trace held a
-    check; `None` for nothing."""
-    if type(out) is Carried:
-        return out.leaves if out.spec.runtime_check else None
-    # A boxed output (`out_shardings`) does not say whether its trace held the
-    # check: it waits as one that did, if any trace of the entry did.
-    if not entry.has_checks:
-        return None
-    return [leaf for leaf in jtu.tree_leaves(out) if isinstance(leaf, jax.Array)]
 
 
 def _module_of(fun: Any) -> str:

@@ -21,7 +21,7 @@ from ._errors import traced_a_check
 from ._exact import ndarray_key
 from ._function import Function
 from ._options import Options, UNSPECIFIED
-from ._output import jit_output
+from ._output import Carried, jit_output
 from ._partition import ABSTRACT, Partition
 from ._structure import replace_leaves
 from ._trace import EAGER, STAGED, TOP
@@ -86,6 +86,18 @@ class Entry:
         """Whether every NumPy array compiled in still holds the value it was keyed
         by: one mutated in place since must not serve a call with its old value."""
         return all(ndarray_key(array) == key for array, key in self.captured)
+
+    def awaited(self, out: Any) -> Any:
+        """What a top-level call waits for, to raise a failed runtime check at the
+        call: what the executable's own spec says (see `OutputSpec.awaited`);
+        `None` for nothing."""
+        if type(out) is Carried:
+            return out.spec.awaited(out.leaves)
+        # A boxed output (`out_shardings`) does not say whether its trace held the
+        # check: it waits as one that did, if any trace of the entry did.
+        if not self.has_checks:
+            return None
+        return [leaf for leaf in jtu.tree_leaves(out) if isinstance(leaf, jax.Array)]
 
     def traced_with_check(self) -> None:
         self.has_checks = True

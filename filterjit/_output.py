@@ -65,6 +65,7 @@ class OutputSpec:
         "copies",
         "aliases",
         "runtime_check",
+        "wait_on",
         "plain",
         "build",
         "orders",
@@ -80,6 +81,7 @@ class OutputSpec:
         aliases: tuple[tuple[int, ...], ...],
         runtime_check: bool,
         orders: tuple[tuple[Any, ...], ...] | None = None,
+        wait_on: int | None = None,
     ):
         self.treedef = treedef
         self.dynamic_positions = dynamic_positions
@@ -89,6 +91,11 @@ class OutputSpec:
         # came back: which one is known only while they are one object again.
         self.aliases = aliases
         self.runtime_check = runtime_check
+        # Where the trace holds a check, the traced leaf that a top-level call
+        # waits for: one computed by the executable (not an input handed back),
+        # whose wait raises the error of a check that failed anywhere in it, as
+        # Equinox's one output waited for does. `None`: wait for them all.
+        self.wait_on = wait_on
         # Whether the call needs nothing but `build`.
         self.plain = not (aliases or runtime_check)
         # `build(out, inputs)`: the user's output from the traced leaves `out` and
@@ -127,6 +134,12 @@ class OutputSpec:
             return unflatten(leaves)
 
         return build
+
+    def awaited(self, out: Any) -> Any:
+        """What of the traced leaves `out` a top-level call waits for."""
+        if not self.runtime_check:
+            return None
+        return out if self.wait_on is None else [out[self.wait_on]]
 
     def aliases_hold(self, inputs: list[Any]) -> bool:
         """Whether the inputs that were one object when traced are one now."""
@@ -226,6 +239,11 @@ def jit_output(
                 for position, leaf in enumerate(leaves)
             ]
         )
+    wait_on = None
+    if runtime_check:
+        handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
+        computed = [id(leaves[p]) not in handed_back for p in dynamic_positions]
+        wait_on = computed.index(True) if True in computed else None
     template = list(leaves)
     for position in dynamic_positions:
         template[position] = None
@@ -240,5 +258,6 @@ def jit_output(
         tuple(aliases),
         runtime_check,
         orders,
+        wait_on,
     )
     return Carried([leaves[p] for p in dynamic_positions], spec)

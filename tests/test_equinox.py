@@ -61,6 +61,31 @@ def test_only_calls_with_a_runtime_check_wait(monkeypatch):
     assert waits == [1, 1]  # the one output of each top-level call
 
 
+def test_a_checked_call_waits_for_one_computed_output(monkeypatch):
+    # As Equinox waits for one output of its own: the execution's error comes with
+    # any of its outputs. Not an input handed back, which the executable may not
+    # compute.
+    waits = []
+    block_leaves = _trace.block_leaves
+
+    def recording(arrays):
+        waits.append([array.shape for array in arrays])
+        block_leaves(arrays)
+
+    monkeypatch.setattr(_trace, "block_leaves", recording)
+
+    @filter_jit
+    def f(x, y):
+        return x, eqx.error_if(y, y < 0, "y must be non-negative"), y + 1
+
+    x, y = jnp.ones(2), jnp.ones(3)
+    for _ in range(2):
+        assert f(x, y)[2].tolist() == [2.0, 2.0, 2.0]
+    assert waits == [[(3,)], [(3,)]]
+    with pytest.raises(eqx.EquinoxRuntimeError, match="must be non-negative"):
+        f(x, -y)
+
+
 def test_filter_vmap_with_a_keyword_default_is_called_as_called():
     def f(x, *, key=None):
         return x * 2 if key is None else x

@@ -176,16 +176,16 @@ def _block_leaves_public(arrays: list[Any]) -> None:
 
 def _choose_block_leaves() -> Any:
     # What `jax.block_until_ready` calls for two or more arrays, without its
-    # flatten and its loop over the leaves (3 µs of 6 for eight arrays).
+    # flatten and its loop over the leaves (3 µs of 6 for eight arrays). Not tried
+    # on arrays here: importing filterjit must not start JAX's backends (a program
+    # may still set `jax_num_cpu_devices`); tests/test_trace.py tries it.
     try:
         from jax._src.lib import xla_client  # pyright: ignore[reportPrivateImportUsage]
 
         batched = xla_client.batched_block_until_ready
-        probe = [jax.numpy.zeros(1), jax.numpy.ones(1)]
-        batched(probe)
-        return batched
     except Exception:
         return _block_leaves_public
+    return batched if callable(batched) else _block_leaves_public
 
 
 # `block_leaves(arrays)`: waits for every one of `arrays` (a list of `jax.Array`s,

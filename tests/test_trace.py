@@ -1,6 +1,8 @@
 """The private-JAX access in `filterjit._trace`, and its fallback."""
 
 import collections
+import subprocess
+import sys
 import warnings
 
 import equinox as eqx
@@ -84,6 +86,20 @@ def test_block_leaves_is_jaxs_batched_wait():
         # (On CPU the call itself may raise: it runs where it has a callback.)
         with pytest.raises(Exception, match="the callback failed"):
             block([jax.jit(lambda x: jax.pure_callback(fail, x, x))(jnp.ones(2))])
+
+
+def test_importing_filterjit_starts_no_backend():
+    # A program (Equinox's own test suite, for one) may configure JAX's devices
+    # after its imports: importing filterjit must not run anything on a device.
+    code = (
+        "import jax, filterjit\n"
+        "jax.config.update('jax_num_cpu_devices', 2)\n"
+        "assert len(jax.devices()) == 2\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_current_equations_reads_the_innermost_trace():

@@ -17,7 +17,6 @@ see: configuration such as x64, context, shardings):
 Only tracers are outputs of the jit; the rest is what the function returned.
 """
 
-import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +25,7 @@ import numpy as np
 from jax.core import Tracer
 
 from ._partition import traced_types
+from ._shallow import items_getter
 from ._structure import dict_orders, restore_orders
 from ._trace import STAGED, TOP
 
@@ -120,10 +120,10 @@ class OutputSpec:
         index = [0] * len(template)
         for place, position in enumerate([*from_pool, *static]):
             index[position] = place
-        take = _taker(index)
+        take = items_getter(index)
         if not self.passthrough and not copies:
             return lambda out, inputs: unflatten(take((*out, *constants)))
-        take_inputs = _taker([position for _, position in self.passthrough])
+        take_inputs = items_getter([position for _, position in self.passthrough])
 
         def build(out: Any, inputs: list[Any]) -> Any:
             leaves = take((*out, *take_inputs(inputs), *constants))
@@ -148,16 +148,6 @@ class OutputSpec:
             for group in self.aliases
             for position in group[1:]
         )
-
-
-def _taker(index: list[int]) -> Callable[[Any], tuple[Any, ...]]:
-    """`take(pool)`: the tuple of `pool[i]` for `index`."""
-    if len(index) > 1:
-        return operator.itemgetter(*index)
-    if index:
-        (i,) = index
-        return lambda pool: (pool[i],)
-    return lambda pool: ()
 
 
 class Carried:

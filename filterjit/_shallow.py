@@ -34,7 +34,7 @@ import itertools
 import operator
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -187,8 +187,8 @@ class _Writer:
             # type, strings, sort one way whatever order they were inserted in.
             # All of them there, and no other: a missing one raises.
             self.check(f"type({x}) is not dict or len({x}) != {count}")
-            values = self.variable()
-            self.lines.append(f"{values} = {self.constant(_getter(tuple(data)))}({x})")
+            values, get = self.variable(), self.constant(items_getter(tuple(data)))
+            self.lines.append(f"{values} = {get}({x})")
             return self.values(treedef, types, values)
         if kind is Keywords:
             self.check(f"type({x}) is not {self.constant(Keywords)}")
@@ -404,14 +404,15 @@ def _layout(cls: type) -> _Layout | None:
     return layout
 
 
-def _getter(names: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """`get(d)`: the tuple of `d[name]` for `names`."""
-    if len(names) > 1:
-        return operator.itemgetter(*names)
-    if names:
-        (name,) = names
-        return lambda d: (d[name],)
-    return lambda d: ()
+def items_getter(keys: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    """`get(x)`: the tuple of `x[key]` for `keys`, at C speed where there are two
+    or more."""
+    if len(keys) > 1:
+        return operator.itemgetter(*keys)
+    if keys:
+        (key,) = keys
+        return lambda x: (x[key],)
+    return lambda x: ()
 
 
 def _module_reader(
@@ -434,8 +435,8 @@ def _module_reader(
     # What `==` does not see of them: `scale=1` where `scale=1.0` was recorded.
     exact = exact_key(statics)
     field_count = len(layout.dynamic) + len(layout.static)
-    get_statics = _getter(layout.static)
-    get_dynamic = _getter(layout.dynamic)
+    get_statics = items_getter(layout.static)
+    get_dynamic = items_getter(layout.dynamic)
 
     def read(obj: Any) -> list[Any] | None:
         if type(obj) is not cls:

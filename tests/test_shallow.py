@@ -459,7 +459,7 @@ def test_mutable_defaults_are_read_every_call():
     # A frozen default's leaves are read once; a list or dict default is read
     # every call, so that one changed in place is seen.
     items = [1.0, jnp.ones(2)]
-    table = {"a": 1}
+    table: dict[str, Any] = {"a": 1}
     module = Flat(jnp.ones(2), 1.0, 0.5)
 
     def f(x, *, items=items, table=table, module=module):

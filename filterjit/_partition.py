@@ -233,7 +233,7 @@ class Partition:
         # `None` where no reader can be made for this structure.
         self.read_leaves: CallReader | None = call_reader(treedef, types)
         # The same for calls that need binding, read as they were made, by shape
-        # of call (see `Dispatcher._read_call`).
+        # of call (see `Dispatcher._call_reader`).
         self.call_readers: dict[tuple[Any, ...], BoundCallReader | None] = {}
 
     def _key_function(self, static: list[int]) -> Callable[[list[Any]], Any]:

@@ -20,6 +20,10 @@ that structure and those leaf types, and takes the leaves in JAX's order:
   comparison has it, and of the same types: see `_exact`) and whose other fields
   are read as above.
 
+A reader is straight-line generated code. A call that needs binding (keyword
+arguments, defaults) is read as it was made (`bound_call_reader`): each bound
+argument where it comes from, a frozen default's leaves taken once, as constants.
+
 How Equinox flattens a class, and that JAX flattens a namedtuple class as a
 namedtuple, are checked against JAX once per class, on a probe instance.
 

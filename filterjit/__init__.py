@@ -10,6 +10,7 @@ from ._introspect import (
     explain as explain,
     num_traces as num_traces,
 )
+from ._jax_jit import jit as jit
 from ._jit import filter_jit as filter_jit
 from ._partition import is_array as is_array
 

@@ -6,6 +6,7 @@ public fallback, and `tests/test_trace.py` fails loudly if the private path move
 """
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -51,6 +52,17 @@ def _call_level_public() -> int:
     return DISABLED if _jit_disabled_public() else _trace_level_public()
 
 
+def _by_level_public(
+    outside: Callable[..., Any], staged: Callable[..., Any]
+) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _trace_level_public() == STAGED:
+            return staged(*args, **kwargs)
+        return outside(*args, **kwargs)
+
+    return call
+
+
 try:
     from jax._src import traceback_util as _traceback_util
     from jax._src.config import disable_jit as _disable_jit_state
@@ -80,6 +92,7 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     jit_disabled = _jit_disabled_public
     call_level = _call_level_public
     current_equations = _current_equations_public
+    by_level = _by_level_public
 else:
     private_api_available = True
     # Hide filterjit's frames from tracebacks of errors in user code, as JAX hides
@@ -115,6 +128,23 @@ else:
             return TOP
         return _walk(trace)
 
+    def _by_level_private(
+        outside: Callable[..., Any], staged: Callable[..., Any]
+    ) -> Callable[..., Any]:
+        current, eval_trace, walk = _current_trace, _EvalTrace, _walk
+
+        # A plain function, not an object with `__call__`: Python calls it without
+        # a C-level detour, and it is JAX's dispatch that it stands in front of.
+        def call(*args: Any, **kwargs: Any) -> Any:
+            trace = current.value
+            if type(trace) is not eval_trace and walk(trace) == STAGED:
+                return staged(*args, **kwargs)
+            if kwargs:
+                return outside(*args, **kwargs)
+            return outside(*args)
+
+        return call
+
     def _jit_disabled_private() -> bool:
         return _disable_jit_state.value
 
@@ -130,6 +160,10 @@ else:
     jit_disabled = _jit_disabled_private
     call_level = _call_level_private
     current_equations = _current_equations_private
+    # `by_level(outside, staged)`: a function that calls `staged` with its
+    # arguments inside a staged trace, and `outside` anywhere else (the top level,
+    # eager transforms), with as little as that check in front of `outside`.
+    by_level = _by_level_private
 
 
 def _aux_data_public(treedef: Any) -> list[Any]:

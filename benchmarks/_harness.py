@@ -18,6 +18,7 @@ JAX = "jax.jit"
 EQX = "eqx.filter_jit"
 NNX = "nnx.jit"
 FILTERJIT = "filterjit"
+FILTERJIT_JIT = "filterjit.jit"  # jax.jit's signature, its dispatch at the top
 UNDECORATED = "undecorated"
 
 NA = "n/a"

@@ -36,6 +36,18 @@ are not written into the suite's checkout, and anything else a run writes there 
 removed. `--rev REV` tests filterjit as committed at REV rather than the working
 tree; `--json FILE` writes every test's outcome.
 
+`--target jax.jit` puts `filterjit.jit` in place of `jax.jit` instead, for JAX's own
+tests (the checkout of JAX at the installed version's tag). The plugin imports no
+Equinox; in the patched run, after collection, it sets the global `jit` of every
+collected test module whose `jit` is `jax.jit` (`from jax import jit`) to
+`filterjit.jit`. Tests look that global up when they run, so they see the patched
+name; a function decorated with `@jit` when its module is imported keeps `jax.jit`.
+
+    git -C JAXREPO archive jax-v$(python -c 'import jax; print(jax.__version__)') \
+        | tar -x -C /tmp/jax-src
+    python benchmarks/peers.py --target jax.jit /tmp/jax-src \
+        -- tests/api_test.py -k JitTest
+
 Not part of filterjit's test run: the suites and their dependencies are not
 filterjit's. See docs/migration.md for the suites measured, the commands, and the
 results.
@@ -64,6 +76,18 @@ RUNS = ("unpatched", "patched")
 # How many times a run that crashed resumes past the test it crashed in.
 MAX_CRASHES = 5
 
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    replaced: str  # what filterjit goes in place of
+    seen: str  # what the report says the runs saw: the name the tests call
+
+
+TARGETS = {
+    "equinox": Target("equinox.filter_jit", "equinox.filter_jit"),
+    "jax.jit": Target("jax.jit", "jit"),
+}
+
 # The plugin pytest loads with `-p`. It is written out as a file rather than
 # imported from here so that the subprocess imports nothing of this repository
 # but filterjit itself.
@@ -81,11 +105,16 @@ import pytest
 
 _RESULTS = os.environ["FILTERJIT_PEERS_RESULTS"]
 _PATCH = os.environ["FILTERJIT_PEERS_PATCH"] == "1"
+_TARGET = os.environ["FILTERJIT_PEERS_TARGET"]  # "equinox" or "jax.jit"
 
 
 def _record(**entry):
     with open(_RESULTS, "a", encoding="utf-8") as file:
         file.write(json.dumps(entry) + "\\n")
+
+
+def _name(jit):
+    return f"{jit.__module__}.{jit.__qualname__}"
 
 
 # No network: connections go to this machine or nowhere.
@@ -139,6 +168,8 @@ socket.getaddrinfo = _guarded_getaddrinfo
 # imported. Before pytest's own (trylast), which loads the initial conftest.py
 # files.
 def pytest_load_initial_conftests(early_config, parser, args):
+    if _TARGET != "equinox":
+        return  # the test modules' `jit` is patched after collection
     preimported = sorted(
         name for name in ("equinox", "lineax", "optimistix", "diffrax")
         if name in sys.modules
@@ -149,11 +180,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
         import filterjit
 
         equinox.filter_jit = filterjit.filter_jit
-    jit = equinox.filter_jit
     _record(
         event="start",
         patched=_PATCH,
-        filter_jit=f"{jit.__module__}.{jit.__qualname__}",
+        filter_jit=_name(equinox.filter_jit),
         preimported=preimported,
     )
 
@@ -214,7 +244,36 @@ def pytest_runtest_logreport(report):
     _record(**entry)
 
 
+# The test modules whose global `jit` is (in the patched run, was) `jax.jit`.
+_MODULES = {}
+
+
+def _modules_jit():
+    return ", ".join(sorted({_name(m.jit) for m in _MODULES.values()})) or "none"
+
+
+def _patch_modules(items):
+    import jax
+
+    jit = jax.jit
+    if _PATCH:
+        import filterjit
+
+        jit = filterjit.jit
+    for item in items:
+        module = getattr(item, "module", None)  # None for doctests, say
+        if module is None or module.__name__ in _MODULES:
+            continue
+        if getattr(module, "jit", None) is jax.jit:
+            module.jit = jit
+            _MODULES[module.__name__] = module
+    _record(event="start", patched=_PATCH, filter_jit=_modules_jit(),
+            preimported=[], modules=sorted(_MODULES))
+
+
 def pytest_collection_modifyitems(session, config, items):
+    if _TARGET == "jax.jit":
+        _patch_modules(items)
     # After a crash, the run resumes past the tests already begun.
     try:
         with open(os.environ["FILTERJIT_PEERS_DONE"], encoding="utf-8") as file:
@@ -252,11 +311,14 @@ def _wrapped_entry_points():
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _TARGET == "jax.jit":
+        _record(event="end", exitstatus=int(exitstatus),
+                filter_jit=_modules_jit(), modules=sorted(_MODULES))
+        return
     import equinox
 
-    jit = equinox.filter_jit
     _record(event="end", exitstatus=int(exitstatus),
-            filter_jit=f"{jit.__module__}.{jit.__qualname__}",
+            filter_jit=_name(equinox.filter_jit),
             entry_points=_wrapped_entry_points())
 '''
 
@@ -278,7 +340,7 @@ class Run:
     cpu: float  # user + system time of the run's processes
     returncode: int | None
     timed_out: bool
-    filter_jit: str  # the equinox.filter_jit the run saw
+    filter_jit: str  # the equinox.filter_jit, or the tests' jit, the run saw
     notes: list[str]
     log: str
 
@@ -379,7 +441,12 @@ def _terminate(process: subprocess.Popen[bytes]) -> None:
 
 
 def run_suite(
-    suite: Suite, patched: bool, workdir: Path, timeout: float, clear_caches: bool
+    suite: Suite,
+    target: str,
+    patched: bool,
+    workdir: Path,
+    timeout: float,
+    clear_caches: bool,
 ) -> Run:
     label = "patched" if patched else "unpatched"
     base = workdir / f"{suite.name}-{label}"
@@ -396,6 +463,7 @@ def run_suite(
             ),
             "FILTERJIT_PEERS_RESULTS": str(results),
             "FILTERJIT_PEERS_PATCH": "1" if patched else "0",
+            "FILTERJIT_PEERS_TARGET": target,
             "FILTERJIT_PEERS_CLEAR": "1" if clear_caches else "0",
             "PYTHONDONTWRITEBYTECODE": "1",
             "TMPDIR": str(base / "tmp"),
@@ -518,10 +586,14 @@ def run_suite(
         )
         if wrapped:
             notes.append(f"module-level jitted functions at the end: {wrapped}")
+    name = TARGETS[target].seen
+    if starts and "modules" in starts[0]:
+        modules = ", ".join(starts[0]["modules"]) or "none"
+        notes.append(f"test modules whose `jit` was jax.jit at collection: {modules}")
     if ends and ends[-1]["filter_jit"] != seen:
-        notes.append(f"equinox.filter_jit was {ends[-1]['filter_jit']} at the end")
+        notes.append(f"{name} was {ends[-1]['filter_jit']} at the end")
     if patched and starts and not seen.startswith("filterjit."):
-        notes.append(f"not patched: equinox.filter_jit is {seen}")
+        notes.append(f"not patched: {name} is {seen}")
     return Run(
         outcomes=outcomes,
         messages=messages,
@@ -542,13 +614,13 @@ def _cell(text: str, limit: int = 160) -> str:
     return text.replace("|", "\\|").replace("`", "'")
 
 
-def report(suite: Suite, runs: dict[str, Run]) -> str:
+def report(suite: Suite, runs: dict[str, Run], target: str) -> str:
     lines = [
         f"### {suite.name}",
         "",
         f"`cd {suite.directory} && python -m pytest {shlex.join(suite.args)}`",
         "",
-        "| run | `equinox.filter_jit` is | passed | failed | errors | skipped "
+        f"| run | `{TARGETS[target].seen}` is | passed | failed | errors | skipped "
         "| wall time | CPU time |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -613,6 +685,13 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Suite]]:
         type=float,
         default=3600.0,
         help="seconds each run (unpatched, patched) may take (default: 3600)",
+    )
+    parser.add_argument(
+        "--target",
+        choices=TARGETS,
+        default="equinox",
+        help="what filterjit goes in place of: equinox.filter_jit (default), or "
+        "the test modules' jax.jit (filterjit.jit), for JAX's own tests",
     )
     parser.add_argument(
         "--only",
@@ -691,7 +770,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(plugin)], input=archive, check=True)
             source = _describe(args.rev)
-        print("## filterjit in place of equinox.filter_jit\n")
+        print(f"## filterjit in place of {TARGETS[args.target].replaced}\n")
         print(f"filterjit at {source}.\n")
         print(f"Python {sys.version.split()[0]}; {_versions()}.\n", flush=True)
         for suite in suites:
@@ -699,9 +778,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for label in labels:
                 print(f"<!-- {suite.name}: {label} run ... -->", flush=True)
                 runs[label] = run_suite(
-                    suite, label == "patched", workdir, args.timeout, args.clear
+                    suite,
+                    args.target,
+                    label == "patched",
+                    workdir,
+                    args.timeout,
+                    args.clear,
                 )
-            print(report(suite, runs), flush=True)
+            print(report(suite, runs, args.target), flush=True)
             everything[suite.name] = {
                 label: {
                     "outcomes": run.outcomes,

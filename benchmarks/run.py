@@ -43,6 +43,7 @@ import jax  # noqa: E402
 from _harness import (  # noqa: E402
     EQX,
     FILTERJIT,
+    FILTERJIT_JIT,
     fmt_number,
     JAX,
     markdown_table,
@@ -150,7 +151,7 @@ def _chart(sections: dict[str, Section], caption: str) -> str:
         "filterjit: time per call ÷ jax.jit",
         caption,
         panels,
-        [JAX, EQX, NNX, FILTERJIT],
+        [JAX, EQX, NNX, FILTERJIT, FILTERJIT_JIT],
     )
 
 

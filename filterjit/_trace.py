@@ -136,12 +136,13 @@ else:
         # A plain function, not an object with `__call__`: Python calls it without
         # a C-level detour, and it is JAX's dispatch that it stands in front of.
         def call(*args: Any, **kwargs: Any) -> Any:
+            # Most calls: positional, at the top level.
+            if not kwargs and type(current.value) is eval_trace:
+                return outside(*args)
             trace = current.value
             if type(trace) is not eval_trace and walk(trace) == STAGED:
                 return staged(*args, **kwargs)
-            if kwargs:
-                return outside(*args, **kwargs)
-            return outside(*args)
+            return outside(*args, **kwargs)
 
         return call
 

@@ -298,10 +298,14 @@ def run_cell(context: Context, row: Row, kind: Kind, f: Callable[..., Any]) -> O
     return _run(lambda: context.apply(lambda y: row.caller(f, y, c), x))
 
 
-def check_context(context: Context, decorator: Decorator) -> list[str]:
+def check_context(
+    context: Context, decorator: Decorator, unstaged: Decorator | None = None
+) -> list[str]:
     """The cells of `context` where `decorator` breaks the contract: staged cells
-    must agree with the undecorated function; unstaged cells too for Python
-    scalars, and with the top-level reference (`jax.jit`, `c` traced) for arrays.
+    must agree with the undecorated function. Unstaged cells must agree with
+    `unstaged(row.inner)` where given (`filterjit.jit` is `jax.jit` there); else,
+    with the undecorated function for Python scalars, and with the top-level
+    reference (`jax.jit`, `c` traced) for arrays.
 
     One wrapper per row serves every kind of `c`, so that its caches see them all.
     """
@@ -309,9 +313,16 @@ def check_context(context: Context, decorator: Decorator) -> list[str]:
     for row in ROWS:
         decorated = decorator(row.inner)
         top_level_reference = jax.jit(row.inner)
+        unstaged_reference = None if unstaged is None else unstaged(row.inner)
         for kind in KINDS:
             got = run_cell(context, row, kind, decorated)
-            if context.staged or not kind.array:
+            if context.staged:
+                expected = run_cell(context, row, kind, row.inner)
+                reference = "undecorated"
+            elif unstaged_reference is not None:
+                expected = run_cell(context, row, kind, unstaged_reference)
+                reference = "jax.jit with the same keywords"
+            elif not kind.array:
                 expected = run_cell(context, row, kind, row.inner)
                 reference = "undecorated"
             else:
@@ -338,10 +349,47 @@ def test_filter_jit_is_a_noop(context: Context) -> None:
     )
 
 
+# filterjit.jit with jax.jit's keywords: `c` static, and `x` donated.
+JIT_KEYWORDS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "static_argnums": {"static_argnums": 1},
+    "donate_argnums": {"donate_argnums": 0},
+}
+
+
+# Donating `x` where no output can take its buffer: JAX warns and copies.
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+@pytest.mark.parametrize(
+    "keywords",
+    # The keyword variants in the slow tier: a minute each.
+    [
+        k if k == "plain" else pytest.param(k, marks=pytest.mark.slow)
+        for k in JIT_KEYWORDS
+    ],
+)
+@pytest.mark.parametrize("context", CONTEXTS, ids=[c.name for c in CONTEXTS])
+def test_jit_is_a_noop(context: Context, keywords: str) -> None:
+    # Staged, a no-op; elsewhere, jax.jit with the same keywords.
+    options = JIT_KEYWORDS[keywords]
+    failures = check_context(
+        context,
+        lambda f: filterjit.jit(f, **options),
+        lambda f: jax.jit(f, **options),
+    )
+    assert not failures, (
+        f"filterjit.jit({options}) breaks the contract in {len(failures)} "
+        "cell(s):\n" + "\n".join(failures)
+    )
+
+
 def test_matrix_is_discriminating() -> None:
     # The matrix must catch the bug it is for: jax.jit disagrees in staged cells.
     context = next(c for c in CONTEXTS if c.name == "jit(grad)")
     assert check_context(context, jax.jit)
+    # And unstaged cells compared with jax.jit: filter_jit keeps a Python `c`
+    # static at the top level, where jax.jit traces it.
+    top_level = next(c for c in CONTEXTS if c.name == "top level")
+    assert check_context(top_level, filterjit.filter_jit, jax.jit)
 
 
 # ------------------------------------------------------------------------- script
@@ -363,6 +411,7 @@ def main() -> None:
         "jax.jit": jax.jit,
         "equinox.filter_jit": eqx.filter_jit,
         "filterjit.filter_jit": filterjit.filter_jit,
+        "filterjit.jit": filterjit.jit,
     }
     start = time.perf_counter()
     tallies = {
@@ -387,7 +436,9 @@ def main() -> None:
                     for g in ("all", group):
                         tallies[name, g].total += 1
                         tallies[name, g].agree += same
-                    expected = reference if not context.staged and kind.array else plain
+                    # filterjit.jit is jax.jit wherever it is not staged.
+                    like_jit = kind.array or name == "filterjit.jit"
+                    expected = reference if not context.staged and like_jit else plain
                     tallies[name, "contract"].total += 1
                     tallies[name, "contract"].agree += agree(got, expected)
                     if not same:
@@ -412,7 +463,8 @@ def main() -> None:
     print(
         "\n* contract: staged cells and Python-scalar cells agree with the "
         "undecorated function;\n  eager cells with an array c agree with the "
-        "top-level reference (jax.jit, c traced)."
+        "top-level reference (jax.jit, c traced); for filterjit.jit, every\n  "
+        "eager cell does."
     )
     if "-v" in sys.argv:
         for name, cells in disagreements.items():

@@ -27,6 +27,7 @@ def test_private_api_is_available():
     assert _trace.trace_level.__name__ == "_trace_level_private"
     assert _trace.jit_disabled.__name__ == "_jit_disabled_private"
     assert _trace.call_level.__name__ == "_call_level_private"
+    assert _trace.by_level is _trace._by_level_private
     # The hot path reads the state behind `trace_ctx.trace` directly (from jax 0.10,
     # `trace_state_strong_ref`; jax 0.9 keeps the trace in an attribute of
     # `trace_ctx`, read through a stand-in).
@@ -167,13 +168,17 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
     monkeypatch.setattr(_trace, "trace_level", _trace._trace_level_public)
     monkeypatch.setattr(_trace, "jit_disabled", _trace._jit_disabled_public)
     monkeypatch.setattr(_trace, "call_level", _trace._call_level_public)
+    monkeypatch.setattr(_trace, "by_level", _trace._by_level_public)
 
-    @filterjit.filter_jit
-    def f(init, lower):
+    def loop(init, lower):
         return lax.fori_loop(lower, 1, lambda _, y: y + 1, init)
 
-    assert jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))() == 1.0
-    assert f(jnp.float32(1.0), 0) == 2.0
+    for f in (filterjit.filter_jit(loop), filterjit.jit(loop)):
+        assert jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))() == 1.0
+        assert f(jnp.float32(1.0), 0) == 2.0
+    # filterjit.jit is jax.jit under eager transforms: `lower` is traced there.
+    with pytest.raises(ValueError, match="Reverse-mode differentiation"):
+        jax.grad(filterjit.jit(loop))(0.0, np.int32(0))
     with jax.disable_jit():
         assert _trace.jit_disabled()
 

@@ -114,8 +114,8 @@ def run(settings: Settings) -> Section:
         "arrays and a static Python float `k` (`static_argnums=1` for jax.jit, "
         f"nnx.jit and filterjit.jit). {rounds} interleaved rounds; each round times "
         f"a batch of back-to-back calls ({batches}) of every implementation in "
-        "turn, and blocks on the outputs after the clock stops, so the figure is dispatch, "
-        "not compute."
+        "turn, and blocks on the outputs after the clock stops, so the figure is "
+        "dispatch, not compute."
     )
     notes = [] if NNX in impls else [NO_FLAX]
     table = markdown_table(headers, rows)

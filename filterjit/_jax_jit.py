@@ -80,7 +80,7 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     """
     if fun is _NOT_GIVEN or fun is None:
         return ft.partial(jit, **jit_kwargs)
-    jitted = jax.jit(fun, **jit_kwargs)  # JAX checks the arguments, as it would
+    jitted: Any = jax.jit(fun, **jit_kwargs)  # JAX checks the arguments, as it would
     nested_options = make_options(
         **{name: jit_kwargs[name] for name in _NESTED_KEYWORDS if name in jit_kwargs}
     )

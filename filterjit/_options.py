@@ -95,7 +95,9 @@ def make_options(**options: Any) -> Options:
     for name in options:
         if name in _REJECTED_JIT_KWARGS:
             raise ValueError(
-                f"filter_jit does not take `{name}`: {_REJECTED_JIT_KWARGS[name]}."
+                f"filter_jit does not take `{name}`: {_REJECTED_JIT_KWARGS[name]}. "
+                f"Or keep jax.jit's keywords with `filterjit.jit(fun, {name}=...)`, "
+                "which is jax.jit at the top level and a no-op when nested."
             )
         if name not in _jit_parameters():
             raise TypeError(f"filter_jit() got an unexpected keyword argument {name!r}")

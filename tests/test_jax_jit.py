@@ -217,14 +217,14 @@ def test_nested_calls_share_filter_jits_caches():
 
 
 def test_nested_keywords_and_argument_errors():
-    def f(x, *, scale, shift=0.0):
+    def f(x: Any, *, scale: Any, shift: Any = 0.0) -> Any:
         return x * scale + shift
 
     ours = filterjit.jit(f, static_argnames="scale")
     got = jax.jit(lambda x: ours(x, scale=2.0, shift=np.float32(1)))(jnp.float32(1))
     assert_tree_equal(got, jnp.float32(3))
     with pytest.raises(TypeError, match="scale"):
-        jax.jit(lambda x: ours(x))(1.0)
+        jax.jit(lambda x: ours(x))(1.0)  # pyright: ignore[reportCallIssue]
 
 
 def test_disable_jit_calls_the_function():

@@ -31,9 +31,7 @@ def jit(fun: Callable[_P, _R], /, **jit_kwargs: Any) -> Callable[_P, _R]: ...
 
 
 @overload
-def jit(
-    fun: None = None, /, **jit_kwargs: Any
-) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]: ...
+def jit(**jit_kwargs: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]: ...
 
 
 def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
@@ -78,7 +76,7 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
         ```
         ```
     """
-    if fun is _NOT_GIVEN or fun is None:
+    if fun is _NOT_GIVEN:  # as jax.jit(**jit_kwargs): a decorator
         return ft.partial(jit, **jit_kwargs)
     jitted: Any = jax.jit(fun, **jit_kwargs)  # JAX checks the arguments, as it would
     nested_options = make_options(

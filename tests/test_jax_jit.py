@@ -151,7 +151,11 @@ def test_methods_and_decorator_factories():
     x = jnp.arange(3.0)
     assert_tree_equal(Scaled(2.0).apply(x), x * 2.0)
     assert_tree_equal(jax.jit(lambda y: Scaled(3.0).apply(y))(x), x * 3.0)
-    assert filterjit.jit(None, inline=True).keywords == {"inline": True}  # pyright: ignore
+    decorate = filterjit.jit(static_argnums=1)
+    x = jnp.float32(2)
+    assert decorate(_loop)(x, 3) == jax.jit(_loop, static_argnums=1)(x, 3)
+    with pytest.raises(TypeError, match="Expected a callable value, got None"):
+        filterjit.jit(None)  # pyright: ignore[reportCallIssue, reportArgumentType]
 
 
 def test_top_level_donation_is_jax_jits():

@@ -1,6 +1,7 @@
 """Run in a subprocess with 8 CPU devices by tests/test_sharding.py."""
 
 import os
+from typing import Any
 
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -11,6 +12,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
+import filterjit  # noqa: E402
 from filterjit import filter_jit  # noqa: E402
 
 
@@ -91,6 +93,29 @@ def check_nested_in_shard_map_and_in_a_jit_over_a_mesh():
     with jax.set_mesh(mesh):
         out = jax.jit(lambda x: scale(x, table) + 1)(x)
     np.testing.assert_allclose(out, x * 3.0 + 1)
+
+
+def check_jit_shardings_are_jax_jits():
+    # filterjit.jit at the top level is jax.jit: the same shardings in and out.
+    def f(x, k):
+        return x * k, x.sum(axis=1)
+
+    x = jnp.arange(16.0).reshape(8, 2)
+    options: dict[str, Any] = dict(
+        static_argnums=1, in_shardings=(by_data,), out_shardings=(by_model, by_data)
+    )
+    ours = filterjit.jit(f, **options)(x, 2.0)
+    theirs = jax.jit(f, **options)(x, 2.0)
+    for a, b in zip(ours, theirs):
+        assert a.sharding == b.sharding, (a.sharding, b.sharding)
+        np.testing.assert_array_equal(a, b)
+    # Nested, the shardings are the outer program's, and a concrete `k` stays
+    # concrete.
+    g = filterjit.jit(lambda x, k: x * float(np.sum(k)), **options)
+    table = np.array([1.0, 2.0], np.float32)
+    out = jax.jit(lambda x: g(x, table), out_shardings=by_data)(x)
+    assert out.sharding == by_data
+    np.testing.assert_allclose(out, x * 3.0)
 
 
 class MLP(eqx.Module):

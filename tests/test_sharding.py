@@ -21,6 +21,7 @@ def test_shardings_on_eight_devices():
         "check_outputs_keep_input_shardings",
         "check_out_shardings_prefix",
         "check_nested_in_shard_map_and_in_a_jit_over_a_mesh",
+        "check_jit_shardings_are_jax_jits",
         "check_data_parallel_training_matches_single_device",
     ):
         assert f"passed {check}" in result.stdout, result.stdout

@@ -74,7 +74,6 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
         # Nested, n stays the Python int 3: the loop can be differentiated.
         jax.jit(jax.grad(lambda x: power(x, 3)))(2.0)  # 12.0
         ```
-        ```
     """
     if fun is _NOT_GIVEN:  # as jax.jit(**jit_kwargs): a decorator
         return ft.partial(jit, **jit_kwargs)

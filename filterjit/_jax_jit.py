@@ -26,6 +26,14 @@ _NESTED_KEYWORDS = ("keep_unused", "inline", "compiler_options", "device", "back
 _NOT_GIVEN: Any = object()
 
 
+@ft.cache
+def _method_names(kind: type) -> tuple[str, ...]:
+    # What `dir` lists of a jitted object beyond its `__dict__`: `lower`, `trace`,
+    # `_cache_size`, ... Read once per type: `dir` costs 10 µs, and libraries make
+    # wrappers on the fly.
+    return tuple(name for name in dir(kind) if not name.startswith("__"))
+
+
 @overload
 def jit(fun: Callable[_P, _R], /, **jit_kwargs: Any) -> Callable[_P, _R]: ...
 
@@ -99,9 +107,8 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     # functools.wraps copies them), `__wrapped__`, and its methods.
     for name, value in vars(jitted).items():
         setattr(wrapper, name, value)
-    for name in dir(jitted):
-        if not name.startswith("__"):
-            setattr(wrapper, name, getattr(jitted, name))
+    for name in _method_names(type(jitted)):
+        setattr(wrapper, name, getattr(jitted, name))
     wrapper.__getstate__ = jitted.__getstate__
     wrapper.clear_cache = clear_cache
     return wrapper

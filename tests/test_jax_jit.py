@@ -125,6 +125,7 @@ def test_metadata_and_ahead_of_time_are_jax_jits():
     assert ours.custom == 4  # pyright: ignore
     assert inspect.signature(ours) == inspect.signature(f)
     assert ours.__getstate__()["function_name"] == "f"  # pyright: ignore
+    assert {name for name in dir(theirs) if not name.startswith("__")} <= set(dir(ours))
     x = jnp.ones(3)
     assert ours.lower(x, 3).as_text() == theirs.lower(x, 3).as_text()  # pyright: ignore
     assert str(ours.trace(x, 3).jaxpr) == str(theirs.trace(x, 3).jaxpr)  # pyright: ignore

@@ -2,6 +2,7 @@
 
 import collections
 import dataclasses
+import functools as ft
 import logging
 import os
 import reprlib
@@ -159,8 +160,17 @@ class Row(NamedTuple):
     ref: Any = None
 
 
+def _code_of(leaf: Any) -> Any:
+    # A functools.partial compares by identity, as a lambda does: one made anew
+    # on every call over the same function is the same trap.
+    while isinstance(leaf, ft.partial):
+        leaf = leaf.func
+    leaf = getattr(leaf, "__func__", leaf)  # a bound method
+    return getattr(leaf, "__code__", None)
+
+
 def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
-    code = getattr(leaf, "__code__", None) if role == "static" else None
+    code = _code_of(leaf) if role == "static" else None
     ref = weakref.ref(leaf) if role == "static" and weakly_keyed(type(leaf)) else None
     return Row(path, role, describe(leaf, role), type(leaf), code, argument, ref)
 
@@ -200,6 +210,17 @@ def _hint(old: Row | None, new: Row | None) -> str:
     if new.role == "traced":
         return "traced: every new shape, dtype or weak type is traced anew"
     kind = new.kind.__name__
+    if (
+        new.code is not None
+        and new.code is old.code
+        and issubclass(new.kind, ft.partial)
+    ):
+        return (
+            "a functools.partial compares by identity, so one made anew on every "
+            "call is a new static value: make it once, or pass "
+            "jax.tree_util.Partial(function, jnp.asarray(value)) so that the "
+            "values it binds are traced"
+        )
     if new.code is not None and new.code is old.code:
         return (
             "a function made anew by the same code (a lambda or closure inside a "

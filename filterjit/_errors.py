@@ -13,6 +13,7 @@ JAX's error.
 """
 
 import functools as ft
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,7 +21,12 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.extend.core
-from jax.errors import JaxRuntimeError
+import numpy as np
+from jax.errors import (
+    JaxRuntimeError,
+    TracerBoolConversionError,
+    TracerIntegerConversionError,
+)
 
 from . import _trace
 
@@ -151,9 +157,62 @@ def call_checked(
         return out
     except Exception as e:
         check_failed(e, name)
+        if isinstance(e, TracerIntegerConversionError | TracerBoolConversionError):
+            _note_traced_scalars(e, jitted, dynamic, name)
         raise
     finally:
         _quiet.exit()
+
+
+def _note_traced_scalars(
+    error: Exception, jitted: Callable[..., Any], dynamic: Sequence[Any], name: str
+) -> None:
+    """Adds to `error` (Python needed a traced value: `range(n)`, `if n`) which of
+    the traced arguments were NumPy or JAX scalars, which a Python int or bool in
+    their place keeps static."""
+    try:
+        names = list(inspect.signature(jitted).parameters)
+    except (TypeError, ValueError):
+        return
+    scalars = [
+        (label, "NumPy" if isinstance(leaf, np.generic | np.ndarray) else "JAX", leaf)
+        for label, leaf in zip(names, dynamic)
+        if isinstance(leaf, np.generic | np.ndarray | jax.Array)
+        and not isinstance(leaf, jax.core.Tracer)
+        and leaf.shape == ()
+        and leaf.dtype.kind in "biu"
+    ]
+    if scalars:
+        listed = "; ".join(
+            f"`{label}`, a {kind} {leaf.dtype}" for label, kind, leaf in scalars
+        )
+        error.add_note(
+            f"filter_jit: `{name}` traces NumPy and JAX scalars as it traces arrays "
+            f"(here {listed}), and Python cannot use the value of a traced scalar "
+            f"(`range(n)`, `if n`). Pass a Python int or bool instead "
+            f"(`int({scalars[0][0]})`): it is static, and each new value traces anew. "
+            "For a loop over a traced count, use `jax.lax.fori_loop`."
+        )
+
+
+# Named in the note on a RecursionError, so that it is added once.
+_RECURSION_NOTE = "filter_jit: the recursion"
+
+
+def note_recursion(error: RecursionError, name: str) -> None:
+    """Adds to a RecursionError raised through a decorated function a note that
+    names it and says how such a recursion ends."""
+    if any(
+        note.startswith(_RECURSION_NOTE) for note in getattr(error, "__notes__", ())
+    ):
+        return
+    error.add_note(
+        f"{_RECURSION_NOTE} went through the filter_jit-compiled function `{name}`. "
+        "A call of it inside a trace runs its Python again, as the undecorated "
+        "function would, so a recursion through it ends only on a static condition "
+        "(a Python int argument that reaches a base case, say). For a loop over a "
+        "traced value, use `jax.lax.while_loop` or `jax.lax.fori_loop`."
+    )
 
 
 def wait_checked(arrays: list[Any], name: str) -> None:

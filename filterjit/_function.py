@@ -5,6 +5,7 @@ import functools as ft
 import inspect
 from typing import Any
 
+import equinox as eqx
 import jax.tree_util as jtu
 
 from ._binding import Binder
@@ -106,6 +107,15 @@ class Function:
         # Names, for messages and `donate=(names...)`, may come from `__wrapped__`.
         named = _signature_of(fun, follow_wrapped=True) or signature
         self.parameters = () if named is None else tuple(named.parameters.values())
+        # An `eqx.Module`'s fields, as its `__call__` names them: `self.weight`.
+        self.fun_label = "self" if isinstance(fun, eqx.Module) else self.name
+        # The names of the parameters a `jtu.Partial` binds (a bound method's
+        # `self`), to label its leaves as the function sees them: `self.w`.
+        self.bound_names: tuple[str, ...] = ()
+        if isinstance(fun, jtu.Partial):
+            inner = _signature_of(fun.func, follow_wrapped=True)
+            if inner is not None:
+                self.bound_names = tuple(inner.parameters)[: len(fun.args)]
 
     def call_tree(self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The pytree of a call that is flattened and partitioned: the bound
@@ -140,6 +150,18 @@ class Function:
                 return p.name, f"{p.name}[{where - len(positional)}]"
         return f"<argument {where}>", f"<argument {where}>"
 
+    def _function_label(self, path: tuple[Any, ...]) -> str:
+        # A `jtu.Partial` flattens to (args, keywords): label what it binds by
+        # the parameter that receives it.
+        match path[1:3]:
+            case (jtu.FlattenedIndexKey(key=0), jtu.SequenceKey(idx=i)) if i < len(
+                self.bound_names
+            ):
+                return self.bound_names[i] + jtu.keystr(path[3:])
+            case (jtu.FlattenedIndexKey(key=1), jtu.DictKey(key=name)):
+                return str(name) + jtu.keystr(path[3:])
+        return self.fun_label + jtu.keystr(path[1:])
+
     def leaf_owners(self, treedef: Any) -> list[tuple[str, int | None, str]]:
         """For each leaf of a call with structure `treedef`: the parameter it
         belongs to, its position if passed positionally, and the path to it in the
@@ -150,9 +172,7 @@ class Function:
         for path, _ in jtu.tree_flatten_with_path(call)[0]:
             if not self.fun_is_leaf:
                 if path[0] == jtu.SequenceKey(0):
-                    owners.append(
-                        ("<function>", None, self.name + jtu.keystr(path[1:]))
-                    )
+                    owners.append(("<function>", None, self._function_label(path)))
                     continue
                 path = path[1:]
             if isinstance(path[0], jtu.GetAttrKey):  # Keywords.args or .kwargs

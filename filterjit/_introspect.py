@@ -1,6 +1,9 @@
 """Looking at what filter_jit does: explain a call, count traces, clear caches."""
 
+import types
 from typing import Any
+
+import jax
 
 from ._diagnostics import Explanation
 from ._dispatch import clear_all
@@ -43,12 +46,26 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
         # n            static  2
         ```
     """
-    wrapper: FilterJitWrapper[..., Any] = (
-        fun
-        if isinstance(fun, FilterJitWrapper)
-        else _decorate(Options(), fun, caller="explain")
-    )
-    return wrapper._explain(args, kwargs)
+    fun, args = _unbind(fun, args)
+    if isinstance(fun, FilterJitWrapper):
+        return fun._explain(args, kwargs)
+    wrapper: FilterJitWrapper[..., Any] = _decorate(Options(), fun, caller="explain")
+    explanation = wrapper._explain(args, kwargs)
+    if type(fun) is _JAX_JIT_TYPE:
+        # What is explained is `filter_jit(jax.jit(f))`: name the jax.jit too.
+        explanation.name = f"jax.jit({explanation.name})"
+    return explanation
+
+
+_JAX_JIT_TYPE = type(jax.jit(lambda: None))
+
+
+def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
+    # A decorated method read from an instance (`model.__call__`) is the wrapper
+    # called with the instance first: explain and count that wrapper.
+    if isinstance(fun, types.MethodType) and isinstance(fun.__func__, FilterJitWrapper):
+        return fun.__func__, (fun.__self__, *args)
+    return fun, args
 
 
 def num_traces(fun: Any) -> int:  # checked below, with a message that helps
@@ -67,6 +84,7 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
 
     The number of traces so far.
     """
+    fun, _ = _unbind(fun, ())
     if not isinstance(fun, FilterJitWrapper):
         raise TypeError(
             f"num_traces expects a filter_jit-wrapped function, but got {fun!r}."

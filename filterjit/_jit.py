@@ -7,12 +7,14 @@ import types
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
+import equinox as eqx
 import jax.tree_util as jtu
 
 from . import _trace
 from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
+from ._errors import note_recursion
 from ._function import name_of
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
@@ -34,6 +36,16 @@ def _globals_of(fun: Any) -> dict[str, Any]:
         module = sys.modules.get(getattr(type(fun), "__module__", ""), None)
         namespace = vars(module) if module is not None else {}
     return namespace
+
+
+def _is_module_method(fun: Any) -> bool:
+    # `module.method` of an `eqx.Module` is a Module holding the function and
+    # the instance, whose signature is `(*args, **kwargs)`.
+    return (
+        isinstance(fun, eqx.Module)
+        and isinstance(getattr(fun, "__func__", None), types.FunctionType)
+        and isinstance(getattr(fun, "__self__", None), eqx.Module)
+    )
 
 
 def _copy_metadata(wrapper: Any, fun: Any) -> None:
@@ -76,8 +88,10 @@ class FilterJitWrapper(Generic[_P, _R]):
             if isinstance(func, types.MethodType):
                 func, args = func.__func__, (func.__self__, *args)
             fun = jtu.Partial(func, *args, **fun.keywords)
-        elif isinstance(fun, types.MethodType):
-            # Likewise a bound method: its `self` is partitioned, not hashed.
+        elif isinstance(fun, types.MethodType) or _is_module_method(fun):
+            # Likewise a bound method (an `eqx.Module`'s too): its `self` is
+            # partitioned, not hashed, and the call binds to its function's
+            # signature, defaults included.
             fun = jtu.Partial(fun.__func__, fun.__self__)
         self._fun = fun
         self._options = options
@@ -90,7 +104,14 @@ class FilterJitWrapper(Generic[_P, _R]):
         level = _trace.call_level()
         if level == DISABLED:
             return self._fun(*args, **kwargs)
-        return self._call(level, self._fun, args, kwargs)
+        try:
+            return self._call(level, self._fun, args, kwargs)
+        except RecursionError as error:
+            try:
+                note_recursion(error, self.__qualname__)
+            except RecursionError:
+                pass  # no stack left for the note here: a caller adds it
+            raise
 
     @overload
     def __get__(

@@ -1,9 +1,11 @@
 """explain(), retrace logs, RetraceWarning, num_traces and clear_caches."""
 
+import functools as ft
 import logging
 import re
 import warnings
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -68,7 +70,8 @@ def test_explain_unwrapped_function_and_modules():
 
     linear = eqx.nn.Linear(2, 3, key=jax.random.key(0))
     text = str(filterjit.explain(linear, jnp.ones(2)))
-    assert re.search(r"Linear\.weight +traced +f32\[3,2\]", text)
+    # Its fields as its `__call__` sees them.
+    assert re.search(r"self\.weight +traced +f32\[3,2\]", text)
     assert "x" in text
 
 
@@ -205,3 +208,104 @@ def test_retrace_warning_can_be_silenced_per_library():
                 g({"w": jnp.ones(1)}, n, {"mode": "a"})
     finally:
         filterjit._diagnostics._module_thresholds.clear()
+
+
+class _Model(eqx.Module):
+    w: jax.Array
+
+    @filter_jit
+    def __call__(self, x, scale=2.0):
+        return self.w * x * scale
+
+    def method(self, x, scale=2.0):
+        return self.w * x * scale
+
+
+def test_explain_and_num_traces_of_a_decorated_method():
+    model = _Model(jnp.ones(3))
+    x = jnp.ones(3)
+    model(x)
+    expected = [
+        ("self.w", "traced", "f32[3]"),
+        ("x", "traced", "f32[3]"),
+        ("scale", "static", "2.0"),
+    ]
+    # Bound and through the class: the same wrapper, the same trace.
+    for explanation in (
+        filterjit.explain(model.__call__, x),
+        filterjit.explain(_Model.__call__, model, x),
+    ):
+        assert explanation.cache_hit, explanation
+        assert "would hit the cache" in str(explanation)
+        assert [row[:3] for row in explanation.rows] == expected
+    assert filterjit.num_traces(model.__call__) == 1
+    assert filterjit.num_traces(_Model.__call__) == 1
+    assert not filterjit.explain(model.__call__, jnp.ones(4)).cache_hit
+
+
+def test_explain_of_a_decorated_bound_module_method():
+    model = _Model(jnp.ones(3))
+    method = filter_jit(model.method)
+    x = jnp.ones(3)
+    assert not filterjit.explain(method, x).cache_hit
+    assert method(x, 3.0).tolist() == model.method(x, 3.0).tolist()
+    method(x)
+    explanation = filterjit.explain(method, x)
+    assert explanation.cache_hit
+    # Named as the method sees them; the defaulted parameter is listed.
+    assert [row[:3] for row in explanation.rows] == [
+        ("self.w", "traced", "f32[3]"),
+        ("x", "traced", "f32[3]"),
+        ("scale", "static", "2.0"),
+    ]
+    assert filterjit.num_traces(method) == 2
+
+
+def test_explain_labels_what_a_partial_binds_by_its_parameter():
+    def g(params, x, n):
+        return params["w"] * x * n
+
+    explanation = filterjit.explain(
+        filter_jit(jax.tree_util.Partial(g, {"w": jnp.ones(2)}, jnp.ones(2))), 3
+    )
+    assert [row[:2] for row in explanation.rows] == [
+        ("params['w']", "traced"),
+        ("x", "traced"),
+        ("n", "static"),
+    ]
+
+
+def test_explain_of_a_jax_jit_function_names_it():
+    def f(x):
+        return x + 1
+
+    text = str(filterjit.explain(jax.jit(f), jnp.ones(3)))
+    assert text.startswith("filter_jit(jax.jit(")
+    assert "f)), called at the top level" in text
+    assert str(filterjit.explain(f, jnp.ones(3))).startswith("filter_jit(")
+    assert "jax.jit" not in str(filterjit.explain(f, jnp.ones(3)))
+
+
+def test_retrace_warning_for_a_partial_made_anew():
+    def scaled(scale, x):
+        return x * scale
+
+    @filter_jit
+    def apply(fn, x):
+        return fn(x)
+
+    with pytest.warns(filterjit.RetraceWarning) as record:
+        for n in range(12):
+            apply(ft.partial(scaled, 0.1 * n), jnp.ones(1))
+    (warning,) = record
+    message = str(warning.message)
+    assert "apply has been traced 12 times" in message
+    assert "`fn` changed" in message
+    assert "functools.partial compares by identity" in message
+    assert "make it once" in message
+    assert "jax.tree_util.Partial" in message
+    # What the hint says: a jax.tree_util.Partial over an array traces once.
+    traced = filterjit.num_traces(apply)
+    for n in range(12):
+        apply(jax.tree_util.Partial(scaled, jnp.asarray(0.1 * n)), jnp.ones(1))
+    assert filterjit.num_traces(apply) == traced + 1

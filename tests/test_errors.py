@@ -1,6 +1,7 @@
 """Bad input gets a clear error naming the user's argument (contract point 14)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -183,3 +184,61 @@ def test_a_wrong_in_shardings_prefix_names_the_argument():
     assert "broadcast_prefix" not in message and "prefix_tree" not in message
     with pytest.raises(ValueError, match="one entry per positional argument"):
         filter_jit(lambda x: x, in_shardings=(sharding, sharding))(jnp.ones(1))
+
+
+def test_unbounded_recursion_names_the_function_and_the_fix():
+    @filter_jit
+    def countdown(x, n):
+        return countdown(x, n - 1)  # no base case
+
+    with pytest.raises(RecursionError) as info:
+        countdown(jnp.ones(1), 3)
+    notes = [n for n in getattr(info.value, "__notes__", []) if "filter_jit" in n]
+    assert len(notes) == 1, notes
+    assert (
+        "`test_unbounded_recursion_names_the_function_and_the_fix.<locals>."
+        in (notes[0])
+    )
+    assert "countdown`" in notes[0]
+    assert "static condition" in notes[0]
+    assert "jax.lax.while_loop" in notes[0]
+
+    # With its base case, the same recursion traces and runs.
+    @filter_jit
+    def countdown_to_zero(x, n):
+        return x if n == 0 else countdown_to_zero(x + 1, n - 1)
+
+    assert countdown_to_zero(jnp.zeros(1), 3).tolist() == [3.0]
+
+
+@pytest.mark.parametrize("make", [np.int32, jnp.int32, lambda n: np.array(n)])
+def test_a_numpy_or_jax_integer_in_range_names_the_argument_and_the_fix(make):
+    @filter_jit
+    def steps(x, count):
+        for _ in range(count):
+            x = x + 1
+        return x
+
+    with pytest.raises(jax.errors.TracerIntegerConversionError) as info:
+        steps(jnp.ones(1), make(3))
+    notes = [n for n in getattr(info.value, "__notes__", []) if "filter_jit" in n]
+    assert len(notes) == 1, notes
+    assert "steps` traces NumPy and JAX scalars" in notes[0]
+    assert re.search(r"`count`, a (NumPy|JAX) int(32|64)", notes[0]), notes[0]
+    assert "Pass a Python int" in notes[0] and "`int(count)`" in notes[0]
+    assert steps(jnp.ones(1), 3).tolist() == [4.0]  # as the note says
+
+
+def test_a_numpy_bool_in_if_names_the_argument():
+    @filter_jit
+    def choose(x, flag):
+        return x + 1 if flag else x
+
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        choose(jnp.ones(1), np.bool_(True))
+    notes = [n for n in getattr(info.value, "__notes__", []) if "filter_jit" in n]
+    assert len(notes) == 1 and "`flag`, a NumPy bool" in notes[0], notes
+    # A traced integer array that is not a scalar gets JAX's error alone.
+    with pytest.raises(jax.errors.TracerIntegerConversionError) as info:
+        filter_jit(lambda x, n: x * len(range(n[0])))(jnp.ones(1), np.array([2]))
+    assert not [n for n in getattr(info.value, "__notes__", []) if "filter_jit" in n]

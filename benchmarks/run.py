@@ -6,6 +6,8 @@
     python benchmarks/run.py --sections dispatch,nested
     python benchmarks/run.py --profile  # where a filterjit call spends its time
     python benchmarks/run.py --plot docs/performance.svg  # and chart the ratios
+    python benchmarks/run.py --plot docs/performance.svg --record benchmarks/results.md
+                                        # and keep the run: what the docs quote
 
 Every implementation is measured in this one process, in interleaved rounds, so
 that drift of the machine hits all of them alike; the memory section alone runs
@@ -155,6 +157,53 @@ def _chart(sections: dict[str, Section], caption: str) -> str:
     )
 
 
+def _record(
+    path: Path,
+    command: str,
+    run_date: str,
+    run_line: str,
+    sections: dict[str, Section],
+    targets: list[Target],
+    total: float,
+) -> None:
+    """Writes the run to `path` (markdown, as printed, headings one level down) and
+    its figures to `path` with the suffix `.json`: the run that the docs quote and
+    that `tests/test_readme.py` checks their figures against."""
+    parts = [
+        f"The run recorded by `{command}` on {run_date}, at commit {_revision()}.",
+        "",
+        run_line,
+    ]
+    for section in sections.values():
+        parts += ["", "#" + section.render(True)]
+    if targets:
+        parts += ["", "### targets", "", _summary(targets)]
+    parts += ["", f"Total {total:.1f} s."]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    figures = {
+        "command": command,
+        "date": run_date,
+        "commit": _revision(),
+        "environment": run_line,
+        "ratios": {
+            name: [
+                {"label": r.label, "ratios": dict(r.ratios), "limit": r.limit}
+                for r in section.ratios
+            ]
+            for name, section in sections.items()
+        },
+        "targets": [
+            {"section": t.section, "measure": t.measure, "value": t.value}
+            for t in targets
+        ],
+        "total_s": round(total, 1),
+    }
+    path.with_suffix(".json").write_text(
+        json.dumps(figures, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument(
@@ -186,6 +235,15 @@ def main(argv: list[str] | None = None) -> int:
             f"(sections {', '.join(CHARTED)}; e.g. docs/performance.svg)"
         ),
     )
+    parser.add_argument(
+        "--record",
+        metavar="PATH",
+        type=Path,
+        help=(
+            "after the run, write it to PATH (markdown) and its figures to PATH with "
+            "the suffix .json (e.g. benchmarks/results.md, which the docs quote)"
+        ),
+    )
     parser.add_argument("--memory-child", metavar="NAME", help=argparse.SUPPRESS)
     parser.add_argument("--iterations", type=int, default=300, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -205,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     if args.profile:
-        if args.plot is not None:
-            parser.error("--plot charts a benchmark run, not --profile")
+        if args.plot is not None or args.record is not None:
+            parser.error("--plot and --record keep a benchmark run, not --profile")
         quick = {"sizes": (1,), "calls": 200} if args.quick else {}
         print(_profile.profile(**quick))
         return 0
@@ -243,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
             _chart(sections, f"Run of {run_date}. {run_line}"), encoding="utf-8"
         )
         print(f"Chart of this run written to {args.plot}.", file=sys.stderr)
+    total = time.perf_counter() - start
+    if args.record is not None:
+        command = " ".join(["python benchmarks/run.py", *(argv or sys.argv[1:])])
+        _record(args.record, command, run_date, run_line, sections, targets, total)
+        print(f"This run written to {args.record}.", file=sys.stderr)
     print()
     if settings.targets and targets:
         print("## targets")
@@ -257,11 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         print()
         missed = [t for t in targets if not t.passed]
         verdict = f"{len(targets) - len(missed)}/{len(targets)} targets met"
-        print(f"{verdict}. Total {time.perf_counter() - start:.1f} s.")
+        print(f"{verdict}. Total {total:.1f} s.")
         if args.check and missed:
             return 1
     else:
-        print(f"Total {time.perf_counter() - start:.1f} s.")
+        print(f"Total {total:.1f} s.")
     return 0
 
 

@@ -9,35 +9,51 @@ import pytest
 README = pathlib.Path(__file__).parent.parent / "README.md"
 
 
-def test_readme_code_blocks():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    assert len(blocks) >= 3
+def test_readme_code_blocks(capsys):
+    text = README.read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 3
     namespace: dict = {}
-    # The first block shows the problem: its last statement fails under jax.jit.
-    with pytest.raises(ValueError, match="Reverse-mode differentiation"):
-        exec(blocks[0], namespace)
+    # The first block is the problem, before and after: it prints what is shown.
+    exec(blocks[0], namespace)
+    shown = re.search(r"```python\n.*?```\n\n```text\n(.*?)```", text, re.S)
+    assert shown is not None
+    assert capsys.readouterr().out == shown[1]
     for block in blocks[1:]:
         exec(block, namespace)
-    assert (
-        namespace["jax"].jit(
-            lambda: namespace["jax"].grad(namespace["filter_jit"](namespace["f"]))(
-                0.0, namespace["np"].int32(0)
-            )
-        )()
-        == 1.0
-    )
     assert namespace["filterjit"].num_traces(namespace["step"]) == 1
+    info = namespace["info"]
+    assert info == {"steps": 2}
+    jax = namespace["jax"]
+    assert namespace["power"](2.0, 3) == 8.0
+    assert jax.jit(jax.grad(lambda x: namespace["power"](x, 3)))(2.0) == 12.0
 
 
-def test_readme_commands():
+def test_readme_says_how_to_install_to_use_and_to_develop():
     text = README.read_text()
-    for command in (
-        'pip install -e ".[test]"',
+    install = text.split("## Install", 1)[1].split("\n## ", 1)[0]
+    bash = re.compile(r"```bash\n(.*?)```", re.S)
+    (commands,) = bash.findall(install)
+    # To use it: a fresh virtualenv and the package alone, from the checkout.
+    assert commands.splitlines() == [
+        "python3 -m venv .venv",
+        ". .venv/bin/activate",
+        "python -m pip install .",
+    ]
+    develop = text.split("## Develop and test", 1)[1]
+    assert bash.findall(develop)[0].splitlines() == [
+        'python -m pip install -e ".[test]"',
         "python -m filterjit",
         "python -m pytest",
-        "python -m pytest --full",
-    ):
-        assert command in text
+    ]
+    # No invented addresses: every link is a file of this repository or a real
+    # page that the docs cite too.
+    for target in re.findall(r"\]\(([^)]+)\)", text):
+        if target.startswith("https://"):
+            assert target in (README.parent / "docs" / "index.md").read_text()
+        else:
+            assert (README.parent / target).exists(), target
+    assert "<its URL>" not in text
 
 
 def test_ci_runs_the_readme_commands():
@@ -52,11 +68,14 @@ def test_ci_runs_the_readme_commands():
     assert "python -m pytest --full" in commands
 
 
-def test_quickstart_is_the_one_in_getting_started():
+def test_install_is_the_one_in_getting_started():
     getting_started = (README.parent / "docs" / "getting-started.md").read_text()
-    quickstart = README.read_text().split("## Quickstart", 1)[1]
     bash = re.compile(r"```bash\n(.*?)```", re.S)
-    assert bash.findall(quickstart)[0] == bash.findall(getting_started)[0]
+    readme_install = README.read_text().split("## Install", 1)[1]
+    install = getting_started.split("## Install", 1)[1]
+    assert bash.findall(readme_install)[0] == bash.findall(install)[0]
+    develop = README.read_text().split("## Develop and test", 1)[1]
+    assert bash.findall(develop)[0] in getting_started
 
 
 def test_ci_runs_the_matrix():
@@ -95,3 +114,72 @@ def test_floor_leg_pins_the_lower_bounds():
             name, version = line.split("==")
             pins[name] = Version(version)
     assert pins == floors
+
+
+def test_one_version_source_and_classifiers():
+    """The version is written once, in `filterjit/__init__.py`, which hatchling
+    reads; the classifiers name the Python versions CI tests, and the types."""
+    import tomllib
+
+    import filterjit
+
+    pyproject = tomllib.loads((README.parent / "pyproject.toml").read_text())
+    project = pyproject["project"]
+    assert "version" not in project
+    assert project["dynamic"] == ["version"]
+    source = pyproject["tool"]["hatch"]["version"]["path"]
+    assert source == "filterjit/__init__.py"
+    assert re.findall(
+        r'^__version__ = "(.*)"$', (README.parent / source).read_text(), re.M
+    ) == [filterjit.__version__]
+    classifiers = project["classifiers"]
+    assert "Typing :: Typed" in classifiers
+    assert (README.parent / "filterjit" / "py.typed").exists()
+    pythons = [c.rsplit(" ", 1)[1] for c in classifiers if re.search(r":: 3\.\d+$", c)]
+    assert pythons == ["3.11", "3.12", "3.13"]
+    assert project["requires-python"] == ">=3.11"
+
+
+def test_changelog_has_a_released_section_for_this_version():
+    import filterjit
+
+    changelog = (README.parent / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## (\S+) \((\d{4}-\d{2}-\d{2})\)$", changelog, re.M)
+    assert releases, "no released section"
+    assert releases[0][0] == filterjit.__version__
+    assert "## Unreleased" not in changelog
+
+
+def test_api_signatures_are_readable(tmp_path):
+    """The API pages' signatures show no private type variables (`_P`, `_R`) and
+    no unexported type (`DonateOption`)."""
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
+    import html
+    import os
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--no-strict", "-q", "-d", site],
+        cwd=README.parent,
+        check=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+        capture_output=True,
+    )
+    # The pages of filter_jit, the diagnostics and the AOT objects (`jit`'s page
+    # is checked where its signature is written).
+    for page in ("filter_jit", "diagnostics", "aot"):
+        rendered = (site / "api" / page / "index.html").read_text()
+        signatures = [
+            html.unescape(re.sub(r"<[^>]+>", "", block))
+            for block in re.findall(
+                r'<div class="doc-signature.*?</div>', rendered, re.S
+            )
+        ]
+        assert signatures, page
+        for signature in signatures:
+            assert not re.search(r"\b_[A-Z]\b|DonateOption", signature), signature
+    rendered = (site / "api" / "filter_jit" / "index.html").read_text()
+    assert "DonateOption" not in html.unescape(re.sub(r"<[^>]+>", "", rendered))

@@ -22,6 +22,7 @@ import equinox as eqx
 import jax
 import jax.extend.core
 import numpy as np
+from jax.core import Tracer
 from jax.errors import (
     JaxRuntimeError,
     TracerBoolConversionError,
@@ -178,7 +179,7 @@ def _note_traced_scalars(
         (label, "NumPy" if isinstance(leaf, np.generic | np.ndarray) else "JAX", leaf)
         for label, leaf in zip(names, dynamic)
         if isinstance(leaf, np.generic | np.ndarray | jax.Array)
-        and not isinstance(leaf, jax.core.Tracer)
+        and not isinstance(leaf, Tracer)
         and leaf.shape == ()
         and leaf.dtype.kind in "biu"
     ]

@@ -92,7 +92,8 @@ class FilterJitWrapper(Generic[_P, _R]):
             # Likewise a bound method (an `eqx.Module`'s too): its `self` is
             # partitioned, not hashed, and the call binds to its function's
             # signature, defaults included.
-            fun = jtu.Partial(fun.__func__, fun.__self__)
+            method: Any = fun
+            fun = jtu.Partial(method.__func__, method.__self__)
         self._fun = fun
         self._options = options
         self._dispatcher = dispatcher_for(fun, options)

@@ -1,5 +1,6 @@
 """The README's code runs as shown."""
 
+import json
 import pathlib
 import re
 
@@ -183,3 +184,69 @@ def test_api_signatures_are_readable(tmp_path):
             assert not re.search(r"\b_[A-Z]\b|DonateOption", signature), signature
     rendered = (site / "api" / "filter_jit" / "index.html").read_text()
     assert "DonateOption" not in html.unescape(re.sub(r"<[^>]+>", "", rendered))
+
+
+RESULTS = README.parent / "benchmarks" / "results.md"
+
+
+def _pages() -> list[pathlib.Path]:
+    # docs/jax-jit.md quotes its own measurements of `filterjit.jit`, with the
+    # run they come from.
+    docs = sorted((README.parent / "docs").rglob("*.md"))
+    return [README, *(page for page in docs if page.name != "jax-jit.md")]
+
+
+def test_quoted_ratios_are_the_recorded_runs():
+    """Every ratio the README and the docs quote (`1.08×`, `0.87–0.92×`) is one of
+    the recorded run's, which names its commit and is a full run."""
+    recorded = RESULTS.read_text()
+    figures = json.loads(RESULTS.with_suffix(".json").read_text())
+    commit = figures["commit"]
+    assert re.fullmatch(r"[0-9a-f]{7,}", commit), commit  # no uncommitted change
+    assert f"at commit {commit}." in recorded
+    assert figures["environment"].startswith("Mode: full.")
+    assert figures["command"].startswith("python benchmarks/run.py")
+    assert "--quick" not in figures["command"]
+    cells = {
+        cell.strip().rstrip("×")
+        for line in recorded.splitlines()
+        if line.startswith("|")
+        for cell in line.split("|")
+    }
+    cells |= set(re.findall(r"(\d+\.\d+)×", recorded))
+    quoted = 0
+    for page in _pages():
+        text = page.read_text()
+        for low, high in re.findall(r"(\d+\.\d+)(?:–(\d+\.\d+))? ?×", text):
+            for figure in filter(None, (low, high)):
+                assert figure in cells, f"{page.name}: {figure}× is not the run's"
+                quoted += 1
+    assert quoted >= 3
+    performance = (README.parent / "docs" / "performance.md").read_text()
+    assert '--8<-- "benchmarks/results.md"' in performance
+
+
+def test_the_chart_is_the_recorded_run():
+    import xml.etree.ElementTree as ET
+
+    SVG = "{http://www.w3.org/2000/svg}"
+    figures = json.loads(RESULTS.with_suffix(".json").read_text())
+    svg = ET.parse(README.parent / "docs" / "performance.svg").getroot()
+    texts = " ".join("".join(t.itertext()) for t in svg.iter(f"{SVG}text"))
+    assert f"(commit {figures['commit']})" in texts
+    assert figures["date"] in texts
+    recorded = {
+        (row["label"], name): ratio
+        for rows in figures["ratios"].values()
+        for row in rows
+        for name, ratio in row["ratios"].items()
+    }
+    bars = {
+        (rect.attrib["data-row"], rect.attrib["data-implementation"]): float(
+            rect.attrib["data-ratio"]
+        )
+        for rect in svg.iter(f"{SVG}rect")
+        if rect.get("class") == "bar"
+    }
+    assert bars and bars == recorded
+    assert any(name == "filterjit.jit" for _, name in bars)

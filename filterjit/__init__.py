@@ -15,4 +15,4 @@ from ._jit import filter_jit as filter_jit
 from ._partition import is_array as is_array
 
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version source: pyproject.toml reads it (hatch)

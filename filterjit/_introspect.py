@@ -31,6 +31,12 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
     The roles are those a call at this point would get: called inside `jax.jit`,
     `explain` reports the nested contract.
 
+    A decorated method may be given as it is called, read from an instance
+    (`explain(model.__call__, x)`) or through its class
+    (`explain(Model.__call__, model, x)`); its instance's fields are named as the
+    method sees them (`self.weight`), and parameters left to their defaults are
+    listed. A `jax.jit` function is explained as `filter_jit(jax.jit(f))`.
+
     !!! example
 
         ```python
@@ -82,7 +88,8 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
 
     **Returns:**
 
-    The number of traces so far.
+    The number of traces so far. A decorated method may be given read from an
+    instance (`num_traces(model.__call__)`) or through its class.
     """
     fun, _ = _unbind(fun, ())
     if not isinstance(fun, FilterJitWrapper):

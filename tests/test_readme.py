@@ -131,7 +131,7 @@ def test_one_version_source_and_classifiers():
     source = pyproject["tool"]["hatch"]["version"]["path"]
     assert source == "filterjit/__init__.py"
     assert re.findall(
-        r'^__version__ = "(.*)"$', (README.parent / source).read_text(), re.M
+        r'^__version__ = "(.*?)"', (README.parent / source).read_text(), re.M
     ) == [filterjit.__version__]
     classifiers = project["classifiers"]
     assert "Typing :: Typed" in classifiers
@@ -162,13 +162,14 @@ def test_api_signatures_are_readable(tmp_path):
     import sys
 
     site = tmp_path / "site"
-    subprocess.run(
+    build = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--no-strict", "-q", "-d", site],
         cwd=README.parent,
-        check=True,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
         capture_output=True,
+        text=True,
     )
+    assert build.returncode == 0, build.stderr
     # The pages of filter_jit, the diagnostics and the AOT objects (`jit`'s page
     # is checked where its signature is written).
     for page in ("filter_jit", "diagnostics", "aot"):

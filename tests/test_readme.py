@@ -227,6 +227,7 @@ def test_quoted_ratios_are_the_recorded_runs():
     assert quoted >= 3
     performance = (README.parent / "docs" / "performance.md").read_text()
     assert '--8<-- "benchmarks/results.md"' in performance
+    assert f"The recorded run is of commit {commit}," in performance
 
 
 def test_the_chart_is_the_recorded_run():

@@ -13,7 +13,7 @@ from . import _trace
 from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
-from ._function import name_of
+from ._function import Method, name_of
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
 from ._owners import dispatcher_for
@@ -78,7 +78,7 @@ class FilterJitWrapper(Generic[_P, _R]):
             fun = jtu.Partial(func, *args, **fun.keywords)
         elif isinstance(fun, types.MethodType):
             # Likewise a bound method: its `self` is partitioned, not hashed.
-            fun = jtu.Partial(fun.__func__, fun.__self__)
+            fun = Method(fun.__func__, fun.__self__)
         self._fun = fun
         self._options = options
         self._dispatcher = dispatcher_for(fun, options)

@@ -104,6 +104,14 @@ def make_options(**options: Any) -> Options:
             )
         if name not in _jit_parameters():
             raise TypeError(f"filter_jit() got an unexpected keyword argument {name!r}")
+    if isinstance(donate, tuple):
+        for name in donate:
+            if not isinstance(name, str):
+                raise ValueError(
+                    f"filter_jit: donate={donate!r} holds {name!r}, which is not a "
+                    "parameter name. Give parameter names as strings, such as "
+                    "donate=('state',)."
+                )
     if isinstance(in_shardings, list):
         in_shardings = tuple(in_shardings)
     return Options(
@@ -134,12 +142,6 @@ def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None
     if receiver is not None:
         known.add(receiver)
     for name in names:
-        if not isinstance(name, str):
-            raise ValueError(
-                f"filter_jit: donate={names!r} holds {name!r}, which is not a "
-                "parameter name. Give parameter names as strings, such as "
-                "donate=('state',)."
-            )
         if name in var_keyword:
             raise ValueError(
                 f"filter_jit: donate={names!r} names {name!r}, the `**{name}` "

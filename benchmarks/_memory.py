@@ -232,7 +232,7 @@ def _use_callables(
         for fun in (instance, AsFunction):
             wrapper = jit(fun)
             jax.block_until_ready(wrapper(x))
-            jax.make_jaxpr(lambda y: wrapper(y))(x)
+            jax.make_jaxpr(lambda y, wrapper=wrapper: wrapper(y))(x)
         slotted.append(weakref.ref(instance))
         classes.append(weakref.ref(AsFunction))
         del instance, fun, wrapper
@@ -244,9 +244,13 @@ def _use_callables(
         tag = _Tag()
         tags.append(weakref.ref(tag))
         jax.block_until_ready(returns_tag(x, tag)[0])
-        jax.make_jaxpr(lambda y: returns_tag(y, tag)[0])(x)
+        jax.make_jaxpr(lambda y, tag=tag: returns_tag(y, tag)[0])(x)
         del tag
     return slotted, classes, tags
+
+
+def _alive(refs: list[Any] | None) -> int | None:
+    return None if refs is None else sum(ref() is not None for ref in refs)
 
 
 class _Tag:
@@ -286,7 +290,6 @@ def ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, Any]:
 
         slotted, classes_as_functions, tags = _use_callables(classes, name)
         gc.collect()
-        alive = lambda refs: None if refs is None else sum(r() is not None for r in refs)  # noqa: E731
 
         _collect()
         entries = set(linecache.cache)
@@ -300,9 +303,9 @@ def ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, Any]:
             "growth": growth,
             "freed_by_clearing": alive_classes - alive_after_clearing,
             "linecache": left,
-            "slotted": alive(slotted),
-            "as_function": alive(classes_as_functions),
-            "tags": alive(tags),
+            "slotted": _alive(slotted),
+            "as_function": _alive(classes_as_functions),
+            "tags": _alive(tags),
         }
     return results
 

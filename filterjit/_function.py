@@ -177,11 +177,7 @@ class Function:
             for p in self._binding_parameters
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
-        found = [
-            name
-            for name, (kind, _) in zip(positional, args)
-            if kind == "default"
-        ]
+        found = [name for name, (kind, _) in zip(positional, args) if kind == "default"]
         found += [name for name, (kind, _) in kwargs.items() if kind == "default"]
         return tuple(found)
 

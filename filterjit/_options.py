@@ -155,4 +155,3 @@ def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None
                 f"parameter of {name_of_fun!r} (parameters: {sorted(known)}), so "
                 "no call can donate it."
             )
-

@@ -141,14 +141,14 @@ def test_a_static_compared_by_identity_is_freed_whether_or_not_returned():
                 assert out[1] is tag
             seen = []
 
-            def outer(x):
+            def outer(x, wrapped=wrapped, tag=tag, seen=seen):
                 out = wrapped(x, tag)
                 seen.append(out[1] if wrapped is returned else tag)
                 return out[0] if wrapped is returned else out
 
             jax.jit(outer)(jnp.ones(2))
             assert seen == [tag]
-            del tag, out, seen
+            del tag, out, seen, outer
     gc.collect()
     assert [ref() for ref in refs] == [None] * len(refs)
     # And a call with the same tag twice still hands back that tag.

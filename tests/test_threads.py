@@ -99,9 +99,7 @@ def test_runtime_checks_in_first_calls_from_many_threads_complete():
                 print(list(pool.map(call, range(8))))
         """
     )
-    expected = [
-        True if n % 2 else float(sum(range(n + 1)) + n + 1) for n in range(8)
-    ]
+    expected = [True if n % 2 else float(sum(range(n + 1)) + n + 1) for n in range(8)]
     assert out.splitlines() == [str(expected)] * 3
 
 

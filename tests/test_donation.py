@@ -5,6 +5,7 @@ import functools as ft
 import gc
 import weakref
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -198,3 +199,24 @@ def test_a_default_is_not_donated_but_the_same_parameter_passed_is():
     f(jnp.arange(3.0), y=y)
     assert y.is_deleted()
     assert not _DEFAULT.is_deleted()
+
+
+class _Model(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x):
+        return self.w + x, x * 2
+
+
+@pytest.mark.parametrize("method", [False, True], ids=["module", "module.__call__"])
+@pytest.mark.parametrize(
+    "donate, self_deleted, x_deleted",
+    [("all", True, True), ("all-except-first", False, True), (("self",), True, False)],
+)
+def test_a_callable_module_is_the_receiver_of_its_call(
+    method, donate, self_deleted, x_deleted
+):
+    model, x = _Model(jnp.ones(3)), jnp.arange(3.0)
+    filter_jit(model.__call__ if method else model, donate=donate)(x)
+    assert model.w.is_deleted() == self_deleted
+    assert x.is_deleted() == x_deleted

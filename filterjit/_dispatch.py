@@ -123,7 +123,9 @@ class Dispatcher:
             types = tuple(map(type, leaves))
         # Where donation depends on which arguments the caller passed (not on the
         # defaults bound in their place), the shape of the call, else `None`.
-        called = (len(args), *kwargs) if self._donates_by_call else None
+        called = (
+            (len(args), *kwargs) if self._donates_by_call and level == TOP else None
+        )
         entry = None
         try:
             # Two comparisons, where a lookup would hash the structure.
@@ -184,8 +186,8 @@ class Dispatcher:
         return out
 
     def _defaulted(self, called: tuple[Any, ...]) -> tuple[str, ...]:
-        """The parameters that calls of this shape leave to their defaults (which
-        are not donated: the caller did not pass them)."""
+        """The parameters holding arrays that calls of this shape leave to their
+        defaults (which are not donated: the caller did not pass them)."""
         found = self._defaulted_by_shape.get(called)
         if found is None:
             found = self.function.defaulted(called)
@@ -505,6 +507,7 @@ class Dispatcher:
         (their partitions share an owner, and so their keys), so `lower`, `trace`
         and `eval_shape` use the very `jax.jit` that calls do, and JAX's caches
         keep one trace and one executable for both, as for a `jax.jit`."""
+        # As a top-level call is keyed (see `call`).
         called = (len(args), *kwargs) if self._donates_by_call else None
         args, kwargs = self.function.bind(args, kwargs)
         tree = self.function.call_tree(fun, args, kwargs)

@@ -5,7 +5,9 @@ import functools as ft
 import inspect
 from typing import Any
 
+import jax
 import jax.tree_util as jtu
+import numpy as np
 
 from ._binding import Binder
 
@@ -53,6 +55,10 @@ def _plain_arity(signature: inspect.Signature | None) -> int:
         elif parameter.kind is not parameter.VAR_KEYWORD:
             return -1
     return count
+
+
+def _holds_array(leaf: Any) -> bool:
+    return isinstance(leaf, jax.Array | np.ndarray | np.generic)
 
 
 def in_call_tree(fun: Any) -> bool:
@@ -166,7 +172,7 @@ class Function:
 
     def defaulted(self, shape: tuple[Any, ...]) -> tuple[str, ...]:
         """The parameters that a call of `shape` (the number of positional
-        arguments, then the keyword names) leaves to their defaults."""
+        arguments, then the keyword names) leaves to defaults holding arrays."""
         sources = self.bind.sources(shape)
         if sources is None:
             count, names = shape[0], shape[1:]
@@ -177,9 +183,12 @@ class Function:
             for p in self._binding_parameters
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         ]
-        found = [name for name, (kind, _) in zip(positional, args) if kind == "default"]
-        found += [name for name, (kind, _) in kwargs.items() if kind == "default"]
-        return tuple(found)
+        found = [*zip(positional, args), *kwargs.items()]
+        return tuple(
+            name
+            for name, (kind, value) in found
+            if kind == "default" and any(map(_holds_array, jtu.tree_leaves(value)))
+        )
 
     def call_tree(self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The pytree of a call that is flattened and partitioned: the bound

@@ -220,3 +220,17 @@ def test_a_callable_module_is_the_receiver_of_its_call(
     filter_jit(model.__call__ if method else model, donate=donate)(x)
     assert model.w.is_deleted() == self_deleted
     assert x.is_deleted() == x_deleted
+
+
+def test_with_donation_a_scalar_default_given_or_not_is_one_key():
+    traces = []
+
+    def f(x, n=3):
+        traces.append(n)
+        return x * n
+
+    g = filter_jit(f, donate="all")
+    g(jnp.ones(3))
+    g(jnp.ones(3), n=3)
+    g(jnp.ones(3), 3)
+    assert traces == [3]

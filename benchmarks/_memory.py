@@ -204,12 +204,14 @@ def _jit_of(name: str) -> Callable[[Any], Any]:
 
 def _use_callables(
     count: int, name: str
-) -> tuple[list[Any], list[Any], list[Any] | None]:
+) -> tuple[list[Any], list[Any], list[Any] | None, Any]:
     """Callables without a `__dict__` of their own, and statics compared by
     identity that the function returns, each called at the top level and nested,
     then dropped: weak references to each slotted callable, each class used as
     the function, and each returned static (`None` where the implementation
-    cannot return one: jax.jit)."""
+    cannot return one: jax.jit); and the wrapper that returned them, which the
+    caller keeps alive while it counts (a cache freed with its wrapper frees
+    everything, and proves nothing)."""
     jit = _jit_of(name)
     x = jnp.ones(4)
     slotted, classes = [], []
@@ -237,7 +239,7 @@ def _use_callables(
         classes.append(weakref.ref(AsFunction))
         del instance, fun, wrapper
     if name == JAX:
-        return slotted, classes, None
+        return slotted, classes, None, None
     tags = []
     returns_tag = jit(lambda x, tag: (x + 1, tag))
     for _ in range(count):
@@ -246,7 +248,7 @@ def _use_callables(
         jax.block_until_ready(returns_tag(x, tag)[0])
         jax.make_jaxpr(lambda y, tag=tag: returns_tag(y, tag)[0])(x)
         del tag
-    return slotted, classes, tags
+    return slotted, classes, tags, returns_tag
 
 
 def _alive(refs: list[Any] | None) -> int | None:
@@ -288,8 +290,10 @@ def ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, Any]:
         _collect()
         alive_after_clearing = sum(cls() is not None for cls, _, _ in refs)
 
-        slotted, classes_as_functions, tags = _use_callables(classes, name)
+        slotted, classes_as_functions, tags, returns_tag = _use_callables(classes, name)
         gc.collect()
+        callables_alive = [_alive(slotted), _alive(classes_as_functions), _alive(tags)]
+        del returns_tag
 
         _collect()
         entries = set(linecache.cache)
@@ -303,9 +307,9 @@ def ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, Any]:
             "growth": growth,
             "freed_by_clearing": alive_classes - alive_after_clearing,
             "linecache": left,
-            "slotted": _alive(slotted),
-            "as_function": _alive(classes_as_functions),
-            "tags": _alive(tags),
+            "slotted": callables_alive[0],
+            "as_function": callables_alive[1],
+            "tags": callables_alive[2],
         }
     return results
 
@@ -390,8 +394,8 @@ def _ownership(settings: Settings) -> tuple[str, list[Target]]:
         "(its `__new__` returns an array), each decorated, called at the top level "
         "and nested, and dropped; and a fresh static compared by identity passed "
         "to `lambda x, tag: (x + 1, tag)`, which returns it (jax.jit cannot return "
-        "it: n/a). Alive: by weak references after `gc.collect()`, before any "
-        "cache is cleared."
+        "it: n/a), the wrapper kept alive. Alive: by weak references after "
+        "`gc.collect()`, before any cache is cleared."
     )
     return text + "\n\n" + markdown_table(headers, rows), targets
 

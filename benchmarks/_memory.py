@@ -193,6 +193,72 @@ def _use_lambdas(count: int, name: str) -> None:
         jax.make_jaxpr(lambda y: wrapper(y, 2))(x)
 
 
+def _jit_of(name: str) -> Callable[[Any], Any]:
+    """How each implementation decorates a callable with no static arguments."""
+    if name == JAX:
+        return jax.jit
+    if name == EQX:
+        return eqx.filter_jit
+    return filterjit.filter_jit
+
+
+def _use_callables(
+    count: int, name: str
+) -> tuple[list[Any], list[Any], list[Any] | None, Any]:
+    """Callables without a `__dict__` of their own, and statics compared by
+    identity that the function returns, each called at the top level and nested,
+    then dropped: weak references to each slotted callable, each class used as
+    the function, and each returned static (`None` where the implementation
+    cannot return one: jax.jit); and the wrapper that returned them, which the
+    caller keeps alive while it counts (a cache freed with its wrapper frees
+    everything, and proves nothing)."""
+    jit = _jit_of(name)
+    x = jnp.ones(4)
+    slotted, classes = [], []
+    for _ in range(count):
+
+        class Slotted:
+            __slots__ = ("blob", "__weakref__")
+
+            def __init__(self) -> None:
+                self.blob = np.ones(BLOB_BYTES // 8)
+
+            def __call__(self, x: jax.Array) -> jax.Array:
+                return x + self.blob.shape[0]
+
+        class AsFunction:
+            def __new__(cls, x: jax.Array) -> Any:
+                return x + 1
+
+        instance = Slotted()
+        for fun in (instance, AsFunction):
+            wrapper = jit(fun)
+            jax.block_until_ready(wrapper(x))
+            jax.make_jaxpr(lambda y, wrapper=wrapper: wrapper(y))(x)
+        slotted.append(weakref.ref(instance))
+        classes.append(weakref.ref(AsFunction))
+        del instance, fun, wrapper
+    if name == JAX:
+        return slotted, classes, None, None
+    tags = []
+    returns_tag = jit(lambda x, tag: (x + 1, tag))
+    for _ in range(count):
+        tag = _Tag()
+        tags.append(weakref.ref(tag))
+        jax.block_until_ready(returns_tag(x, tag)[0])
+        jax.make_jaxpr(lambda y, tag=tag: returns_tag(y, tag)[0])(x)
+        del tag
+    return slotted, classes, tags, returns_tag
+
+
+def _alive(refs: list[Any] | None) -> int | None:
+    return None if refs is None else sum(ref() is not None for ref in refs)
+
+
+class _Tag:
+    """A static compared by identity."""
+
+
 def _collect() -> None:
     filterjit.clear_caches()
     jax.clear_caches()
@@ -209,6 +275,7 @@ def ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, Any]:
         decorate = _method_decorator(name)
         _use_classes(warmup, decorate, [])  # warm-up: JAX's and the allocator's
         _use_lambdas(warmup, name)
+        _use_callables(warmup, name)
         gc.collect()
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
@@ -223,6 +290,11 @@ def ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, Any]:
         _collect()
         alive_after_clearing = sum(cls() is not None for cls, _, _ in refs)
 
+        slotted, classes_as_functions, tags, returns_tag = _use_callables(classes, name)
+        gc.collect()
+        callables_alive = [_alive(slotted), _alive(classes_as_functions), _alive(tags)]
+        del returns_tag
+
         _collect()
         entries = set(linecache.cache)
         _use_lambdas(lambdas, name)
@@ -235,6 +307,9 @@ def ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, Any]:
             "growth": growth,
             "freed_by_clearing": alive_classes - alive_after_clearing,
             "linecache": left,
+            "slotted": callables_alive[0],
+            "as_function": callables_alive[1],
+            "tags": callables_alive[2],
         }
     return results
 
@@ -250,6 +325,10 @@ def _run_ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, A
             f"The ownership child failed (exit {done.returncode}):\n{done.stderr}"
         )
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _count(value: int | None) -> str:
+    return NA if value is None else str(value)
 
 
 def _ownership(settings: Settings) -> tuple[str, list[Target]]:
@@ -268,11 +347,17 @@ def _ownership(settings: Settings) -> tuple[str, list[Target]]:
         ),
         ("of the classes alive, freed by clearing caches", "freed_by_clearing", str),
         (f"linecache entries left, of {lambdas} wrappers", "linecache", str),
+        (f"slotted callables alive, of {classes}", "slotted", _count),
+        (f"classes used as the function alive, of {classes}", "as_function", _count),
+        (f"identity statics returned alive, of {classes}", "tags", _count),
     ]
     # Targets: zero for filterjit.
     zero = {
         "held": ("instance bytes held", " B"),
         "linecache": ("linecache entries left", ""),
+        "slotted": ("slotted callables alive", ""),
+        "as_function": ("classes used as the function alive", ""),
+        "tags": ("identity statics returned alive", ""),
     }
     headers = ["after `gc.collect()`", *OWNERS]
     targets = []
@@ -303,7 +388,14 @@ def _ownership(settings: Settings) -> tuple[str, list[Target]]:
         f"alive that frees. Last, {lambdas} wrappers of fresh lambdas "
         "(`lambda x, n, k=1: x * n + k`, `n` static), each called at the top level "
         "and nested, then dropped: entries added to `linecache` that remain after "
-        "both caches are cleared and garbage collected."
+        "both caches are cleared and garbage collected. Then, as many times as "
+        "there are classes: a callable instance with `__slots__` (and a "
+        "`__weakref__` slot, which jax.jit needs) and a class used as the function "
+        "(its `__new__` returns an array), each decorated, called at the top level "
+        "and nested, and dropped; and a fresh static compared by identity passed "
+        "to `lambda x, tag: (x + 1, tag)`, which returns it (jax.jit cannot return "
+        "it: n/a), the wrapper kept alive. Alive: by weak references after "
+        "`gc.collect()`, before any cache is cleared."
     )
     return text + "\n\n" + markdown_table(headers, rows), targets
 

@@ -59,7 +59,7 @@ class Binder:
         bound.apply_defaults()
         if len(self._plans) < _MAX_PLANS:
             shape = (len(args), *kwargs)
-            self._sources[shape] = self._find_sources(len(args), tuple(kwargs))
+            self._sources[shape] = self.find_sources(len(args), tuple(kwargs))
             self._plans[shape] = _plan(*self._sources[shape])
         return bound.args, bound.kwargs
 
@@ -68,7 +68,9 @@ class Binder:
         arguments, then the keyword names) come from, once such a call is bound."""
         return self._sources.get(shape)
 
-    def _find_sources(self, count: int, names: tuple[str, ...]) -> Sources:
+    def find_sources(self, count: int, names: tuple[str, ...]) -> Sources:
+        """Where the bound arguments of a call with `count` positional arguments
+        and keyword arguments `names` come from (`TypeError` if none binds)."""
         assert self._signature is not None
         positional = [_Placeholder() for _ in range(count)]
         keyword = {name: _Placeholder() for name in names}

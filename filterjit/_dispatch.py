@@ -64,7 +64,8 @@ class Dispatcher:
         top = BoundedCache(TOP_MAXSIZE)
         eager = top if options.donate == "none" else BoundedCache(TOP_MAXSIZE)
         staged = BoundedCache(STAGED_MAXSIZE, STAGED_MAXBYTES)
-        self.entries = (top, eager, staged, BoundedCache(TOP_MAXSIZE))
+        # Ahead-of-time stages share the top level's entries (see `abstract`).
+        self.entries = (top, eager, staged, top)
         self._plain_arity = self.function.plain_arity
         self._fun_is_leaf = self.function.fun_is_leaf
         self._partition_gets = tuple(cache.get for cache in self.partitions)
@@ -73,9 +74,14 @@ class Dispatcher:
         self._entry_gets = tuple(cache.get for cache in self.entries)
         # Partitions with one signature share an owner, and so their entries.
         self._owners: dict[Any, object] = {}
-        # Held while a new entry is made and first called, so that concurrent
-        # first calls trace once. Re-entrant: a function may call itself nested.
+        # Held only while a new entry is stored (never while the function runs),
+        # so that concurrent first calls of one key share one entry. Re-entrant:
+        # an eviction may run a finalizer that calls the function.
         self._lock = threading.RLock()
+        # Whether donation depends on which arguments a call passed, rather than
+        # left to their defaults (see `_defaulted`).
+        self._donates_by_call = options.donate != "none" and self.function.has_defaults
+        self._defaulted_by_shape: dict[tuple[Any, ...], tuple[str, ...]] = {}
         # Weak references that drop this dispatcher from its owner's caches when
         # an object its key holds weakly dies (see `_owners`).
         self._lifelines: list[Any] = []
@@ -115,6 +121,12 @@ class Dispatcher:
         else:
             leaves, treedef = _flatten(tree)
             types = tuple(map(type, leaves))
+        # Where donation depends on which arguments the caller passed (not on the
+        # defaults bound in their place), the shape of the call, else `None`.
+        called = (
+            (len(args), *kwargs) if self._donates_by_call and level == TOP else None
+        )
+        entry = None
         try:
             # Two comparisons, where a lookup would hash the structure.
             if types is not None and (
@@ -124,32 +136,37 @@ class Dispatcher:
             ):
                 found = self._find(level, treedef, types)
                 if found is None:
-                    return self._miss(level, fun, tree, leaves, treedef)
+                    raise LookupError  # a new partition: made by `_miss`
                 self._latest[level] = partition = found
             key = partition.constant_key
             if key is None:
                 key = partition.key(leaves)
             if partition.orders is not None:
                 key = (key, partition.orders(tree))
+            if called is not None:
+                key = (key, self._defaulted(called))
             entry = self._entry_gets[level](key)
         except Exception:
             # A static value or structure that cannot be hashed or compared: the
-            # full path says which.
+            # full path says which. Only keying is in here: the function runs
+            # below, once, and raises as it raised.
             entry = None
         if entry is None:
             tree = self._call_tree(fun, tree, args, kwargs)
-            return self._miss(level, fun, tree, leaves, treedef)
+            return self._miss(level, fun, tree, leaves, treedef, called)
         take = partition.take_dynamic
         dynamic = leaves if take is None else take(leaves)
         if entry.guarded:
             if level == TOP:  # where only runtime checks guard an entry
                 out = self._run(level, fun, tree, leaves, treedef, entry, dynamic)
             else:
-                out = self._guarded(level, fun, tree, leaves, treedef, entry, dynamic)
+                out = self._guarded(
+                    level, fun, tree, leaves, treedef, entry, dynamic, called
+                )
             if out is not _BY_ALIAS:
                 return out
             tree = self._call_tree(fun, tree, args, kwargs)
-            return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
+            return self._miss(level, fun, tree, leaves, treedef, called, True)
         try:
             out = entry.jitted(*dynamic)
         except Exception as e:
@@ -165,8 +182,18 @@ class Dispatcher:
             if out is not _BY_ALIAS:
                 return out
             tree = self._call_tree(fun, tree, args, kwargs)
-            return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
+            return self._miss(level, fun, tree, leaves, treedef, called, True)
         return out
+
+    def _defaulted(self, called: tuple[Any, ...]) -> tuple[str, ...]:
+        """The parameters holding arrays that calls of this shape leave to their
+        defaults (which are not donated: the caller did not pass them)."""
+        found = self._defaulted_by_shape.get(called)
+        if found is None:
+            found = self.function.defaulted(called)
+            if len(self._defaulted_by_shape) < _MAX_CALL_READERS:
+                self._defaulted_by_shape[called] = found
+        return found
 
     def _call_reader(
         self, partition: Partition, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -238,12 +265,13 @@ class Dispatcher:
         treedef: Any,
         entry: Entry,
         dynamic: Sequence[Any],
+        called: tuple[Any, ...] | None,
     ) -> Any:
         """A hit that needs more checks: nested, with NumPy arrays compiled in that
         may have been mutated since; or an entry whose traces hold runtime checks.
         (`tree` is `None` only where nothing is captured.)"""
         if entry.captured and not entry.valid():
-            return self._miss(level, fun, tree, leaves, treedef)
+            return self._miss(level, fun, tree, leaves, treedef, called)
         return self._run(level, fun, tree, leaves, treedef, entry, dynamic)
 
     def _run(
@@ -280,41 +308,64 @@ class Dispatcher:
         tree: Any,
         leaves: list[Any],
         treedef: Any,
+        called: tuple[Any, ...] | None = None,
         by_alias: bool = False,
     ) -> Any:
-        """A call whose entry is not cached: made, traced and stored. `by_alias`:
-        keyed also by which static inputs are one object (see `OutputSpec`)."""
-        with self._lock:
-            partition, dynamic, key, entry = self.lookup(
-                level, fun, tree, leaves, treedef, create=True, by_alias=by_alias
-            )
-            assert partition is not None
-            self._latest[level] = partition
-            if entry is None:
-                owners = self.owners(partition)
-                self._check_traceable(partition, leaves)
-                if level in (TOP, EAGER) and jax.process_count() > 1:
-                    self._check_processes_agree(partition, owners, leaves, dynamic)
-                entry = make_entry(
-                    self.function,
-                    fun,
-                    self.options,
-                    level,
-                    partition,
-                    owners,
-                    leaves,
-                    self.trace_log,
-                )
-                try:
-                    out = self._run(level, fun, tree, leaves, treedef, entry, dynamic)
-                finally:
-                    if entry.traced_avals:  # traced, whatever happened after
-                        self._store(level, partition, leaves, key, entry)
-            else:
-                out = self._run(level, fun, tree, leaves, treedef, entry, dynamic)
-            if out is _BY_ALIAS:
-                return self._miss(level, fun, tree, leaves, treedef, by_alias=True)
-            return out
+        """A call whose entry is not cached: made, stored and called (which
+        traces). `by_alias`: keyed also by which static inputs are one object (see
+        `OutputSpec`); `called`: the call's shape, where donation depends on it.
+
+        No lock is held while the function is traced, compiled or run: it may call
+        itself from another thread (a host callback), and would wait forever for
+        a lock its caller holds. Only storing the entry is locked, so concurrent
+        first calls of one key share one entry, whose `jax.jit` they call: JAX's
+        own cache then keeps one trace of it."""
+        partition, dynamic, key, entry = self.lookup(
+            level, fun, tree, leaves, treedef, True, by_alias, called
+        )
+        assert partition is not None
+        self._latest[level] = partition
+        made = entry is None
+        if entry is None:
+            owners = self.owners(partition)
+            self._check_traceable(partition, leaves)
+            if level in (TOP, EAGER) and jax.process_count() > 1:
+                self._check_processes_agree(partition, owners, leaves, dynamic)
+            entry = self._make_entry(level, fun, partition, leaves, called)
+            entry = self._store(level, partition, leaves, key, entry)
+        try:
+            out = self._run(level, fun, tree, leaves, treedef, entry, dynamic)
+        except BaseException:
+            # An entry that no trace completed pins nothing useful: dropped, so
+            # that a call raising on every trace leaves nothing behind. (Raised as
+            # it was raised; the next call traces anew, as under `jax.jit`.)
+            if made and not entry.traced_avals:
+                self.entries[level].discard(key, entry)
+            raise
+        if out is _BY_ALIAS:
+            return self._miss(level, fun, tree, leaves, treedef, called, True)
+        return out
+
+    def _make_entry(
+        self,
+        level: int,
+        fun: Any,
+        partition: Partition,
+        leaves: list[Any],
+        called: tuple[Any, ...] | None,
+    ) -> Entry:
+        defaulted = () if called is None else self._defaulted(called)
+        return make_entry(
+            self.function,
+            fun,
+            self.options,
+            level,
+            partition,
+            self.owners(partition),
+            leaves,
+            self.trace_log,
+            defaulted,
+        )
 
     def _store(
         self,
@@ -323,11 +374,16 @@ class Dispatcher:
         leaves: list[Any],
         key: Any,
         entry: Entry,
-    ) -> None:
-        """Stores a traced entry under `key`, to be dropped when an object it is
-        keyed by weakly dies."""
+    ) -> Entry:
+        """Stores a new entry under `key`, to be dropped when an object it is
+        keyed by weakly dies; or, where another thread stored one first, returns
+        that one."""
         cache = self.entries[level]
-        cache.put(key, entry, partition.captured_bytes(leaves))
+        with self._lock:
+            found = cache.get(key)
+            if found is not None and not (found.captured and not found.valid()):
+                return found
+            cache.put(key, entry, partition.captured_bytes(leaves))
         weak = [leaves[p] for p in partition.weak_positions]
         if weak:
             cache_ref = weakref.ref(cache)
@@ -339,6 +395,7 @@ class Dispatcher:
 
             entry_ref = weakref.ref(entry)
             entry.drop_with(weak, drop)
+        return entry
 
     def _check_traceable(self, partition: Partition, leaves: list[Any]) -> None:
         labels = [label for _, _, label in self.owners(partition)]
@@ -371,10 +428,12 @@ class Dispatcher:
         treedef: Any,
         create: bool = False,
         by_alias: bool = False,
+        called: tuple[Any, ...] | None = None,
     ) -> tuple[Partition | None, Sequence[Any], Any, Entry | None]:
         """The partition of a flattened call, its traced leaves, its key and its
         entry (`None` if there is none, or a stale one). A new partition is
-        recorded when `create`, else only looked at."""
+        recorded when `create`, else only looked at. `called`: the call's shape,
+        where donation depends on it (see `call`)."""
         types = tuple(map(type, leaves))
         try:
             partition = self._find(level, treedef, types)
@@ -400,6 +459,8 @@ class Dispatcher:
         if by_alias:
             ids = [id(leaves[position]) for position in partition.static_positions]
             key = (key, tuple(map(ids.index, ids)))
+        if called is not None:
+            key = (key, self._defaulted(called))
         try:
             entry = self.entries[level].get(key)
         except Exception as e:
@@ -440,29 +501,27 @@ class Dispatcher:
         self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Entry, Partition, Sequence[Any], list[Any]]:
         """The entry for an ahead-of-time call (arrays may be ShapeDtypeStructs),
-        made if new: with its partition, traced leaves and leaves."""
+        made if new: with its partition, traced leaves and leaves.
+
+        It is the entry that a top-level call with arrays of those shapes finds
+        (their partitions share an owner, and so their keys), so `lower`, `trace`
+        and `eval_shape` use the very `jax.jit` that calls do, and JAX's caches
+        keep one trace and one executable for both, as for a `jax.jit`."""
+        # As a top-level call is keyed (see `call`).
+        called = (len(args), *kwargs) if self._donates_by_call else None
         args, kwargs = self.function.bind(args, kwargs)
         tree = self.function.call_tree(fun, args, kwargs)
         leaves, treedef = _flatten(tree)
-        with self._lock:
-            partition, dynamic, key, entry = self.lookup(
-                ABSTRACT, fun, tree, leaves, treedef, create=True
-            )
-            assert partition is not None
-            if entry is None:
-                owners = self.owners(partition)
-                self._check_traceable(partition, leaves)
-                entry = make_entry(
-                    self.function,
-                    fun,
-                    self.options,
-                    ABSTRACT,
-                    partition,
-                    owners,
-                    leaves,
-                    self.trace_log,
-                )
-                self._store(ABSTRACT, partition, leaves, key, entry)
+        partition, dynamic, key, entry = self.lookup(
+            ABSTRACT, fun, tree, leaves, treedef, True, False, called
+        )
+        assert partition is not None
+        if entry is None:
+            self._check_traceable(partition, leaves)
+            # Made as a top-level call makes it (donation, shardings, the trace
+            # log), and stored where such a call looks.
+            entry = self._make_entry(TOP, fun, partition, leaves, called)
+            entry = self._store(ABSTRACT, partition, leaves, key, entry)
         return entry, partition, dynamic, leaves
 
     def clear(self) -> None:

@@ -170,8 +170,10 @@ def make_entry(
     owners: list[tuple[str, int | None, str]],
     leaves: list[Any],
     trace_log: TraceLog,
+    defaulted: tuple[str, ...] = (),
 ) -> Entry:
-    """The entry for a call with these leaves, not yet traced."""
+    """The entry for a call with these leaves, not yet traced. `defaulted`: the
+    parameters the call left to their defaults (not donated)."""
     treedef = partition.treedef
     dynamic_positions = partition.dynamic_positions
     labels = [label for _, _, label in owners]
@@ -257,7 +259,9 @@ def make_entry(
                 function, fun, options.in_shardings, partition, leaves
             )
         if level in (TOP, ABSTRACT):
-            donated = _donated(options, owners, dynamic_positions)
+            donated = _donated(
+                options, owners, dynamic_positions, function.receiver, defaulted
+            )
             if donated:
                 jitkwargs["donate_argnums"] = donated
     jitted = jax.jit(run, **jitkwargs)
@@ -286,24 +290,37 @@ def _donated(
     options: Options,
     owners: list[tuple[str, int | None, str]],
     dynamic_positions: tuple[int, ...],
+    receiver: str | None,
+    defaulted: tuple[str, ...],
 ) -> tuple[int, ...]:
-    """Which traced leaves (as indices among them) are donated."""
+    """Which traced leaves (as indices among them) are donated: only leaves of the
+    arguments the caller passed, by parameter name (a `**kwargs` parameter's
+    leaves by their keywords, as `jax.jit`'s `donate_argnames`). Never a default,
+    nor what a partial binds; the leaves of a method's receiver (a bound method's
+    `self`, a callable Module) only as its first argument, named `receiver`."""
     donate = options.donate
     if donate == "none":
         return ()
-    if isinstance(donate, tuple):
-        names = set(donate)
-        return tuple(
-            i
-            for i, position in enumerate(dynamic_positions)
-            if owners[position][0] in names
-        )
-    spare_first = donate.endswith("except-first")
-    return tuple(
-        i
-        for i, position in enumerate(dynamic_positions)
-        if not (spare_first and owners[position][1] == 0)
-    )
+    spare_first = isinstance(donate, str) and donate.endswith("except-first")
+    names = set(donate) if isinstance(donate, tuple) else None
+    donated = []
+    for i, position in enumerate(dynamic_positions):
+        parameter, index, _ = owners[position]
+        if parameter == "<function>":
+            if receiver is None:  # bound in a partial: not an argument
+                continue
+            # The receiver is the first argument; the call's own come after it.
+            parameter, index = receiver, 0
+        elif receiver is not None and index is not None:
+            index += 1
+        if parameter in defaulted:
+            continue
+        if names is not None:
+            if parameter in names:
+                donated.append(i)
+        elif not (spare_first and index == 0):
+            donated.append(i)
+    return tuple(donated)
 
 
 def _leaf_shardings(

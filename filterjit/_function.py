@@ -6,7 +6,9 @@ import inspect
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.tree_util as jtu
+import numpy as np
 
 from ._binding import Binder
 
@@ -56,6 +58,10 @@ def _plain_arity(signature: inspect.Signature | None) -> int:
     return count
 
 
+def _holds_array(leaf: Any) -> bool:
+    return isinstance(leaf, jax.Array | np.ndarray | np.generic)
+
+
 def in_call_tree(fun: Any) -> bool:
     """Whether a wrapped callable is part of each call's pytree, partitioned like
     an argument: a pytree (an `eqx.Module`, a `jtu.Partial`, a Module with no
@@ -66,6 +72,52 @@ def in_call_tree(fun: Any) -> bool:
     if treedef.num_nodes != 1 or treedef.num_leaves != 1:
         return True
     return type(fun).__eq__ is not object.__eq__
+
+
+class Method(jtu.Partial):
+    """A bound method, as `filter_jit` holds it: a `jtu.Partial` of the function
+    and its `self`, so that `self` is partitioned like an argument (its arrays
+    traced) and the function owns the caches. A type of its own, so that its `self`
+    is known to be the method's first argument (for donation), unlike the
+    arguments bound in a partial."""
+
+
+jtu.register_pytree_node(
+    Method,
+    lambda p: ((p.args, p.keywords), p.func),
+    lambda func, children: Method(func, *children[0], **children[1]),  # pyright: ignore[reportArgumentType]
+)
+
+
+def first_parameter(fun: Any) -> str | None:
+    try:
+        parameters = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if parameters and parameters[0].kind in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    ):
+        return parameters[0].name
+    return None
+
+
+def receiver_of(fun: Any) -> str | None:
+    """For a wrapped callable whose leaves are its receiver's (a bound method, an
+    `eqx.Module` with a `__call__`, Equinox's bound methods): the name of the
+    receiver's parameter (`self`), for donation, where the receiver is the first
+    argument. `None` for any other callable, a partial's bound arguments included:
+    what a partial binds is not an argument of the call."""
+    if type(fun) is Method:
+        return first_parameter(fun.func) or "self"
+    if isinstance(fun, ft.partial) or not in_call_tree(fun):
+        return None
+    if jtu.tree_structure(fun).num_leaves == 0:
+        return None
+    func = getattr(fun, "__func__", None)
+    if func is None:
+        func = getattr(type(fun), "__call__", None)
+    return first_parameter(func) or "self"
 
 
 class Keywords:
@@ -104,6 +156,17 @@ class Function:
         # are; -1 if none.
         self.plain_arity = _plain_arity(signature)
         self.bind = Binder(signature, self.name)
+        # Whether a call may leave parameters to their defaults (a partial's
+        # keywords included), which are not donated.
+        self.has_defaults = signature is not None and any(
+            p.default is not p.empty for p in signature.parameters.values()
+        )
+        self._binding_parameters = (
+            () if signature is None else tuple(signature.parameters.values())
+        )
+        # The name of the receiver whose leaves the function's are (see
+        # `receiver_of`), or `None`.
+        self.receiver = receiver_of(fun)
         # Names, for messages and `donate=(names...)`, may come from `__wrapped__`.
         named = _signature_of(fun, follow_wrapped=True) or signature
         self.parameters = () if named is None else tuple(named.parameters.values())
@@ -116,6 +179,26 @@ class Function:
             inner = _signature_of(fun.func, follow_wrapped=True)
             if inner is not None:
                 self.bound_names = tuple(inner.parameters)[: len(fun.args)]
+
+    def defaulted(self, shape: tuple[Any, ...]) -> tuple[str, ...]:
+        """The parameters that a call of `shape` (the number of positional
+        arguments, then the keyword names) leaves to defaults holding arrays."""
+        sources = self.bind.sources(shape)
+        if sources is None:
+            count, names = shape[0], shape[1:]
+            sources = self.bind.find_sources(count, names)
+        args, kwargs = sources
+        positional = [
+            p.name
+            for p in self._binding_parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        found = [*zip(positional, args), *kwargs.items()]
+        return tuple(
+            name
+            for name, (kind, value) in found
+            if kind == "default" and any(map(_holds_array, jtu.tree_leaves(value)))
+        )
 
     def call_tree(self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The pytree of a call that is flattened and partitioned: the bound

@@ -15,7 +15,7 @@ from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
 from ._errors import note_recursion
-from ._function import name_of
+from ._function import Method, name_of
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
 from ._owners import dispatcher_for
@@ -90,10 +90,10 @@ class FilterJitWrapper(Generic[_P, _R]):
             fun = jtu.Partial(func, *args, **fun.keywords)
         elif isinstance(fun, types.MethodType) or _is_module_method(fun):
             # Likewise a bound method (an `eqx.Module`'s too): its `self` is
-            # partitioned, not hashed, and the call binds to its function's
-            # signature, defaults included.
+            # partitioned, not hashed, and is its first argument (donation); the
+            # call binds to its function's signature, defaults included.
             method: Any = fun
-            fun = jtu.Partial(method.__func__, method.__self__)
+            fun = Method(method.__func__, method.__self__)
         self._fun = fun
         self._options = options
         self._dispatcher = dispatcher_for(fun, options)

@@ -3,10 +3,13 @@
 import dataclasses
 import functools as ft
 import inspect
+import types
 from collections.abc import Callable
 from typing import Any, Literal
 
 import jax
+
+from ._function import first_parameter, receiver_of
 
 
 DonateOption = (
@@ -101,6 +104,14 @@ def make_options(**options: Any) -> Options:
             )
         if name not in _jit_parameters():
             raise TypeError(f"filter_jit() got an unexpected keyword argument {name!r}")
+    if isinstance(donate, tuple):
+        for name in donate:
+            if not isinstance(name, str):
+                raise ValueError(
+                    f"filter_jit: donate={donate!r} holds {name!r}, which is not a "
+                    "parameter name. Give parameter names as strings, such as "
+                    "donate=('state',)."
+                )
     if isinstance(in_shardings, list):
         in_shardings = tuple(in_shardings)
     return Options(
@@ -109,14 +120,38 @@ def make_options(**options: Any) -> Options:
 
 
 def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None:
+    """Raises for a name in `donate=(names...)` that no call can donate.
+
+    A name matches the argument a call passes under it, as `jax.jit`'s
+    `donate_argnames`: a parameter (a `*args` parameter's name: all of its
+    arguments), a keyword collected by a `**kwargs` parameter (`"state"` for
+    `f(x, state=s)`), or a method's receiver (`"self"`, where the receiver is the
+    first argument). The name of a `**kwargs` parameter itself is refused: JAX
+    reads it as a keyword of that name only, which is seldom what is meant."""
+    name_of_fun = getattr(fun, "__qualname__", fun)
     try:
-        known = set(inspect.signature(fun).parameters)
+        parameters = list(inspect.signature(fun).parameters.values())
     except (TypeError, ValueError):
-        known = set()
+        parameters = []
+    known = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
+    var_keyword = [p.name for p in parameters if p.kind is p.VAR_KEYWORD]
+    if isinstance(fun, types.MethodType):
+        receiver = first_parameter(fun.__func__)
+    else:
+        receiver = receiver_of(fun)
+    if receiver is not None:
+        known.add(receiver)
     for name in names:
-        if not isinstance(name, str) or name not in known:
+        if name in var_keyword:
+            raise ValueError(
+                f"filter_jit: donate={names!r} names {name!r}, the `**{name}` "
+                f"parameter of {name_of_fun!r}. Name the keyword arguments to "
+                f"donate instead (for `f(x, state=s)`, donate=('state',)), as "
+                "jax.jit's donate_argnames does."
+            )
+        if name not in known and not var_keyword:
             raise ValueError(
                 f"filter_jit: donate={names!r} names {name!r}, which is not a "
-                f"parameter of {getattr(fun, '__qualname__', fun)!r} (parameters: "
-                f"{sorted(known)})."
+                f"parameter of {name_of_fun!r} (parameters: {sorted(known)}), so "
+                "no call can donate it."
             )

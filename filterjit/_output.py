@@ -203,12 +203,14 @@ def jit_output(
     for position, leaf in enumerate(leaves):
         if isinstance(leaf, traced):
             dynamic_positions.append(position)
-        elif id(leaf) in input_positions and type(leaf).__eq__ is not _identity:
-            # The call's own object comes back, not the traced call's. (Where `==`
-            # is identity, the key holds the object itself: it is this call's.)
+        elif id(leaf) in input_positions:
+            # The call's own object comes back, not the traced call's, and the
+            # spec (which JAX keeps with the executable) does not hold it: an
+            # object keyed by identity is freed once no caller holds it.
             positions = input_positions[id(leaf)]
             passthrough.append((position, positions[0]))
-            if len(positions) > 1:
+            # Where `==` is identity, the key already tells aliases apart.
+            if len(positions) > 1 and type(leaf).__eq__ is not _identity:
                 aliases.add(tuple(positions))
         elif isinstance(leaf, np.ndarray):
             # Nested, as without the decorator: a NumPy array, every call its own.

@@ -63,14 +63,20 @@ class _Holder:
         return _Holder()
 
 
-_lock = threading.Lock()
-# Owners without a `__dict__` of their own (builtins such as NumPy's ufuncs), by
-# identity; holding them keeps their ids valid. Bounded: few such objects are ever
-# jitted, and those are long-lived.
-_without_dict: BoundedCache[tuple[Any, _Holder]] = BoundedCache(1024)
+# Re-entrant: a weak reference's callback (`_forget`) may run inside it.
+_lock = threading.RLock()
+# Owners without a `__dict__` of their own (a class used as the function, an
+# instance with `__slots__`, a builtin), by identity, each dropped when its owner
+# dies: the holder refers to its owner only weakly, so nothing here keeps it
+# alive.
+_without_dict: dict[int, _Holder] = {}
 
 
-def _holder(owner: Any) -> _Holder:
+def _holder(owner: Any) -> _Holder | None:
+    """The holder of the dispatchers `owner` owns; `None` for an owner that can
+    be neither given an attribute nor referred to weakly (a NumPy ufunc, an
+    instance with `__slots__` and no `__weakref__`), whose wrappers then keep
+    caches of their own, freed with them (`jax.jit` refuses such callables)."""
     namespace = getattr(owner, "__dict__", None)
     if type(namespace) is dict:
         holder = namespace.get(_ATTRIBUTE)
@@ -88,16 +94,29 @@ def _holder(owner: Any) -> _Holder:
                 holder = _Holder(owner)
             namespace[_ATTRIBUTE] = holder
             return holder
-    found = _without_dict.get(id(owner))
-    if found is not None and found[0] is owner:
-        return found[1]
-    with _lock:
-        found = _without_dict.get(id(owner))
-        if found is not None and found[0] is owner:
-            return found[1]
-        holder = _Holder(owner)
-        _without_dict.put(id(owner), (owner, holder))
+    holder = _without_dict.get(id(owner))
+    if holder is not None and holder.owned_by(owner):
         return holder
+    with _lock:
+        holder = _without_dict.get(id(owner))
+        if holder is not None and holder.owned_by(owner):
+            return holder
+        key = id(owner)
+        try:
+            # Dropped with its owner (and only if still that owner's: an id may
+            # be reused once the owner is gone).
+            reference = weakref.ref(owner, lambda _: _forget(key, holder))
+        except TypeError:
+            return None
+        holder = _Holder(reference)
+        _without_dict[key] = holder
+        return holder
+
+
+def _forget(key: int, holder: "_Holder | None") -> None:
+    with _lock:
+        if _without_dict.get(key) is holder:
+            del _without_dict[key]
 
 
 def _structure_key(fun: Any) -> tuple[Any, list[Any]]:
@@ -122,7 +141,10 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     the objects that key holds weakly."""
     if isinstance(fun, jtu.Partial):
         owner, key, weak = _owner(fun.func)
-        return owner, ("partial", key, len(fun.args), tuple(fun.keywords)), weak
+        # A bound method (`Method`) apart from a partial: only its `self` is an
+        # argument, for donation.
+        key = (type(fun), key, len(fun.args), tuple(fun.keywords))
+        return owner, key, weak
     if not in_call_tree(fun):
         func = getattr(fun, "__func__", None)
         if func is not None:  # a method-like object other than a bound method
@@ -140,7 +162,10 @@ def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     if options_key is None:  # options that cannot be compared: this wrapper's own
         return Dispatcher(fun, options)
     owner, key, weak = _owner(fun)
-    dispatchers = _holder(owner).dispatchers
+    holder = _holder(owner)
+    if holder is None:
+        return Dispatcher(fun, options)
+    dispatchers = holder.dispatchers
     key = (key, options_key)
     try:
         found = dispatchers.get(key)

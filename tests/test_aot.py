@@ -81,3 +81,68 @@ def test_jax_jit_options_pass_through():
     assert options(jnp.ones(2)).tolist() == [2.0, 2.0]
     with pytest.raises(Exception, match="not_an_xla_flag"):
         filter_jit(lambda x: x, compiler_options={"not_an_xla_flag": True})(jnp.ones(2))
+
+
+def _counted():
+    traces = []
+
+    def f(x, n):
+        traces.append(x.shape)
+        return x * n
+
+    return f, traces
+
+
+@pytest.mark.parametrize("order", ["lower first", "call first"])
+def test_lower_compile_and_calls_share_one_trace_as_under_jax_jit(order):
+    counts = {}
+    for name, jit in [
+        ("jax.jit", lambda f: jax.jit(f, static_argnums=1)),
+        ("filter_jit", filter_jit),
+    ]:
+        # jax.jit's compiled function takes the traced arguments only.
+        statics = (2,) if name == "filter_jit" else ()
+        f, traces = _counted()
+        g = jit(f)
+        x = jnp.ones(3)
+        if order == "lower first":
+            compiled = g.lower(jax.ShapeDtypeStruct((3,), jnp.float32), 2).compile()
+            out = g(x, 2)
+        else:
+            out = g(x, 2)
+            compiled = g.lower(x, 2).compile()
+        assert out.tolist() == compiled(x, *statics).tolist() == [2.0] * 3
+        counts[name] = len(traces)
+    assert counts == {"jax.jit": 1, "filter_jit": 1}
+
+
+def test_eval_shape_and_calls_share_one_trace():
+    f, traces = _counted()
+    g = filter_jit(f)
+    shape = g.eval_shape(jnp.ones(3), 2)
+    assert (shape.shape, shape.dtype) == ((3,), jnp.float32)
+    assert g(jnp.ones(3), 2).tolist() == [2.0] * 3
+    assert g.trace(jnp.ones(3), 2).jaxpr is not None
+    assert len(traces) == 1
+
+
+_compiles: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration_secs, **kwargs: _compiles.append(event)
+)
+
+
+@pytest.mark.parametrize("order", ["lower first", "call first"])
+def test_lower_compile_and_a_call_compile_once(order):
+    g = filter_jit(lambda x, n: x * n)
+    x = jax.block_until_ready(jnp.ones(5))
+    del _compiles[:]
+    if order == "lower first":
+        compiled = g.lower(x, 3).compile()
+        out = g(x, 3)
+    else:
+        out = g(x, 3)
+        compiled = g.lower(x, 3).compile()
+    backend = "/jax/core/compile/backend_compile_duration"
+    assert _compiles.count(backend) == 1
+    assert out.tolist() == compiled(x, 3).tolist() == [3.0] * 5

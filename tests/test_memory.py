@@ -70,3 +70,88 @@ def test_top_level_entries_keep_no_model_alive():
         del model
         gc.collect()
         assert weight() is None
+
+
+def _make_callables():
+    """Callables without a `__dict__` of their own, each holding (or being) an
+    object to watch: a class used as the function, an instance with `__slots__`."""
+
+    class AsFunction:
+        def __new__(cls, x):
+            return x + 1
+
+    class Slotted:
+        __slots__ = ("blob", "__weakref__")
+
+        def __init__(self):
+            self.blob = np.ones(16)
+
+        def __call__(self, x):
+            return x + self.blob.shape[0]
+
+    return AsFunction, Slotted()
+
+
+def test_callables_without_a_dict_are_freed_with_their_last_reference():
+    refs = []
+    for _ in range(3):
+        as_function, slotted = _make_callables()
+        for fun in (as_function, slotted):
+            _use(filter_jit(fun), jnp.ones(2))
+        refs += [weakref.ref(as_function), weakref.ref(slotted)]
+        del as_function, slotted, fun
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * len(refs)
+
+
+def test_a_slotted_callable_without_weak_references_is_freed_with_its_wrapper():
+    class Slotted:
+        __slots__ = ("blob",)
+
+        def __init__(self):
+            self.blob = np.ones(16)
+
+        def __call__(self, x):
+            return x + self.blob.shape[0]
+
+    slotted = Slotted()
+    blob = weakref.ref(slotted.blob)
+    wrapped = filter_jit(slotted)
+    _use(wrapped, jnp.ones(2))
+    assert wrapped(jnp.ones(2)).tolist() == [17.0, 17.0]
+    del slotted, wrapped
+    gc.collect()
+    assert blob() is None
+
+
+class _Tag:
+    pass
+
+
+def test_a_static_compared_by_identity_is_freed_whether_or_not_returned():
+    returned = filter_jit(lambda x, tag: (x + 1, tag))
+    dropped = filter_jit(lambda x, tag: x + 1)
+    refs = []
+    for wrapped in (returned, dropped):
+        for _ in range(4):
+            tag = _Tag()
+            refs.append(weakref.ref(tag))
+            out = wrapped(jnp.ones(2), tag)
+            if wrapped is returned:
+                assert out[1] is tag
+            seen = []
+
+            def outer(x, wrapped=wrapped, tag=tag, seen=seen):
+                out = wrapped(x, tag)
+                seen.append(out[1] if wrapped is returned else tag)
+                return out[0] if wrapped is returned else out
+
+            jax.jit(outer)(jnp.ones(2))
+            assert seen == [tag]
+            del tag, out, seen, outer
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * len(refs)
+    # And a call with the same tag twice still hands back that tag.
+    tag = _Tag()
+    assert returned(jnp.ones(2), tag)[1] is tag
+    assert returned(jnp.ones(2), tag)[1] is tag

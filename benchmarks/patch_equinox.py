@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.core import Tracer
 
 import filterjit
 
@@ -38,7 +39,7 @@ def relax(x, n_steps):
 
 @eqx.filter_jit
 def power_apply(a, y, n):
-    if isinstance(n, jax.core.Tracer):  # the count is only known at run time
+    if isinstance(n, Tracer):  # the count is only known at run time
         return lax.fori_loop(0, n, lambda _, v: a @ v, y)
     n = int(n)
     while n:  # repeated squaring: about 2 log2(n) products
@@ -64,6 +65,7 @@ def _train(steps: int) -> tuple[float, float, float]:
     w, x = jnp.ones(16), jnp.linspace(-1.0, 1.0, 16)
     first, w = step(w, x)  # compiles
     w.block_until_ready()
+    loss = first
     start = time.perf_counter()
     for _ in range(steps):
         loss, w = step(w, x)
@@ -111,8 +113,10 @@ def main() -> int:
     before = _measure("equinox.filter_jit")
     report = filterjit.patch_equinox()
     here = [name for name in report.swapped if name.startswith(__name__)]
-    print(f"patch_equinox(): swapped {len(report.swapped)} wrappers ({here}), "
-          f"left {len(report.left)}")
+    print(
+        f"patch_equinox(): swapped {len(report.swapped)} wrappers ({here}), "
+        f"left {len(report.left)}"
+    )
     jax.clear_caches()
     after = _measure("after filterjit.patch_equinox()")
     print(f"power_apply results agree: {bool(jnp.allclose(before, after, rtol=1e-4))}")

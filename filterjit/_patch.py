@@ -26,11 +26,12 @@ import warnings
 from typing import Any
 
 from ._jit import filter_jit
+from ._options import DonateOption
 
 
 # Equinox's wrapper keeps `donate` as three flags: (filter_warning, donate_first,
 # donate_rest).
-_DONATE = {
+_DONATE: dict[tuple[bool, bool, bool], DonateOption] = {
     (True, True, True): "all",
     (True, False, True): "all-except-first",
     (False, True, True): "warn",
@@ -46,8 +47,9 @@ class EquinoxPatch:
     **Attributes:**
 
     - `swapped`: the functions whose Equinox wrapper this call replaced by a
-        filterjit one, by module and qualified name (`"diffrax._integrate.diffeqsolve"`).
-        One entry per wrapper, however many names referred to it.
+        filterjit one, by module and qualified name
+        (`"diffrax._integrate.diffeqsolve"`). One entry per wrapper, however many
+        names referred to it.
     - `places`: every attribute this call rewrote (`"diffrax.diffeqsolve"`,
         `"diffrax._integrate.diffeqsolve"`, `"equinox.filter_jit"`, ...).
     - `left`: the Equinox wrappers still alive that keep Equinox's jit, each with
@@ -112,7 +114,7 @@ def _attributes() -> list[tuple[Any, str, Any]]:
     for name, module in list(sys.modules.items()):
         if not isinstance(module, types.ModuleType) or name.startswith("filterjit"):
             continue
-        pending = [module]
+        pending: list[Any] = [module]
         while pending:
             owner = pending.pop()
             for attribute, value in list(vars(owner).items()):
@@ -189,10 +191,11 @@ def patch_equinox() -> EquinoxPatch:
         ```python
         import filterjit
 
-        filterjit.patch_equinox()
-        import diffrax  # its entry points are filterjit's
+        filterjit.patch_equinox()  # before or after importing the libraries
+        import diffrax
 
-        print(diffrax.diffeqsolve)  # <filter_jit-wrapped diffeqsolve at 0x...>
+        type(diffrax.diffeqsolve).__name__  # "FilterJitWrapper"
+        filterjit.patch_equinox().left  # (): nothing keeps Equinox's jit
         ```
     """
     equinox, jit_module = _import_equinox()
@@ -222,31 +225,28 @@ def patch_equinox() -> EquinoxPatch:
         return replacements.get(key)
 
     for owner, attribute, value in _attributes():
+        # The Equinox wrapper in this attribute, if any.
+        wrapped = value
+        if isinstance(value, staticmethod | classmethod):
+            wrapped = value.__func__
         new = None
         if any(value is jit for jit in originals):
             if isinstance(owner, types.ModuleType):
                 new = filter_jit
-        elif wrapper_type is not None and isinstance(value, wrapper_type):
-            new = replace(value)
-        elif isinstance(value, staticmethod | classmethod) and (
-            wrapper_type is not None and isinstance(value.__func__, wrapper_type)
-        ):
-            inner = replace(value.__func__)
-            new = None if inner is None else type(value)(inner)
+        elif wrapper_type is not None and isinstance(wrapped, wrapper_type):
+            new = replace(wrapped)
+            if new is not None and wrapped is not value:
+                new = type(value)(new)
         if new is None:
             continue
         try:
             setattr(owner, attribute, new)
         except (AttributeError, TypeError) as error:
-            wrapped = value.__func__ if hasattr(value, "__func__") else value
-            reasons[id(wrapped)] = (
-                f"{_where(owner, attribute)} cannot be set ({error})"
-            )
+            reasons[id(wrapped)] = f"{_where(owner, attribute)} cannot be set ({error})"
             continue
         _State.swaps.append(_Swap(owner, attribute, value, new))
         places.append(_where(owner, attribute))
-        wrapped = value.__func__ if isinstance(value, staticmethod | classmethod) else value
-        if wrapped is not None and id(wrapped) in replacements:
+        if id(wrapped) in replacements:
             swapped.setdefault(id(wrapped), _name(wrapped))
     left = _left(wrapper_type, reasons)
     if left:

@@ -112,14 +112,16 @@ def _attributes() -> list[tuple[Any, str, Any]]:
     found = []
     classes: dict[int, type] = {}
     for name, module in list(sys.modules.items()):
-        if not isinstance(module, types.ModuleType) or name.startswith("filterjit"):
+        if not issubclass(type(module), types.ModuleType) or (
+            name == "filterjit" or name.startswith("filterjit.")
+        ):
             continue
         pending: list[Any] = [module]
         while pending:
             owner = pending.pop()
             for attribute, value in list(vars(owner).items()):
                 found.append((owner, attribute, value))
-                if isinstance(value, type) and id(value) not in classes:
+                if issubclass(type(value), type) and id(value) not in classes:
                     classes[id(value)] = value
                     pending.append(value)
     return found
@@ -225,15 +227,16 @@ def patch_equinox() -> EquinoxPatch:
         return replacements.get(key)
 
     for owner, attribute, value in _attributes():
-        # The Equinox wrapper in this attribute, if any.
+        # The Equinox wrapper in this attribute, if any. By exact type: an
+        # isinstance check would run the `__class__` of any object (a lazy proxy's).
         wrapped = value
-        if isinstance(value, staticmethod | classmethod):
+        if type(value) in (staticmethod, classmethod):
             wrapped = value.__func__
         new = None
         if any(value is jit for jit in originals):
             if isinstance(owner, types.ModuleType):
                 new = filter_jit
-        elif wrapper_type is not None and isinstance(wrapped, wrapper_type):
+        elif wrapper_type is not None and type(wrapped) is wrapper_type:
             new = replace(wrapped)
             if new is not None and wrapped is not value:
                 new = type(value)(new)
@@ -267,12 +270,12 @@ def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
     replaced |= {
         id(swap.old.__func__)
         for swap in _State.swaps
-        if isinstance(swap.old, staticmethod | classmethod)
+        if type(swap.old) in (staticmethod, classmethod)
     }
     gc.collect()  # not to report wrappers that are garbage already
     left = []
     for value in gc.get_objects():
-        if isinstance(value, wrapper_type) and id(value) not in replaced:
+        if type(value) is wrapper_type and id(value) not in replaced:
             reason = reasons.get(id(value), "not an attribute of a module or a class")
             left.append(f"{_name(value)} ({reason})")
     return sorted(left)

@@ -181,8 +181,11 @@ def pytest_load_initial_conftests(early_config, parser, args):
     if _PATCH:
         import filterjit
 
-        patch = filterjit.patch_equinox()
-        swapped, left = list(patch.swapped), list(patch.left)
+        if hasattr(filterjit, "patch_equinox"):
+            patch = filterjit.patch_equinox()
+            swapped, left = list(patch.swapped), list(patch.left)
+        else:  # `--rev` of a filterjit from before patch_equinox
+            equinox.filter_jit = filterjit.filter_jit
     _record(
         event="start",
         patched=_PATCH,

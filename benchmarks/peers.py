@@ -14,9 +14,10 @@ that directory as pytest's rootdir, so the suite's own configuration
 (`pyproject.toml`, `conftest.py`, `filterwarnings`, `--jaxtyping-packages`) applies,
 not filterjit's. A small plugin, written to a temporary directory and loaded with
 `-p`, does the patching: it imports Equinox after the jaxtyping import hook is in
-place and before the suite's `conftest.py` files, and in the patched run sets
-`equinox.filter_jit = filterjit.filter_jit` there. Libraries built on Equinox
-decorate their entry points when they are imported, so they see the patched name.
+place and before the suite's `conftest.py` files, and in the patched run calls
+`filterjit.patch_equinox()` there, and the report says how many Equinox wrappers
+that swapped and left. Libraries built on Equinox decorate their entry points when
+they are imported, so they get filterjit's.
 The unpatched run loads the same plugin and imports Equinox at the same point,
 without patching, so that the two runs differ only in the patch. filterjit is
 imported from this checkout. The plugin also records every test's outcome, and
@@ -176,15 +177,22 @@ def pytest_load_initial_conftests(early_config, parser, args):
     )
     import equinox
 
+    swapped = left = None
     if _PATCH:
         import filterjit
 
-        equinox.filter_jit = filterjit.filter_jit
+        if hasattr(filterjit, "patch_equinox"):
+            patch = filterjit.patch_equinox()
+            swapped, left = list(patch.swapped), list(patch.left)
+        else:  # `--rev` of a filterjit from before patch_equinox
+            equinox.filter_jit = filterjit.filter_jit
     _record(
         event="start",
         patched=_PATCH,
         filter_jit=_name(equinox.filter_jit),
         preimported=preimported,
+        swapped=swapped,
+        left=left,
     )
 
 
@@ -572,6 +580,13 @@ def run_suite(
     elif starts[0]["preimported"]:
         names = ", ".join(starts[0]["preimported"])
         notes.append(f"imported before the patch point: {names}")
+    if starts and starts[0].get("swapped") is not None:
+        swapped, left = starts[0]["swapped"], starts[0]["left"]
+        notes.append(
+            f"filterjit.patch_equinox() swapped {len(swapped)} Equinox wrappers "
+            f"({', '.join(swapped) or 'none'}) and left {len(left)}"
+            + (f" ({'; '.join(left)})" if left else "")
+        )
     clears = [e for e in entries if e["event"] == "clear"]
     if clears:
         notes.append(

@@ -13,6 +13,11 @@ from ._introspect import (
 from ._jax_jit import jit as jit
 from ._jit import filter_jit as filter_jit
 from ._partition import is_array as is_array
+from ._patch import (
+    EquinoxPatch as EquinoxPatch,
+    patch_equinox as patch_equinox,
+    unpatch_equinox as unpatch_equinox,
+)
 
 
 __version__ = "0.1.0"  # the one version source: pyproject.toml reads it (hatch)

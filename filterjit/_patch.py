@@ -1,0 +1,298 @@
+"""`patch_equinox`: Equinox's `filter_jit` replaced by filterjit's for every caller,
+including the libraries built on Equinox (diffrax, optimistix, lineax), and its undo.
+
+What is replaced, and what cannot be:
+
+- The name `filter_jit` wherever it refers to Equinox's: `equinox.filter_jit`,
+  `equinox._jit.filter_jit`, and every module global bound to it
+  (`from equinox import filter_jit`). Code that decorates afterwards, at import
+  or at run time (`eqx.filter_jit(f)(x)` in a function body), gets filterjit's.
+- The wrappers Equinox has already made (its `_JitWrapper` objects), where they
+  are attributes of an imported module or of a class defined there (methods,
+  `staticmethod`s and `classmethod`s included): each is replaced by
+  `filterjit.filter_jit` of the same function with the same `donate`.
+- A wrapper held anywhere else (a closure, a container, a Module instance's
+  field), or one made with `jax.jit` keywords (`eqx.filter_jit(f, inline=True)`,
+  which Equinox keeps only inside the `jax.jit` it built), keeps Equinox's jit.
+  Each is named in the returned report's `left`, and in a warning.
+"""
+
+import dataclasses
+import gc
+import importlib
+import sys
+import types
+import warnings
+from typing import Any
+
+from ._jit import filter_jit
+from ._options import DonateOption
+
+
+# Equinox's wrapper keeps `donate` as three flags: (filter_warning, donate_first,
+# donate_rest).
+_DONATE: dict[tuple[bool, bool, bool], DonateOption] = {
+    (True, True, True): "all",
+    (True, False, True): "all-except-first",
+    (False, True, True): "warn",
+    (False, False, True): "warn-except-first",
+    (False, False, False): "none",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EquinoxPatch:
+    """What one call of [`filterjit.patch_equinox`][] did.
+
+    **Attributes:**
+
+    - `swapped`: the functions whose Equinox wrapper this call replaced by a
+        filterjit one, by module and qualified name
+        (`"diffrax._integrate.diffeqsolve"`). One entry per wrapper, however many
+        names referred to it.
+    - `places`: every attribute this call rewrote (`"diffrax.diffeqsolve"`,
+        `"diffrax._integrate.diffeqsolve"`, `"equinox.filter_jit"`, ...).
+    - `left`: the Equinox wrappers still alive that keep Equinox's jit, each with
+        where it was found or why it was left. Empty when everything was reached.
+    """
+
+    swapped: tuple[str, ...]
+    places: tuple[str, ...]
+    left: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Swap:
+    owner: Any  # a module or a class
+    attribute: str
+    old: Any
+    new: Any
+
+
+class _State:
+    """The patch in force: Equinox's `filter_jit`, and every attribute rewritten,
+    for the undo."""
+
+    original: Any = None
+    swaps: list[_Swap] = []
+
+
+def _import_equinox() -> tuple[types.ModuleType, types.ModuleType]:
+    try:
+        equinox = importlib.import_module("equinox")
+        jit_module = importlib.import_module("equinox._jit")
+    except ImportError as error:
+        raise ImportError(
+            "filterjit.patch_equinox() puts filterjit.filter_jit in place of "
+            f"equinox.filter_jit, but Equinox cannot be imported ({error}). Install "
+            "it (`pip install equinox`), or use filterjit.filter_jit directly."
+        ) from error
+    return equinox, jit_module
+
+
+def _name(wrapper: Any) -> str:
+    fun = getattr(wrapper, "__wrapped__", None)
+    module = getattr(fun, "__module__", None)
+    qualname = getattr(fun, "__qualname__", None)
+    if isinstance(module, str) and isinstance(qualname, str):
+        return f"{module}.{qualname}"
+    return str(getattr(wrapper, "fn", repr(wrapper)))
+
+
+def _where(owner: Any, attribute: str) -> str:
+    if isinstance(owner, types.ModuleType):
+        return f"{owner.__name__}.{attribute}"
+    return f"{owner.__module__}.{owner.__qualname__}.{attribute}"
+
+
+def _attributes() -> list[tuple[Any, str, Any]]:
+    """`(owner, attribute, value)` for every attribute of every imported module,
+    and of every class found in one (nested classes included). filterjit's own
+    modules are skipped: nothing of filterjit is Equinox's to replace."""
+    found = []
+    classes: dict[int, type] = {}
+    for name, module in list(sys.modules.items()):
+        if not issubclass(type(module), types.ModuleType) or (
+            name == "filterjit" or name.startswith("filterjit.")
+        ):
+            continue
+        pending: list[Any] = [module]
+        while pending:
+            owner = pending.pop()
+            for attribute, value in list(vars(owner).items()):
+                found.append((owner, attribute, value))
+                if issubclass(type(value), type) and id(value) not in classes:
+                    classes[id(value)] = value
+                    pending.append(value)
+    return found
+
+
+def _replacement(wrapper: Any, jit_module: types.ModuleType) -> Any:
+    """filterjit's wrapper of the function in Equinox's `wrapper`, with its
+    `donate`; or a string saying why there is none."""
+    try:
+        flags = (wrapper.filter_warning, wrapper.donate_first, wrapper.donate_rest)
+        fun = wrapper.__wrapped__
+        cached = wrapper._cached
+    except AttributeError:
+        return "this version of Equinox's wrapper does not have the expected fields"
+    donate = _DONATE.get(flags)
+    if donate is None:
+        return f"its donation flags {flags} are not one of Equinox's options"
+    # Equinox keeps the other keywords only inside the jax.jit it built, which it
+    # caches per function and keywords: so whether there were any is asked of
+    # that cache. (Where there were, this adds one unused jax.jit to it.)
+    if jit_module._filter_jit_cache(fun, {}) is not cached:
+        return (
+            "it was decorated with jax.jit keywords (`eqx.filter_jit(f, "
+            "inline=True)`, say), which Equinox does not keep in a form that can be "
+            "read back; decorate it after patch_equinox()"
+        )
+    return filter_jit(fun, donate=donate)
+
+
+def patch_equinox() -> EquinoxPatch:
+    """Makes `equinox.filter_jit` be `filterjit.filter_jit`, for every caller from
+    now on, and replaces the functions Equinox has already compiled where they can
+    be found.
+
+    What it changes:
+
+    - `equinox.filter_jit` (and `equinox._jit.filter_jit`, and every module global
+        bound to Equinox's `filter_jit`, as `from equinox import filter_jit`
+        makes) becomes `filterjit.filter_jit`. Libraries that decorate when they
+        are imported, or call `eqx.filter_jit(f)(x)` when they run, get filterjit's
+        wrapper: diffrax, optimistix and lineax imported after this call are
+        filterjit's throughout.
+    - Every function already decorated with Equinox's `filter_jit` that is an
+        attribute of an imported module, or of a class defined in one (a method,
+        `staticmethod` or `classmethod`), is replaced by `filterjit.filter_jit` of
+        the same function, with the same `donate`. So the order of imports does
+        not matter: `diffrax.diffeqsolve`, `optimistix.root_find` and
+        `lineax.linear_solve` are filterjit's whether they were imported before
+        this call or after it. Every name of a wrapper gets the same replacement.
+    - An Equinox wrapper held anywhere else (a closure, a list, a field of a
+        Module instance), or one made with `jax.jit` keywords, which Equinox does
+        not keep in a readable form, is left as it is, and named in a warning and
+        in the report's `left`.
+
+    Calling it again changes nothing that is already replaced, and replaces what
+    has appeared since (its report says what that call did; its `left` is a way to
+    check that nothing is left). [`filterjit.unpatch_equinox`][] undoes it.
+
+    **Returns:**
+
+    An [`filterjit.EquinoxPatch`][]: what was replaced, where, and what was left.
+
+    **Raises:**
+
+    `ImportError`, saying so, if Equinox cannot be imported.
+
+    !!! example
+
+        ```python
+        import filterjit
+
+        filterjit.patch_equinox()  # before or after importing the libraries
+        import diffrax
+
+        type(diffrax.diffeqsolve).__name__  # "FilterJitWrapper"
+        filterjit.patch_equinox().left  # (): nothing keeps Equinox's jit
+        ```
+    """
+    equinox, jit_module = _import_equinox()
+    originals = [
+        jit
+        for jit in (getattr(jit_module, "filter_jit", None), equinox.filter_jit)
+        if jit is not None and jit is not filter_jit
+    ]
+    if _State.original is None and originals:
+        _State.original = originals[0]
+    if _State.original is not None and _State.original not in originals:
+        originals.append(_State.original)
+    wrapper_type = getattr(jit_module, "_JitWrapper", None)
+    replacements: dict[int, Any] = {}  # id of Equinox's wrapper -> filterjit's
+    reasons: dict[int, str] = {}  # id of Equinox's wrapper -> why it is left
+    swapped: dict[int, str] = {}
+    places = []
+
+    def replace(value: Any) -> Any:
+        key = id(value)
+        if key not in replacements and key not in reasons:
+            new = _replacement(value, jit_module)
+            if isinstance(new, str):
+                reasons[key] = new
+            else:
+                replacements[key] = new
+        return replacements.get(key)
+
+    for owner, attribute, value in _attributes():
+        # The Equinox wrapper in this attribute, if any. By exact type: an
+        # isinstance check would run the `__class__` of any object (a lazy proxy's).
+        wrapped = value
+        if type(value) in (staticmethod, classmethod):
+            wrapped = value.__func__
+        new = None
+        if any(value is jit for jit in originals):
+            if isinstance(owner, types.ModuleType):
+                new = filter_jit
+        elif wrapper_type is not None and type(wrapped) is wrapper_type:
+            new = replace(wrapped)
+            if new is not None and wrapped is not value:
+                new = type(value)(new)
+        if new is None:
+            continue
+        try:
+            setattr(owner, attribute, new)
+        except (AttributeError, TypeError) as error:
+            reasons[id(wrapped)] = f"{_where(owner, attribute)} cannot be set ({error})"
+            continue
+        _State.swaps.append(_Swap(owner, attribute, value, new))
+        places.append(_where(owner, attribute))
+        if id(wrapped) in replacements:
+            swapped.setdefault(id(wrapped), _name(wrapped))
+    left = _left(wrapper_type, reasons)
+    if left:
+        warnings.warn(
+            f"filterjit.patch_equinox(): {len(left)} function(s) compiled with "
+            "Equinox's filter_jit keep it: " + "; ".join(left),
+            stacklevel=2,
+        )
+    return EquinoxPatch(tuple(swapped.values()), tuple(places), tuple(left))
+
+
+def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
+    """Every Equinox wrapper alive that no attribute rewritten by the patch held,
+    each with why."""
+    if wrapper_type is None:
+        return []
+    replaced = {id(swap.old) for swap in _State.swaps}
+    replaced |= {
+        id(swap.old.__func__)
+        for swap in _State.swaps
+        if type(swap.old) in (staticmethod, classmethod)
+    }
+    gc.collect()  # not to report wrappers that are garbage already
+    left = []
+    for value in gc.get_objects():
+        if type(value) is wrapper_type and id(value) not in replaced:
+            reason = reasons.get(id(value), "not an attribute of a module or a class")
+            left.append(f"{_name(value)} ({reason})")
+    return sorted(left)
+
+
+def unpatch_equinox() -> None:
+    """Undoes [`filterjit.patch_equinox`][]: `equinox.filter_jit` is Equinox's
+    again, so code decorated from now on gets Equinox's wrapper, and every
+    attribute the patch rewrote that still holds what the patch put there is
+    given back its Equinox wrapper.
+
+    Functions decorated while the patch was in force (a library imported after
+    `patch_equinox()`) keep filterjit's wrapper: no Equinox one exists for them.
+    Without a patch in force, it does nothing.
+    """
+    for swap in reversed(_State.swaps):
+        if vars(swap.owner).get(swap.attribute) is swap.new:
+            setattr(swap.owner, swap.attribute, swap.old)
+    _State.swaps = []
+    _State.original = None

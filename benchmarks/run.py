@@ -36,6 +36,7 @@ import _libraries  # noqa: E402
 import _memory  # noqa: E402
 import _module  # noqa: E402
 import _nested  # noqa: E402
+import _patched  # noqa: E402
 import _plot  # noqa: E402
 import _profile  # noqa: E402
 import _programs  # noqa: E402
@@ -69,6 +70,7 @@ SECTIONS: dict[str, Callable[[Settings], Section]] = {
     "memory": _memory.run,
     "specialisation": _specialise.run,
     "libraries": _libraries.run,
+    "patched": _patched.run,
 }
 
 # The sections that `--plot` charts, each with the title of its panel.

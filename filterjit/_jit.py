@@ -222,7 +222,6 @@ jtu.register_pytree_node(
 @overload
 def filter_jit(
     fun: Callable[_P, _R],
-    /,
     *,
     donate: DonateOption = "none",
     inline: bool = False,
@@ -233,7 +232,6 @@ def filter_jit(
 @overload
 def filter_jit(
     fun: None = None,
-    /,
     *,
     donate: DonateOption = "none",
     inline: bool = False,
@@ -245,7 +243,6 @@ def filter_jit(
     # Checked below with messages that say what to do; a runtime type checker
     # (jaxtyping's import hook, say) must not pre-empt them.
     fun: Any = None,
-    /,
     *,
     donate: Any = "none",
     inline: bool = False,

@@ -25,10 +25,11 @@ def scale(x, n: int = 2):
 def test_decorator_forms_return_a_wrapper_instance():
     plain = filter_jit(scale)
     configured = filter_jit(inline=True)(scale)
-    for wrapped in (plain, configured):
+    by_keyword = filter_jit(fun=scale, donate="none")  # as eqx.filter_jit(fun=f)
+    for wrapped in (plain, configured, by_keyword):
         assert not hasattr(wrapped, "__code__")  # a class instance, not a closure
         assert wrapped(jnp.float32(3)) == 6.0
-    assert type(plain) is type(configured)
+    assert type(plain) is type(configured) is type(by_keyword)
 
 
 def test_metadata():

@@ -85,7 +85,7 @@ class Target:
 
 TARGETS = {
     "equinox": Target("equinox.filter_jit", "equinox.filter_jit"),
-    "jax.jit": Target("jax.jit", "jit"),
+    "jax.jit": Target("jax.jit", "jax.jit"),
 }
 
 # The plugin pytest loads with `-p`. It is written out as a file rather than
@@ -169,7 +169,8 @@ socket.getaddrinfo = _guarded_getaddrinfo
 # files.
 def pytest_load_initial_conftests(early_config, parser, args):
     if _TARGET != "equinox":
-        return  # the test modules' `jit` is patched after collection
+        _install_jit()
+        return
     preimported = sorted(
         name for name in ("equinox", "lineax", "optimistix", "diffrax")
         if name in sys.modules
@@ -244,36 +245,50 @@ def pytest_runtest_logreport(report):
     _record(**entry)
 
 
-# The test modules whose global `jit` is (in the patched run, was) `jax.jit`.
-_MODULES = {}
+# For JAX's own tests: `jax.jit` (and `jax._src.api.jit`, which tests call as
+# `api.jit`) becomes a function that looks at its caller. Called from a file of the
+# suite (a test module, a function or decorator defined there, however spelled:
+# `jit`, `jax.jit`, `api.jit`, `partial(jax.jit, ...)`, a parameterized value), it
+# makes `filterjit.jit` in the patched run and `jax.jit` in the other; called from
+# anywhere else (JAX itself, filterjit), always `jax.jit`. Installed before the
+# suite's conftest.py files and test modules are imported, so that
+# `from jax import jit` binds it too. JAX's own modules bound `jit` when they were
+# imported, before this, and never see it.
+_SUITE = os.path.realpath(os.environ.get("FILTERJIT_PEERS_SUITE", os.getcwd()))
+_SWAPS = {"swapped": 0, "internal": {}}
+_JIT = {}  # the name of what the suite's jit calls make
 
 
-def _modules_jit():
-    return ", ".join(sorted({_name(m.jit) for m in _MODULES.values()})) or "none"
+def _install_jit():
+    import functools
 
-
-def _patch_modules(items):
     import jax
+    import jax._src.api
 
-    jit = jax.jit
+    original = jax.jit
+    replacement = original
     if _PATCH:
         import filterjit
 
-        jit = filterjit.jit
-    for item in items:
-        module = getattr(item, "module", None)  # None for doctests, say
-        if module is None or module.__name__ in _MODULES:
-            continue
-        if getattr(module, "jit", None) is jax.jit:
-            module.jit = jit
-            _MODULES[module.__name__] = module
-    _record(event="start", patched=_PATCH, filter_jit=_modules_jit(),
-            preimported=[], modules=sorted(_MODULES))
+        replacement = filterjit.jit
+
+    @functools.wraps(original)
+    def jit(*args, **kwargs):
+        caller = sys._getframe(1).f_globals
+        path = caller.get("__file__") or ""
+        if os.path.realpath(path).startswith(_SUITE + os.sep):
+            _SWAPS["swapped"] += 1
+            return replacement(*args, **kwargs)
+        module = caller.get("__name__", "?")
+        _SWAPS["internal"][module] = _SWAPS["internal"].get(module, 0) + 1
+        return original(*args, **kwargs)
+
+    jax.jit = jax._src.api.jit = jit
+    _JIT["name"] = _name(replacement)
+    _record(event="start", patched=_PATCH, filter_jit=_JIT["name"], preimported=[])
 
 
 def pytest_collection_modifyitems(session, config, items):
-    if _TARGET == "jax.jit":
-        _patch_modules(items)
     # After a crash, the run resumes past the tests already begun.
     try:
         with open(os.environ["FILTERJIT_PEERS_DONE"], encoding="utf-8") as file:
@@ -313,7 +328,7 @@ def _wrapped_entry_points():
 def pytest_sessionfinish(session, exitstatus):
     if _TARGET == "jax.jit":
         _record(event="end", exitstatus=int(exitstatus),
-                filter_jit=_modules_jit(), modules=sorted(_MODULES))
+                filter_jit=_JIT.get("name", "?"), swaps=_SWAPS)
         return
     import equinox
 
@@ -464,6 +479,7 @@ def run_suite(
             "FILTERJIT_PEERS_RESULTS": str(results),
             "FILTERJIT_PEERS_PATCH": "1" if patched else "0",
             "FILTERJIT_PEERS_TARGET": target,
+            "FILTERJIT_PEERS_SUITE": str(suite.directory),
             "FILTERJIT_PEERS_CLEAR": "1" if clear_caches else "0",
             "PYTHONDONTWRITEBYTECODE": "1",
             "TMPDIR": str(base / "tmp"),
@@ -587,9 +603,21 @@ def run_suite(
         if wrapped:
             notes.append(f"module-level jitted functions at the end: {wrapped}")
     name = TARGETS[target].seen
-    if starts and "modules" in starts[0]:
-        modules = ", ".join(starts[0]["modules"]) or "none"
-        notes.append(f"test modules whose `jit` was jax.jit at collection: {modules}")
+    swaps = [e["swaps"] for e in ends if "swaps" in e]  # one per process
+    if swaps:
+        made = sum(s["swapped"] for s in swaps)
+        internal: dict[str, int] = {}
+        for s in swaps:
+            for module, n in s["internal"].items():
+                internal[module] = internal.get(module, 0) + n
+        shown = ", ".join(
+            f"{module} {n}" for module, n in sorted(internal.items(), key=lambda i: -i[1])
+        )
+        notes.append(
+            f"`jax.jit` calls from the suite's files, each making a `{seen}`: {made}; "
+            f"calls left to `jax.jit` from elsewhere: {sum(internal.values())}"
+            + (f" ({shown})" if shown else "")
+        )
     if ends and ends[-1]["filter_jit"] != seen:
         notes.append(f"{name} was {ends[-1]['filter_jit']} at the end")
     if patched and starts and not seen.startswith("filterjit."):

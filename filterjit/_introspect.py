@@ -4,6 +4,7 @@ from typing import Any
 
 from ._diagnostics import Explanation
 from ._dispatch import clear_all
+from ._jax_jit import JitWrapper
 from ._jit import _decorate, FilterJitWrapper
 from ._options import Options
 
@@ -13,8 +14,9 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
 
     **Arguments:**
 
-    - `fun`: a `filter_jit`-wrapped function, or a plain function (explained as if
-        decorated with `filter_jit`).
+    - `fun`: a `filter_jit`-wrapped function, a `filterjit.jit` one (explained
+        with `jax.jit`'s roles where it is `jax.jit`), or a plain function
+        (explained as if decorated with `filter_jit`).
     - `*args`, `**kwargs`: the arguments of the call to explain.
 
     **Returns:**
@@ -43,6 +45,8 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
         # n            static  2
         ```
     """
+    if isinstance(fun, JitWrapper):
+        return fun._explain(args, kwargs)
     wrapper: FilterJitWrapper[..., Any] = (
         fun
         if isinstance(fun, FilterJitWrapper)
@@ -61,15 +65,21 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
 
     **Arguments:**
 
-    - `fun`: a `filter_jit`-wrapped function.
+    - `fun`: a `filter_jit`-wrapped function, or a `filterjit.jit` one: for that,
+        the number of entries in `jax.jit`'s cache of the function, one per trace
+        at the top level or under eager transforms since its cache was last
+        cleared.
 
     **Returns:**
 
     The number of traces so far.
     """
+    if isinstance(fun, JitWrapper):
+        return fun._num_traces()
     if not isinstance(fun, FilterJitWrapper):
         raise TypeError(
-            f"num_traces expects a filter_jit-wrapped function, but got {fun!r}."
+            "num_traces expects a filter_jit-wrapped function (or a filterjit.jit "
+            f"one), but got {fun!r}."
         )
     return fun._dispatcher.trace_log.count
 

@@ -282,11 +282,14 @@ def test_nested_calls_keep_the_inline_mode(mode, decorate):
         return [(e.primitive.name, e.params.get("inline")) for e in jaxpr.eqns]
 
     ours = decorate(inner, inline=mode)
-    theirs = jax.jit(lambda x: inner(x, 3), inline=mode)
-    for args in ((jnp.ones(3),), (jnp.ones(3), 3)):
-        call = (lambda y: ours(y, 3)) if args[1:] else (lambda y: ours(y, 3))
+    with_static = jax.jit(lambda x: inner(x, 3), inline=mode)
+    traced = jax.jit(inner, inline=mode)
+    for call, reference in (
+        (lambda y: ours(y, 3), lambda y: with_static(y)),
+        (lambda y: ours(y, y), lambda y: traced(y, y)),  # tracers alone
+    ):
         got = equations(jax.make_jaxpr(call)(jnp.ones(3)).jaxpr)
-        expected = equations(jax.make_jaxpr(lambda y: theirs(y))(jnp.ones(3)).jaxpr)
+        expected = equations(jax.make_jaxpr(reference)(jnp.ones(3)).jaxpr)
         assert got == expected, (got, expected)
 
 

@@ -611,7 +611,8 @@ def run_suite(
             for module, n in s["internal"].items():
                 internal[module] = internal.get(module, 0) + n
         shown = ", ".join(
-            f"{module} {n}" for module, n in sorted(internal.items(), key=lambda i: -i[1])
+            f"{module} {n}"
+            for module, n in sorted(internal.items(), key=lambda i: -i[1])
         )
         notes.append(
             f"`jax.jit` calls from the suite's files, each making a `{seen}`: {made}; "

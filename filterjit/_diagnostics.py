@@ -340,9 +340,10 @@ class Explanation:
         self.decorator = decorator
 
     def __str__(self) -> str:
-        hit = {True: "would hit the cache", False: "would trace"}.get(
-            self.cache_hit, "jax.jit's cache decides whether it traces"
-        )
+        if self.cache_hit is None:
+            hit = "jax.jit's cache decides whether it traces"
+        else:
+            hit = "would hit the cache" if self.cache_hit else "would trace"
         header = ("argument", "role", "value")
         lines = [tuple(row[:3]) for row in self.rows]
         widths = [max(len(line[i]) for line in [header, *lines]) for i in range(3)]

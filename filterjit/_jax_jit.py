@@ -18,6 +18,7 @@ from typing import (
 
 import jax
 import jax.tree_util as jtu
+from jax.core import Tracer
 
 from . import _trace
 from ._diagnostics import Explanation, Row, row
@@ -46,7 +47,7 @@ _NOT_GIVEN: Any = object()
 
 def _all_tracers(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     leaves = jtu.tree_leaves((args, kwargs))
-    return bool(leaves) and all(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
+    return bool(leaves) and all(isinstance(leaf, Tracer) for leaf in leaves)
 
 
 class JitWrapper(_trace.ByLevel, Generic[_P, _R]):

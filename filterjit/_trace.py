@@ -6,7 +6,6 @@ public fallback, and `tests/test_trace.py` fails loudly if the private path move
 """
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -160,7 +159,7 @@ class ByLevel:
     instance has nothing in its `__dict__` that `functools.wraps` would copy."""
 
     __slots__ = ("_outside",)
-    _outside: Callable[..., Any]
+    _outside: Any  # a callable
 
     def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -172,8 +171,8 @@ def jit_cache_size(jitted: Any) -> int | None:
     """How many entries `jitted`, a `jax.jit` object, holds in its cache: one per
     trace at the top level since its cache was last cleared. `None` where JAX
     does not say."""
-    size = getattr(jitted, "_cache_size", None)
-    return size() if callable(size) else None
+    size: Any = getattr(jitted, "_cache_size", None)
+    return None if size is None else int(size())
 
 
 def _aux_data_public(treedef: Any) -> list[Any]:

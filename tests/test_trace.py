@@ -45,6 +45,18 @@ def test_private_api_is_available():
     assert _trace._current_trace.value is _trace._trace_ctx.trace
 
 
+def test_jit_cache_size_reads_jax_jits_cache():
+    # If this fails, JAX's jitted object no longer has `_cache_size`: then
+    # `num_traces` of a filterjit.jit function raises (the fallback).
+    f = jax.jit(lambda x: x + 1)
+    assert _trace.jit_cache_size(f) == 0
+    f(1.0)
+    f(jnp.ones(2))
+    f(2.0)
+    assert _trace.jit_cache_size(f) == 2
+    assert _trace.jit_cache_size(lambda x: x) is None
+
+
 def test_aux_data_reads_the_pickled_structure():
     # If this fails, JAX has changed what a PyTreeDef pickles: update
     # `_aux_data_private` in filterjit/_trace.py. The fallback (a walk with

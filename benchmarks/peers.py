@@ -37,16 +37,23 @@ removed. `--rev REV` tests filterjit as committed at REV rather than the working
 tree; `--json FILE` writes every test's outcome.
 
 `--target jax.jit` puts `filterjit.jit` in place of `jax.jit` instead, for JAX's own
-tests (the checkout of JAX at the installed version's tag). The plugin imports no
-Equinox; in the patched run, after collection, it sets the global `jit` of every
-collected test module whose `jit` is `jax.jit` (`from jax import jit`) to
-`filterjit.jit`. Tests look that global up when they run, so they see the patched
-name; a function decorated with `@jit` when its module is imported keeps `jax.jit`.
+tests (a checkout of JAX's tests at the tag of the installed version). The plugin
+imports no Equinox. Before the suite's conftest.py files and test modules are
+imported, it replaces `jax.jit` (and `jax._src.api.jit`, the tests' `api.jit`) by a
+function that looks at its caller: a call from a file of the suite's checkout
+makes a `filterjit.jit` in the patched run (a `jax.jit` in the other), whatever
+the spelling (`from jax import jit`, `jax.jit`, `api.jit`, `partial(jax.jit,
+...)`, a module-level decorator, a parameterized value); a call from anywhere
+else (JAX's own modules, filterjit) makes a `jax.jit`, as JAX's own modules that
+bound `jit` when they were imported do anyway. Both runs count the calls of
+each kind and the report gives the counts, with the modules of the calls left to
+`jax.jit`.
 
-    git -C JAXREPO archive jax-v$(python -c 'import jax; print(jax.__version__)') \
+    tag=jax-v$(python -c 'import jax; print(jax.__version__)')
+    git --git-dir=JAXREPO archive $tag pyproject.toml conftest.py tests \
         | tar -x -C /tmp/jax-src
     python benchmarks/peers.py --target jax.jit /tmp/jax-src \
-        -- tests/api_test.py -k JitTest
+        -- tests/api_test.py
 
 Not part of filterjit's test run: the suites and their dependencies are not
 filterjit's. See docs/migration.md for the suites measured, the commands, and the

@@ -6,10 +6,14 @@ in test_noop_matrix.py; JAX's own jit tests run against it in benchmarks/peers.p
 
 import gc
 import inspect
+import json
 import pickle
 import re
+import subprocess
+import sys
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -453,3 +457,83 @@ def test_the_wrapper_keeps_its_function_alive_and_no_more():
     del wrapper
     gc.collect()
     assert fun_ref() is None and x_ref() is None
+
+
+_SPELLINGS = """
+import functools
+from functools import partial
+
+import jax
+from jax import jit
+from jax._src import api
+import pytest
+
+from filterjit._jax_jit import JitWrapper
+
+
+def double(x):
+    return 2 * x
+
+
+@jax.jit
+def decorated(x):
+    return x
+
+
+@partial(jax.jit, static_argnums=1)
+def decorated_partial(x, n):
+    return x * n
+
+
+@pytest.mark.parametrize("make", [jit, jax.jit, api.jit, partial(jax.jit)])
+def test_parameterized(make):
+    assert type(make(double)) is JitWrapper
+
+
+def test_spellings():
+    for made in (
+        jit(double),
+        jax.jit(double),
+        api.jit(double),
+        partial(jax.jit, static_argnums=0)(double),
+        jax.jit(static_argnums=0)(double),
+        functools.reduce(lambda f, _: jax.jit(f), [1], double),
+        decorated,
+        decorated_partial,
+    ):
+        assert type(made) is JitWrapper
+
+
+def test_jax_internals_keep_jax_jit():
+    # jax.eval_shape calls jax.jit from JAX's own module: not swapped.
+    assert jax.eval_shape(double, 1.0).shape == ()
+"""
+
+
+def test_the_parity_harness_swaps_every_spelling(tmp_path):
+    # Finding 7: benchmarks/peers.py --target jax.jit swaps every jit a test file
+    # makes, however spelled, and none that JAX makes.
+    suite = tmp_path / "suite"
+    (suite / "tests").mkdir(parents=True)
+    (suite / "tests" / "spellings_test.py").write_text(_SPELLINGS)
+    out = tmp_path / "outcomes.json"
+    peers = Path(__file__).parent.parent / "benchmarks" / "peers.py"
+    result = subprocess.run(
+        [sys.executable, str(peers), "--target", "jax.jit", "--json", str(out)]
+        + [str(suite), "--", "tests/spellings_test.py", "-p", "no:randomly"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = json.loads(out.read_text())["suite"]
+    patched, unpatched = runs["patched"], runs["unpatched"]
+    assert len(patched["outcomes"]) == 6, patched
+    assert set(patched["outcomes"].values()) == {"passed"}, patched
+    internal = "tests/spellings_test.py::test_jax_internals_keep_jax_jit"
+    assert {n for n, o in unpatched["outcomes"].items() if o == "passed"} == {internal}
+    # Four parameterized, six in one test (a decorator factory is called once),
+    # two decorators: 12 swapped.
+    swapped = [note for note in patched["notes"] if "calls from the suite" in note]
+    assert swapped and "making a `filterjit._jax_jit.jit`: 12;" in swapped[0], swapped
+    assert "jax._src.api" in swapped[0]  # eval_shape's jit: left to JAX

@@ -133,6 +133,11 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
             return self.__dict__["__qualname__"]
         return _remake, (self._function, self._jit_kwargs)
 
+    def __getstate__(self) -> Any:
+        # jax.jit's: what its object says of itself (`function_name`, ...).
+        # Pickling goes through `__reduce__`.
+        return self._outside.__getstate__()
+
     def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> jax.stages.Lowered:
         """`jax.jit(fun, **jit_kwargs).lower(*args, **kwargs)`."""
         return self._outside.lower(*args, **kwargs)

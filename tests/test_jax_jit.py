@@ -134,6 +134,7 @@ def test_metadata_and_ahead_of_time_are_jax_jits():
             assert getattr(ours, name) == getattr(theirs, name), name
     assert inspect.signature(ours) == inspect.signature(f)
     assert repr(ours) == repr(theirs) == f"<PjitFunction of {f!r}>"
+    assert ours.__getstate__()["function_name"] == "f"
     public = {name for name in dir(theirs) if not name.startswith("__")}
     assert public <= set(dir(ours))
     x = jnp.ones(3)

@@ -382,7 +382,12 @@ def _collate(entries: list[dict]) -> tuple[dict[str, str], dict[str, str]]:
             outcomes[entry["nodeid"]] = "error"
             messages[entry["nodeid"]] = entry["message"]
         elif entry["event"] == "test":
-            phases.setdefault(entry["nodeid"], {})[entry["when"]] = entry
+            # A test's subtests (unittest's `subTest`) report under its node id
+            # before the test itself does: one that failed fails the test.
+            by_when = phases.setdefault(entry["nodeid"], {})
+            before = by_when.get(entry["when"])
+            if before is None or before["outcome"] != "failed":
+                by_when[entry["when"]] = entry
     for nodeid, by_when in phases.items():
         outcome = {when: e["outcome"] for when, e in by_when.items()}
         if outcome.get("setup") == "failed":

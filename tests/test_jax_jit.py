@@ -537,4 +537,5 @@ def test_the_parity_harness_swaps_every_spelling(tmp_path):
     # two decorators: 12 swapped.
     swapped = [note for note in patched["notes"] if "calls from the suite" in note]
     assert swapped and "making a `filterjit._jax_jit.jit`: 12;" in swapped[0], swapped
+    # jax.eval_shape's own jit, from JAX's module: left to JAX.
     assert "(jax._src.api 1); made by filterjit itself: 12" in swapped[0], swapped

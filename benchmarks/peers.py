@@ -38,16 +38,23 @@ removed. `--rev REV` tests filterjit as committed at REV rather than the working
 tree; `--json FILE` writes every test's outcome.
 
 `--target jax.jit` puts `filterjit.jit` in place of `jax.jit` instead, for JAX's own
-tests (the checkout of JAX at the installed version's tag). The plugin imports no
-Equinox; in the patched run, after collection, it sets the global `jit` of every
-collected test module whose `jit` is `jax.jit` (`from jax import jit`) to
-`filterjit.jit`. Tests look that global up when they run, so they see the patched
-name; a function decorated with `@jit` when its module is imported keeps `jax.jit`.
+tests (a checkout of JAX's tests at the tag of the installed version). The plugin
+imports no Equinox. Before the suite's conftest.py files and test modules are
+imported, it replaces `jax.jit` (and `jax._src.api.jit`, the tests' `api.jit`) by a
+function that looks at its caller: a call from a file of the suite's checkout
+makes a `filterjit.jit` in the patched run (a `jax.jit` in the other), whatever
+the spelling (`from jax import jit`, `jax.jit`, `api.jit`, `partial(jax.jit,
+...)`, a module-level decorator, a parameterized value); a call from anywhere
+else (JAX's own modules, filterjit) makes a `jax.jit`, as JAX's own modules that
+bound `jit` when they were imported do anyway. Both runs count the calls of
+each kind and the report gives the counts, with the modules of the calls left to
+`jax.jit`.
 
-    git -C JAXREPO archive jax-v$(python -c 'import jax; print(jax.__version__)') \
+    tag=jax-v$(python -c 'import jax; print(jax.__version__)')
+    git --git-dir=JAXREPO archive $tag pyproject.toml conftest.py tests \
         | tar -x -C /tmp/jax-src
     python benchmarks/peers.py --target jax.jit /tmp/jax-src \
-        -- tests/api_test.py -k JitTest
+        -- tests/api_test.py
 
 Not part of filterjit's test run: the suites and their dependencies are not
 filterjit's. See docs/migration.md for the suites measured, the commands, and the
@@ -86,7 +93,7 @@ class Target:
 
 TARGETS = {
     "equinox": Target("equinox.filter_jit", "equinox.filter_jit"),
-    "jax.jit": Target("jax.jit", "jit"),
+    "jax.jit": Target("jax.jit", "jax.jit"),
 }
 
 # The plugin pytest loads with `-p`. It is written out as a file rather than
@@ -170,7 +177,8 @@ socket.getaddrinfo = _guarded_getaddrinfo
 # files.
 def pytest_load_initial_conftests(early_config, parser, args):
     if _TARGET != "equinox":
-        return  # the test modules' `jit` is patched after collection
+        _install_jit()
+        return
     preimported = sorted(
         name for name in ("equinox", "lineax", "optimistix", "diffrax")
         if name in sys.modules
@@ -252,36 +260,50 @@ def pytest_runtest_logreport(report):
     _record(**entry)
 
 
-# The test modules whose global `jit` is (in the patched run, was) `jax.jit`.
-_MODULES = {}
+# For JAX's own tests: `jax.jit` (and `jax._src.api.jit`, which tests call as
+# `api.jit`) becomes a function that looks at its caller. Called from a file of the
+# suite (a test module, a function or decorator defined there, however spelled:
+# `jit`, `jax.jit`, `api.jit`, `partial(jax.jit, ...)`, a parameterized value), it
+# makes `filterjit.jit` in the patched run and `jax.jit` in the other; called from
+# anywhere else (JAX itself, filterjit), always `jax.jit`. Installed before the
+# suite's conftest.py files and test modules are imported, so that
+# `from jax import jit` binds it too. JAX's own modules bound `jit` when they were
+# imported, before this, and never see it.
+_SUITE = os.path.realpath(os.environ.get("FILTERJIT_PEERS_SUITE", os.getcwd()))
+_SWAPS = {"swapped": 0, "internal": {}}
+_JIT = {}  # the name of what the suite's jit calls make
 
 
-def _modules_jit():
-    return ", ".join(sorted({_name(m.jit) for m in _MODULES.values()})) or "none"
+def _install_jit():
+    import functools
 
-
-def _patch_modules(items):
     import jax
+    import jax._src.api
 
-    jit = jax.jit
+    original = jax.jit
+    replacement = original
     if _PATCH:
         import filterjit
 
-        jit = filterjit.jit
-    for item in items:
-        module = getattr(item, "module", None)  # None for doctests, say
-        if module is None or module.__name__ in _MODULES:
-            continue
-        if getattr(module, "jit", None) is jax.jit:
-            module.jit = jit
-            _MODULES[module.__name__] = module
-    _record(event="start", patched=_PATCH, filter_jit=_modules_jit(),
-            preimported=[], modules=sorted(_MODULES))
+        replacement = filterjit.jit
+
+    @functools.wraps(original)
+    def jit(*args, **kwargs):
+        caller = sys._getframe(1).f_globals
+        path = caller.get("__file__") or ""
+        if os.path.realpath(path).startswith(_SUITE + os.sep):
+            _SWAPS["swapped"] += 1
+            return replacement(*args, **kwargs)
+        module = caller.get("__name__", "?")
+        _SWAPS["internal"][module] = _SWAPS["internal"].get(module, 0) + 1
+        return original(*args, **kwargs)
+
+    jax.jit = jax._src.api.jit = jit
+    _JIT["name"] = _name(replacement)
+    _record(event="start", patched=_PATCH, filter_jit=_JIT["name"], preimported=[])
 
 
 def pytest_collection_modifyitems(session, config, items):
-    if _TARGET == "jax.jit":
-        _patch_modules(items)
     # After a crash, the run resumes past the tests already begun.
     try:
         with open(os.environ["FILTERJIT_PEERS_DONE"], encoding="utf-8") as file:
@@ -321,7 +343,7 @@ def _wrapped_entry_points():
 def pytest_sessionfinish(session, exitstatus):
     if _TARGET == "jax.jit":
         _record(event="end", exitstatus=int(exitstatus),
-                filter_jit=_modules_jit(), modules=sorted(_MODULES))
+                filter_jit=_JIT.get("name", "?"), swaps=_SWAPS)
         return
     import equinox
 
@@ -368,7 +390,12 @@ def _collate(entries: list[dict]) -> tuple[dict[str, str], dict[str, str]]:
             outcomes[entry["nodeid"]] = "error"
             messages[entry["nodeid"]] = entry["message"]
         elif entry["event"] == "test":
-            phases.setdefault(entry["nodeid"], {})[entry["when"]] = entry
+            # A test's subtests (unittest's `subTest`) report under its node id
+            # before the test itself does: one that failed fails the test.
+            by_when = phases.setdefault(entry["nodeid"], {})
+            before = by_when.get(entry["when"])
+            if before is None or before["outcome"] != "failed":
+                by_when[entry["when"]] = entry
     for nodeid, by_when in phases.items():
         outcome = {when: e["outcome"] for when, e in by_when.items()}
         if outcome.get("setup") == "failed":
@@ -472,6 +499,7 @@ def run_suite(
             "FILTERJIT_PEERS_RESULTS": str(results),
             "FILTERJIT_PEERS_PATCH": "1" if patched else "0",
             "FILTERJIT_PEERS_TARGET": target,
+            "FILTERJIT_PEERS_SUITE": str(suite.directory),
             "FILTERJIT_PEERS_CLEAR": "1" if clear_caches else "0",
             "PYTHONDONTWRITEBYTECODE": "1",
             "TMPDIR": str(base / "tmp"),
@@ -602,9 +630,24 @@ def run_suite(
         if wrapped:
             notes.append(f"module-level jitted functions at the end: {wrapped}")
     name = TARGETS[target].seen
-    if starts and "modules" in starts[0]:
-        modules = ", ".join(starts[0]["modules"]) or "none"
-        notes.append(f"test modules whose `jit` was jax.jit at collection: {modules}")
+    swaps = [e["swaps"] for e in ends if "swaps" in e]  # one per process
+    if swaps:
+        made = sum(s["swapped"] for s in swaps)
+        internal: dict[str, int] = {}
+        for s in swaps:
+            for module, n in s["internal"].items():
+                internal[module] = internal.get(module, 0) + n
+        # Each filterjit.jit makes a jax.jit of its own: not a call left to JAX.
+        own = sum(n for m, n in internal.items() if m.split(".")[0] == "filterjit")
+        internal = {m: n for m, n in internal.items() if m.split(".")[0] != "filterjit"}
+        by_count = sorted(internal.items(), key=lambda item: -item[1])
+        shown = ", ".join(f"{module} {n}" for module, n in by_count)
+        notes.append(
+            f"`jax.jit` calls from the suite's files, each making a `{seen}`: {made}; "
+            f"calls left to `jax.jit` from elsewhere: {sum(internal.values())}"
+            + (f" ({shown})" if shown else "")
+            + f"; made by filterjit itself: {own}"
+        )
     if ends and ends[-1]["filter_jit"] != seen:
         notes.append(f"{name} was {ends[-1]['filter_jit']} at the end")
     if patched and starts and not seen.startswith("filterjit."):

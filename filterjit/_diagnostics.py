@@ -346,14 +346,25 @@ class Explanation:
     """What a `filter_jit` call would do: one row per leaf, and whether it would
     hit the cache. `str()` gives a table."""
 
-    def __init__(self, name: str, level: str, rows: list[Row], cache_hit: bool):
+    def __init__(
+        self,
+        name: str,
+        level: str,
+        rows: list[Row],
+        cache_hit: bool | None,  # None: jax.jit's own cache decides, unseen
+        decorator: str = "filter_jit",
+    ):
         self.name = name
         self.level = level
         self.rows = rows
         self.cache_hit = cache_hit
+        self.decorator = decorator
 
     def __str__(self) -> str:
-        hit = "would hit the cache" if self.cache_hit else "would trace"
+        if self.cache_hit is None:
+            hit = "jax.jit's cache decides whether it traces"
+        else:
+            hit = "would hit the cache" if self.cache_hit else "would trace"
         header = ("argument", "role", "value")
         lines = [tuple(row[:3]) for row in self.rows]
         widths = [max(len(line[i]) for line in [header, *lines]) for i in range(3)]
@@ -363,7 +374,7 @@ class Explanation:
 
         return "\n".join(
             [
-                f"filter_jit({self.name}), called {self.level}: {hit}",
+                f"{self.decorator}({self.name}), called {self.level}: {hit}",
                 fmt(header),
                 fmt(tuple("-" * w for w in widths)),
                 *(fmt(line) for line in lines),

@@ -250,7 +250,7 @@ def make_entry(
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)
     if level == STAGED:
-        jitkwargs["inline"] = _INLINE if options.inline else False
+        jitkwargs["inline"] = _INLINE if options.inline is True else options.inline
     else:
         if boxed:
             jitkwargs["out_shardings"] = options.out_shardings

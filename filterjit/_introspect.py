@@ -7,6 +7,7 @@ import jax
 
 from ._diagnostics import Explanation
 from ._dispatch import clear_all
+from ._jax_jit import JitWrapper
 from ._jit import _decorate, FilterJitWrapper
 from ._options import Options
 
@@ -16,8 +17,9 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
 
     **Arguments:**
 
-    - `fun`: a `filter_jit`-wrapped function, or a plain function (explained as if
-        decorated with `filter_jit`).
+    - `fun`: a `filter_jit`-wrapped function, a `filterjit.jit` one (explained
+        with `jax.jit`'s roles where it is `jax.jit`), or a plain function
+        (explained as if decorated with `filter_jit`).
     - `*args`, `**kwargs`: the arguments of the call to explain.
 
     **Returns:**
@@ -53,6 +55,8 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
         ```
     """
     fun, args = _unbind(fun, args)
+    if isinstance(fun, JitWrapper):
+        return fun._explain(args, kwargs)
     if isinstance(fun, FilterJitWrapper):
         return fun._explain(args, kwargs)
     wrapper: FilterJitWrapper[..., Any] = _decorate(Options(), fun, caller="explain")
@@ -69,7 +73,9 @@ _JAX_JIT_TYPE = type(jax.jit(lambda: None))
 def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
     # A decorated method read from an instance (`model.__call__`) is the wrapper
     # called with the instance first: explain and count that wrapper.
-    if isinstance(fun, types.MethodType) and isinstance(fun.__func__, FilterJitWrapper):
+    if isinstance(fun, types.MethodType) and isinstance(
+        fun.__func__, (FilterJitWrapper, JitWrapper)
+    ):
         return fun.__func__, (fun.__self__, *args)
     return fun, args
 
@@ -84,7 +90,10 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
 
     **Arguments:**
 
-    - `fun`: a `filter_jit`-wrapped function.
+    - `fun`: a `filter_jit`-wrapped function, or a `filterjit.jit` one: for that,
+        the number of entries in `jax.jit`'s cache of the function, one per trace
+        at the top level or under eager transforms since its cache was last
+        cleared.
 
     **Returns:**
 
@@ -92,9 +101,12 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     instance (`num_traces(model.__call__)`) or through its class.
     """
     fun, _ = _unbind(fun, ())
+    if isinstance(fun, JitWrapper):
+        return fun._num_traces()
     if not isinstance(fun, FilterJitWrapper):
         raise TypeError(
-            f"num_traces expects a filter_jit-wrapped function, but got {fun!r}."
+            "num_traces expects a filter_jit-wrapped function (or a filterjit.jit "
+            f"one), but got {fun!r}."
         )
     return fun._dispatcher.trace_log.count
 

@@ -2,18 +2,35 @@
 no-op of `filter_jit`."""
 
 import functools as ft
+import inspect
+import sys
+import types
 from collections.abc import Callable
-from typing import Any, overload, ParamSpec, TypeVar
+from typing import (
+    Any,
+    Concatenate,
+    Generic,
+    overload,
+    ParamSpec,
+    TYPE_CHECKING,
+    TypeVar,
+)
 
 import jax
+import jax.tree_util as jtu
+from jax.core import Tracer
 
 from . import _trace
+from ._diagnostics import Explanation, Row, row
+from ._function import name_of
 from ._jit import FilterJitWrapper
-from ._options import make_options
+from ._options import make_options, Options
 
 
 _P = ParamSpec("_P")
+_Q = ParamSpec("_Q")
 _R = TypeVar("_R")
+_S = TypeVar("_S")
 
 # The jax.jit keywords that mean the same to a nested `filter_jit` call, which
 # passes them on to the jax.jit of its nested program. The others do not apply to
@@ -21,25 +38,214 @@ _R = TypeVar("_R")
 # (`static_argnums`, `static_argnames`); a nested call donates nothing, as jax.jit
 # nested does not (`donate_argnums`, `donate_argnames`); and shardings are left
 # to the outer program (`in_shardings`, `out_shardings`).
-_NESTED_KEYWORDS = ("keep_unused", "inline", "compiler_options", "device", "backend")
+_NESTED_KEYWORDS = frozenset(
+    ("keep_unused", "inline", "compiler_options", "device", "backend")
+)
 
 _NOT_GIVEN: Any = object()
 
 
-@ft.cache
-def _method_names(kind: type) -> tuple[str, ...]:
-    # What `dir` lists of a jitted object beyond its `__dict__`: `lower`, `trace`,
-    # `_cache_size`, ... Read once per type: `dir` costs 10 µs, and libraries make
-    # wrappers on the fly.
-    return tuple(name for name in dir(kind) if not name.startswith("__"))
+def _all_tracers(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    leaves = jtu.tree_leaves((args, kwargs))
+    return bool(leaves) and all(isinstance(leaf, Tracer) for leaf in leaves)
+
+
+class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
+    """A function compiled with `filterjit.jit`. See `filterjit.jit`.
+
+    Its `__dict__` is what `jax.jit`'s object holds in its own (the function's
+    metadata and attributes, as `functools.wraps` copies them); its methods are on
+    its type, so that a transform that copies the `__dict__` (`jax.vmap`,
+    `jax.grad` and `jax.jit` all do) copies none of them.
+    """
+
+    # `_outside` (from `ByLevel`): the `jax.jit` object, called outside staged
+    # traces.
+    __slots__ = (
+        "_function",
+        "_jit_kwargs",
+        "_nested_options",
+        "_nested",
+        "__dict__",
+        "__weakref__",
+    )
+    _function: Callable[_P, _R]
+    _jit_kwargs: dict[str, Any]
+    _nested_options: Options
+    _nested: FilterJitWrapper[_P, _R] | None  # made on first use: most never nest
+
+    if TYPE_CHECKING:
+
+        def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+
+    # `fun` is checked by jax.jit, with its errors; a runtime type checker
+    # (jaxtyping's import hook, say) must not pre-empt them.
+    def __init__(self, fun: Any, jit_kwargs: dict[str, Any]):
+        jitted: Any = jax.jit(fun, **jit_kwargs)
+        self._nested_options = make_options(
+            **{
+                name: value
+                for name, value in jit_kwargs.items()
+                if name in _NESTED_KEYWORDS
+            }
+        )
+        self._outside = jitted
+        self._function = fun
+        self._jit_kwargs = jit_kwargs
+        self._nested = None
+        self.__dict__.update(vars(jitted))
+
+    def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
+        # Nothing concrete to keep: jax.jit's own call, sharing its traces with
+        # the top level. Not where a keyword (a static argument, donation,
+        # shardings) would mean something else nested.
+        if self._jit_kwargs.keys() <= _NESTED_KEYWORDS and _all_tracers(args, kwargs):
+            return self._outside(*args, **kwargs)
+        return self._nested_wrapper()(*args, **kwargs)
+
+    def _nested_wrapper(self) -> FilterJitWrapper[_P, _R]:
+        if self._nested is None:
+            self._nested = FilterJitWrapper(self._function, self._nested_options)
+        return self._nested
+
+    @overload
+    def __get__(self, instance: None, owner: Any = None) -> "JitWrapper[_P, _R]": ...
+
+    @overload
+    def __get__(
+        self: "JitWrapper[Concatenate[_S, _Q], _R]", instance: _S, owner: Any = None
+    ) -> Callable[_Q, _R]: ...
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        return self if instance is None else types.MethodType(self, instance)
+
+    def __repr__(self) -> str:
+        return repr(self._outside)
+
+    def __reduce__(self) -> Any:
+        # A function defined at the top of a module is pickled by reference, as
+        # functions are; any other (a local function, for cloudpickle) with its
+        # function and keywords.
+        found: Any = sys.modules.get(self.__dict__.get("__module__", ""))
+        for name in str(self.__dict__.get("__qualname__", "<>")).split("."):
+            found = getattr(found, name, None)
+        if found is self:
+            return self.__dict__["__qualname__"]
+        return _remake, (self._function, self._jit_kwargs)
+
+    def __getstate__(self) -> Any:
+        # jax.jit's: what its object says of itself (`function_name`, ...).
+        # Pickling goes through `__reduce__`.
+        return self._outside.__getstate__()
+
+    def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> jax.stages.Lowered:
+        """`jax.jit(fun, **jit_kwargs).lower(*args, **kwargs)`."""
+        return self._outside.lower(*args, **kwargs)
+
+    def trace(self, /, *args: _P.args, **kwargs: _P.kwargs) -> jax.stages.Traced:
+        """`jax.jit(fun, **jit_kwargs).trace(*args, **kwargs)`."""
+        return self._outside.trace(*args, **kwargs)
+
+    def eval_shape(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Any:
+        """`jax.jit(fun, **jit_kwargs).eval_shape(*args, **kwargs)`."""
+        return self._outside.eval_shape(*args, **kwargs)
+
+    def clear_cache(self) -> None:
+        """Clears `jax.jit`'s cache of this function, and the cache of its nested
+        calls."""
+        self._outside.clear_cache()
+        if self._nested is not None:
+            self._nested._dispatcher.clear()
+
+    def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
+        level = _trace.trace_level()
+        direct = self._jit_kwargs.keys() <= _NESTED_KEYWORDS and _all_tracers(
+            args, kwargs
+        )
+        if level == _trace.STAGED and not direct:
+            return self._nested_wrapper()._explain(args, kwargs)
+        # jax.jit's roles: an argument is static as a whole, or each of its leaves
+        # traced.
+        try:
+            parameters = list(inspect.signature(self._function).parameters.values())
+        except (TypeError, ValueError):
+            parameters = []
+        positional = [
+            p.name
+            for p in parameters
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        numbers = self._jit_kwargs.get("static_argnums", ())
+        names = self._jit_kwargs.get("static_argnames", ())
+        numbers = {n % len(args) if n < 0 else n for n in _as_tuple(numbers) if args}
+        names = set(_as_tuple(names))
+        numbers |= {positional.index(name) for name in names if name in positional}
+        names |= {positional[n] for n in numbers if n < len(positional)}
+        rows = []
+        arguments = [
+            (positional[i] if i < len(positional) else f"args[{i}]", i in numbers, arg)
+            for i, arg in enumerate(args)
+        ]
+        arguments += [(name, name in names, arg) for name, arg in kwargs.items()]
+        for label, static, arg in arguments:
+            if static:
+                rows.append(row(label, "static", arg))
+                continue
+            for path, leaf in jtu.tree_flatten_with_path(arg)[0]:
+                rows.append(_traced_row(label + jtu.keystr(path), leaf))
+        where = {
+            _trace.TOP: "at the top level",
+            _trace.EAGER: "under eager transforms",
+            _trace.STAGED: "inside a staged trace",
+        }
+        name = name_of(self._function)
+        return Explanation(name, where[level], rows, None, decorator="jit")
+
+    def _num_traces(self) -> int:
+        size = _trace.jit_cache_size(self._outside)
+        if size is None:
+            raise TypeError(
+                "num_traces: this version of JAX does not say how many times "
+                f"jax.jit traced {name_of(self._function)}."
+            )
+        return size
+
+    # The private methods of jax.jit's object, which JAX's tests and some
+    # libraries call.
+    def _cache_size(self) -> int:
+        return self._outside._cache_size()
+
+    def _clear_cache(self) -> None:
+        self._outside._clear_cache()
+
+    @property
+    def _cache_miss(self) -> Any:
+        return self._outside._cache_miss
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return (value,) if isinstance(value, int | str) else tuple(value)
+
+
+def _traced_row(path: str, leaf: Any) -> Row:
+    try:
+        return row(path, "traced", leaf)
+    except TypeError:  # not a JAX type: jax.jit raises, as the value says
+        return Row(path, "traced", f"{type(leaf).__name__}: not a JAX type", type(leaf))
+
+
+def _remake(
+    fun: Callable[..., Any], jit_kwargs: dict[str, Any]
+) -> JitWrapper[..., Any]:
+    return JitWrapper(fun, jit_kwargs)
 
 
 @overload
-def jit(fun: Callable[_P, _R], /, **jit_kwargs: Any) -> Callable[_P, _R]: ...
+def jit(fun: Callable[_P, _R], /, **jit_kwargs: Any) -> JitWrapper[_P, _R]: ...
 
 
 @overload
-def jit(**jit_kwargs: Any) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]: ...
+def jit(**jit_kwargs: Any) -> Callable[[Callable[_P, _R]], JitWrapper[_P, _R]]: ...
 
 
 def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
@@ -52,14 +258,17 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     is a call of `jax.jit(fun, **jit_kwargs)`: the same tracing, caching, errors,
     donation and shardings, with only a check of the trace level in front of
     JAX's dispatch. `.lower`, `.trace`, `.eval_shape` and `.clear_cache` are
-    `jax.jit`'s.
+    `jax.jit`'s, and so are the `repr` and the attributes.
 
     Inside a staged trace (an outer `jax.jit`, a `lax.scan` body,
     `jax.checkpoint`, ...), a call is `filterjit.filter_jit`'s nested call: only
     the leaves that are tracers already are traced; Python values, NumPy values
     and concrete JAX arrays reach `fun` unchanged, static or not, so that the
     decorator changes nothing the program computes. Donation and shardings do
-    not apply there; `keep_unused`, `inline` and `compiler_options` do.
+    not apply there; `keep_unused`, `inline` and `compiler_options` do. A nested
+    call whose leaves are all tracers has nothing to keep: unless `jit_kwargs`
+    has static arguments, donation or shardings, it is `jax.jit`'s own call, and
+    shares its traces with the top level.
 
     **Arguments:**
 
@@ -69,7 +278,7 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
 
     **Returns:**
 
-    A function with the signature of `fun`, usable as a method.
+    A `JitWrapper` with the signature of `fun`, usable as a method.
 
     !!! example
 
@@ -85,30 +294,4 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     """
     if fun is _NOT_GIVEN:  # as jax.jit(**jit_kwargs): a decorator
         return ft.partial(jit, **jit_kwargs)
-    jitted: Any = jax.jit(fun, **jit_kwargs)  # JAX checks the arguments, as it would
-    nested_options = make_options(
-        **{name: jit_kwargs[name] for name in _NESTED_KEYWORDS if name in jit_kwargs}
-    )
-    nested: FilterJitWrapper[..., Any] | None = None
-
-    def staged(*args: Any, **kwargs: Any) -> Any:
-        nonlocal nested
-        if nested is None:  # made on first use: most wrappers never nest
-            nested = FilterJitWrapper(fun, nested_options)
-        return nested(*args, **kwargs)
-
-    def clear_cache() -> None:
-        jitted.clear_cache()
-        if nested is not None:
-            nested._dispatcher.clear()
-
-    wrapper: Any = _trace.by_level(jitted, staged)
-    # What jax.jit's object holds: the function's metadata and `__dict__` (as
-    # functools.wraps copies them), `__wrapped__`, and its methods.
-    for name, value in vars(jitted).items():
-        setattr(wrapper, name, value)
-    for name in _method_names(type(jitted)):
-        setattr(wrapper, name, getattr(jitted, name))
-    wrapper.__getstate__ = jitted.__getstate__
-    wrapper.clear_cache = clear_cache
-    return wrapper
+    return JitWrapper(fun, jit_kwargs)

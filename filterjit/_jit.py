@@ -245,7 +245,7 @@ def filter_jit(
     fun: Any = None,
     *,
     donate: Any = "none",
-    inline: bool = False,
+    inline: Any = False,
     **jitkwargs: Any,
 ) -> Any:
     """Compiles `fun` like `jax.jit`, tracing its array leaves and keeping every

@@ -59,7 +59,7 @@ class Options:
     """The options of one `filter_jit` wrapper."""
 
     donate: DonateOption = "none"
-    inline: bool = False
+    inline: Any = False  # a bool, or (jax >= 0.11) a member of `jax.Inline`
     # Given in the user's terms: prefixes of the positional arguments and of the
     # output, so not passed to jax.jit as they are.
     in_shardings: Any = UNSPECIFIED
@@ -112,11 +112,18 @@ def make_options(**options: Any) -> Options:
                     "parameter name. Give parameter names as strings, such as "
                     "donate=('state',)."
                 )
+    inline_modes = getattr(jax, "Inline", None)  # jax >= 0.11
+    if not isinstance(inline, bool) and not (
+        inline_modes is not None and isinstance(inline, inline_modes)
+    ):
+        modes = ", or a member of jax.Inline" if inline_modes is not None else ""
+        raise ValueError(
+            f"inline={inline!r} is not an option. Use inline=True or inline=False"
+            f"{modes}."
+        )
     if isinstance(in_shardings, list):
         in_shardings = tuple(in_shardings)
-    return Options(
-        donate, bool(inline), in_shardings, out_shardings, tuple(options.items())
-    )
+    return Options(donate, inline, in_shardings, out_shardings, tuple(options.items()))
 
 
 def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None:

@@ -6,7 +6,6 @@ public fallback, and `tests/test_trace.py` fails loudly if the private path move
 """
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -52,15 +51,10 @@ def _call_level_public() -> int:
     return DISABLED if _jit_disabled_public() else _trace_level_public()
 
 
-def _by_level_public(
-    outside: Callable[..., Any], staged: Callable[..., Any]
-) -> Callable[..., Any]:
-    def call(*args: Any, **kwargs: Any) -> Any:
-        if _trace_level_public() == STAGED:
-            return staged(*args, **kwargs)
-        return outside(*args, **kwargs)
-
-    return call
+def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+    if _trace_level_public() == STAGED:
+        return self._staged(*args, **kwargs)
+    return self._outside(*args, **kwargs)
 
 
 try:
@@ -92,7 +86,7 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     jit_disabled = _jit_disabled_public
     call_level = _call_level_public
     current_equations = _current_equations_public
-    by_level = _by_level_public
+    call_by_level = _call_by_level_public
 else:
     private_api_available = True
     # Hide filterjit's frames from tracebacks of errors in user code, as JAX hides
@@ -128,23 +122,15 @@ else:
             return TOP
         return _walk(trace)
 
-    def _by_level_private(
-        outside: Callable[..., Any], staged: Callable[..., Any]
-    ) -> Callable[..., Any]:
-        current, eval_trace, walk = _current_trace, _EvalTrace, _walk
-
-        # A plain function, not an object with `__call__`: Python calls it without
-        # a C-level detour, and it is JAX's dispatch that it stands in front of.
-        def call(*args: Any, **kwargs: Any) -> Any:
-            # Most calls: positional, at the top level.
-            if not kwargs and type(current.value) is eval_trace:
-                return outside(*args)
-            trace = current.value
-            if type(trace) is not eval_trace and walk(trace) == STAGED:
-                return staged(*args, **kwargs)
-            return outside(*args, **kwargs)
-
-        return call
+    def _call_by_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        # Most calls: positional, at the top level. The globals read here are
+        # cached by the interpreter; a local closure would not be faster.
+        if not kwargs and type(_current_trace.value) is _EvalTrace:
+            return self._outside(*args)
+        trace = _current_trace.value
+        if type(trace) is not _EvalTrace and _walk(trace) == STAGED:
+            return self._staged(*args, **kwargs)
+        return self._outside(*args, **kwargs)
 
     def _jit_disabled_private() -> bool:
         return _disable_jit_state.value
@@ -161,10 +147,32 @@ else:
     jit_disabled = _jit_disabled_private
     call_level = _call_level_private
     current_equations = _current_equations_private
-    # `by_level(outside, staged)`: a function that calls `staged` with its
-    # arguments inside a staged trace, and `outside` anywhere else (the top level,
-    # eager transforms), with as little as that check in front of `outside`.
-    by_level = _by_level_private
+    call_by_level = _call_by_level_private
+
+
+class ByLevel:
+    """A callable that calls `self._staged` with its arguments inside a staged
+    trace, and `self._outside` anywhere else (the top level, eager transforms),
+    with as little as that check in front of `self._outside`.
+
+    The check is the type's `__call__`, not a closure an instance holds: an
+    instance has nothing in its `__dict__` that `functools.wraps` would copy."""
+
+    __slots__ = ("_outside",)
+    _outside: Any  # a callable
+
+    def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    __call__ = call_by_level
+
+
+def jit_cache_size(jitted: Any) -> int | None:
+    """How many entries `jitted`, a `jax.jit` object, holds in its cache: one per
+    trace at the top level since its cache was last cleared. `None` where JAX
+    does not say."""
+    size: Any = getattr(jitted, "_cache_size", None)
+    return None if size is None else int(size())
 
 
 def _aux_data_public(treedef: Any) -> list[Any]:

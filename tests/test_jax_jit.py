@@ -6,11 +6,17 @@ in test_noop_matrix.py; JAX's own jit tests run against it in benchmarks/peers.p
 
 import gc
 import inspect
+import json
+import pickle
 import re
+import subprocess
+import sys
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,19 +125,214 @@ def test_metadata_and_ahead_of_time_are_jax_jits():
 
     f.custom = 4  # pyright: ignore[reportFunctionMemberAccess]
     ours, theirs = filterjit.jit(f, static_argnums=1), jax.jit(f, static_argnums=1)
-    for name in ("__name__", "__qualname__", "__doc__", "__module__", "__wrapped__"):
-        assert getattr(ours, name) == getattr(theirs, name), name
-    assert ours.__annotations__ == theirs.__annotations__
-    assert ours.custom == 4  # pyright: ignore
+    # What a transform's functools.wraps copies: the same keys, the same values.
+    assert vars(ours).keys() == vars(theirs).keys()
+    for name in vars(theirs):
+        if name == "_jit_info":  # JAX's parsed options: made anew by each jax.jit
+            assert type(ours._jit_info) is type(theirs._jit_info)  # pyright: ignore
+        else:
+            assert getattr(ours, name) == getattr(theirs, name), name
     assert inspect.signature(ours) == inspect.signature(f)
-    assert ours.__getstate__()["function_name"] == "f"  # pyright: ignore
-    assert {name for name in dir(theirs) if not name.startswith("__")} <= set(dir(ours))
+    assert repr(ours) == repr(theirs) == f"<PjitFunction of {f!r}>"
+    assert ours.__getstate__()["function_name"] == "f"
+    public = {name for name in dir(theirs) if not name.startswith("__")}
+    assert public <= set(dir(ours))
     x = jnp.ones(3)
-    assert ours.lower(x, 3).as_text() == theirs.lower(x, 3).as_text()  # pyright: ignore
-    assert str(ours.trace(x, 3).jaxpr) == str(theirs.trace(x, 3).jaxpr)  # pyright: ignore
-    assert ours.eval_shape(x, 3) == theirs.eval_shape(x, 3)  # pyright: ignore
-    compiled = ours.lower(x, 3).compile()  # pyright: ignore
+    assert ours.lower(x, 3).as_text() == theirs.lower(x, 3).as_text()
+    assert str(ours.trace(x, 3).jaxpr) == str(theirs.trace(x, 3).jaxpr)
+    assert ours.eval_shape(x, 3) == theirs.eval_shape(x, 3)
+    compiled = ours.lower(x, 3).compile()
     assert_tree_equal(compiled(x), theirs(x, 3))
+    assert ours._cache_size() == theirs._cache_size() == 1  # pyright: ignore
+
+
+def _square_sum(x: jax.Array) -> jax.Array:
+    return (x**2).sum()
+
+
+def _branch(x: jax.Array, n: int) -> jax.Array:
+    return x * n
+
+
+@pytest.mark.parametrize(
+    "stage",
+    [
+        lambda jit, x: jax.jit(jax.vmap(jit(_square_sum))).lower(x).compile()(x),
+        lambda jit, x: str(jax.jit(jax.vmap(jit(_square_sum))).trace(x).out_info),
+        lambda jit, x: str(jax.jit(jax.vmap(jit(_square_sum))).eval_shape(x)),
+        lambda jit, x: str(jax.eval_shape(jax.vmap(jit(_square_sum)), x)),
+        lambda jit, x: jax.jit(jax.grad(jit(_square_sum))).lower(x).compile()(x),
+        lambda jit, x: (
+            jax.jit(jax.vmap(jax.grad(jit(_square_sum)))).lower(x).compile()(x)
+        ),
+        lambda jit, x: str(jax.make_jaxpr(jax.vmap(jit(_square_sum)))(x).out_avals),
+        # JAX's testCondBatched: both branches batched.
+        lambda jit, x: str(
+            jax.make_jaxpr(
+                jax.vmap(
+                    lambda y: lax.cond(True, jit(_square_sum), jit(_square_sum), y)
+                )
+            )(x).out_avals
+        ),
+        lambda jit, x: str(
+            jax.jit(jit(_branch), static_argnums=1).trace(x, 2).jaxpr.in_avals
+        ),
+        lambda jit, x: jax.jit(jit(_branch), static_argnums=1).lower(x, 2).compile()(x),
+    ],
+)
+def test_transforms_of_the_wrapper_keep_their_own_methods(stage):
+    # Finding 1: vmap, grad and jit copy the wrapper's `__dict__` onto the function
+    # they make; nothing there may shadow that function's own `lower`, `trace` or
+    # `eval_shape`.
+    x = jnp.arange(6.0).reshape(2, 3)
+    got, expected = stage(filterjit.jit, x), stage(jax.jit, x)
+    if isinstance(expected, str):  # shapes and dtypes, as text
+        assert got == expected
+    else:
+        assert_tree_equal(got, expected)
+
+
+def test_an_object_holding_its_jitted_method_is_collected():
+    # Finding 2 (JAX's test_jit_boundmethod_reference_cycle), with memory to free.
+    class Holder:
+        def __init__(self):
+            self.buffer = np.zeros(1 << 20, dtype=np.uint8)
+            self.jitted = filterjit.jit(self.method)
+
+        def method(self, x: jax.Array) -> jax.Array:
+            return x + 1
+
+    holders = [Holder() for _ in range(3)]
+    holders[0].jitted(jnp.ones(2))  # called at the top level
+    _call_nested(holders[1].jitted)  # and nested
+    refs = [weakref.ref(holder) for holder in holders]
+    del holders
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * 3
+
+
+def _module_level(x: jax.Array) -> jax.Array:
+    return x + 1
+
+
+module_level = filterjit.jit(_module_level)
+
+
+@filterjit.jit
+def decorated(x: jax.Array) -> jax.Array:
+    return x * 2
+
+
+def test_pickling_and_weak_references():
+    # Finding 5: cloudpickle pickles a local function's wrapper by value, as
+    # jax.jit's object; a function at the top of a module by reference.
+    offset = jnp.float32(3)
+
+    def local(x: jax.Array, n: int) -> jax.Array:
+        return x * n + offset
+
+    x = jnp.arange(3.0)
+    for ours in (filterjit.jit(local, static_argnums=1), filterjit.jit(local)):
+        copy = cloudpickle.loads(cloudpickle.dumps(ours))
+        assert type(copy) is type(ours) and copy is not ours
+        assert_tree_equal(copy(x, 2), jax.jit(local, static_argnums=1)(x, 2))
+        assert_tree_equal(
+            jax.jit(lambda y: copy(y, 2))(x), jax.jit(lambda y: local(y, 2))(x)
+        )
+    assert pickle.loads(pickle.dumps(decorated)) is decorated
+    copy = pickle.loads(pickle.dumps(module_level))  # its function is the name's
+    assert_tree_equal(copy(x), x + 1)
+    assert weakref.ref(decorated)() is decorated
+
+
+def test_a_nested_call_of_tracers_alone_is_jax_jits():
+    # Finding 4 (JAX's test_inner_jit_function_retracing, jax-ml/jax#7155).
+    (ours, our_count), (theirs, their_count) = _pair({}, lambda x: 2 * x)
+    x = jnp.arange(5.0)
+    for jit, counter in ((ours, our_count), (theirs, their_count)):
+        jax.jit(lambda y: jit(jit(y)) * 2)(x)
+        jit(x)
+        assert counter.count == 1
+    # The same jaxpr, one `jit` equation per call.
+    assert str(jax.make_jaxpr(lambda y: ours(y) + ours(y))(x)) == str(
+        jax.make_jaxpr(lambda y: theirs(y) + theirs(y))(x)
+    )
+    # A concrete leaf keeps it the nested no-op, and so do keywords that mean
+    # something else nested.
+    concrete = TraceCounter(lambda y, c: y * c)
+    with_concrete = filterjit.jit(concrete)
+    jax.jit(lambda y: with_concrete(y, np.float32(2)))(x)
+    with pytest.raises(TypeError):  # jax.jit: `c` would be traced
+        jax.jit(lambda y: jax.jit(concrete)(y, "two"))(x)
+    assert_tree_equal(
+        jax.jit(lambda y: filterjit.jit(lambda a, b: a * len(b))(y, "two"))(x), x * 3
+    )
+    static = filterjit.jit(lambda y, z: y * z, static_argnums=1)
+    assert_tree_equal(jax.jit(lambda y: static(y, y))(x), x * x)
+
+
+def _inline_modes() -> list[Any]:
+    return list(getattr(jax, "Inline", ()))
+
+
+@pytest.mark.skipif(not _inline_modes(), reason="jax.Inline is new in jax 0.11")
+@pytest.mark.parametrize("mode", _inline_modes())
+@pytest.mark.parametrize("decorate", [filterjit.jit, filterjit.filter_jit])
+def test_nested_calls_keep_the_inline_mode(mode, decorate):
+    # Finding 3: nested, the jaxpr holds what jax.jit's nested call holds.
+    def inner(x: jax.Array, n: int) -> jax.Array:
+        return x * n
+
+    def equations(jaxpr: Any) -> list[Any]:
+        return [(e.primitive.name, e.params.get("inline")) for e in jaxpr.eqns]
+
+    ours = decorate(inner, inline=mode)
+    with_static = jax.jit(lambda x: inner(x, 3), inline=mode)
+    traced = jax.jit(inner, inline=mode)
+    for call, reference in (
+        (lambda y: ours(y, 3), lambda y: with_static(y)),
+        (lambda y: ours(y, y), lambda y: traced(y, y)),  # tracers alone
+    ):
+        got = equations(jax.make_jaxpr(call)(jnp.ones(3)).jaxpr)
+        expected = equations(jax.make_jaxpr(reference)(jnp.ones(3)).jaxpr)
+        assert got == expected, (got, expected)
+
+
+@pytest.mark.parametrize("decorate", [filterjit.jit, filterjit.filter_jit])
+def test_an_invalid_inline_is_refused(decorate):
+    for invalid in ("yes", 1, None, np.bool_(True)):
+        with pytest.raises(ValueError, match="inline"):
+            decorate(lambda x: x, inline=invalid)
+
+
+def test_explain_and_num_traces_see_jax_jit():
+    # Finding 6: at the top level, the roles are jax.jit's.
+    ours = filterjit.jit(_loop)
+    x = jnp.float32(2)
+    explained = filterjit.explain(ours, x, 3)
+    assert [(r.path, r.role) for r in explained.rows] == [
+        ("x", "traced"),
+        ("n", "traced"),
+    ]
+    assert explained.rows[1].value == "weak i32[]"
+    assert str(explained).startswith("jit(_loop), called at the top level")
+    static = filterjit.jit(_loop, static_argnames="n")
+    rows = filterjit.explain(static, {"a": x}, n=3).rows
+    assert [(r.path, r.role, r.value) for r in rows] == [
+        ("x['a']", "traced", "f32[]"),
+        ("n", "static", "3"),
+    ]
+    # Nested, the nested contract's: `n` stays a Python int.
+    roles = []
+    jax.jit(lambda y: roles.append(filterjit.explain(ours, y, 3).rows) or y)(x)
+    assert [r.role for r in roles[0]] == ["traced", "static"]
+    assert filterjit.num_traces(ours) == 0
+    ours(x, 3)
+    ours(x, 4)
+    ours(jnp.ones(2), 3)
+    assert filterjit.num_traces(ours) == 2
+    ours.clear_cache()
+    assert filterjit.num_traces(ours) == 0
 
 
 def test_methods_and_decorator_factories():
@@ -241,7 +442,7 @@ def test_disable_jit_calls_the_function():
     assert seen == [np.float32, np.float32]
 
 
-def _call_nested(f: Callable[[float], Any]) -> None:
+def _call_nested(f: Callable[..., Any]) -> None:
     jax.jit(lambda y: f(y))(1.0)
 
 
@@ -257,3 +458,84 @@ def test_the_wrapper_keeps_its_function_alive_and_no_more():
     del wrapper
     gc.collect()
     assert fun_ref() is None and x_ref() is None
+
+
+_SPELLINGS = """
+import functools
+from functools import partial
+
+import jax
+from jax import jit
+from jax._src import api
+import pytest
+
+from filterjit._jax_jit import JitWrapper
+
+
+def double(x):
+    return 2 * x
+
+
+@jax.jit
+def decorated(x):
+    return x
+
+
+@partial(jax.jit, static_argnums=1)
+def decorated_partial(x, n):
+    return x * n
+
+
+@pytest.mark.parametrize("make", [jit, jax.jit, api.jit, partial(jax.jit)])
+def test_parameterized(make):
+    assert type(make(double)) is JitWrapper
+
+
+def test_spellings():
+    for made in (
+        jit(double),
+        jax.jit(double),
+        api.jit(double),
+        partial(jax.jit, static_argnums=0)(double),
+        jax.jit(static_argnums=0)(double),
+        functools.reduce(lambda f, _: jax.jit(f), [1], double),
+        decorated,
+        decorated_partial,
+    ):
+        assert type(made) is JitWrapper
+
+
+def test_jax_internals_keep_jax_jit():
+    # jax.eval_shape calls jax.jit from JAX's own module: not swapped.
+    assert jax.eval_shape(double, 1.0).shape == ()
+"""
+
+
+def test_the_parity_harness_swaps_every_spelling(tmp_path):
+    # Finding 7: benchmarks/peers.py --target jax.jit swaps every jit a test file
+    # makes, however spelled, and none that JAX makes.
+    suite = tmp_path / "suite"
+    (suite / "tests").mkdir(parents=True)
+    (suite / "tests" / "spellings_test.py").write_text(_SPELLINGS)
+    out = tmp_path / "outcomes.json"
+    peers = Path(__file__).parent.parent / "benchmarks" / "peers.py"
+    result = subprocess.run(
+        [sys.executable, str(peers), "--target", "jax.jit", "--json", str(out)]
+        + [str(suite), "--", "tests/spellings_test.py", "-p", "no:randomly"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    runs = json.loads(out.read_text())["suite"]
+    patched, unpatched = runs["patched"], runs["unpatched"]
+    assert len(patched["outcomes"]) == 6, patched
+    assert set(patched["outcomes"].values()) == {"passed"}, patched
+    internal = "tests/spellings_test.py::test_jax_internals_keep_jax_jit"
+    assert {n for n, o in unpatched["outcomes"].items() if o == "passed"} == {internal}
+    # Four parameterized, six in one test (a decorator factory is called once),
+    # two decorators: 12 swapped.
+    swapped = [note for note in patched["notes"] if "calls from the suite" in note]
+    assert swapped and "making a `filterjit._jax_jit.jit`: 12;" in swapped[0], swapped
+    # jax.eval_shape's own jit, from JAX's module: left to JAX.
+    assert "(jax._src.api 1); made by filterjit itself: 12" in swapped[0], swapped

@@ -27,7 +27,7 @@ def test_private_api_is_available():
     assert _trace.trace_level.__name__ == "_trace_level_private"
     assert _trace.jit_disabled.__name__ == "_jit_disabled_private"
     assert _trace.call_level.__name__ == "_call_level_private"
-    assert _trace.by_level is _trace._by_level_private
+    assert _trace.ByLevel.__call__ is _trace._call_by_level_private
     # The hot path reads the state behind `trace_ctx.trace` directly (from jax 0.10,
     # `trace_state_strong_ref`; jax 0.9 keeps the trace in an attribute of
     # `trace_ctx`, read through a stand-in).
@@ -43,6 +43,18 @@ def test_private_api_is_available():
     f(1.0)
     assert seen == [True]
     assert _trace._current_trace.value is _trace._trace_ctx.trace
+
+
+def test_jit_cache_size_reads_jax_jits_cache():
+    # If this fails, JAX's jitted object no longer has `_cache_size`: then
+    # `num_traces` of a filterjit.jit function raises (the fallback).
+    f = jax.jit(lambda x: x + 1)
+    assert _trace.jit_cache_size(f) == 0
+    f(1.0)
+    f(jnp.ones(2))
+    f(2.0)
+    assert _trace.jit_cache_size(f) == 2
+    assert _trace.jit_cache_size(lambda x: x) is None
 
 
 def test_aux_data_reads_the_pickled_structure():
@@ -168,7 +180,7 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
     monkeypatch.setattr(_trace, "trace_level", _trace._trace_level_public)
     monkeypatch.setattr(_trace, "jit_disabled", _trace._jit_disabled_public)
     monkeypatch.setattr(_trace, "call_level", _trace._call_level_public)
-    monkeypatch.setattr(_trace, "by_level", _trace._by_level_public)
+    monkeypatch.setattr(_trace.ByLevel, "__call__", _trace._call_by_level_public)
 
     def loop(init, lower):
         return lax.fori_loop(lower, 1, lambda _, y: y + 1, init)

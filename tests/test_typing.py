@@ -65,6 +65,59 @@ def test_reveal_type_keeps_the_parameters(tmp_path):
     assert any('"n"' in m and "Argument missing" in m for m in messages), messages
 
 
+def test_reveal_type_of_filterjit_jit(tmp_path):
+    # Finding 6: the wrapper's methods are typed, as jax.jit's are.
+    pyright = shutil.which("pyright")
+    assert pyright is not None, "pyright is installed by the test extra"
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text(
+        textwrap.dedent(
+            """
+            import jax
+            import filterjit
+
+            @filterjit.jit
+            def f(x: jax.Array, n: int) -> jax.Array:
+                return x * n
+
+            @filterjit.jit(static_argnums=1)
+            def g(x: jax.Array, n: int) -> jax.Array:
+                return x * n
+
+            class Model:
+                @filterjit.jit
+                def apply(self, x: jax.Array) -> jax.Array:
+                    return x
+
+            x = jax.numpy.ones(3)
+            reveal_type(f)
+            reveal_type(g.lower(x, 2))
+            reveal_type(f.trace(x, 2))
+            reveal_type(f.eval_shape(x, 2))
+            reveal_type(f.clear_cache())
+            reveal_type(Model().apply)
+            f(x)  # a type error: missing argument
+            """
+        )
+    )
+    result = subprocess.run(
+        [pyright, "--outputjson", "--pythonpath", sys.executable, str(snippet)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(result.stdout)
+    messages = [d["message"] for d in report["generalDiagnostics"]]
+    revealed = [m for m in messages if m.startswith("Type of")]
+    assert len(revealed) == 6, messages
+    assert "JitWrapper[(x: Array, n: int), Array]" in revealed[0], revealed
+    assert '"Lowered"' in revealed[1] and '"Traced"' in revealed[2], revealed
+    assert '"None"' in revealed[4], revealed
+    assert "(x: Array) -> Array" in revealed[5], revealed
+    assert not [m for m in messages if "Cannot access attribute" in m], messages
+    assert any('"n"' in m and "Argument missing" in m for m in messages), messages
+
+
 def test_filter_jit_over_jaxtyped_checks_shapes_at_trace_time():
     @filter_jit
     @jaxtyped(typechecker=beartype)

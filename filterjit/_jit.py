@@ -224,7 +224,7 @@ def filter_jit(
     fun: Callable[_P, _R],
     *,
     donate: DonateOption = "none",
-    inline: bool = False,
+    inline: Any = False,  # a bool, or a jax.Inline member (jax >= 0.11)
     **jitkwargs: Any,
 ) -> FilterJitWrapper[_P, _R]: ...
 
@@ -234,7 +234,7 @@ def filter_jit(
     fun: None = None,
     *,
     donate: DonateOption = "none",
-    inline: bool = False,
+    inline: Any = False,
     **jitkwargs: Any,
 ) -> Callable[[Callable[_P, _R]], FilterJitWrapper[_P, _R]]: ...
 

@@ -1,6 +1,7 @@
 """Static types (ParamSpec) and runtime type checkers around filter_jit."""
 
 import json
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -16,13 +17,26 @@ from jaxtyping import Array, Float, jaxtyped
 from filterjit import filter_jit
 
 
-def test_reveal_type_keeps_the_parameters(tmp_path):
+def _pyright_messages(tmp_path: pathlib.Path, source: str) -> list[str]:
+    """What pyright says of `source`, `reveal_type` lines included."""
     pyright = shutil.which("pyright")
     assert pyright is not None, "pyright is installed by the test extra"
     snippet = tmp_path / "snippet.py"
-    snippet.write_text(
-        textwrap.dedent(
-            """
+    snippet.write_text(textwrap.dedent(source))
+    result = subprocess.run(
+        [pyright, "--outputjson", "--pythonpath", sys.executable, str(snippet)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    report = json.loads(result.stdout)
+    return [d["message"] for d in report["generalDiagnostics"]]
+
+
+def test_reveal_type_keeps_the_parameters(tmp_path):
+    messages = _pyright_messages(
+        tmp_path,
+        """
             import jax
             from filterjit import filter_jit
 
@@ -43,17 +57,8 @@ def test_reveal_type_keeps_the_parameters(tmp_path):
             reveal_type(g)
             reveal_type(Model().apply)
             f(1)  # a type error: missing argument
-            """
-        )
+            """,
     )
-    result = subprocess.run(
-        [pyright, "--outputjson", "--pythonpath", sys.executable, str(snippet)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    report = json.loads(result.stdout)
-    messages = [d["message"] for d in report["generalDiagnostics"]]
     revealed = [m for m in messages if m.startswith("Type of")]
     assert len(revealed) == 3, messages
     assert (
@@ -67,12 +72,9 @@ def test_reveal_type_keeps_the_parameters(tmp_path):
 
 def test_reveal_type_of_filterjit_jit(tmp_path):
     # Finding 6: the wrapper's methods are typed, as jax.jit's are.
-    pyright = shutil.which("pyright")
-    assert pyright is not None, "pyright is installed by the test extra"
-    snippet = tmp_path / "snippet.py"
-    snippet.write_text(
-        textwrap.dedent(
-            """
+    messages = _pyright_messages(
+        tmp_path,
+        """
             import jax
             import filterjit
 
@@ -97,17 +99,8 @@ def test_reveal_type_of_filterjit_jit(tmp_path):
             reveal_type(f.clear_cache())
             reveal_type(Model().apply)
             f(x)  # a type error: missing argument
-            """
-        )
+            """,
     )
-    result = subprocess.run(
-        [pyright, "--outputjson", "--pythonpath", sys.executable, str(snippet)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    report = json.loads(result.stdout)
-    messages = [d["message"] for d in report["generalDiagnostics"]]
     revealed = [m for m in messages if m.startswith("Type of")]
     assert len(revealed) == 6, messages
     assert "JitWrapper[(x: Array, n: int), Array]" in revealed[0], revealed

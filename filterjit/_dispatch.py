@@ -73,7 +73,9 @@ class Dispatcher:
         self._latest = [_NO_CALL] * 4
         self._entry_gets = tuple(cache.get for cache in self.entries)
         # Partitions with one signature share an owner, and so their entries.
-        self._owners: dict[Any, object] = {}
+        # Bounded as the partitions are: an owner forgotten only costs a partition
+        # made afresh its own entries.
+        self._owners: BoundedCache[object] = BoundedCache(TOP_MAXSIZE)
         # Held only while a new entry is stored (never while the function runs),
         # so that concurrent first calls of one key share one entry. Re-entrant:
         # an eviction may run a finalizer that calls the function.

@@ -1,5 +1,6 @@
 """Keys that tell apart values that `==` takes for one: `1`, `1.0` and `True`;
-`0.0` and `-0.0`; `nan` and itself; a NumPy array and its bytes.
+`0.0` and `-0.0`; `nan` and itself; a NumPy array and its bytes; and the same
+inside tuples, lists, dicts and frozensets.
 
 Static leaves are keyed by their types and these keys. A pytree structure compares
 the auxiliary data of its nodes (an `eqx.Module`'s static fields, a dict's keys)
@@ -53,6 +54,15 @@ def _dict_key(value: Any) -> Any:
     return None if keys == (None, None) else (dict, keys)
 
 
+def set_key(value: Any) -> Any:
+    """What `==` does not see of a frozenset (or set): `frozenset({1})` and
+    `frozenset({1.0})` are equal, as their elements are."""
+    keys = [exact_key(element) for element in value]
+    if keys.count(None) == len(keys):
+        return None
+    return type(value), frozenset(zip(map(type, value), keys))
+
+
 def _none(value: Any) -> None:
     return None
 
@@ -63,6 +73,8 @@ def _key_of(kind: type) -> Callable[[Any], Any]:
         return _sequence_key
     if kind is dict:
         return _dict_key
+    if issubclass(kind, (frozenset, set)):
+        return set_key
     if issubclass(kind, np.generic):
         key = generic_key
     elif issubclass(kind, np.ndarray):

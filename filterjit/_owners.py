@@ -148,7 +148,12 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     if not in_call_tree(fun):
         func = getattr(fun, "__func__", None)
         if func is not None:  # a method-like object other than a bound method
-            return func, type(fun), []
+            # Its receiver is not in the call tree, so it keys the dispatcher, as
+            # a static argument would be keyed (weakly, if compared by identity).
+            receiver = getattr(fun, "__self__", None)
+            key = static_key(receiver)
+            weak = [receiver] if isinstance(key, weakref.ref) else []
+            return func, (type(fun), type(receiver), key), weak
         return fun, None, []
     call = inspect.getattr_static(type(fun), "__call__", None)
     owner = call if isinstance(call, types.FunctionType) else type(fun)

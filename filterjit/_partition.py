@@ -17,6 +17,7 @@ from ._exact import (
     generic_key,
     ndarray_key,
     same_exact,
+    set_key,
 )
 from ._shallow import BoundCallReader, call_reader, CallReader
 from ._structure import dict_orders, has_sorted_dicts
@@ -94,6 +95,10 @@ def weakly_keyed(kind: type) -> bool:
     )
 
 
+def _frozenset_key(x: frozenset[Any]) -> Any:
+    return x, set_key(x)
+
+
 def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     # np.generic before float: np.float64 subclasses float.
     if staged and issubclass(kind, np.ndarray):
@@ -106,6 +111,8 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
         return float_key
     if issubclass(kind, complex):
         return complex_key
+    if issubclass(kind, frozenset):  # optimistix's `tags`: {1} and {1.0} differ
+        return _frozenset_key
     if weakly_keyed(kind):
         return weakref.ref
     return None

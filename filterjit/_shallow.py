@@ -22,7 +22,8 @@ that structure and those leaf types, and takes the leaves in JAX's order:
 
 A reader is straight-line generated code. A call that needs binding (keyword
 arguments, defaults) is read as it was made (`bound_call_reader`): each bound
-argument where it comes from, a frozen default's leaves taken once, as constants.
+argument where it comes from, an immutable default's leaves (a tuple of
+scalars, say) taken once, as constants.
 
 How Equinox flattens a class, and that JAX flattens a namedtuple class as a
 namedtuple, are checked against JAX once per class, on a probe instance.
@@ -115,7 +116,9 @@ def bound_call_reader(
     """The reader of calls of one shape (see `_binding`) as `call_reader` reads them
     bound, but from the call itself, `read(fun, args, kwargs)`, without binding
     it: each bound argument is read where it comes from. A default, the same
-    object every call, is read once, here: a frozen one's leaves are constants."""
+    object every call, is read once, here where it is immutable (a tuple of
+    leaves): its leaves are constants; a list, dict or Module default is read
+    on every call, since it may have been changed in place."""
     writer = _Writer()
     leaves = writer.call(treedef, types, fun_is_leaf, sources)
     return writer.compile("read_call", "f, a, k", leaves)
@@ -281,7 +284,7 @@ class _Writer:
             taken = None if read is None else read(value)
             if taken is None:
                 return None
-            if not _immutable(treedef):  # a list or dict: read every call
+            if not _immutable(treedef):  # a list, dict or Module: read every call
                 return self.node(treedef, types, self.constant(value))
             # The same leaves every call.
             if len(taken) == 1:
@@ -457,49 +460,17 @@ def _module_reader(
             return None
         return read_fields(get_dynamic(fields))
 
-    if not _immutable(treedef):
-        return read
-    # A Module is frozen, and so is everything below this one (no list or dict):
-    # the Module read last, when it comes again (a default argument, a model
-    # called in a loop), has the same leaves. Kept only while it lives.
-    last: list[Any] = [_FORGOTTEN]
-
-    def read_again(obj: Any) -> list[Any] | None:
-        ref, taken = last[0]
-        # (The type first: a dead reference gives `None`, which `obj` may be.)
-        if type(obj) is cls and ref() is obj:
-            return taken
-        own = read(obj)
-        if own is not None:
-            try:
-                forget = lambda _: last.__setitem__(0, _FORGOTTEN)  # noqa: E731
-                last[0] = (weakref.ref(obj, forget), own)
-            except TypeError:  # not weakly referenceable: not remembered
-                pass
-        return own
-
-    return read_again
-
-
-def _dead() -> None:
-    return None
-
-
-_FORGOTTEN: tuple[Any, list[Any]] = (_dead, [])
+    return read
 
 
 def _immutable(treedef: Any) -> bool:
     """Whether every node of `treedef` is of an immutable kind: a tuple, a
-    namedtuple, `None` or an `eqx.Module` (not a list or a dict)."""
+    namedtuple or `None`. Not a list or a dict, and not an `eqx.Module`: frozen is
+    not immutable (`object.__setattr__`, a write to its `__dict__`)."""
     data = treedef.node_data()
     if data is None:
         return True
     kind = data[0]
-    if not (
-        kind is tuple
-        or kind is type(None)
-        or _is_namedtuple(kind)
-        or (isinstance(kind, type) and issubclass(kind, eqx.Module))
-    ):
+    if not (kind is tuple or kind is type(None) or _is_namedtuple(kind)):
         return False
     return all(map(_immutable, treedef.children()))

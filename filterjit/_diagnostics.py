@@ -17,6 +17,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from ._partition import weakly_keyed
+from ._trace import EAGER, STAGED, TOP
 
 
 logger = logging.getLogger("filterjit")
@@ -340,6 +341,14 @@ class TraceLog:
             "filterjit.set_retrace_warning_threshold(None, module=...) silences this "
             "warning for one library."
         )
+
+
+# How an explanation names the level of the call it explains.
+LEVEL_NAMES = {
+    TOP: "at the top level",
+    EAGER: "under eager transforms",
+    STAGED: "inside a staged trace",
+}
 
 
 class Explanation:

@@ -16,7 +16,14 @@ import jax
 import jax.tree_util as jtu
 
 from ._cache import BoundedCache, lifelines
-from ._diagnostics import check_traceable, Explanation, key_error, row, TraceLog
+from ._diagnostics import (
+    check_traceable,
+    Explanation,
+    key_error,
+    LEVEL_NAMES,
+    row,
+    TraceLog,
+)
 from ._entry import aval_key, Entry, make_entry
 from ._errors import call_checked, check_failed, wait_checked
 from ._exact import exact_aux
@@ -492,12 +499,7 @@ class Dispatcher:
         owners = self.function.leaf_owners(treedef)
         labels = [label for _, _, label in owners]
         rows = list(map(row, labels, partition.roles(), leaves))
-        where = {
-            TOP: "at the top level",
-            EAGER: "under eager transforms",
-            STAGED: "inside a staged trace",
-        }
-        return Explanation(self.function.name, where[level], rows, cache_hit)
+        return Explanation(self.function.name, LEVEL_NAMES[level], rows, cache_hit)
 
     def abstract(
         self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

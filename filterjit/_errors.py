@@ -30,6 +30,7 @@ from jax.errors import (
 )
 
 from . import _trace
+from ._partition import is_array
 
 
 # Equinox's callback raises an exception of this name; JAX's error quotes it.
@@ -178,7 +179,7 @@ def _note_traced_scalars(
     scalars = [
         (label, "NumPy" if isinstance(leaf, np.generic | np.ndarray) else "JAX", leaf)
         for label, leaf in zip(names, dynamic)
-        if isinstance(leaf, np.generic | np.ndarray | jax.Array)
+        if is_array(leaf)
         and not isinstance(leaf, Tracer)
         and leaf.shape == ()
         and leaf.dtype.kind in "biu"

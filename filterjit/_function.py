@@ -58,6 +58,16 @@ def _plain_arity(signature: inspect.Signature | None) -> int:
     return count
 
 
+def positional_names(parameters: Any) -> list[str]:
+    """The names of the parameters, of `inspect.Parameter`s, that take arguments
+    by position."""
+    return [
+        p.name
+        for p in parameters
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+
+
 def _holds_array(leaf: Any) -> bool:
     return isinstance(leaf, jax.Array | np.ndarray | np.generic)
 
@@ -188,11 +198,7 @@ class Function:
             count, names = shape[0], shape[1:]
             sources = self.bind.find_sources(count, names)
         args, kwargs = sources
-        positional = [
-            p.name
-            for p in self._binding_parameters
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
+        positional = positional_names(self._binding_parameters)
         found = [*zip(positional, args), *kwargs.items()]
         return tuple(
             name
@@ -221,11 +227,7 @@ class Function:
         keyword argument `where` (a str), and how to name the argument to a user."""
         if isinstance(where, str):
             return where, where
-        positional = [
-            p.name
-            for p in self.parameters
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
+        positional = positional_names(self.parameters)
         if where < len(positional):
             return positional[where], positional[where]
         for p in self.parameters:

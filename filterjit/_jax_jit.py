@@ -21,8 +21,8 @@ import jax.tree_util as jtu
 from jax.core import Tracer
 
 from . import _trace
-from ._diagnostics import Explanation, Row, row
-from ._function import name_of
+from ._diagnostics import Explanation, LEVEL_NAMES, Row, row
+from ._function import name_of, positional_names
 from ._jit import FilterJitWrapper
 from ._options import make_options, Options
 
@@ -96,12 +96,19 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         self.__dict__.update(vars(jitted))
 
     def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
+        if self._nested_is_jax_jits(args, kwargs):
+            return self._outside(*args, **kwargs)
+        return self._nested_wrapper()(*args, **kwargs)
+
+    def _nested_is_jax_jits(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> bool:
         # Nothing concrete to keep: jax.jit's own call, sharing its traces with
         # the top level. Not where a keyword (a static argument, donation,
         # shardings) would mean something else nested.
-        if self._jit_kwargs.keys() <= _NESTED_KEYWORDS and _all_tracers(args, kwargs):
-            return self._outside(*args, **kwargs)
-        return self._nested_wrapper()(*args, **kwargs)
+        return self._jit_kwargs.keys() <= _NESTED_KEYWORDS and _all_tracers(
+            args, kwargs
+        )
 
     def _nested_wrapper(self) -> FilterJitWrapper[_P, _R]:
         if self._nested is None:
@@ -159,10 +166,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
         level = _trace.trace_level()
-        direct = self._jit_kwargs.keys() <= _NESTED_KEYWORDS and _all_tracers(
-            args, kwargs
-        )
-        if level == _trace.STAGED and not direct:
+        if level == _trace.STAGED and not self._nested_is_jax_jits(args, kwargs):
             return self._nested_wrapper()._explain(args, kwargs)
         # jax.jit's roles: an argument is static as a whole, or each of its leaves
         # traced.
@@ -170,11 +174,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
             parameters = list(inspect.signature(self._function).parameters.values())
         except (TypeError, ValueError):
             parameters = []
-        positional = [
-            p.name
-            for p in parameters
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
+        positional = positional_names(parameters)
         numbers = self._jit_kwargs.get("static_argnums", ())
         names = self._jit_kwargs.get("static_argnames", ())
         numbers = {n % len(args) if n < 0 else n for n in _as_tuple(numbers) if args}
@@ -193,13 +193,8 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
                 continue
             for path, leaf in jtu.tree_flatten_with_path(arg)[0]:
                 rows.append(_traced_row(label + jtu.keystr(path), leaf))
-        where = {
-            _trace.TOP: "at the top level",
-            _trace.EAGER: "under eager transforms",
-            _trace.STAGED: "inside a staged trace",
-        }
         name = name_of(self._function)
-        return Explanation(name, where[level], rows, None, decorator="jit")
+        return Explanation(name, LEVEL_NAMES[level], rows, None, decorator="jit")
 
     def _num_traces(self) -> int:
         size = _trace.jit_cache_size(self._outside)

@@ -4,20 +4,16 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ._codegen import compile_function
+import jax.tree_util as jtu
 
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
+Plan = Callable[[Args, Kwargs], tuple[Args, Kwargs]]
 
 # Bound on the number of shapes of call (positional count, keyword names) that
 # get a plan: a function taking `**kwargs` may be called with endless names.
 _MAX_PLANS = 64
-
-
-class _Placeholder:
-    __slots__ = ()
-
 
 # Where a bound argument comes from: `("args", i)`, the call's positional argument
 # `i`; `("kwargs", name)`, its keyword argument `name`; `("default", value)`, the
@@ -27,22 +23,57 @@ Source = tuple[str, Any]
 Sources = tuple[list[Source], dict[str, Source]]
 
 
+class Keywords:
+    """The arguments of a call that has keyword arguments. A pytree node of its own
+    type, so that `f(a, b, c=1)` and `f((a, b), {"c": 1})` differ in structure."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, args: Args, kwargs: Kwargs):
+        self.args = args
+        self.kwargs = kwargs
+
+
+jtu.register_pytree_with_keys(
+    Keywords,
+    lambda k: (
+        ((jtu.GetAttrKey("args"), k.args), (jtu.GetAttrKey("kwargs"), k.kwargs)),
+        None,
+    ),
+    lambda _, children: Keywords(*children),
+    flatten_func=lambda k: ((k.args, k.kwargs), None),
+)
+
+
+class _Placeholder:
+    __slots__ = ()
+
+
 class Binder:
     """`binder(args, kwargs)` gives `(args, kwargs)` as `inspect.Signature.bind`
     followed by `apply_defaults` would, so that `f(x)`, `f(x, 3)` and `f(x, n=3)`
-    are one call.
+    are one call. The keyword arguments are in sorted order, JAX's, unless the
+    function takes `**kwargs` (whose order it sees).
 
-    `Signature.bind` costs microseconds. For each shape of call (the number of
-    positional arguments and the keyword names, in order) the binder binds
-    placeholders once and records where each bound value comes from (`sources`),
-    as a generated function such as `lambda a, k: ((a[0], k['n']), {'mode': 'a'})`.
-    """
+    Once a shape of call (the number of positional arguments and the keyword names,
+    in order) has been bound, where each bound value comes from is known
+    (`sources`), and `make_plan(sources)` may give a faster way to bind it (see
+    `_fastpath.binding_plan`)."""
 
-    def __init__(self, signature: inspect.Signature | None, name: str):
+    def __init__(
+        self,
+        signature: inspect.Signature | None,
+        name: str,
+        make_plan: Callable[[Sources], Plan | None] = lambda sources: None,
+    ):
         self._signature = signature
         self._name = name
-        self._plans: dict[tuple[Any, ...], Callable[[Args, Kwargs], Any]] = {}
+        self._make_plan = make_plan
+        self._plans: dict[tuple[Any, ...], Plan] = {}
         self._sources: dict[tuple[Any, ...], Sources] = {}
+        self._sorts = signature is not None and all(
+            p.kind is not p.VAR_KEYWORD for p in signature.parameters.values()
+        )
 
     def __call__(self, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
         plan = self._plans.get((len(args), *kwargs))
@@ -57,11 +88,16 @@ class Binder:
                 f"{self._name}(): {_bind_error(self._signature, args, kwargs, e)}"
             ) from None
         bound.apply_defaults()
-        if len(self._plans) < _MAX_PLANS:
-            shape = (len(args), *kwargs)
-            self._sources[shape] = self.find_sources(len(args), tuple(kwargs))
-            self._plans[shape] = _plan(*self._sources[shape])
-        return bound.args, bound.kwargs
+        shape = (len(args), *kwargs)
+        if shape not in self._sources and len(self._sources) < _MAX_PLANS:
+            self._sources[shape] = sources = self.find_sources(len(args), tuple(kwargs))
+            plan = self._make_plan(sources)
+            if plan is not None:
+                self._plans[shape] = plan
+        bound_kwargs = bound.kwargs
+        return bound.args, dict(
+            sorted(bound_kwargs.items())
+        ) if self._sorts else bound_kwargs
 
     def sources(self, shape: tuple[Any, ...]) -> Sources | None:
         """Where the bound arguments of calls of `shape` (the number of positional
@@ -82,37 +118,14 @@ class Binder:
         found.update({id(p): ("kwargs", name) for name, p in keyword.items()})
         # A default: the very object that `apply_defaults` would pass.
         source = lambda value: found.get(id(value), ("default", value))  # noqa: E731
+        items = bound.kwargs.items()
         return (
             [source(value) for value in bound.args],
-            {name: source(value) for name, value in bound.kwargs.items()},
+            {
+                name: source(value)
+                for name, value in (sorted(items) if self._sorts else items)
+            },
         )
-
-
-def _plan(
-    args: list[Source], kwargs: dict[str, Source]
-) -> Callable[[Args, Kwargs], tuple[Args, Kwargs]]:
-    """`plan(a, k)`: the bound arguments of a call `(*a, **k)`, from their sources."""
-    namespace: dict[str, Any] = {}
-
-    def constant(value: Any) -> str:
-        name = f"c{len(namespace)}"
-        namespace[name] = value
-        return name
-
-    def expression(source: Source) -> str:
-        kind, value = source
-        if kind == "args":
-            return f"a[{value}]"
-        if kind == "kwargs":
-            return f"k[{constant(value)}]"
-        return constant(value)
-
-    positional = "".join(f"{expression(source)}, " for source in args)
-    keyword = ", ".join(
-        f"{constant(name)}: {expression(source)}" for name, source in kwargs.items()
-    )
-    body = [f"return ({positional}), {{{keyword}}}"]
-    return compile_function("plan", "a, k", body, namespace)
 
 
 def _bind_error(

@@ -2,13 +2,12 @@
 leaves of a call; the static leaves (and, nested, the concrete arrays) are
 captured. JAX's own cache then holds one trace per set of input avals."""
 
-import contextlib
 import inspect
 import re
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -76,7 +75,7 @@ class Entry:
         self.has_checks = False
         self.traced_avals: set[tuple[Any, ...]] = set()
         # Whether calls must take the checked path rather than the hot one; nested,
-        # always (`called_from`).
+        # always (`pending`).
         self.guarded = bool(captured) or staged
         # Weak references whose callbacks drop this entry from its cache when an
         # object it is keyed by (through a weak reference) dies.
@@ -103,25 +102,20 @@ class Entry:
         self.has_checks = True
         self.guarded = True
 
-    @contextlib.contextmanager
-    def called_from(self, tree: Any, leaves: list[Any]) -> Iterator[None]:
-        """Nested: a trace of this entry made inside calls the function with the
-        caller's own arguments, `tree` (flattened to `leaves`), with only the
-        traced leaves replaced (see `_structure`)."""
-        previous = getattr(_pending, "call", None)
-        _pending.call = (self, tree, leaves)
-        try:
-            yield
-        finally:
-            _pending.call = previous
-
     def drop_with(self, objects: list[Any], drop: Callable[[], None]) -> None:
         """Drops this entry (`drop()`) when any of `objects` dies."""
         self._lifelines = lifelines(objects, drop)
 
 
-# The nested call under way, per thread: (entry, pytree, leaves).
-_pending = threading.local()
+class _Pending(threading.local):
+    """The nested call under way in this thread, set around the call of its
+    entry's jitted function: (entry, its pytree, its leaves). A trace made then
+    calls the function with the caller's own arguments (see `make_entry`)."""
+
+    call: tuple[Entry, Any, list[Any]] | None = None
+
+
+pending = _Pending()
 
 
 class _Source:
@@ -207,10 +201,11 @@ def make_entry(
 
     def run(*dynamic: Any) -> Any:
         entry = entry_ref()
-        pending = getattr(_pending, "call", None)
-        if pending is not None and pending[0] is entry:
+        under_way = pending.call
+        nested = under_way is not None and under_way[0] is entry
+        if under_way is not None and nested:
             # Nested: the caller's own arguments, traced leaves replaced.
-            _, tree, inputs = pending
+            _, tree, inputs = under_way
             inputs = list(inputs)
             for position, leaf in zip(dynamic_positions, dynamic):
                 inputs[position] = leaf
@@ -224,7 +219,8 @@ def make_entry(
             call = jtu.tree_unflatten(treedef, inputs)
         f, args, kwargs = function.split_call(fun_ref(), call)
         output = f(*args, **kwargs)
-        # Where the program runs (not nested): whether a failed check must be
+        # Where the program may run (not a nested entry: a top-level one may be
+        # traced nested, see `Dispatcher._call`): whether a failed check must be
         # raised at the call, which then waits for the result.
         runtime_check = not staged and traced_a_check()
         if entry is not None:
@@ -233,7 +229,7 @@ def make_entry(
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None:
             log.record(list(map(row, labels, roles, inputs, arguments)))
-        return jit_output(output, inputs, runtime_check, staged, boxed)
+        return jit_output(output, inputs, runtime_check, nested, boxed)
 
     # So that JAX's own messages (jax_explain_cache_misses, errors) point at the
     # user's function and name the user's arguments, not this closure.

@@ -10,7 +10,8 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._binding import Binder
+from ._binding import Binder, Keywords
+from ._fastpath import binding_plan
 
 
 def name_of(fun: Any) -> str:
@@ -130,28 +131,6 @@ def receiver_of(fun: Any) -> str | None:
     return first_parameter(func) or "self"
 
 
-class Keywords:
-    """The arguments of a call that has keyword arguments. A pytree node of its own
-    type, so that `f(a, b, c=1)` and `f((a, b), {"c": 1})` differ in structure."""
-
-    __slots__ = ("args", "kwargs")
-
-    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any]):
-        self.args = args
-        self.kwargs = kwargs
-
-
-jtu.register_pytree_with_keys(
-    Keywords,
-    lambda k: (
-        ((jtu.GetAttrKey("args"), k.args), (jtu.GetAttrKey("kwargs"), k.kwargs)),
-        None,
-    ),
-    lambda _, children: Keywords(*children),
-    flatten_func=lambda k: ((k.args, k.kwargs), None),
-)
-
-
 class Function:
     """The facts about a function that do not change between calls."""
 
@@ -165,7 +144,7 @@ class Function:
         # Calls with this many positional arguments and no keywords bind as they
         # are; -1 if none.
         self.plain_arity = _plain_arity(signature)
-        self.bind = Binder(signature, self.name)
+        self.bind = Binder(signature, self.name, binding_plan)
         # Whether a call may leave parameters to their defaults (a partial's
         # keywords included), which are not donated.
         self.has_defaults = signature is not None and any(

@@ -5,7 +5,15 @@ import functools as ft
 import sys
 import types
 from collections.abc import Callable
-from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
+from typing import (
+    Any,
+    Concatenate,
+    Generic,
+    overload,
+    ParamSpec,
+    TYPE_CHECKING,
+    TypeVar,
+)
 
 import equinox as eqx
 import jax.tree_util as jtu
@@ -14,12 +22,10 @@ from . import _trace
 from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
-from ._errors import note_recursion
 from ._function import Method, name_of
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
 from ._owners import dispatcher_for
-from ._trace import DISABLED
 
 
 _P = ParamSpec("_P")
@@ -100,19 +106,13 @@ class FilterJitWrapper(Generic[_P, _R]):
         self._call = self._dispatcher.call
         _copy_metadata(self, fun)
 
-    def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
-        level = _trace.call_level()
-        if level == DISABLED:
-            return self._fun(*args, **kwargs)
-        try:
-            return self._call(level, self._fun, args, kwargs)
-        except RecursionError as error:
-            try:
-                note_recursion(error, self.__qualname__)
-            except RecursionError:
-                pass  # no stack left for the note here: a caller adds it
-            raise
+    if TYPE_CHECKING:
+
+        def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+
+    else:
+        # The level check inline, then the dispatcher's `call`.
+        __call__ = _trace.call_at_level
 
     @overload
     def __get__(

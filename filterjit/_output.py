@@ -17,20 +17,31 @@ see: configuration such as x64, context, shardings):
 Only tracers are outputs of the jit; the rest is what the function returned.
 """
 
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from ._partition import traced_types
-from ._shallow import items_getter
+from ._partition import is_array, traced_types
 from ._structure import dict_orders, restore_orders
 from ._trace import STAGED, TOP
 
 
 _identity = object.__eq__
+
+
+def items_getter(keys: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
+    """`get(x)`: the tuple of `x[key]` for `keys`."""
+    if len(keys) > 1:
+        return operator.itemgetter(*keys)
+    if keys:
+        (key,) = keys
+        return lambda x: (x[key],)
+    return lambda x: ()
 
 
 class _Static:
@@ -69,6 +80,9 @@ class OutputSpec:
         "plain",
         "build",
         "orders",
+        "nested",
+        "neutral",
+        "at_top",
     )
 
     def __init__(
@@ -80,8 +94,10 @@ class OutputSpec:
         copies: tuple[int, ...],
         aliases: tuple[tuple[int, ...], ...],
         runtime_check: bool,
-        orders: tuple[tuple[Any, ...], ...] | None = None,
-        wait_on: int | None = None,
+        orders: tuple[tuple[Any, ...], ...] | None,
+        wait_on: int | None,
+        nested: bool,
+        neutral: bool,
     ):
         self.treedef = treedef
         self.dynamic_positions = dynamic_positions
@@ -96,11 +112,21 @@ class OutputSpec:
         # whose wait raises the error of a check that failed anywhere in it, as
         # Equinox's one output waited for does. `None`: wait for them all.
         self.wait_on = wait_on
-        # Whether the call needs nothing but `build`.
-        self.plain = not (aliases or runtime_check)
+        # Whether the trace was made nested, and whether its output means the same
+        # at every level (see `jit_output`).
+        self.nested = nested
+        self.neutral = neutral
         # `build(out, inputs)`: the user's output from the traced leaves `out` and
-        # this call's leaves.
-        self.build = self._builder(template)
+        # this call's leaves. `at_top`: the same for a top-level call of a trace
+        # made nested whose output is not neutral (`None` for any other): its
+        # concrete arrays come back as new JAX arrays, as `jax.jit` returns them.
+        self.build = self._builder(template, ())
+        self.at_top = None
+        if nested and not neutral:
+            arrays = tuple(p for p, leaf in enumerate(template) if is_array(leaf))
+            self.at_top = self._builder(template, arrays)
+        # Whether a top-level call needs nothing but `build`.
+        self.plain = not (aliases or runtime_check or self.at_top is not None)
         # Nested: the insertion orders of the output's dicts, where JAX's rebuild
         # (in sorted key order) would change them.
         self.orders = orders
@@ -108,10 +134,14 @@ class OutputSpec:
             build = self.build
             self.build = lambda out, inputs: restore_orders(build(out, inputs), orders)
 
-    def _builder(self, template: list[Any]) -> Callable[[Any, list[Any]], Any]:
+    def _builder(
+        self, template: list[Any], to_jax: tuple[int, ...]
+    ) -> Callable[[Any, list[Any]], Any]:
         """`build`: the output's leaves taken at once from a pool of the traced
-        leaves, this call's inputs handed back and the trace's static leaves."""
-        unflatten, copies = self.treedef.unflatten, self.copies
+        leaves, this call's inputs handed back and the trace's static leaves; the
+        arrays at `to_jax` made JAX arrays (else the NumPy arrays copied)."""
+        unflatten = self.treedef.unflatten
+        copies = () if to_jax else self.copies
         handed_back = [position for position, _ in self.passthrough]
         from_pool = [*self.dynamic_positions, *handed_back]
         others = set(from_pool)
@@ -121,16 +151,18 @@ class OutputSpec:
         for place, position in enumerate([*from_pool, *static]):
             index[position] = place
         take = items_getter(index)
-        if not self.passthrough and not copies:
+        if not self.passthrough and not copies and not to_jax:
             return lambda out, inputs: unflatten(take((*out, *constants)))
         take_inputs = items_getter([position for _, position in self.passthrough])
 
         def build(out: Any, inputs: list[Any]) -> Any:
             leaves = take((*out, *take_inputs(inputs), *constants))
-            if copies:  # nested, as without the decorator: each call its own
+            if copies or to_jax:
                 leaves = list(leaves)
-                for position in copies:
+                for position in copies:  # nested, as undecorated: each call its own
                     leaves[position] = leaves[position].copy()
+                for position in to_jax:
+                    leaves[position] = jnp.array(leaves[position])
             return unflatten(leaves)
 
         return build
@@ -172,7 +204,8 @@ def finish(out: Any, inputs: list[Any]) -> Any:
     """The user's output from what the jitted function returned (or its shapes,
     from `eval_shape`), for a call with leaves `inputs`."""
     if type(out) is Carried:
-        return out.spec.build(out.leaves, inputs)
+        spec = out.spec
+        return (spec.at_top or spec.build)(out.leaves, inputs)
     return out
 
 
@@ -180,17 +213,17 @@ def jit_output(
     output: Any,
     inputs: list[Any],
     runtime_check: bool,
-    staged: bool,
+    nested: bool,
     boxed: bool = False,
 ) -> Any:
     """What the jitted function returns for the user's `output`, traced with
-    `inputs` (the call's leaves, traced ones as tracers). Not `staged`, every
+    `inputs` (the call's leaves, traced ones as tracers). Not `nested`, every
     array leaf is an output of the jit, as in `jax.jit`: a NumPy array or a
     concrete `jax.Array` returned as it is comes back as a new JAX array. `boxed`:
     keep the user's structure whatever it takes (for `out_shardings`, a prefix of
     it); inputs handed back are then the traced call's (equal to this call's: they
     are keyed by value)."""
-    traced = traced_types(STAGED if staged else TOP)
+    traced = traced_types(STAGED if nested else TOP)
     leaves, treedef = jtu.tree_flatten(output)
     input_positions: dict[int, list[int]] = {}
     for position, leaf in enumerate(inputs):
@@ -215,13 +248,17 @@ def jit_output(
         elif isinstance(leaf, np.ndarray):
             # Nested, as without the decorator: a NumPy array, every call its own.
             copies.append(position)
-    orders = None
-    if staged:
-        # As the function returned it: a dict in its insertion order.
-        found = dict_orders(output)
-        if found and found != dict_orders(treedef.unflatten(leaves)):
-            orders = found
-    if len(dynamic_positions) == len(leaves) and not runtime_check and not orders:
+    # A trace of a top-level entry may serve nested calls too, and the reverse
+    # (see `Dispatcher._call`). Its output means the same at every level unless a
+    # concrete array is in it (an output of the jit at the top level, kept as it is
+    # nested) or a dict whose order JAX's rebuild changes (kept nested).
+    found = dict_orders(output)
+    in_order = not found or found == dict_orders(treedef.unflatten(leaves))
+    orders = None if in_order or not nested else found
+    neutral = in_order and not any(
+        is_array(leaf) and not isinstance(leaf, Tracer) for leaf in leaves
+    )
+    if len(dynamic_positions) == len(leaves) and not runtime_check and neutral:
         return output
     if boxed:
         dynamic = set(dynamic_positions)
@@ -251,5 +288,7 @@ def jit_output(
         runtime_check,
         orders,
         wait_on,
+        nested,
+        neutral,
     )
     return Carried([leaves[p] for p in dynamic_positions], spec)

@@ -9,7 +9,6 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from ._codegen import compile_function
 from ._exact import (
     complex_key,
     exact_key,
@@ -19,7 +18,7 @@ from ._exact import (
     same_exact,
     set_key,
 )
-from ._shallow import BoundCallReader, call_reader, CallReader
+from ._fastpath import BoundCallReader, call_reader, CallReader, key_function
 from ._structure import dict_orders, has_sorted_dicts
 from ._trace import aux_data, STAGED
 
@@ -29,9 +28,6 @@ from ._trace import aux_data, STAGED
 ABSTRACT = 3
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
-
-# Partitions with up to this many static leaves get a generated key function.
-_GENERATED_KEYS = 64
 
 
 def is_array(element: Any) -> bool:
@@ -131,9 +127,6 @@ def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
         return lambda leaves: leaves
     if len(positions) == 0:
         return lambda leaves: ()
-    if len(positions) == 1:
-        (position,) = positions
-        return lambda leaves: (leaves[position],)
     first, last = positions[0], positions[-1]
     if last - first + 1 == len(positions):  # contiguous: a slice, at C speed
         return operator.itemgetter(slice(first, last + 1))
@@ -172,6 +165,8 @@ class Partition:
         "exact",
         "_aux",
         "orders",
+        "shares_top",
+        "get",
     )
 
     def __init__(
@@ -233,7 +228,10 @@ class Partition:
         # Each leaf's parameter, position and label (see `Dispatcher.owners`),
         # made when first needed.
         self.owners: list[tuple[str, int | None, str]] | None = None
-        self.key = self._key_function(static)
+        # The generated key function, where there is one (see `_fastpath`).
+        self.key = (
+            key_function(self.owner, types, static, dict(rekeys)) or self.reference_key
+        )
         self.constant_key = None if static else self.owner
         # `read_leaves(tree)`: the leaves of a call flattened to this partition's
         # structure and types, taken without flattening (`None` for another call);
@@ -242,41 +240,17 @@ class Partition:
         # The same for calls that need binding, read as they were made, by shape
         # of call (see `Dispatcher._call_reader`).
         self.call_readers: dict[tuple[Any, ...], BoundCallReader | None] = {}
+        # Set by the dispatcher: whether a call of this partition uses the top
+        # level's entries (see `Dispatcher._call`), and the `get` of its entries.
+        self.shares_top = False
+        self.get: Callable[[Any], Any] = lambda key: None
 
-    def _key_function(self, static: list[int]) -> Callable[[list[Any]], Any]:
-        owner = self.owner
-        if not static:
-            return lambda leaves: owner
-        if len(static) > _GENERATED_KEYS:
-            return lambda leaves: (owner, *self.statics(leaves))
-        # One generated function, such as
-        #
-        #     def key(l):
-        #         v3 = l[3]
-        #         return (owner, l[0], v3.hex() if v3 == 0.0 or v3 != v3 else v3, )
-        #
-        # Its source holds positions only; the owner and key functions are in its
-        # namespace.
-        rekeys = dict(self._rekeys)
-        namespace: dict[str, Any] = {"owner": owner}
-        body: list[str] = []
-        parts: list[str] = []
-        for index, position in enumerate(static):
-            rekey = rekeys.get(index)
-            if rekey is None:
-                parts.append(f"l[{position}]")
-            elif rekey is float_key and self.types[position] is float:
-                body.append(f"v{position} = l[{position}]")
-                value = f"v{position}"
-                parts.append(
-                    f"{value}.hex() if {value} == 0.0 or {value} != {value} "
-                    f"else {value}"
-                )
-            else:
-                namespace[f"k{index}"] = rekey
-                parts.append(f"k{index}(l[{position}])")
-        body.append(f"return (owner, {''.join(f'{part}, ' for part in parts)})")
-        return compile_function("key", "l", body, namespace)
+    def reference_key(self, leaves: list[Any]) -> Any:
+        """The cache key of a call's leaves: the partition's owner, then the keys
+        of its static leaves (if any)."""
+        if not self.static_positions:
+            return self.owner
+        return (self.owner, *self.statics(leaves))
 
     def exactly(self, treedef: Any) -> bool:
         """Whether `treedef`, equal to this partition's by `==`, is exactly

@@ -57,6 +57,16 @@ def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     return self._outside(*args, **kwargs)
 
 
+# `call_at_level(self, *args, **kwargs)`, the `__call__` of filter_jit's wrapper:
+# `self._call(level, self._fun, args, kwargs)` at the call's trace level, or
+# `self._fun(*args, **kwargs)` inside `jax.disable_jit()`.
+def _call_at_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+    level = _call_level_public()
+    if level == DISABLED:
+        return self._fun(*args, **kwargs)
+    return self._call(level, self._fun, args, kwargs)
+
+
 try:
     from jax._src import traceback_util as _traceback_util
     from jax._src.config import disable_jit as _disable_jit_state
@@ -87,6 +97,7 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     call_level = _call_level_public
     current_equations = _current_equations_public
     call_by_level = _call_by_level_public
+    call_at_level = _call_at_level_public
 else:
     private_api_available = True
     # Hide filterjit's frames from tracebacks of errors in user code, as JAX hides
@@ -132,6 +143,16 @@ else:
             return self._staged(*args, **kwargs)
         return self._outside(*args, **kwargs)
 
+    def _call_at_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        # `call_level()` inline: the hot path's first function is this one.
+        __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
+        if _disable_jit_state.value:
+            return self._fun(*args, **kwargs)
+        trace = _current_trace.value
+        if type(trace) is _EvalTrace:
+            return self._call(TOP, self._fun, args, kwargs)
+        return self._call(_walk(trace), self._fun, args, kwargs)
+
     def _jit_disabled_private() -> bool:
         return _disable_jit_state.value
 
@@ -148,6 +169,7 @@ else:
     call_level = _call_level_private
     current_equations = _current_equations_private
     call_by_level = _call_by_level_private
+    call_at_level = _call_at_level_private
 
 
 class ByLevel:

@@ -20,7 +20,7 @@ from jax.core import Tracer
 from test_noop_matrix import _run as run_outcome, agree, CONTEXTS
 
 from filterjit import filter_jit
-from filterjit._function import Keywords
+from filterjit._binding import Keywords
 from filterjit._structure import (
     dict_orders,
     has_sorted_dicts,

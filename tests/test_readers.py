@@ -1,5 +1,5 @@
 """The path that takes the leaves of a call without flattening it
-(`filterjit/_shallow.py`), checked against `jax.tree_util` itself.
+(`filterjit/_fastpath.py`), checked against `jax.tree_util` itself.
 
 Whenever the reader made from one call's structure and leaf types accepts another
 call, JAX's own flatten of that call must give the recorded structure and leaf
@@ -30,11 +30,11 @@ from helpers import property_settings
 from hypothesis import given, strategies as st
 
 import filterjit
-from filterjit import _dispatch, _shallow
+from filterjit import _dispatch, _fastpath
 from filterjit._binding import Binder
 from filterjit._exact import exact_aux
-from filterjit._function import Keywords
-from filterjit._shallow import bound_call_reader, call_reader
+from filterjit._binding import Keywords
+from filterjit._fastpath import bound_call_reader, call_reader
 
 
 Pair = collections.namedtuple("Pair", "first second")
@@ -600,7 +600,7 @@ def test_which_calls_have_readers():
 def test_leaf_types_are_leaves_to_jax():
     # The reader takes instances of these types as leaves without asking JAX: if
     # JAX ever flattens one of them as a node, this fails.
-    from filterjit._shallow import _LEAF_TYPES
+    from filterjit._fastpath import _LEAF_TYPES
 
     samples = {
         float: 1.0, int: 1, bool: True, complex: 1j, str: "s", bytes: b"b",
@@ -621,10 +621,10 @@ def test_module_layouts_are_confirmed_by_jax():
     # probe: if Equinox changes how it flattens, Modules lose the fast path, and
     # this says so.
     for cls in (Flat, SubFlat, Bare, Outer, eqx.nn.Linear, eqx.nn.MLP):
-        layout = _shallow._layout(cls)
+        layout = _fastpath._layout(cls)
         assert layout is not None, cls
-    assert _shallow._layout(Flat).static == ("scale",)  # pyright: ignore
-    assert _shallow._layout(Flat).dynamic == ("a", "b")  # pyright: ignore
+    assert _fastpath._layout(Flat).static == ("scale",)  # pyright: ignore
+    assert _fastpath._layout(Flat).dynamic == ("a", "b")  # pyright: ignore
 
 
 def test_namedtuple_classes_are_confirmed_by_jax():
@@ -633,9 +633,9 @@ def test_namedtuple_classes_are_confirmed_by_jax():
     # the fast path, and this says so.
     state: Any = optax.adam(1e-3).init(jnp.ones(2))
     for cls in (Pair, Triple, SubTriple, type(state[0]), type(state[1])):
-        assert _shallow._is_namedtuple(cls), cls
+        assert _fastpath._is_namedtuple(cls), cls
     for cls in (Swapped, Keyed, Backwards, tuple, MyList, dict):
-        assert not _shallow._is_namedtuple(cls), cls
+        assert not _fastpath._is_namedtuple(cls), cls
 
 
 @dataclasses.dataclass
@@ -661,8 +661,8 @@ jtu.register_dataclass(Registered, data_fields=["a"], meta_fields=["b"])
 def test_classes_not_flattened_as_equinox_does_have_no_layout():
     # The probe must see JAX flatten the fields that are children in field order,
     # with the static ones after a head in the node data; else no layout.
-    assert _shallow._layout(Reversed) is None
-    assert _shallow._layout(Registered) is None
+    assert _fastpath._layout(Reversed) is None
+    assert _fastpath._layout(Registered) is None
 
 
 def test_repeated_flat_calls_are_not_flattened(monkeypatch):

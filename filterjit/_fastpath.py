@@ -1,42 +1,39 @@
-"""The leaves of a call taken without flattening it, when its arguments have the
-structure and leaf types of the latest call's partition.
+"""The fast path: shortcuts for repeated calls, each giving exactly what the
+reference path gives (`Dispatcher._call`: bind with `inspect`, flatten with
+`jax.tree_util`, find the partition, key with `Partition.reference_key`), and all
+of them off when the environment sets `FILTERJIT_FASTPATH=0`.
 
-Flattening is most of filterjit's own cost on a repeated call: a list of 100 arrays
-takes about 2.7 µs to flatten, 1.1 µs to list the leaves' types and 0.8 µs to
-compare them and the structure with the latest call's, against about 1.4 µs here;
-an `eqx.Module` with ten array fields takes about 2.1 µs through Equinox's flatten,
-against 0.5 µs here.
+- `binding_plan`: how one shape of call (the number of positional arguments and
+  the keyword names) binds, as straight-line code.
+- `call_reader`, `bound_call_reader`: the leaves of a call with the structure and
+  leaf types of the latest call's partition, read from the call without
+  flattening it.
+- `key_function`: a partition's key as one generated function.
 
-A reader is made once per partition from its structure (read with `node_data()` and
-`children()`) and leaf types. It accepts only what JAX's flatten would turn into
-that structure and those leaf types, and takes the leaves in JAX's order:
+A reader checks, on every call, everything that JAX's flatten and a comparison of
+structures would see, and takes the leaves in JAX's order; anything else gets
+`None`, and the reference path:
 
 - a leaf of the exact type recorded, where that type is always a pytree leaf;
-- an exact `list`, `tuple` or namedtuple of the recorded length, item by item (all
-  at once where every item is a leaf), a `dict` with the recorded string keys, or
-  `None`;
-- an `eqx.Module` of the exact class recorded, whose `__dict__` holds exactly its
-  fields, whose static fields equal the recorded ones (as the structures'
-  comparison has it, and of the same types: see `_exact`) and whose other fields
-  are read as above.
-
-A reader is straight-line generated code. A call that needs binding (keyword
-arguments, defaults) is read as it was made (`bound_call_reader`): each bound
-argument where it comes from, an immutable default's leaves (a tuple of
-scalars, say) taken once, as constants.
+- an exact `list`, `tuple` or namedtuple of the recorded length, a `dict` with
+  the recorded string keys, `None`;
+- an `eqx.Module` of the exact class recorded, read from its `__dict__` on every
+  call (frozen is not immutable), holding exactly its fields, its static fields
+  equal to the recorded ones, and of the same types (see `_exact`);
+- a call that needs binding, each argument where it comes from: an immutable
+  default (a tuple of leaves) taken once, as constants; any other default read
+  on every call, as it may have been changed in place.
 
 How Equinox flattens a class, and that JAX flattens a namedtuple class as a
 namedtuple, are checked against JAX once per class, on a probe instance.
-
-Anything else (dicts with other keys, other registered nodes, namedtuples that
-have a registration of their own, other leaf types) makes no reader, and every
-call takes the full path. `tests/test_shallow.py` checks this against
-`jax.tree_util` on generated calls.
+`tests/test_readers.py` checks the readers against `jax.tree_util`, and
+`tests/test_fastpath.py` runs generated sequences of calls through both paths.
 """
 
 import dataclasses
 import itertools
 import operator
+import os
 import types
 import weakref
 from collections.abc import Callable, Sequence
@@ -47,11 +44,14 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from ._binding import Source, Sources
+from ._binding import Keywords, Source, Sources
 from ._codegen import compile_function
-from ._exact import exact_key
-from ._function import Keywords
+from ._exact import exact_key, float_key
 
+
+# Read when a reader, plan or key function is made: a test that changes it clears
+# the caches (`filterjit.clear_caches()`) to drop those already made.
+ENABLED = os.environ.get("FILTERJIT_FASTPATH", "1") != "0"
 
 # Types whose instances are always pytree leaves: no program registers them as
 # pytree nodes.
@@ -80,8 +80,8 @@ CallReader = Callable[[Any], list[Any] | None]
 # `read(fun, args, kwargs)`: the same, of a call as it was made.
 BoundCallReader = Callable[[Any, tuple[Any, ...], dict[str, Any]], list[Any] | None]
 
-_count_of = operator.countOf
-_dict_of = object.__getattribute__  # not a Module's own `__getattribute__`
+# Partitions with up to this many static leaves get a generated key function.
+_GENERATED_KEYS = 64
 
 
 def is_leaf_type(kind: type) -> bool:
@@ -89,36 +89,76 @@ def is_leaf_type(kind: type) -> bool:
     return kind in _LEAF_TYPES or issubclass(kind, _LEAF_BASES)
 
 
+def binding_plan(sources: Sources) -> Callable[..., Any] | None:
+    """`plan(a, k)`: the bound arguments of a call `(*a, **k)` of one shape, from
+    their `sources`, as `inspect.Signature.bind` and `apply_defaults` give them."""
+    if not ENABLED:
+        return None
+    writer = _Writer()
+    args, kwargs = sources
+    positional = "".join(f"{writer.source_expression(s)}, " for s in args)
+    keyword = ", ".join(
+        f"{writer.constant(name)}: {writer.source_expression(s)}"
+        for name, s in kwargs.items()
+    )
+    body = [f"return ({positional}), {{{keyword}}}"]
+    return compile_function("plan", "a, k", body, writer.namespace)
+
+
+def key_function(
+    owner: object,
+    types: tuple[type, ...],
+    static: Sequence[int],
+    rekeys: dict[int, Callable[[Any], Any]],
+) -> Callable[[list[Any]], Any] | None:
+    """`Partition.reference_key` as one function, such as
+
+        def key(l):
+            v3 = l[3]
+            return (owner, l[0], v3.hex() if v3 == 0.0 or v3 != v3 else v3, )
+
+    for a partition whose static leaves are at `static`, those at index `i` among
+    them keyed by `rekeys[i]`. Its source holds positions only; the owner and key
+    functions are in its namespace."""
+    if not ENABLED or not static or len(static) > _GENERATED_KEYS:
+        return None
+    namespace: dict[str, Any] = {"owner": owner}
+    body: list[str] = []
+    parts: list[str] = []
+    for index, position in enumerate(static):
+        rekey = rekeys.get(index)
+        if rekey is None:
+            parts.append(f"l[{position}]")
+        elif rekey is float_key and types[position] is float:
+            body.append(f"v{position} = l[{position}]")
+            value = f"v{position}"
+            parts.append(
+                f"{value}.hex() if {value} == 0.0 or {value} != {value} else {value}"
+            )
+        else:
+            namespace[f"k{index}"] = rekey
+            parts.append(f"k{index}(l[{position}])")
+    body.append(f"return (owner, {''.join(f'{part}, ' for part in parts)})")
+    return compile_function("key", "l", body, namespace)
+
+
 def call_reader(treedef: Any, types: tuple[type, ...]) -> CallReader | None:
     """The reader of calls flattened to `treedef` (the tuple of a call's positional
     arguments) with leaves of `types`; `None` where some part of it has none."""
-    node = treedef.node_data()
-    if node is None:
+    if not ENABLED:
         return None
-    if (
-        node[0] is tuple
-        and treedef.num_nodes == len(types) + 1
-        and all(map(is_leaf_type, types))
-    ):
-        # Every argument a leaf: one comparison of their types.
-        def read_leaves(args: Any) -> list[Any] | None:
-            if type(args) is not tuple or tuple(map(type, args)) != types:
-                return None
-            return list(args)
-
-        return read_leaves
-    return _Writer().reader("read", "tree", treedef, types)
+    writer = _Writer()
+    return writer.compile("read", "tree", writer.node(treedef, types, "tree"))
 
 
 def bound_call_reader(
     treedef: Any, types: tuple[type, ...], fun_is_leaf: bool, sources: Sources
 ) -> BoundCallReader | None:
-    """The reader of calls of one shape (see `_binding`) as `call_reader` reads them
-    bound, but from the call itself, `read(fun, args, kwargs)`, without binding
-    it: each bound argument is read where it comes from. A default, the same
-    object every call, is read once, here where it is immutable (a tuple of
-    leaves): its leaves are constants; a list, dict or Module default is read
-    on every call, since it may have been changed in place."""
+    """The reader of calls of one shape as `call_reader` reads them bound, but
+    from the call itself, `read(fun, args, kwargs)`: each bound argument where it
+    comes from (`sources`)."""
+    if not ENABLED:
+        return None
     writer = _Writer()
     leaves = writer.call(treedef, types, fun_is_leaf, sources)
     return writer.compile("read_call", "f, a, k", leaves)
@@ -132,23 +172,13 @@ class _Writer:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.namespace: dict[str, Any] = {"_count_of": _count_of}
+        self.namespace: dict[str, Any] = {
+            "_count_of": operator.countOf,
+            "_dict_of": object.__getattribute__,  # not a Module's own
+            "_exact_key": exact_key,
+            "_is": operator.is_,
+        }
         self.names = itertools.count()
-
-    def reader(
-        self, name: str, parameter: str, treedef: Any, types: tuple[type, ...]
-    ) -> Any:
-        """The function `name(parameter)` that reads a value flattened to
-        `treedef`: its leaves, or `None` (also where it raises, for a missing
-        field or a static field that cannot compare)."""
-        leaves = self.node(treedef, types, parameter)
-        return self.compile(name, parameter, leaves)
-
-    def fields_reader(self, treedef: Any, types: tuple[type, ...]) -> Any:
-        """The function that reads the tuple of the values of `treedef`'s
-        children (a Module's dynamic fields)."""
-        leaves = self.values(treedef, types, "values")
-        return self.compile("read_fields", "values", leaves)
 
     def compile(self, name: str, parameter: str, leaves: list[str] | None) -> Any:
         if leaves is None:
@@ -157,6 +187,7 @@ class _Writer:
             "try:",
             *(f"    {line}" for line in self.lines),
             f"    return [{', '.join(leaves)}]",
+            # A missing field or key, or a static field that cannot compare.
             "except Exception:",
             "    return None",
         ]
@@ -172,6 +203,21 @@ class _Writer:
 
     def check(self, failed: str) -> None:
         self.lines.append(f"if {failed}: return None")
+
+    def items(self, x: str, keys: Sequence[Any]) -> str:
+        """A variable holding the tuple of `x[key]` for `keys`."""
+        values = self.variable()
+        taken = "".join(f"{x}[{self.constant(key)}], " for key in keys)
+        self.lines.append(f"{values} = ({taken})")
+        return values
+
+    def source_expression(self, source: Source) -> str:
+        kind, value = source
+        if kind == "args":
+            return f"a[{value}]"
+        if kind == "kwargs":
+            return f"k[{self.constant(value)}]"
+        return self.constant(value)
 
     def node(self, treedef: Any, types: tuple[type, ...], x: str) -> list[str] | None:
         """Checks the value `x` against `treedef`; the expressions of its leaves,
@@ -194,23 +240,44 @@ class _Writer:
             # type, strings, sort one way whatever order they were inserted in.
             # All of them there, and no other: a missing one raises.
             self.check(f"type({x}) is not dict or len({x}) != {count}")
-            values, get = self.variable(), self.constant(items_getter(tuple(data)))
-            self.lines.append(f"{values} = {get}({x})")
-            return self.values(treedef, types, values)
+            return self.values(treedef, types, self.items(x, data))
         if kind is Keywords:
             self.check(f"type({x}) is not {self.constant(Keywords)}")
             values = self.variable()
             self.lines.append(f"{values} = ({x}.args, {x}.kwargs)")
             return self.values(treedef, types, values)
         if isinstance(kind, type) and issubclass(kind, eqx.Module):
-            read_module = _module_reader(treedef, kind, data, types)
-            if read_module is None:
-                return None
-            leaves = self.variable()
-            self.lines.append(f"{leaves} = {self.constant(read_module)}({x})")
-            self.check(f"{leaves} is None")
-            return [f"*{leaves}"]
+            return self.module(treedef, types, x, kind, data)
         return None
+
+    def module(
+        self, treedef: Any, types: tuple[type, ...], x: str, kind: type, data: Any
+    ) -> list[str] | None:
+        """An `eqx.Module`, read from its `__dict__` on every call."""
+        layout = _layout(kind)
+        if (
+            layout is None
+            or len(treedef.children()) != len(layout.dynamic)
+            or type(data) is not tuple
+            or data[0] is not layout.head  # fields beyond its own (a wrapper's)
+        ):
+            return None
+        self.check(f"type({x}) is not {self.constant(kind)}")
+        fields = self.variable()
+        self.lines.append(f"{fields} = _dict_of({x}, '__dict__')")
+        self.check(f"len({fields}) != {len(layout.dynamic) + len(layout.static)}")
+        if layout.static:
+            statics = self.items(fields, layout.static)
+            recorded = self.constant(data[1:])
+            self.check(f"{statics} != {recorded}")
+            # What `==` does not see of them: `scale=1` where `scale=1.0` was.
+            exact = exact_key(data[1:])
+            if exact is not None:
+                self.check(
+                    f"not all(map(_is, {statics}, {recorded})) and "
+                    f"_exact_key({statics}) != {self.constant(exact)}"
+                )
+        return self.values(treedef, types, self.items(fields, layout.dynamic))
 
     def call(
         self, treedef: Any, types: tuple[type, ...], fun_is_leaf: bool, sources: Sources
@@ -280,7 +347,7 @@ class _Writer:
         """Checks a bound argument, read from where it comes from."""
         kind, value = source
         if kind == "default":
-            read = _Writer().reader("read", "tree", treedef, types)
+            read = call_reader(treedef, types)
             taken = None if read is None else read(value)
             if taken is None:
                 return None
@@ -291,10 +358,7 @@ class _Writer:
                 return [self.constant(taken[0])]
             return [f"*{self.constant(tuple(taken))}"] if taken else []
         x = self.variable()
-        if kind == "args":
-            self.lines.append(f"{x} = a[{value}]")
-        else:
-            self.lines.append(f"{x} = k[{self.constant(value)}]")
+        self.lines.append(f"{x} = {self.source_expression(source)}")
         return self.node(treedef, types, x)
 
     def values(
@@ -392,7 +456,7 @@ def _layout(cls: type) -> _Layout | None:
         static = tuple(f.name for f in fields if f.metadata.get("static", False))
         probe = object.__new__(cls)
         sentinels = {f.name: object() for f in fields}
-        _dict_of(probe, "__dict__").update(sentinels)
+        object.__getattribute__(probe, "__dict__").update(sentinels)
         leaves, treedef = jax.tree_util.default_registry.flatten(probe)
         kind, data = treedef.node_data()
         if (
@@ -409,58 +473,6 @@ def _layout(cls: type) -> _Layout | None:
         layout = None
     _layouts[cls] = layout
     return layout
-
-
-def items_getter(keys: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
-    """`get(x)`: the tuple of `x[key]` for `keys`, at C speed where there are two
-    or more."""
-    if len(keys) > 1:
-        return operator.itemgetter(*keys)
-    if keys:
-        (key,) = keys
-        return lambda x: (x[key],)
-    return lambda x: ()
-
-
-def _module_reader(
-    treedef: Any, cls: type, data: Any, types: tuple[type, ...]
-) -> Callable[[Any], list[Any] | None] | None:
-    """`read(obj)`: the leaves of a Module of class `cls` flattened to `treedef`,
-    or `None`."""
-    layout = _layout(cls)
-    if (
-        layout is None
-        or len(treedef.children()) != len(layout.dynamic)
-        or type(data) is not tuple
-        or data[0] is not layout.head  # fields beyond its own (a wrapper's metadata)
-    ):
-        return None
-    read_fields = _Writer().fields_reader(treedef, types)
-    if read_fields is None:
-        return None
-    statics = data[1:]
-    # What `==` does not see of them: `scale=1` where `scale=1.0` was recorded.
-    exact = exact_key(statics)
-    field_count = len(layout.dynamic) + len(layout.static)
-    get_statics = items_getter(layout.static)
-    get_dynamic = items_getter(layout.dynamic)
-
-    def read(obj: Any) -> list[Any] | None:
-        if type(obj) is not cls:
-            return None
-        fields = _dict_of(obj, "__dict__")
-        if len(fields) != field_count:
-            return None
-        values = get_statics(fields)
-        if values != statics or not (
-            exact is None
-            or all(map(operator.is_, values, statics))
-            or exact_key(values) == exact
-        ):
-            return None
-        return read_fields(get_dynamic(fields))
-
-    return read
 
 
 def _immutable(treedef: Any) -> bool:

@@ -310,7 +310,7 @@ class Dispatcher:
         readers = partition.call_readers
         if (
             level != STAGED
-            and (len(shape) > 1 or shape[0] != self._plain_arity)
+            and shape != (self._plain_arity,)
             and shape not in readers
             and len(readers) < _MAX_CALL_READERS
         ):
@@ -446,9 +446,9 @@ class Dispatcher:
             cache_ref = weakref.ref(cache)
 
             def drop() -> None:
-                cache = cache_ref()
-                if cache is not None:
-                    cache.discard(key, entry_ref())
+                cache, dropped = cache_ref(), entry_ref()
+                if cache is not None and dropped is not None:
+                    cache.discard(key, dropped)
 
             entry_ref = weakref.ref(entry)
             entry.drop_with(weak, drop)

@@ -32,6 +32,7 @@ from ._diagnostics import (
 from ._entry import aval_key, Entry, make_entry, pending
 from ._errors import call_checked, check_failed, note_recursion, wait_checked
 from ._exact import exact_aux
+from . import _fastpath
 from ._fastpath import bound_call_reader
 from ._function import Function
 from ._multiprocess import check_statics_agree, spans_processes
@@ -76,8 +77,14 @@ class Dispatcher:
     """The caches of one function with one set of options: per trace level, the
     partitions by (structure, leaf types) and the entries by key."""
 
-    def __init__(self, fun: Any, options: Options):
-        self.function = Function(fun)
+    def __init__(self, fun: Any, options: Options, fast: bool | None = None):
+        # `fast`: whether calls take the fast path (by default, unless the
+        # environment sets FILTERJIT_FASTPATH=0); else `call` is `_call`.
+        fast = _fastpath.ENABLED if fast is None else fast
+        if not fast:
+            self.call = self._call
+        self._fast = fast
+        self.function = Function(fun, fast)
         self.options = options
         self.trace_log = TraceLog(self.function.name, _module_of(fun))
         self.partitions = tuple(BoundedCache(TOP_MAXSIZE) for _ in range(4))
@@ -216,6 +223,8 @@ class Dispatcher:
                     note_recursion(error, self.function.name)
             except RecursionError:
                 pass  # no stack left for it here: a caller does it
+            if isinstance(error, TypeError):  # a leaf JAX cannot trace, named
+                self._check_traceable(partition, leaves)
             raise
         if out is _BY_ALIAS:
             return self._call(level, fun, args, kwargs, True, share)
@@ -309,7 +318,8 @@ class Dispatcher:
             return partition
         readers = partition.call_readers
         if (
-            level != STAGED
+            self._fast
+            and level != STAGED
             and shape != (self._plain_arity,)
             and shape not in readers
             and len(readers) < _MAX_CALL_READERS

@@ -131,10 +131,14 @@ def receiver_of(fun: Any) -> str | None:
     return first_parameter(func) or "self"
 
 
+def _no_plan(sources: Any) -> None:
+    return None
+
+
 class Function:
     """The facts about a function that do not change between calls."""
 
-    def __init__(self, fun: Any):
+    def __init__(self, fun: Any, fast: bool = True):
         self.name = name_of(fun)
         self.fun_is_leaf = not in_call_tree(fun)
         # Calls bind to the function's own signature, not to that of its
@@ -144,7 +148,7 @@ class Function:
         # Calls with this many positional arguments and no keywords bind as they
         # are; -1 if none.
         self.plain_arity = _plain_arity(signature)
-        self.bind = Binder(signature, self.name, binding_plan)
+        self.bind = Binder(signature, self.name, binding_plan if fast else _no_plan)
         # Whether a call may leave parameters to their defaults (a partial's
         # keywords included), which are not donated.
         self.has_defaults = signature is not None and any(

@@ -62,3 +62,51 @@ def property_settings() -> settings:
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
+
+
+def reference_twin(wrapper: Any) -> Any:
+    """A copy of a `filter_jit` wrapper whose calls all take the reference path:
+    a dispatcher of its own, made with the fast path off."""
+    from filterjit._dispatch import Dispatcher
+    from filterjit._jit import FilterJitWrapper
+
+    twin = object.__new__(FilterJitWrapper)
+    twin.__dict__.update(wrapper.__dict__)
+    twin._dispatcher = Dispatcher(wrapper._fun, wrapper._options, fast=False)
+    twin._call = twin._dispatcher.call
+    return twin
+
+
+def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> Any:
+    """The leaves and key that the fast path reads of a call (as the first lines
+    of `Dispatcher.call` do), or `None` where it leaves the call to the reference
+    path; `test_fastpath.py` checks that `call` does as this says."""
+    partition = dispatcher._latest[level]
+    tree = None
+    if kwargs or len(args) != dispatcher._plain_arity:
+        read_call = partition.call_readers.get((len(args), *kwargs))
+        leaves = None if read_call is None else read_call(fun, args, kwargs)
+    else:
+        tree = args if dispatcher._fun_is_leaf else (fun, args)
+        read = partition.read_leaves
+        leaves = None if read is None else read(tree)
+    if leaves is None:
+        return None
+    key = partition.constant_key
+    if key is None:
+        key = partition.key(leaves)
+    if partition.orders is not None:
+        key = (key, partition.orders(tree))
+    return partition, leaves, key
+
+
+def reference_read(
+    dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any
+) -> Any:
+    """The partition, leaves and key that the reference path makes of a call,
+    changing nothing."""
+    function = dispatcher.function
+    tree = function.call_tree(fun, *function.bind(args, kwargs))
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    partition, _, key, _ = dispatcher._lookup(level, fun, tree, leaves, treedef, None)
+    return partition, leaves, key

@@ -37,6 +37,11 @@ from filterjit._binding import Keywords
 from filterjit._fastpath import bound_call_reader, call_reader
 
 
+# The readers are the fast path's: none is made with FILTERJIT_FASTPATH=0.
+needs_readers = pytest.mark.skipif(
+    not _fastpath.ENABLED, reason="the fast path is off (FILTERJIT_FASTPATH=0)"
+)
+
 Pair = collections.namedtuple("Pair", "first second")
 
 
@@ -455,6 +460,7 @@ def test_calls_read_as_made_are_read_as_bound(passed, defaults, fun, data):
         assert _same_leaves(read_call(other, args, kwargs), expected)
 
 
+@needs_readers
 def test_mutable_defaults_are_read_every_call():
     # A frozen default's leaves are read once; a list or dict default is read
     # every call, so that one changed in place is seen.
@@ -551,6 +557,7 @@ def test_every_near_miss_of_a_fixed_call(recorded):
         _check(recorded, call)
 
 
+@needs_readers
 def test_which_calls_have_readers():
     array = jnp.ones(2)
     mlp = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
@@ -665,6 +672,7 @@ def test_classes_not_flattened_as_equinox_does_have_no_layout():
     assert _fastpath._layout(Registered) is None
 
 
+@needs_readers
 def test_repeated_flat_calls_are_not_flattened(monkeypatch):
     f = filterjit.filter_jit(lambda xs, k: [x * k for x in xs])
     xs = [jnp.ones(2), jnp.full(2, 2.0)]
@@ -703,6 +711,7 @@ class Apply(eqx.Module):
         return self.fn(x)
 
 
+@needs_readers
 def test_repeated_module_calls_are_not_flattened(monkeypatch):
     model = Scaled(jnp.full(2, 2.0), jnp.tanh, 0.5)
     as_function = filterjit.filter_jit(Apply(jnp.sin))  # a Module as the function
@@ -784,6 +793,7 @@ def test_alternating_module_calls_match_the_undecorated_method(nested):
         np.testing.assert_allclose(got, want, rtol=1e-2)
 
 
+@needs_readers
 def test_a_module_read_again_gives_its_leaves_and_keeps_nothing_alive():
     # The Module read last is remembered while it lives: read again, it gives its
     # leaves at once; dead, nothing of it is kept.
@@ -806,6 +816,7 @@ def test_a_module_read_again_gives_its_leaves_and_keeps_nothing_alive():
     assert array_ref() is None
 
 
+@needs_readers
 def test_a_remembered_module_is_never_taken_for_none():
     # Found by test_properties: once the Module remembered has died, its dead
     # reference gives `None`, and a call with `None` in its place must not match.

@@ -1,0 +1,391 @@
+"""The fast path against the reference path (`filterjit/_fastpath.py`, issue 28).
+
+A stateful property test runs each call of a generated sequence through a wrapper
+(fast path), its reference twin (every call on the reference path) and the
+undecorated function, at the top level, under `jax.grad` and `jax.vmap`, and nested
+in `jax.jit` and `lax.scan`; between calls, Modules are changed in place (with
+`object.__setattr__` and through `__dict__`), containers and defaults too, wrappers
+made anew, x64 toggled and caches cleared. Where the fast path reads a call, its
+leaves and key must be the reference path's; results and errors must agree with
+each other and with the undecorated function.
+
+`FILTERJIT_SOAK=N` runs N random examples (see `helpers.property_settings`).
+"""
+
+import os
+import subprocess
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import (
+    assert_tree_equal,
+    fast_read,
+    property_settings,
+    reference_read,
+    reference_twin,
+)
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, rule, RuleBasedStateMachine
+
+import filterjit
+from filterjit import _dispatch, _fastpath, _trace, filter_jit
+
+
+pytestmark = pytest.mark.skipif(
+    not _fastpath.ENABLED, reason="the fast path is off (FILTERJIT_FASTPATH=0)"
+)
+
+
+class Affine(eqx.Module):
+    w: jax.Array
+    b: float
+    k: float = eqx.field(static=True)
+
+    def __call__(self, x, n=1):
+        return self.w * x * n + self.b * self.k
+
+
+SCALE = [2.0]  # a mutable default, changed in place by the state machine
+
+
+def plain(x, n):
+    return x * n, n
+
+
+def defaults(x, n=2, *, scale=SCALE):
+    return x * scale[0] + n, scale[0]
+
+
+def module(m, x):
+    return m(x), m.k
+
+
+def tree(t, x):
+    leaves = jax.tree_util.tree_leaves(t)
+    total = x
+    for leaf in leaves:
+        total = total + leaf
+    return total, list(t) if isinstance(t, dict) else len(t)
+
+
+def keywords(x, **kw):
+    total = x
+    for value in kw.values():
+        total = total * value
+    return total, list(kw)
+
+
+def raises(x, n):
+    if n == 3:
+        raise ValueError("three is refused")
+    return x + n
+
+
+FUNCTIONS = {
+    "plain": plain,
+    "defaults": defaults,
+    "module": module,
+    "tree": tree,
+    "keywords": keywords,
+    "raises": raises,
+}
+WHERE = ["top", "grad", "vmap", "jit", "scan"]
+STATICS = [2, 3, 2.0, -0.0, True]
+
+
+def _first_array(out):
+    return next(
+        leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)
+    )
+
+
+def _at(where, call, x):
+    """`call(x)` at `where`, `x` traced there."""
+    if where == "top":
+        return call(x)
+    if where == "grad":
+        return jax.grad(lambda x: jnp.sum(_first_array(call(x))))(x)
+    if where == "vmap":
+        return jax.vmap(lambda x: _first_array(call(x)))(x[None])
+    if where == "jit":
+        return jax.jit(lambda x: _first_array(call(x)))(x)
+    return jax.lax.scan(lambda c, _: (_first_array(call(c)), None), x, length=1)[0]
+
+
+def _outcome(thunk):
+    try:
+        return "value", thunk()
+    except Exception as error:  # compared below: raised alike, or not at all
+        return "error", (type(error), str(error))
+
+
+class FastAgainstReference(RuleBasedStateMachine):
+    @initialize()
+    def setup(self):
+        jax.config.update("jax_enable_x64", False)
+        SCALE[0] = 2.0
+        self.modules = [Affine(jnp.ones(3), 1.0, 2.0), Affine(jnp.ones(3), 0.5, 1)]
+        self.containers = [[jnp.ones(3), 1.0], {"b": jnp.ones(3), "a": 2}]
+        self.wrappers = {name: self._wrap(fun) for name, fun in FUNCTIONS.items()}
+        self.reads = 0
+
+    def _wrap(self, fun):
+        fast = filter_jit(fun)
+        return fast, reference_twin(fast)
+
+    def _probe(self, dispatcher):
+        def probe(fun, args, kwargs):
+            level = _trace.call_level()
+            found = fast_read(dispatcher, level, fun, args, kwargs)
+            if found is None:
+                return
+            partition, leaves, key = found
+            ref_partition, ref_leaves, ref_key = reference_read(
+                dispatcher, level, fun, args, kwargs
+            )
+            assert partition is ref_partition
+            assert len(leaves) == len(ref_leaves)
+            assert all(a is b for a, b in zip(leaves, ref_leaves))
+            assert key == ref_key
+            self.reads += 1
+
+        return probe
+
+    @rule(
+        name=st.sampled_from(sorted(FUNCTIONS)),
+        where=st.sampled_from(WHERE),
+        static=st.sampled_from(STATICS),
+        size=st.sampled_from([3, 2]),
+        index=st.integers(0, 1),
+        keyword=st.booleans(),
+    )
+    def call(self, name, where, static, size, index, keyword):
+        if name in ("module", "tree"):
+            size = 3  # as the Modules' and containers' arrays
+        module, container = self.modules[index], self.containers[index]
+
+        def arguments(x):
+            if name == "defaults":
+                return (x,), ({"n": static} if keyword else {})
+            if name == "module":
+                return (module, x), {}
+            if name == "tree":
+                return (container, x), {}
+            if name == "keywords":
+                return (x,), ({"p": static, "q": 2} if keyword else {"q": static})
+            return (x, static), {}
+
+        fast, twin = self.wrappers[name]
+        probe = self._probe(fast._dispatcher)
+
+        def call_fast(x):
+            args, kwargs = arguments(x)
+            probe(fast._fun, args, kwargs)
+            return fast(*args, **kwargs)
+
+        def calling(fun, rebuilt=False):
+            def call(x):
+                args, kwargs = arguments(x)
+                if rebuilt:  # as jax.jit passes them: dicts in JAX's order
+                    args = jax.tree_util.tree_map(lambda leaf: leaf, args)
+                return fun(*args, **kwargs)
+
+            return call
+
+        x = jnp.arange(float(size))
+        outcomes = [
+            _outcome(lambda: _at(where, call, x))
+            for call in (
+                call_fast,
+                calling(twin),
+                # The top level is jax.jit's; nested, the function's own.
+                calling(FUNCTIONS[name], rebuilt=where in ("top", "grad", "vmap")),
+            )
+        ]
+        kinds = [kind for kind, _ in outcomes]
+        assert kinds[0] == kinds[1] == kinds[2], outcomes
+        if kinds[0] == "error":
+            assert outcomes[0][1] == outcomes[1][1] == outcomes[2][1], outcomes
+            return
+        assert_tree_equal(outcomes[0][1], outcomes[1][1])
+        assert_tree_equal(outcomes[0][1], outcomes[2][1])
+
+    @rule(index=st.integers(0, 1), how=st.sampled_from(["setattr", "dict"]))
+    def change_module(self, index, how):
+        m = self.modules[index]
+        w = m.w + 1
+        if how == "setattr":
+            object.__setattr__(m, "w", w)
+        else:
+            vars(m)["w"] = w
+        object.__setattr__(m, "b", m.b + 1.0)
+
+    @rule(index=st.integers(0, 1), value=st.sampled_from([1, 2.5, -0.0]))
+    def change_container(self, index, value):
+        container = self.containers[index]
+        if isinstance(container, list):
+            container[1] = value
+        else:
+            container["a"] = value
+
+    @rule(value=st.sampled_from([1.0, 3.0, -0.0, 2]))
+    def change_default(self, value):
+        SCALE[0] = value
+
+    @rule(name=st.sampled_from(sorted(FUNCTIONS)))
+    def new_wrapper(self, name):
+        self.wrappers[name] = self._wrap(FUNCTIONS[name])
+
+    @rule()
+    def toggle_x64(self):
+        jax.config.update("jax_enable_x64", not jax.config.jax_enable_x64)
+
+    @rule()
+    def clear_caches(self):
+        filterjit.clear_caches()
+
+    def teardown(self):
+        jax.config.update("jax_enable_x64", False)
+        SCALE[0] = 2.0
+
+
+FastAgainstReference.TestCase.settings = property_settings()
+test_fast_path_against_reference_path = FastAgainstReference.TestCase
+
+
+def _levels_of(call):
+    """`call()` at the top level, under `jax.grad` and nested in `jax.jit`."""
+    call()
+    jax.grad(lambda x: jnp.sum(_first_array(call(x))))(jnp.arange(3.0))
+    jax.jit(lambda x: _first_array(call(x)))(jnp.arange(3.0))
+
+
+@pytest.mark.parametrize("name", ["plain", "defaults", "module", "keywords"])
+def test_call_takes_the_fast_path_where_fast_read_says(monkeypatch, name):
+    """What `helpers.fast_read` reads, `Dispatcher.call` serves without the
+    reference path, and with the key the reference path makes."""
+    wrapper = filter_jit(FUNCTIONS[name])
+    dispatcher = wrapper._dispatcher
+    m = Affine(jnp.ones(3), 1.0, 2.0)
+    arguments = {
+        "plain": lambda x: ((x, 2), {}),
+        "defaults": lambda x: ((x,), {"n": 3}),
+        "module": lambda x: ((m, x), {}),
+        "keywords": lambda x: ((x,), {"p": 2.0}),
+    }[name]
+    reference_calls = []
+    reference = _dispatch.Dispatcher._call
+
+    def counted(self, *args, **kwargs):
+        reference_calls.append(None)
+        return reference(self, *args, **kwargs)
+
+    monkeypatch.setattr(_dispatch.Dispatcher, "_call", counted)
+    fast_reads = []
+
+    def call(x=None):
+        x = jnp.arange(3.0) if x is None else x
+        args, kwargs = arguments(x)
+        level = _trace.call_level()
+        found = fast_read(dispatcher, level, wrapper._fun, args, kwargs)
+        if found is not None:
+            assert found[2] == reference_read(
+                dispatcher, level, wrapper._fun, args, kwargs
+            )[2]
+            fast_reads.append(level)
+        before = len(reference_calls)
+        out = wrapper(*args, **kwargs)
+        if found is not None:
+            assert len(reference_calls) == before  # served by the fast path
+        return out
+
+    for _ in range(2):
+        _levels_of(call)
+    levels = set(fast_reads)
+    assert _trace.TOP in levels and _trace.EAGER in levels
+    if name in ("plain", "module"):  # nested, calls that need no binding
+        assert _trace.STAGED in levels
+
+
+def _hit_functions(call):
+    """The names of filterjit's Python functions (generated code included) that
+    a warm hit runs, with `sys.setprofile`."""
+    package = os.path.dirname(filterjit.__file__)
+    call()
+    call()
+    names = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+@pytest.mark.skipif(not _trace.private_api_available, reason="the public fallback")
+def test_a_warm_hit_runs_few_of_filterjits_functions():
+    """At most 4 for a plain function, 5 for a Module method and 6 nested: the
+    level check, the dispatcher, the reader and the key, and nothing that calls
+    back up the house."""
+    x = jnp.ones(3)
+    g = filter_jit(plain)
+    plain_hit = _hit_functions(lambda: g(x, 2))
+    assert len(plain_hit) <= 4, plain_hit
+
+    class Scaled(eqx.Module):
+        w: jax.Array
+
+        @filter_jit
+        def __call__(self, x, n):
+            return self.w * x * n
+
+    m = Scaled(jnp.ones(3))
+    method_hit = _hit_functions(lambda: m(x, 2))
+    assert len(method_hit) <= 5, method_hit
+    nested_hit = []
+
+    @jax.jit
+    def outer(x):
+        nested_hit.extend(_hit_functions(lambda: g(x, 2)))
+        return x
+
+    outer(x)
+    assert len(nested_hit) <= 6, nested_hit
+    assert len(set(plain_hit + method_hit + nested_hit)) == len(
+        set(plain_hit) | set(method_hit) | set(nested_hit)
+    )
+
+
+def test_the_environment_turns_the_fast_path_off():
+    code = """
+import jax.numpy as jnp
+from filterjit import _fastpath, filter_jit
+
+g = filter_jit(lambda x, n=2, *, k=1.0: x * n * k)
+for _ in range(3):
+    g(jnp.ones(3), 3)
+    g(jnp.ones(3), k=2.0)
+d = g._dispatcher
+assert not _fastpath.ENABLED and d.call == d._call
+for cache in d.partitions:
+    for partition in cache._values.values():
+        assert partition.read_leaves is None and not any(partition.call_readers.values())
+        assert partition.key == partition.reference_key
+assert not d.function.bind._plans
+print("reference path only")
+"""
+    env = {**os.environ, "FILTERJIT_FASTPATH": "0"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "reference path only" in done.stdout

@@ -32,7 +32,7 @@ import filterjit
 
 SIZES = (1, 10, 100, 1000)
 # filterjit ÷ jax.jit, per N.
-LIMITS = {1: 1.5, 10: 1.2, 100: 1.1, 1000: 1.1}
+LIMITS = {1: 1.25, 10: 1.2, 100: 1.1, 1000: 1.1}
 # filterjit.jit ÷ jax.jit, per N: jax.jit's object behind a check of the trace level.
 JIT_LIMITS = {1: 1.25, 10: 1.1, 100: 1.1, 1000: 1.1}
 

@@ -28,7 +28,7 @@ from _harness import (
 import filterjit
 
 
-LIMIT = 1.1  # filterjit ÷ nested jax.jit
+LIMIT = 1.0  # filterjit ÷ nested jax.jit
 CALLS = 100
 STEPS = 10
 WIDTH = 16

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.tree_util as jtu
 
+from . import _fastpath
 from ._binding import Keywords
 from ._cache import BoundedCache, lifelines
 from ._diagnostics import (
@@ -32,7 +33,6 @@ from ._diagnostics import (
 from ._entry import aval_key, Entry, make_entry, pending
 from ._errors import call_checked, check_failed, note_recursion, wait_checked
 from ._exact import exact_aux
-from . import _fastpath
 from ._fastpath import bound_call_reader
 from ._function import Function
 from ._multiprocess import check_statics_agree, spans_processes
@@ -171,8 +171,9 @@ class Dispatcher:
                 raise
             if type(out) is not Carried:
                 return out
-            if out.spec.plain:
-                return out.spec.build(out.leaves, leaves)
+            spec, traced = out.args
+            if spec.plain:
+                return spec.build(traced, leaves)
             out = self._finish(level, out, leaves)
         if out is _BY_ALIAS:
             return self._call(level, fun, args, kwargs, by_alias=True)

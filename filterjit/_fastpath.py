@@ -142,6 +142,45 @@ def key_function(
     return compile_function("key", "l", body, namespace)
 
 
+def output_builder(
+    treedef: Any, sources: list[tuple[str, Any]]
+) -> Callable[[Any, list[Any]], Any] | None:
+    """`build(out, inputs)`, `treedef.unflatten` of an output's leaves as one
+    expression, each leaf `("out", i)`, the traced leaf `out[i]`; `("input", p)`,
+    the call's leaf `inputs[p]`; or `("constant", value)`. For a structure of
+    tuples, lists, `None` and dicts with string keys; else `None`."""
+    if not ENABLED:
+        return None
+    writer = _Writer()
+    leaves = iter(sources)
+
+    def expression(node: Any) -> str | None:
+        if node.num_nodes == 1 and node.num_leaves == 1:
+            kind, value = next(leaves)
+            if kind == "out":
+                return f"o[{value}]"
+            return f"i[{value}]" if kind == "input" else writer.constant(value)
+        kind, data = node.node_data()
+        items = [expression(child) for child in node.children()]
+        if None in items:
+            return None
+        if kind is type(None):
+            return "None"
+        if kind is tuple:
+            return f"({''.join(f'{item}, ' for item in items)})"
+        if kind is list:
+            return f"[{', '.join(items)}]"  # pyright: ignore[reportCallIssue, reportArgumentType]
+        if kind is dict and all(type(key) is str for key in data):
+            pairs = zip(map(writer.constant, data), items)
+            return f"{{{', '.join(f'{key}: {item}' for key, item in pairs)}}}"
+        return None
+
+    built = expression(treedef)
+    if built is None:
+        return None
+    return compile_function("build", "o, i", [f"return {built}"], writer.namespace)
+
+
 def call_reader(treedef: Any, types: tuple[type, ...]) -> CallReader | None:
     """The reader of calls flattened to `treedef` (the tuple of a call's positional
     arguments) with leaves of `types`; `None` where some part of it has none."""

@@ -26,6 +26,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
+from ._fastpath import output_builder
 from ._partition import is_array, traced_types
 from ._structure import dict_orders, restore_orders
 from ._trace import STAGED, TOP
@@ -151,6 +152,15 @@ class OutputSpec:
         for place, position in enumerate([*from_pool, *static]):
             index[position] = place
         take = items_getter(index)
+        if not copies and not to_jax:
+            sources: list[tuple[str, Any]] = [("constant", leaf) for leaf in template]
+            for place, position in enumerate(self.dynamic_positions):
+                sources[position] = ("out", place)
+            for position, input_position in self.passthrough:
+                sources[position] = ("input", input_position)
+            built = output_builder(self.treedef, sources)
+            if built is not None:
+                return built
         if not self.passthrough and not copies and not to_jax:
             return lambda out, inputs: unflatten(take((*out, *constants)))
         take_inputs = items_getter([position for _, position in self.passthrough])
@@ -182,21 +192,27 @@ class OutputSpec:
         )
 
 
-class Carried:
-    """An output finished by the caller: the traced leaves, and the spec of the
-    trace that made them (JAX's auxiliary data, so kept per executable)."""
+class Carried(Exception):
+    """An output finished by the caller, `Carried(spec, leaves)`: the spec of the
+    trace that made it (JAX's auxiliary data, so kept per executable) and the
+    traced leaves. Never raised: an `Exception` for its constructor alone, which is
+    C code, as JAX calls it on every call (the node's unflatten)."""
 
-    __slots__ = ("leaves", "spec")
+    __slots__ = ()
 
-    def __init__(self, leaves: Any, spec: OutputSpec):
-        self.leaves = leaves
-        self.spec = spec
+    @property
+    def spec(self) -> OutputSpec:
+        return self.args[0]
+
+    @property
+    def leaves(self) -> Any:
+        return self.args[1]
 
 
 jtu.register_pytree_node(
     Carried,
-    lambda carried: (carried.leaves, carried.spec),
-    lambda spec, leaves: Carried(leaves, spec),  # pyright: ignore[reportArgumentType]
+    lambda carried: (carried.args[1], carried.args[0]),
+    Carried,  # pyright: ignore[reportArgumentType]
 )
 
 
@@ -291,4 +307,4 @@ def jit_output(
         nested,
         neutral,
     )
-    return Carried([leaves[p] for p in dynamic_positions], spec)
+    return Carried(spec, [leaves[p] for p in dynamic_positions])

@@ -58,12 +58,10 @@ _OUTER = {
     "scan": lambda call, g, x: jax.lax.scan(
         lambda c, _: (call(g, c), None), x, length=1
     )[0],
-    "grad in jit": lambda call, g, x: jax.jit(
-        jax.grad(lambda x: call(g, x).sum())
-    )(x),
-    "vmap in jit": lambda call, g, x: jax.jit(jax.vmap(lambda x: call(g, x)))(
-        x[None]
-    )[0],
+    "grad in jit": lambda call, g, x: jax.jit(jax.grad(lambda x: call(g, x).sum()))(x),
+    "vmap in jit": lambda call, g, x: jax.jit(jax.vmap(lambda x: call(g, x)))(x[None])[
+        0
+    ],
     "checkpoint": lambda call, g, x: jax.jit(jax.checkpoint(lambda x: call(g, x)))(x),
 }
 
@@ -96,7 +94,9 @@ def test_one_trace_serves_both_levels(first, form, outer):
 def test_a_module_method_has_one_trace_across_levels(first):
     traces = []
 
-    class Counted(Scaler):
+    class Counted(eqx.Module):
+        w: jax.Array
+
         @filter_jit
         def __call__(self, x, n):
             traces.append(None)

@@ -31,9 +31,8 @@ from hypothesis import given, strategies as st
 
 import filterjit
 from filterjit import _dispatch, _fastpath
-from filterjit._binding import Binder
+from filterjit._binding import Binder, Keywords
 from filterjit._exact import exact_aux
-from filterjit._binding import Keywords
 from filterjit._fastpath import bound_call_reader, call_reader
 
 

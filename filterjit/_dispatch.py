@@ -259,6 +259,11 @@ class Dispatcher:
         `shape`: the call's shape, where the partition is recorded as the latest
         at its level (`None`: looked at only, as `explain` does)."""
         partition = self._partition(level, fun, leaves, treedef, shape)
+        if not share and partition.shares_top and shape is not None:
+            # A top-level trace whose output means something else nested: this
+            # structure's nested calls keep entries of their own from now on.
+            partition.shares_top = False
+            partition.get = self.entries[level].get
         shared = (
             share
             and partition.shares_top

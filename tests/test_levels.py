@@ -204,3 +204,26 @@ def test_inline_calls_keep_entries_of_their_own():
     assert not any(e.primitive.name in ("pjit", "jit") for e in jaxpr.eqns)
     assert jnp.array_equal(g(x, 3), x * 3)
     assert len(traces) == 2
+
+
+def test_a_top_level_trace_that_cannot_serve_nested_calls_is_left_for_good():
+    """After one nested call found a top-level trace whose output holds a constant
+    array, the structure's nested calls use entries of their own: the outer
+    program holds one equation per call, and the unused one of the call that
+    found the top-level trace."""
+    counted, traces = _counted(lambda x: (x + 1, np.arange(2)))
+    g = filter_jit(counted)
+    x = jnp.ones(2)
+    g(x)  # the top-level trace, with the constant as an output of the jit
+
+    def outer(x):
+        for _ in range(3):
+            y, constant = g(x)
+            assert type(constant) is np.ndarray
+            x = y
+        return x
+
+    jaxpr = jax.make_jaxpr(outer)(x)
+    assert sum(e.primitive.name in ("pjit", "jit") for e in jaxpr.eqns) == 4
+    assert jnp.array_equal(jax.jit(outer)(x), x + 3)
+    assert len(traces) == 2

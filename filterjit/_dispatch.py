@@ -200,8 +200,7 @@ class Dispatcher:
         own cache then keeps one trace of it."""
         shape = (len(args), *kwargs)
         called = shape if self._donates_by_call and level == TOP else None
-        tree = self.function.call_tree(fun, *self.function.bind(args, kwargs))
-        leaves, treedef = _flatten(tree)
+        tree, leaves, treedef = self._flattened(fun, args, kwargs)
         partition, cache, key, entry = self._lookup(
             level, fun, tree, leaves, treedef, shape, by_alias, called, share
         )
@@ -209,8 +208,9 @@ class Dispatcher:
         dynamic = leaves if take is None else take(leaves)
         made = entry is None
         if entry is None:
-            entry = self._make(level, fun, partition, leaves, dynamic, called)
-            entry = self._store(cache, partition, leaves, key, entry)
+            entry = self._make(
+                level, fun, partition, leaves, dynamic, called, cache, key
+            )
         try:
             out = self._run(level, entry, tree, leaves, dynamic)
         except BaseException as error:
@@ -232,6 +232,13 @@ class Dispatcher:
         if out is _UNSHARED:
             return self._call(level, fun, args, kwargs, by_alias, False)
         return out
+
+    def _flattened(
+        self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, list[Any], Any]:
+        """The pytree of a call, bound, and its leaves and structure."""
+        tree = self.function.call_tree(fun, *self.function.bind(args, kwargs))
+        return tree, *_flatten(tree)
 
     def _lookup(
         self,
@@ -422,36 +429,29 @@ class Dispatcher:
         leaves: list[Any],
         dynamic: Sequence[Any],
         called: tuple[Any, ...] | None,
+        cache: BoundedCache[Entry],
+        key: Any,
     ) -> Entry:
-        """A new entry for a call at `level`: a top-level one where the partition
-        shares the top level's entries, so that either level may trace it."""
+        """A new entry for a call at `level` (a top-level one in the top level's
+        cache, so that either level may trace it), stored in `cache` under `key`
+        and dropped when an object it is keyed by weakly dies; or the one another
+        thread stored first."""
         self._check_traceable(partition, leaves)
         if level in (TOP, EAGER) and jax.process_count() > 1:
             self._check_processes_agree(partition, leaves, dynamic)
         defaulted = () if called is None else self._defaulted(called)
-        return make_entry(
+        top = level == ABSTRACT or (level == STAGED and cache is self.entries[TOP])
+        entry = make_entry(
             self.function,
             fun,
             self.options,
-            TOP if partition.shares_top or level == ABSTRACT else level,
+            TOP if top else level,
             partition,
             self.owners(partition),
             leaves,
             self.trace_log,
             defaulted,
         )
-
-    def _store(
-        self,
-        cache: BoundedCache[Entry],
-        partition: Partition,
-        leaves: list[Any],
-        key: Any,
-        entry: Entry,
-    ) -> Entry:
-        """Stores a new entry under `key`, to be dropped when an object it is
-        keyed by weakly dies; or, where another thread stored one first, returns
-        that one."""
         with self._lock:
             found = cache.get(key)
             if found is not None and not (found.captured and not found.valid()):
@@ -499,8 +499,7 @@ class Dispatcher:
         self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Explanation:
         """What a call would do at `level`, changing nothing."""
-        tree = self.function.call_tree(fun, *self.function.bind(args, kwargs))
-        leaves, treedef = _flatten(tree)
+        tree, leaves, treedef = self._flattened(fun, args, kwargs)
         partition, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
         take = partition.take_dynamic
         dynamic = leaves if take is None else take(leaves)
@@ -523,16 +522,16 @@ class Dispatcher:
         keep one trace and one executable for both, as for a `jax.jit`."""
         shape = (len(args), *kwargs)
         called = shape if self._donates_by_call else None  # as a top-level call
-        tree = self.function.call_tree(fun, *self.function.bind(args, kwargs))
-        leaves, treedef = _flatten(tree)
+        tree, leaves, treedef = self._flattened(fun, args, kwargs)
         partition, cache, key, entry = self._lookup(
             ABSTRACT, fun, tree, leaves, treedef, shape, False, called
         )
         take = partition.take_dynamic
         dynamic = leaves if take is None else take(leaves)
         if entry is None:
-            entry = self._make(ABSTRACT, fun, partition, leaves, dynamic, called)
-            entry = self._store(cache, partition, leaves, key, entry)
+            entry = self._make(
+                ABSTRACT, fun, partition, leaves, dynamic, called, cache, key
+            )
         return entry, partition, dynamic, leaves
 
     def clear(self) -> None:

@@ -296,17 +296,18 @@ class _Writer:
         layout = _layout(kind)
         if (
             layout is None
-            or len(treedef.children()) != len(layout.dynamic)
+            or len(treedef.children()) != len(layout[0])
             or type(data) is not tuple
-            or data[0] is not layout.head  # fields beyond its own (a wrapper's)
+            or data[0] is not layout[2]  # fields beyond its own (a wrapper's)
         ):
             return None
+        dynamic, static, _ = layout
         self.check(f"type({x}) is not {self.constant(kind)}")
         fields = self.variable()
         self.lines.append(f"{fields} = _dict_of({x}, '__dict__')")
-        self.check(f"len({fields}) != {len(layout.dynamic) + len(layout.static)}")
-        if layout.static:
-            statics = self.items(fields, layout.static)
+        self.check(f"len({fields}) != {len(dynamic) + len(static)}")
+        if static:
+            statics = self.items(fields, static)
             recorded = self.constant(data[1:])
             self.check(f"{statics} != {recorded}")
             # What `==` does not see of them: `scale=1` where `scale=1.0` was.
@@ -316,7 +317,7 @@ class _Writer:
                     f"not all(map(_is, {statics}, {recorded})) and "
                     f"_exact_key({statics}) != {self.constant(exact)}"
                 )
-        return self.values(treedef, types, self.items(fields, layout.dynamic))
+        return self.values(treedef, types, self.items(fields, dynamic))
 
     def call(
         self, treedef: Any, types: tuple[type, ...], fun_is_leaf: bool, sources: Sources
@@ -434,61 +435,48 @@ class _Writer:
         return leaves
 
 
-_namedtuples: "weakref.WeakKeyDictionary[type, bool]" = weakref.WeakKeyDictionary()
+def _per_class(compute: Callable[[type], Any]) -> Callable[[type], Any]:
+    """`compute`, remembered per class as long as the class lives."""
+    found: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
+
+    def lookup(cls: type) -> Any:
+        try:
+            return found[cls]
+        except KeyError:
+            found[cls] = value = compute(cls)
+            return value
+
+    return lookup
 
 
+@_per_class
 def _is_namedtuple(cls: type) -> bool:
-    """Whether JAX flattens `cls` as a namedtuple (its items, in order) rather than
-    with a registration of its own, as the text of its structure says on a probe
-    instance."""
+    """Whether JAX flattens `cls` as a namedtuple (its items, in order, with
+    tuple's own iteration and length) rather than with a registration of its
+    own, as the text of its structure says on a probe instance."""
     try:
-        return _namedtuples[cls]
-    except KeyError:
-        pass
-    found = False
-    try:
-        # Read as a tuple: its items, with tuple's own iteration and length.
-        if issubclass(cls, tuple) and all(
-            getattr(cls, name) is getattr(tuple, name)
+        if not issubclass(cls, tuple) or any(
+            getattr(cls, name) is not getattr(tuple, name)
             for name in ("__iter__", "__len__", "__getitem__")
         ):
-            items = [object() for _ in cls._fields]  # pyright: ignore
-            treedef = jax.tree_util.tree_structure(tuple.__new__(cls, items))
-            stars = ", ".join(["*"] * len(items))
-            found = (
-                str(treedef)
-                == f"PyTreeDef(CustomNode(namedtuple[{cls.__name__}], [{stars}]))"
-            )
+            return False
+        items = [object() for _ in cls._fields]  # pyright: ignore
+        treedef = jax.tree_util.tree_structure(tuple.__new__(cls, items))
+        stars = ", ".join(["*"] * len(items))
+        return (
+            str(treedef)
+            == f"PyTreeDef(CustomNode(namedtuple[{cls.__name__}], [{stars}]))"
+        )
     except Exception:  # not a namedtuple
-        found = False
-    _namedtuples[cls] = found
-    return found
+        return False
 
 
-@dataclasses.dataclass(frozen=True)
-class _Layout:
-    """How JAX flattens instances of an `eqx.Module` class whose `__dict__` holds
-    exactly its fields: the fields that are its children, in order, and the others,
-    whose values follow `head` in its node data."""
-
-    dynamic: tuple[str, ...]
-    static: tuple[str, ...]
-    head: Any
-
-
-_layouts: "weakref.WeakKeyDictionary[type, _Layout | None]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _layout(cls: type) -> _Layout | None:
-    """Equinox's layout of `cls`, as JAX's flatten of a probe instance (a sentinel
-    in each field) confirms it; `None` if it does not."""
-    try:
-        return _layouts[cls]
-    except KeyError:
-        pass
-    layout = None
+@_per_class
+def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], Any] | None:
+    """How JAX flattens an `eqx.Module` class whose `__dict__` holds exactly its
+    fields: the fields that are its children, in order, the others, and what
+    precedes their values in its node data; as JAX's flatten of a probe instance
+    (a sentinel in each field) confirms it, else `None`."""
     try:
         fields = dataclasses.fields(cls)
         dynamic = tuple(f.name for f in fields if not f.metadata.get("static", False))
@@ -507,11 +495,10 @@ def _layout(cls: type) -> _Layout | None:
             and len(data) == len(static) + 1
             and all(map(operator.is_, data[1:], map(sentinels.get, static)))
         ):
-            layout = _Layout(dynamic, static, data[0])
+            return dynamic, static, data[0]
     except Exception:  # an abstract class, a class that is not a dataclass
-        layout = None
-    _layouts[cls] = layout
-    return layout
+        pass
+    return None
 
 
 def _immutable(treedef: Any) -> bool:

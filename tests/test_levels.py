@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import filterjit
 from filterjit import filter_jit
 
 
@@ -227,3 +228,13 @@ def test_a_top_level_trace_that_cannot_serve_nested_calls_is_left_for_good():
     assert sum(e.primitive.name in ("pjit", "jit") for e in jaxpr.eqns) == 4
     assert jnp.array_equal(jax.jit(outer)(x), x + 3)
     assert len(traces) == 2
+
+
+def test_num_traces_counts_traces_made_at_the_top_level():
+    g = filter_jit(_scale)
+    x = jnp.ones(3)
+    jax.jit(lambda x: g(x, 3))(x)
+    g(x, 3)  # served by the trace made nested
+    assert filterjit.num_traces(g) == 0
+    g(jnp.ones(4), 3)
+    assert filterjit.num_traces(g) == 1

@@ -629,8 +629,8 @@ def test_module_layouts_are_confirmed_by_jax():
     for cls in (Flat, SubFlat, Bare, Outer, eqx.nn.Linear, eqx.nn.MLP):
         layout = _fastpath._layout(cls)
         assert layout is not None, cls
-    assert _fastpath._layout(Flat).static == ("scale",)  # pyright: ignore
-    assert _fastpath._layout(Flat).dynamic == ("a", "b")  # pyright: ignore
+    dynamic, static, _ = _fastpath._layout(Flat)
+    assert static == ("scale",) and dynamic == ("a", "b")
 
 
 def test_namedtuple_classes_are_confirmed_by_jax():

@@ -113,12 +113,6 @@ def _warn_at_user_frame(message: str, category: type[Warning]) -> None:
     warnings.warn(message, category, stacklevel=stacklevel)
 
 
-def _explain_retraces() -> bool:
-    return os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1" or bool(
-        jax.config.jax_explain_cache_misses  # pyright: ignore[reportAttributeAccessIssue]
-    )
-
-
 def find_static_array_field(value: Any, label: str) -> str | None:
     """The path to the first static field of an `eqx.Module` inside `value` that
     holds an array, or `None`. Such a field makes the pytree structure fail to
@@ -150,15 +144,9 @@ class Row(NamedTuple):
     role: str  # "traced", "static" or "concrete"
     value: str
     kind: type
-    # The code of a static function leaf: a function made anew by the same code
-    # (a lambda in a loop) is the trap a RetraceWarning is for.
-    code: Any = None
-    # Whether the leaf is in the call's arguments, not in the function (a bound
-    # method's `self`, a partial's arguments).
-    argument: bool = True
-    # A static leaf compared by identity, held weakly: its text may repeat once
-    # its address is reused.
-    ref: Any = None
+    code: Any = None  # a static function's code: one re-made by it is the trap
+    argument: bool = True  # in the call's arguments, not the function's own
+    ref: Any = None  # a weakref to a static leaf keyed by identity (text may repeat)
 
 
 def _code_of(leaf: Any) -> Any:
@@ -179,11 +167,9 @@ def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
 def _avoidable(before: Row | None, after: Row | None) -> bool:
     """Whether a change between two traces is the trap: an argument that is a
     Python scalar, or a function re-made by the same code."""
-    if before is None or after is None or before.role != after.role:
+    if before is None or after is None or not after.argument:
         return False
-    if not after.argument:
-        return False
-    if before.role != "static" or before.kind is not after.kind:
+    if not before.role == after.role == "static" or before.kind is not after.kind:
         return False
     return before.kind in (bool, int, float, complex) or (
         before.code is not None and before.code is after.code
@@ -241,17 +227,14 @@ def _hint(old: Row | None, new: Row | None) -> str:
 def _changes(
     old: dict[str, Row], new: dict[str, Row]
 ) -> list[tuple[str, Row | None, Row | None]]:
-    changed = []
-    for path in dict.fromkeys([*old, *new]):
-        before, after = old.get(path), new.get(path)
-        if (
-            before is None
-            or after is None
-            or before[1:3] != after[1:3]
-            or before.ref != after.ref
-        ):
-            changed.append((path, before, after))
-    return changed
+    return [
+        (path, old.get(path), new.get(path))
+        for path in dict.fromkeys([*old, *new])
+        if path not in old
+        or path not in new
+        or (old[path].role, old[path].value, old[path].ref)
+        != (new[path].role, new[path].value, new[path].ref)
+    ]
 
 
 # Values remembered per static argument, for the RetraceWarning.
@@ -266,19 +249,16 @@ class TraceLog:
         self.name = name
         self.module = module
         self.count = 0
-        # Avoidable retraces since the last trace that was not one.
-        self.in_a_row = 0
+        self.in_a_row = 0  # avoidable retraces since the last that was not one
         self._previous: dict[str, Row] | None = None
-        # The values each static argument has had: a value seen before (a flag
-        # toggled back, one of a few settings) is no trap.
+        # The values each static argument has had: one seen before is no trap.
         self._seen: dict[str, set[str]] = collections.defaultdict(set)
         self._change_counts: collections.Counter[str] = collections.Counter()
         self._hints: dict[str, str] = {}
         self._warned = False
 
     def record(self, rows: list[Row]) -> None:
-        """Called each time the wrapped function is traced at the top level or
-        under eager transforms."""
+        """Called on each trace at the top level or under eager transforms."""
         self.count += 1
         current = {row.path: row for row in rows}
         if self._previous is not None:
@@ -298,7 +278,9 @@ class TraceLog:
             else:
                 self.in_a_row = 0
                 self._change_counts.clear()
-            if _explain_retraces():
+            if os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1" or bool(
+                jax.config.jax_explain_cache_misses  # pyright: ignore[reportAttributeAccessIssue]
+            ):
                 logger.warning(self._retrace_message(changes))
         self._previous = current
         for path, now in current.items():
@@ -351,23 +333,16 @@ LEVEL_NAMES = {
 }
 
 
+@dataclasses.dataclass(eq=False)
 class Explanation:
     """What a `filter_jit` call would do: one row per leaf, and whether it would
     hit the cache. `str()` gives a table."""
 
-    def __init__(
-        self,
-        name: str,
-        level: str,
-        rows: list[Row],
-        cache_hit: bool | None,  # None: jax.jit's own cache decides, unseen
-        decorator: str = "filter_jit",
-    ):
-        self.name = name
-        self.level = level
-        self.rows = rows
-        self.cache_hit = cache_hit
-        self.decorator = decorator
+    name: str
+    level: str
+    rows: list[Row]
+    cache_hit: bool | None  # None: jax.jit's own cache decides, unseen
+    decorator: str = "filter_jit"
 
     def __str__(self) -> str:
         if self.cache_hit is None:
@@ -390,8 +365,7 @@ class Explanation:
             ]
         )
 
-    def __repr__(self) -> str:
-        return str(self)
+    __repr__ = __str__
 
 
 def _hash_and_eq_fail(key: Any) -> bool:
@@ -458,12 +432,6 @@ def key_error(
     )
 
 
-def _untraceable(dtype: np.dtype[Any]) -> bool:
-    # Objects, strings, dates; and raw or structured voids (ml_dtypes' bfloat16
-    # and friends are of kind "V" too, but JAX traces them).
-    return dtype.kind in "OSUMm" or dtype.type is np.void
-
-
 def check_traceable(
     name: str, labels: list[str], leaves: list[Any], positions: Any
 ) -> None:
@@ -471,7 +439,11 @@ def check_traceable(
     cannot trace (strings, objects, dates)."""
     for position in positions:
         leaf = leaves[position]
-        if isinstance(leaf, np.ndarray | np.generic) and _untraceable(leaf.dtype):
+        # Objects, strings, dates; raw or structured voids (not ml_dtypes' bfloat16
+        # and friends, also of kind "V", which JAX traces).
+        if isinstance(leaf, np.ndarray | np.generic) and (
+            leaf.dtype.kind in "OSUMm" or leaf.dtype.type is np.void
+        ):
             raise TypeError(
                 f"{name}(): argument `{labels[position]}` is a NumPy array of dtype "
                 f"{leaf.dtype}, which cannot be traced, and filter_jit traces every "

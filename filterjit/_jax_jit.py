@@ -32,22 +32,14 @@ _Q = ParamSpec("_Q")
 _R = TypeVar("_R")
 _S = TypeVar("_S")
 
-# The jax.jit keywords that mean the same to a nested `filter_jit` call, which
-# passes them on to the jax.jit of its nested program. The others do not apply to
-# a nested no-op: every leaf that is not a tracer is static there already
-# (`static_argnums`, `static_argnames`); a nested call donates nothing, as jax.jit
-# nested does not (`donate_argnums`, `donate_argnames`); and shardings are left
-# to the outer program (`in_shardings`, `out_shardings`).
+# The jax.jit keywords that mean the same to a nested call. Not the others: nested,
+# every leaf not a tracer is static already, nothing is donated (as by jax.jit
+# nested), and shardings are the outer program's.
 _NESTED_KEYWORDS = frozenset(
     ("keep_unused", "inline", "compiler_options", "device", "backend")
 )
 
 _NOT_GIVEN: Any = object()
-
-
-def _all_tracers(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    leaves = jtu.tree_leaves((args, kwargs))
-    return bool(leaves) and all(isinstance(leaf, Tracer) for leaf in leaves)
 
 
 class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
@@ -59,8 +51,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
     `jax.grad` and `jax.jit` all do) copies none of them.
     """
 
-    # `_outside` (from `ByLevel`): the `jax.jit` object, called outside staged
-    # traces.
+    # `_outside` (from `ByLevel`): the `jax.jit` object.
     __slots__ = (
         "_function",
         "_jit_kwargs",
@@ -81,19 +72,13 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
     # `fun` is checked by jax.jit, with its errors; a runtime type checker
     # (jaxtyping's import hook, say) must not pre-empt them.
     def __init__(self, fun: Any, jit_kwargs: dict[str, Any]):
-        jitted: Any = jax.jit(fun, **jit_kwargs)
-        self._nested_options = make_options(
-            **{
-                name: value
-                for name, value in jit_kwargs.items()
-                if name in _NESTED_KEYWORDS
-            }
-        )
-        self._outside = jitted
+        self._outside = jax.jit(fun, **jit_kwargs)
+        nested = {k: v for k, v in jit_kwargs.items() if k in _NESTED_KEYWORDS}
+        self._nested_options = make_options(**nested)
         self._function = fun
         self._jit_kwargs = jit_kwargs
         self._nested = None
-        self.__dict__.update(vars(jitted))
+        self.__dict__.update(vars(self._outside))
 
     def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
         if self._nested_is_jax_jits(args, kwargs):
@@ -103,12 +88,12 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
     def _nested_is_jax_jits(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> bool:
-        # Nothing concrete to keep: jax.jit's own call, sharing its traces with
-        # the top level. Not where a keyword (a static argument, donation,
-        # shardings) would mean something else nested.
-        return self._jit_kwargs.keys() <= _NESTED_KEYWORDS and _all_tracers(
-            args, kwargs
-        )
+        # Nothing concrete to keep, and no keyword that means something else
+        # nested: jax.jit's own call, sharing its traces with the top level.
+        if not self._jit_kwargs.keys() <= _NESTED_KEYWORDS:
+            return False
+        leaves = jtu.tree_leaves((args, kwargs))
+        return bool(leaves) and all(isinstance(leaf, Tracer) for leaf in leaves)
 
     def _nested_wrapper(self) -> FilterJitWrapper[_P, _R]:
         if self._nested is None:
@@ -138,7 +123,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
             found = getattr(found, name, None)
         if found is self:
             return self.__dict__["__qualname__"]
-        return _remake, (self._function, self._jit_kwargs)
+        return JitWrapper, (self._function, self._jit_kwargs)
 
     def __getstate__(self) -> Any:
         # jax.jit's: what its object says of itself (`function_name`, ...).
@@ -192,7 +177,12 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
                 rows.append(row(label, "static", arg))
                 continue
             for path, leaf in jtu.tree_flatten_with_path(arg)[0]:
-                rows.append(_traced_row(label + jtu.keystr(path), leaf))
+                path = label + jtu.keystr(path)
+                try:
+                    rows.append(row(path, "traced", leaf))
+                except TypeError:  # not a JAX type: jax.jit raises, as it says
+                    text = f"{type(leaf).__name__}: not a JAX type"
+                    rows.append(Row(path, "traced", text, type(leaf)))
         name = name_of(self._function)
         return Explanation(name, LEVEL_NAMES[level], rows, None, decorator="jit")
 
@@ -220,19 +210,6 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
 
 def _as_tuple(value: Any) -> tuple[Any, ...]:
     return (value,) if isinstance(value, int | str) else tuple(value)
-
-
-def _traced_row(path: str, leaf: Any) -> Row:
-    try:
-        return row(path, "traced", leaf)
-    except TypeError:  # not a JAX type: jax.jit raises, as the value says
-        return Row(path, "traced", f"{type(leaf).__name__}: not a JAX type", type(leaf))
-
-
-def _remake(
-    fun: Callable[..., Any], jit_kwargs: dict[str, Any]
-) -> JitWrapper[..., Any]:
-    return JitWrapper(fun, jit_kwargs)
 
 
 @overload

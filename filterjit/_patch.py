@@ -1,21 +1,5 @@
 """`patch_equinox`: Equinox's `filter_jit` replaced by filterjit's for every caller,
-including the libraries built on Equinox (diffrax, optimistix, lineax), and its undo.
-
-What is replaced, and what cannot be:
-
-- The name `filter_jit` wherever it refers to Equinox's: `equinox.filter_jit`,
-  `equinox._jit.filter_jit`, and every module global bound to it
-  (`from equinox import filter_jit`). Code that decorates afterwards, at import
-  or at run time (`eqx.filter_jit(f)(x)` in a function body), gets filterjit's.
-- The wrappers Equinox has already made (its `_JitWrapper` objects), where they
-  are attributes of an imported module or of a class defined there (methods,
-  `staticmethod`s and `classmethod`s included): each is replaced by
-  `filterjit.filter_jit` of the same function with the same `donate`.
-- A wrapper held anywhere else (a closure, a container, a Module instance's
-  field), or one made with `jax.jit` keywords (`eqx.filter_jit(f, inline=True)`,
-  which Equinox keeps only inside the `jax.jit` it built), keeps Equinox's jit.
-  Each is named in the returned report's `left`, and in a warning.
-"""
+including the libraries built on Equinox (diffrax, optimistix, lineax), and its undo."""
 
 import dataclasses
 import gc
@@ -70,24 +54,10 @@ class _Swap:
 
 
 class _State:
-    """The patch in force: Equinox's `filter_jit`, and every attribute rewritten,
-    for the undo."""
+    """The patch in force: Equinox's `filter_jit`, and every attribute rewritten."""
 
     original: Any = None
     swaps: list[_Swap] = []
-
-
-def _import_equinox() -> tuple[types.ModuleType, types.ModuleType]:
-    try:
-        equinox = importlib.import_module("equinox")
-        jit_module = importlib.import_module("equinox._jit")
-    except ImportError as error:
-        raise ImportError(
-            "filterjit.patch_equinox() puts filterjit.filter_jit in place of "
-            f"equinox.filter_jit, but Equinox cannot be imported ({error}). Install "
-            "it (`pip install equinox`), or use filterjit.filter_jit directly."
-        ) from error
-    return equinox, jit_module
 
 
 def _name(wrapper: Any) -> str:
@@ -106,9 +76,8 @@ def _where(owner: Any, attribute: str) -> str:
 
 
 def _attributes() -> list[tuple[Any, str, Any]]:
-    """`(owner, attribute, value)` for every attribute of every imported module,
-    and of every class found in one (nested classes included). filterjit's own
-    modules are skipped: nothing of filterjit is Equinox's to replace."""
+    """`(owner, attribute, value)` for every attribute of every imported module but
+    filterjit's, and of every class found in one (nested classes included)."""
     found = []
     classes: dict[int, type] = {}
     for name, module in list(sys.modules.items()):
@@ -200,7 +169,15 @@ def patch_equinox() -> EquinoxPatch:
         filterjit.patch_equinox().left  # (): nothing keeps Equinox's jit
         ```
     """
-    equinox, jit_module = _import_equinox()
+    try:
+        equinox = importlib.import_module("equinox")
+        jit_module = importlib.import_module("equinox._jit")
+    except ImportError as error:
+        raise ImportError(
+            "filterjit.patch_equinox() puts filterjit.filter_jit in place of "
+            f"equinox.filter_jit, but Equinox cannot be imported ({error}). Install "
+            "it (`pip install equinox`), or use filterjit.filter_jit directly."
+        ) from error
     originals = [
         jit
         for jit in (getattr(jit_module, "filter_jit", None), equinox.filter_jit)
@@ -215,17 +192,6 @@ def patch_equinox() -> EquinoxPatch:
     reasons: dict[int, str] = {}  # id of Equinox's wrapper -> why it is left
     swapped: dict[int, str] = {}
     places = []
-
-    def replace(value: Any) -> Any:
-        key = id(value)
-        if key not in replacements and key not in reasons:
-            new = _replacement(value, jit_module)
-            if isinstance(new, str):
-                reasons[key] = new
-            else:
-                replacements[key] = new
-        return replacements.get(key)
-
     for owner, attribute, value in _attributes():
         # The Equinox wrapper in this attribute, if any. By exact type: an
         # isinstance check would run the `__class__` of any object (a lazy proxy's).
@@ -237,7 +203,14 @@ def patch_equinox() -> EquinoxPatch:
             if isinstance(owner, types.ModuleType):
                 new = filter_jit
         elif wrapper_type is not None and type(wrapped) is wrapper_type:
-            new = replace(wrapped)
+            key = id(wrapped)
+            if key not in replacements and key not in reasons:
+                made = _replacement(wrapped, jit_module)
+                if isinstance(made, str):
+                    reasons[key] = made
+                else:
+                    replacements[key] = made
+            new = replacements.get(key)
             if new is not None and wrapped is not value:
                 new = type(value)(new)
         if new is None:
@@ -264,8 +237,6 @@ def patch_equinox() -> EquinoxPatch:
 def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
     """Every Equinox wrapper alive that no attribute rewritten by the patch held,
     each with why."""
-    if wrapper_type is None:
-        return []
     replaced = {id(swap.old) for swap in _State.swaps}
     replaced |= {
         id(swap.old.__func__)

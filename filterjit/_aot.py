@@ -77,12 +77,7 @@ class Compiled:
     """A `filter_jit` function compiled ahead of time. Call it like the wrapped
     function; it checks that the static arguments are those it was lowered with."""
 
-    def __init__(
-        self,
-        compiled: Any,
-        specialisation: Specialisation,
-        prepare: Prepare,
-    ):
+    def __init__(self, compiled: Any, specialisation: Specialisation, prepare: Prepare):
         self.compiled = compiled
         """The underlying `jax.stages.Compiled`."""
         self._specialisation = specialisation
@@ -110,12 +105,7 @@ class Lowered:
     """A `filter_jit` function lowered ahead of time. `.compile()` gives a
     `Compiled`; `.as_text()` the program."""
 
-    def __init__(
-        self,
-        lowered: Any,
-        specialisation: Specialisation,
-        prepare: Prepare,
-    ):
+    def __init__(self, lowered: Any, specialisation: Specialisation, prepare: Prepare):
         self.lowered = lowered
         """The underlying `jax.stages.Lowered`."""
         self._specialisation = specialisation
@@ -139,12 +129,7 @@ class Lowered:
 class Traced:
     """A `filter_jit` function traced ahead of time, as `jax.stages.Traced`."""
 
-    def __init__(
-        self,
-        traced: Any,
-        specialisation: Specialisation,
-        prepare: Prepare,
-    ):
+    def __init__(self, traced: Any, specialisation: Specialisation, prepare: Prepare):
         self.traced = traced
         """The underlying `jax.stages.Traced`."""
         self._specialisation = specialisation

@@ -1,16 +1,9 @@
 """Runtime checks (`eqx.error_if`, `eqx.branched_error_if`): a failed check raises
-`equinox.EquinoxRuntimeError` with its message at the call, as inside
-`equinox.filter_jit`, instead of JAX's raw callback error.
+`equinox.EquinoxRuntimeError` at the call, worded as inside `equinox.filter_jit`.
+Only calls whose trace holds a check block until their result is ready.
 
-A check is a `pure_callback` into Equinox that raises when the check fails. Only
-calls whose trace holds such a callback block until their result is ready (to see
-the error at the call); every other call keeps JAX's asynchronous dispatch.
-
-This is the only module that reads Equinox's private state (the message and
-frames of the latest failed check, and the wording of Equinox's error, so that the
-error reads as under `equinox.filter_jit`), with a fallback to the message in
-JAX's error.
-"""
+The only module that reads Equinox's private state (the latest failed check's
+message and frames, and its error's wording), with a fallback to JAX's error."""
 
 import functools as ft
 import inspect
@@ -37,14 +30,6 @@ from ._partition import is_array
 _MARKER = "_EquinoxRuntimeError: "
 
 
-def _is_check(eqn: Any) -> bool:
-    if eqn.primitive.name != "pure_callback":
-        return False
-    callback = eqn.params.get("callback")
-    function = getattr(callback, "callback_func", callback)
-    return getattr(function, "__module__", "").startswith("equinox")
-
-
 def _subjaxprs(value: Any) -> list[Any]:
     if isinstance(value, jax.extend.core.ClosedJaxpr):
         return [value.jaxpr]
@@ -55,35 +40,33 @@ def _subjaxprs(value: Any) -> list[Any]:
     return []
 
 
-def has_runtime_check(eqns: Sequence[Any]) -> bool:
-    """Whether these jaxpr equations, or any jaxpr inside them, hold an Equinox
-    runtime check."""
+def traced_a_check() -> bool:
+    """Called at the end of a function's trace: whether it traced a runtime check, a
+    `pure_callback` into Equinox, at any depth (`True` where that cannot be known,
+    so that errors are never lost)."""
+    eqns = _trace.current_equations()
+    if eqns is None:
+        return True
     stack = [list(eqns)]
     while stack:
         for eqn in stack.pop():
-            if _is_check(eqn):
-                return True
+            if eqn.primitive.name == "pure_callback":
+                callback = eqn.params.get("callback")
+                function = getattr(callback, "callback_func", callback)
+                if getattr(function, "__module__", "").startswith("equinox"):
+                    return True
             for value in eqn.params.values():
                 stack.extend(jaxpr.eqns for jaxpr in _subjaxprs(value))
     return False
 
 
-def traced_a_check() -> bool:
-    """Called at the end of a function's trace: whether it traced a runtime check
-    (`True` where that cannot be known, so that errors are never lost)."""
-    eqns = _trace.current_equations()
-    return True if eqns is None else has_runtime_check(eqns)
-
-
 class _QuietCallbackLog(logging.Filter):
-    """JAX logs a failed callback with its traceback before raising; the error
-    raised at the call says all of it. Installed once, and quiet only while a
-    checked call is under way (in any thread: JAX may log from its own)."""
+    """Quiets JAX's log of a failed callback (the error raised at the call says all
+    of it) while a checked call is under way, in any thread."""
 
     def __init__(self) -> None:
         super().__init__()
-        # One item per checked call under way. A list's `append` and `pop` are
-        # atomic, where `+= 1` is not and a lock costs more than the rest.
+        # One item per checked call under way: `append` and `pop` are atomic.
         self.calls: list[None] = []
         self.enter = ft.partial(self.calls.append, None)
         self.exit = self.calls.pop
@@ -147,8 +130,7 @@ def call_checked(
     `equinox.EquinoxRuntimeError`. `ready(out)`: the arrays of the output to wait
     for before returning (empty or `None` for none), so that a check that fails
     while it runs is raised here too."""
-    # Not a context manager: this is on the path of every call whose trace holds a
-    # check, and a generator-based one costs microseconds.
+    # Not a context manager: one costs microseconds, on every checked call.
     _quiet.enter()
     try:
         out = jitted(*dynamic)

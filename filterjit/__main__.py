@@ -1,9 +1,8 @@
 """`python -m filterjit`: the three ways a nested jit changes a program, side by side.
 
-Each seed case calls a helper with a NumPy scalar inside an outer `jax.jit`. The
-helper works undecorated, because the NumPy scalar is known at trace time. The
-table shows what happens when the helper is decorated with `jax.jit`,
-`equinox.filter_jit` and `filterjit.filter_jit`:
+Each case calls a helper with a NumPy scalar inside an outer `jax.jit`: undecorated
+it works, the scalar being known at trace time; decorated with `jax.jit` or
+`equinox.filter_jit`:
 
 1. results change: `jnp.zeros(n)` needs `n` concrete;
 2. backprop breaks: a traced `fori_loop` bound makes a `while_loop`, which
@@ -26,14 +25,6 @@ from ._jit import filter_jit
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-def _zeros(n: Any) -> jax.Array:
-    return jnp.zeros(n)
-
-
-def _count_up(init: Any, lower: Any) -> jax.Array:
-    return lax.fori_loop(lower, 1, lambda _, y: y + 1, init)
-
-
 def _power(x: jax.Array, n: Any) -> jax.Array:
     y = x
     for _ in range(n - 1):
@@ -41,35 +32,26 @@ def _power(x: jax.Array, n: Any) -> jax.Array:
     return y
 
 
-def _case_zeros(decorator: Decorator) -> Any:
-    f = decorator(_zeros)
-    return jax.jit(lambda: f(np.int32(2)))()
-
-
-def _case_grad(decorator: Decorator) -> Any:
-    f = decorator(_count_up)
-    return jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))()
-
-
-def _case_unroll(decorator: Decorator) -> Any:
-    f = decorator(_power)
-    return jax.jit(lambda x: f(x, np.int32(3)))(jnp.asarray(2.0))
+def _count_up(init: Any, lower: Any) -> jax.Array:
+    return lax.fori_loop(lower, 1, lambda _, y: y + 1, init)
 
 
 CASES: tuple[tuple[str, Callable[[Decorator], Any]], ...] = (
-    ("1. results change: jnp.zeros(n), n = np.int32(2), inside jax.jit", _case_zeros),
+    (
+        "1. results change: jnp.zeros(n), n = np.int32(2), inside jax.jit",
+        lambda jit: jax.jit(lambda: jit(lambda n: jnp.zeros(n))(np.int32(2)))(),
+    ),
     (
         "2. backprop breaks: jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))(), "
         "f = fori_loop(lower, 1, ...)",
-        _case_grad,
+        lambda jit: jax.jit(lambda: jax.grad(jit(_count_up))(0.0, np.int32(0)))(),
     ),
     (
         "3. specialisation lost: x**3 as `for _ in range(n - 1)`, n = np.int32(3), "
         "inside jax.jit",
-        _case_unroll,
+        lambda jit: jax.jit(lambda x: jit(_power)(x, np.int32(3)))(jnp.asarray(2.0)),
     ),
 )
-
 DECORATORS: tuple[tuple[str, Decorator], ...] = (
     ("undecorated", lambda f: f),
     ("jax.jit", jax.jit),

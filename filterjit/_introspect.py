@@ -55,9 +55,7 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
         ```
     """
     fun, args = _unbind(fun, args)
-    if isinstance(fun, JitWrapper):
-        return fun._explain(args, kwargs)
-    if isinstance(fun, FilterJitWrapper):
+    if isinstance(fun, JitWrapper | FilterJitWrapper):
         return fun._explain(args, kwargs)
     wrapper: FilterJitWrapper[..., Any] = _decorate(Options(), fun, caller="explain")
     explanation = wrapper._explain(args, kwargs)

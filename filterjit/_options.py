@@ -23,12 +23,14 @@ names such as `("state",)`."""
 
 _DONATE_STRINGS = ("none", "all", "all-except-first", "warn", "warn-except-first")
 
+_STATIC_ADVICE = (
+    "filter_jit makes every non-array leaf static already; pass the value as a "
+    "Python object, or wrap it in an array to trace it"
+)
 # jax.jit options that filter_jit replaces, and what to use instead.
 _REJECTED_JIT_KWARGS = {
-    "static_argnums": "filter_jit makes every non-array leaf static already; pass "
-    "the value as a Python object, or wrap it in an array to trace it",
-    "static_argnames": "filter_jit makes every non-array leaf static already; pass "
-    "the value as a Python object, or wrap it in an array to trace it",
+    "static_argnums": _STATIC_ADVICE,
+    "static_argnames": _STATIC_ADVICE,
     "donate_argnums": "use filter_jit(..., donate='all'), 'all-except-first', or a "
     "tuple of parameter names such as donate=('state',)",
     "donate_argnames": "use filter_jit(..., donate=('name', ...)) with the "
@@ -127,14 +129,9 @@ def make_options(**options: Any) -> Options:
 
 
 def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None:
-    """Raises for a name in `donate=(names...)` that no call can donate.
-
-    A name matches the argument a call passes under it, as `jax.jit`'s
-    `donate_argnames`: a parameter (a `*args` parameter's name: all of its
-    arguments), a keyword collected by a `**kwargs` parameter (`"state"` for
-    `f(x, state=s)`), or a method's receiver (`"self"`, where the receiver is the
-    first argument). The name of a `**kwargs` parameter itself is refused: JAX
-    reads it as a keyword of that name only, which is seldom what is meant."""
+    """Raises for a name in `donate=(names...)` that no call can donate. As in
+    `jax.jit`'s `donate_argnames`, a name is a parameter's, a keyword a `**kwargs`
+    collects, or a method's receiver; not the `**kwargs` parameter's own name."""
     name_of_fun = getattr(fun, "__qualname__", fun)
     try:
         parameters = list(inspect.signature(fun).parameters.values())

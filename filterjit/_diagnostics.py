@@ -87,11 +87,9 @@ def set_retrace_warning_threshold(
 
 
 def _threshold_for(module: str) -> int | None:
-    while module:
-        if module in _module_thresholds:
-            return _module_thresholds[module]
+    while module and module not in _module_thresholds:
         module = module.rpartition(".")[0]
-    return _retrace_warning_threshold
+    return _module_thresholds[module] if module else _retrace_warning_threshold
 
 
 _internal_dirs = (
@@ -101,8 +99,7 @@ _internal_dirs = (
 
 
 def _warn_at_user_frame(message: str, category: type[Warning]) -> None:
-    # Point the warning at the first frame outside filterjit and JAX: the user's
-    # call that triggered the trace.
+    # At the first frame outside filterjit and JAX: the user's call that traced.
     frame = sys._getframe(1)
     stacklevel = 2
     while frame.f_back is not None and frame.f_code.co_filename.startswith(
@@ -197,18 +194,14 @@ def _hint(old: Row | None, new: Row | None) -> str:
     if new.role == "traced":
         return "traced: every new shape, dtype or weak type is traced anew"
     kind = new.kind.__name__
-    if (
-        new.code is not None
-        and new.code is old.code
-        and issubclass(new.kind, ft.partial)
-    ):
-        return (
-            "a functools.partial compares by identity, so one made anew on every "
-            "call is a new static value: make it once, or pass "
-            "jax.tree_util.Partial(function, jnp.asarray(value)) so that the "
-            "values it binds are traced"
-        )
     if new.code is not None and new.code is old.code:
+        if issubclass(new.kind, ft.partial):
+            return (
+                "a functools.partial compares by identity, so one made anew on "
+                "every call is a new static value: make it once, or pass "
+                "jax.tree_util.Partial(function, jnp.asarray(value)) so that the "
+                "values it binds are traced"
+            )
         return (
             "a function made anew by the same code (a lambda or closure inside a "
             "loop?) is a new static value: define it once, or pass its arrays as "
@@ -356,14 +349,9 @@ class Explanation:
         def fmt(line: tuple[str, ...]) -> str:
             return "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
 
-        return "\n".join(
-            [
-                f"{self.decorator}({self.name}), called {self.level}: {hit}",
-                fmt(header),
-                fmt(tuple("-" * w for w in widths)),
-                *(fmt(line) for line in lines),
-            ]
-        )
+        title = f"{self.decorator}({self.name}), called {self.level}: {hit}"
+        dashes = tuple("-" * w for w in widths)
+        return "\n".join([title, *map(fmt, [header, dashes, *lines])])
 
     __repr__ = __str__
 
@@ -388,13 +376,11 @@ def key_error(
     or `==` failed, and says what to do."""
     name = function.name
     if partition is None:
-        # The structure itself failed: auxiliary data of a pytree node, such as a
-        # static field of an eqx.Module, holds a value that cannot be hashed or
-        # compared.
+        # The structure failed: a node's auxiliary data (an eqx.Module's static
+        # field, say) cannot be hashed or compared.
         call = jtu.tree_unflatten(treedef, leaves)
         _, args, kwargs = function.split_call(fun, call)
-        named = [*enumerate(args), *kwargs.items()]
-        for where, value in [(None, fun), *named]:
+        for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:
             label = name if where is None else function._parameter(where)[1]
             field = find_static_array_field(value, label)
             if field is not None:

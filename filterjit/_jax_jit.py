@@ -5,16 +5,9 @@ import functools as ft
 import inspect
 import sys
 import types
+import typing
 from collections.abc import Callable
-from typing import (
-    Any,
-    Concatenate,
-    Generic,
-    overload,
-    ParamSpec,
-    TYPE_CHECKING,
-    TypeVar,
-)
+from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
 import jax
 import jax.tree_util as jtu
@@ -65,7 +58,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
     _nested_options: Options
     _nested: FilterJitWrapper[_P, _R] | None  # made on first use: most never nest
 
-    if TYPE_CHECKING:
+    if typing.TYPE_CHECKING:
 
         def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 
@@ -115,9 +108,8 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         return repr(self._outside)
 
     def __reduce__(self) -> Any:
-        # A function defined at the top of a module is pickled by reference, as
-        # functions are; any other (a local function, for cloudpickle) with its
-        # function and keywords.
+        # By reference where it is a module's global, as functions are; else (a
+        # local function, for cloudpickle) by its function and keywords.
         found: Any = sys.modules.get(self.__dict__.get("__module__", ""))
         for name in str(self.__dict__.get("__qualname__", "<>")).split("."):
             found = getattr(found, name, None)
@@ -126,8 +118,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         return JitWrapper, (self._function, self._jit_kwargs)
 
     def __getstate__(self) -> Any:
-        # jax.jit's: what its object says of itself (`function_name`, ...).
-        # Pickling goes through `__reduce__`.
+        # jax.jit's (`function_name`, ...); pickling goes through `__reduce__`.
         return self._outside.__getstate__()
 
     def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> jax.stages.Lowered:
@@ -143,8 +134,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         return self._outside.eval_shape(*args, **kwargs)
 
     def clear_cache(self) -> None:
-        """Clears `jax.jit`'s cache of this function, and the cache of its nested
-        calls."""
+        """Clears `jax.jit`'s cache of this function, and its nested calls' cache."""
         self._outside.clear_cache()
         if self._nested is not None:
             self._nested._dispatcher.clear()
@@ -153,8 +143,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         level = _trace.trace_level()
         if level == _trace.STAGED and not self._nested_is_jax_jits(args, kwargs):
             return self._nested_wrapper()._explain(args, kwargs)
-        # jax.jit's roles: an argument is static as a whole, or each of its leaves
-        # traced.
+        # jax.jit's roles: an argument is static as a whole, or its leaves traced.
         try:
             parameters = list(inspect.signature(self._function).parameters.values())
         except (TypeError, ValueError):
@@ -195,8 +184,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
             )
         return size
 
-    # The private methods of jax.jit's object, which JAX's tests and some
-    # libraries call.
+    # jax.jit's private methods, which JAX's tests and some libraries call.
     def _cache_size(self) -> int:
         return self._outside._cache_size()
 

@@ -86,12 +86,6 @@ def set_retrace_warning_threshold(
         _module_thresholds[module] = threshold
 
 
-def _threshold_for(module: str) -> int | None:
-    while module and module not in _module_thresholds:
-        module = module.rpartition(".")[0]
-    return _module_thresholds[module] if module else _retrace_warning_threshold
-
-
 _internal_dirs = (
     os.path.dirname(os.path.abspath(__file__)),
     os.path.dirname(os.path.abspath(jax.__file__)),
@@ -280,7 +274,10 @@ class TraceLog:
             seen = self._seen[path]
             if now.role == "static" and len(seen) <= _MAX_SEEN:
                 seen.add(now.value)
-        threshold = _threshold_for(self.module)
+        module = self.module  # its threshold, or its package's, or the global one
+        while module and module not in _module_thresholds:
+            module = module.rpartition(".")[0]
+        threshold = _module_thresholds[module] if module else _retrace_warning_threshold
         if not self._warned and threshold is not None and self.in_a_row > threshold:
             self._warned = True
             _warn_at_user_frame(self._warning_message(), RetraceWarning)

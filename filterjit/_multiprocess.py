@@ -115,15 +115,12 @@ def _digest(*texts: str) -> list[int]:
         data = text.encode("utf-8", "backslashreplace")
         hasher.update(len(data).to_bytes(8, "little"))
         hasher.update(data)
-    raw = hasher.digest()
-    return [int.from_bytes(raw[4 * i : 4 * i + 4], "little") for i in range(_WORDS)]
+    return np.frombuffer(hasher.digest(), "<u4").tolist()
 
 
 def _encode(text: str, size: int) -> np.ndarray:
     data = text.encode("utf-8", "backslashreplace")[:size]
-    out = np.zeros(size, np.uint8)
-    out[: len(data)] = np.frombuffer(data, np.uint8)
-    return out
+    return np.frombuffer(data.ljust(size, b"\0"), np.uint8).copy()
 
 
 def _decode(data: np.ndarray) -> str:

@@ -237,11 +237,9 @@ def patch_equinox() -> EquinoxPatch:
 def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
     """Every Equinox wrapper alive that no attribute rewritten by the patch held,
     each with why."""
-    replaced = {id(swap.old) for swap in _State.swaps}
-    replaced |= {
-        id(swap.old.__func__)
-        for swap in _State.swaps
-        if type(swap.old) in (staticmethod, classmethod)
+    replaced = {
+        id(s.old.__func__ if type(s.old) in (staticmethod, classmethod) else s.old)
+        for s in _State.swaps
     }
     gc.collect()  # not to report wrappers that are garbage already
     left = []

@@ -35,17 +35,14 @@ _module_thresholds: dict[str, int | None] = {}
 
 
 class RetraceWarning(UserWarning):
-    """Emitted once per decorated function when it has been traced again, more times
-    in a row than the threshold set by `filterjit.set_retrace_warning_threshold` (10
-    unless changed), because of the trap the warning is for: a Python scalar, or a
-    fresh function object made by the same code (a lambda or closure made anew on
-    every call), that takes a new value on every call. It names that argument.
+    """Emitted once per decorated function traced again more times in a row than
+    the threshold of `filterjit.set_retrace_warning_threshold` (10 unless changed)
+    only because a Python scalar, or a function made anew by the same code (a
+    lambda or closure made on every call), took a new value. It names that argument.
 
     Traces for new shapes, dtypes, structures, strings or other functions are the
     ordinary work of a library's entry point: they do not count, and they end a run
-    of avoidable retraces, so that a library traced for one user problem after
-    another does not warn where a few of those problems differ only in a
-    function."""
+    of avoidable retraces."""
 
 
 def set_retrace_warning_threshold(

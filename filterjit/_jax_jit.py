@@ -211,24 +211,20 @@ def jit(**jit_kwargs: Any) -> Callable[[Callable[_P, _R]], JitWrapper[_P, _R]]: 
 def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     """`jax.jit`, whose nested calls are semantic no-ops.
 
-    Takes exactly `jax.jit`'s arguments (`static_argnums`, `static_argnames`,
-    `donate_argnums`, `donate_argnames`, `in_shardings`, `out_shardings`,
-    `keep_unused`, `inline`, `compiler_options`, ...). At the top level and under
-    eager transforms (`jax.grad`, `jax.vmap`, ... not inside a `jax.jit`), a call
-    is a call of `jax.jit(fun, **jit_kwargs)`: the same tracing, caching, errors,
-    donation and shardings, with only a check of the trace level in front of
-    JAX's dispatch. `.lower`, `.trace`, `.eval_shape` and `.clear_cache` are
-    `jax.jit`'s, and so are the `repr` and the attributes.
+    Takes exactly `jax.jit`'s arguments. At the top level and under eager
+    transforms (`jax.grad`, `jax.vmap`, ... not inside a `jax.jit`), a call is a
+    call of `jax.jit(fun, **jit_kwargs)`: the same tracing, caching, errors,
+    donation and shardings, behind only a check of the trace level. `.lower`,
+    `.trace`, `.eval_shape`, `.clear_cache`, the `repr` and the attributes are
+    `jax.jit`'s.
 
-    Inside a staged trace (an outer `jax.jit`, a `lax.scan` body,
-    `jax.checkpoint`, ...), a call is `filterjit.filter_jit`'s nested call: only
-    the leaves that are tracers already are traced; Python values, NumPy values
-    and concrete JAX arrays reach `fun` unchanged, static or not, so that the
-    decorator changes nothing the program computes. Donation and shardings do
-    not apply there; `keep_unused`, `inline` and `compiler_options` do. A nested
-    call whose leaves are all tracers has nothing to keep: unless `jit_kwargs`
-    has static arguments, donation or shardings, it is `jax.jit`'s own call, and
-    shares its traces with the top level.
+    Inside a staged trace (an outer `jax.jit`, a `lax.scan` body, ...), a call is
+    `filterjit.filter_jit`'s nested call: only leaves that are tracers already are
+    traced; Python values, NumPy values and concrete arrays reach `fun` unchanged,
+    so the decorator changes nothing the program computes. Donation and shardings
+    do not apply there; `keep_unused`, `inline` and `compiler_options` do. Where
+    every leaf is a tracer and `jit_kwargs` has no static arguments, donation or
+    shardings, it is `jax.jit`'s own call, sharing its traces with the top level.
 
     **Arguments:**
 

@@ -125,29 +125,21 @@ def patch_equinox() -> EquinoxPatch:
     now on, and replaces the functions Equinox has already compiled where they can
     be found.
 
-    What it changes:
-
-    - `equinox.filter_jit` (and `equinox._jit.filter_jit`, and every module global
-        bound to Equinox's `filter_jit`, as `from equinox import filter_jit`
-        makes) becomes `filterjit.filter_jit`. Libraries that decorate when they
-        are imported, or call `eqx.filter_jit(f)(x)` when they run, get filterjit's
-        wrapper: diffrax, optimistix and lineax imported after this call are
-        filterjit's throughout.
+    - `equinox.filter_jit`, `equinox._jit.filter_jit` and every module global bound
+        to it (`from equinox import filter_jit`) become `filterjit.filter_jit`: code
+        that decorates from now on, at import or at run time, gets filterjit's.
     - Every function already decorated with Equinox's `filter_jit` that is an
-        attribute of an imported module, or of a class defined in one (a method,
-        `staticmethod` or `classmethod`), is replaced by `filterjit.filter_jit` of
-        the same function, with the same `donate`. So the order of imports does
-        not matter: `diffrax.diffeqsolve`, `optimistix.root_find` and
-        `lineax.linear_solve` are filterjit's whether they were imported before
-        this call or after it. Every name of a wrapper gets the same replacement.
-    - An Equinox wrapper held anywhere else (a closure, a list, a field of a
-        Module instance), or one made with `jax.jit` keywords, which Equinox does
-        not keep in a readable form, is left as it is, and named in a warning and
-        in the report's `left`.
+        attribute of an imported module or of a class defined in one (a method,
+        `staticmethod` or `classmethod`) is replaced, under every name, by
+        `filterjit.filter_jit` of the same function with the same `donate`. So
+        `diffrax.diffeqsolve`, `optimistix.root_find` and `lineax.linear_solve`
+        are filterjit's whether imported before this call or after it.
+    - An Equinox wrapper held anywhere else (a closure, a list, a Module's field),
+        or made with `jax.jit` keywords (which Equinox does not keep readably), is
+        left as it is, and named in a warning and in the report's `left`.
 
-    Calling it again changes nothing that is already replaced, and replaces what
-    has appeared since (its report says what that call did; its `left` is a way to
-    check that nothing is left). [`filterjit.unpatch_equinox`][] undoes it.
+    Calling it again replaces only what has appeared since; its `left` is a way to
+    check that nothing is left. [`filterjit.unpatch_equinox`][] undoes it.
 
     **Returns:**
 
@@ -252,14 +244,10 @@ def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
 
 def unpatch_equinox() -> None:
     """Undoes [`filterjit.patch_equinox`][]: `equinox.filter_jit` is Equinox's
-    again, so code decorated from now on gets Equinox's wrapper, and every
-    attribute the patch rewrote that still holds what the patch put there is
-    given back its Equinox wrapper.
-
-    Functions decorated while the patch was in force (a library imported after
-    `patch_equinox()`) keep filterjit's wrapper: no Equinox one exists for them.
-    Without a patch in force, it does nothing.
-    """
+    again, and every attribute the patch rewrote that still holds what it put
+    there gets its Equinox wrapper back. Functions decorated while the patch was in
+    force keep filterjit's wrapper: no Equinox one exists for them. Without a patch
+    in force, it does nothing."""
     for swap in reversed(_State.swaps):
         if vars(swap.owner).get(swap.attribute) is swap.new:
             setattr(swap.owner, swap.attribute, swap.old)

@@ -5,9 +5,8 @@ import functools as ft
 import inspect
 import sys
 import types
-import typing
 from collections.abc import Callable
-from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, overload, TYPE_CHECKING
 
 import jax
 import jax.tree_util as jtu
@@ -16,14 +15,9 @@ from jax.core import Tracer
 from . import _trace
 from ._diagnostics import Explanation, LEVEL_NAMES, Row, row
 from ._function import name_of, positional_names
-from ._jit import FilterJitWrapper
+from ._jit import _P, _Q, _R, _S, FilterJitWrapper
 from ._options import make_options, Options
 
-
-_P = ParamSpec("_P")
-_Q = ParamSpec("_Q")
-_R = TypeVar("_R")
-_S = TypeVar("_S")
 
 # The jax.jit keywords that mean the same to a nested call. Not the others: nested,
 # every leaf not a tracer is static already, nothing is donated (as by jax.jit
@@ -58,7 +52,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
     _nested_options: Options
     _nested: FilterJitWrapper[_P, _R] | None  # made on first use: most never nest
 
-    if typing.TYPE_CHECKING:
+    if TYPE_CHECKING:
 
         def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 

@@ -114,11 +114,9 @@ def make_options(**options: Any) -> Options:
                     "parameter name. Give parameter names as strings, such as "
                     "donate=('state',)."
                 )
-    inline_modes = getattr(jax, "Inline", None)  # jax >= 0.11
-    if not isinstance(inline, bool) and not (
-        inline_modes is not None and isinstance(inline, inline_modes)
-    ):
-        modes = ", or a member of jax.Inline" if inline_modes is not None else ""
+    inline_modes: Any = getattr(jax, "Inline", bool)  # jax >= 0.11
+    if not isinstance(inline, bool | inline_modes):
+        modes = "" if inline_modes is bool else ", or a member of jax.Inline"
         raise ValueError(
             f"inline={inline!r} is not an option. Use inline=True or inline=False"
             f"{modes}."
@@ -139,10 +137,8 @@ def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None
         parameters = []
     known = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
     var_keyword = [p.name for p in parameters if p.kind is p.VAR_KEYWORD]
-    if isinstance(fun, types.MethodType):
-        receiver = first_parameter(fun.__func__)
-    else:
-        receiver = receiver_of(fun)
+    method = isinstance(fun, types.MethodType)
+    receiver = first_parameter(fun.__func__) if method else receiver_of(fun)
     if receiver is not None:
         known.add(receiver)
     for name in names:

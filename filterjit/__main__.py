@@ -60,24 +60,20 @@ DECORATORS: tuple[tuple[str, Decorator], ...] = (
 )
 
 
-def _run(case: Callable[[Decorator], Any], decorator: Decorator) -> tuple[bool, str]:
-    try:
-        value = case(decorator)
-    except Exception as error:
-        lines = str(error).strip().splitlines()
-        message = f"{type(error).__name__}: {lines[0] if lines else ''}"
-        return False, message if len(message) <= 90 else message[:87] + "..."
-    return True, np.array2string(np.asarray(value))
-
-
 def main() -> None:
-    """Runs every seed case under every decorator and prints the outcomes."""
+    """Runs every case under every decorator and prints the outcomes."""
     width = max(len(name) for name, _ in DECORATORS)
     for title, case in CASES:
         print(title)
         for name, decorator in DECORATORS:
-            ok, outcome = _run(case, decorator)
-            print(f"    {name:<{width}}  {'ok  ' if ok else 'FAIL'}  {outcome}")
+            try:
+                outcome = "ok    " + np.array2string(np.asarray(case(decorator)))
+            except Exception as error:
+                lines = str(error).strip().splitlines()
+                message = f"{type(error).__name__}: {lines[0] if lines else ''}"
+                cut = message if len(message) <= 90 else message[:87] + "..."
+                outcome = "FAIL  " + cut
+            print(f"    {name:<{width}}  {outcome}")
         print()
 
 

@@ -137,18 +137,17 @@ class Row(NamedTuple):
     ref: Any = None  # a weakref to a static leaf keyed by identity (text may repeat)
 
 
-def _code_of(leaf: Any) -> Any:
-    # A functools.partial compares by identity, as a lambda does: one made anew
-    # on every call over the same function is the same trap.
-    while isinstance(leaf, ft.partial):
-        leaf = leaf.func
-    leaf = getattr(leaf, "__func__", leaf)  # a bound method
-    return getattr(leaf, "__code__", None)
-
-
 def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
-    code = _code_of(leaf) if role == "static" else None
-    ref = weakref.ref(leaf) if role == "static" and weakly_keyed(type(leaf)) else None
+    code = ref = None
+    if role == "static":
+        # A functools.partial compares by identity, as a lambda does: one made
+        # anew on every call over the same function is the same trap.
+        function = leaf
+        while isinstance(function, ft.partial):
+            function = function.func
+        function = getattr(function, "__func__", function)  # a bound method
+        code = getattr(function, "__code__", None)
+        ref = weakref.ref(leaf) if weakly_keyed(type(leaf)) else None
     return Row(path, role, describe(leaf, role), type(leaf), code, argument, ref)
 
 

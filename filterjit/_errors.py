@@ -87,14 +87,10 @@ def _message(error: Exception, name: str) -> str:
     """The failed check's message, as `equinox.filter_jit` words it where
     Equinox's private state allows."""
     _jit = getattr(eqx, "_jit", None)
-    info = getattr(_jit, "last_error_info", None)
+    info: Any = getattr(_jit, "last_error_info", None)
     template = getattr(_jit, "_on_error_msg", None)
-    if (
-        isinstance(info, tuple)
-        and len(info) == 2
-        and isinstance(info[0], str)
-        and isinstance(template, str)
-    ):
+    readable = isinstance(info, tuple) and len(info) == 2 and isinstance(info[0], str)
+    if readable and isinstance(template, str):
         message, stack = info
         # The frames inside the jit, innermost last (Equinox records them from
         # the check outwards, with markers for its own jit calls between).

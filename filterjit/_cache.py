@@ -20,8 +20,7 @@ class BoundedCache(Generic[_V]):
         self._values: dict[Hashable, _V] = {}
         self._sizes: dict[Hashable, int] = {}
         self._bytes = 0
-        # Re-entrant: a weak reference's callback, run inside `put` by the
-        # collector, may discard an entry.
+        # Re-entrant: a weakref's callback, run by the collector in `put`, discards.
         self._lock = threading.RLock()
         # The hot path: the dict's own method (`TypeError` for an unhashable key).
         self.get = self._values.get

@@ -140,8 +140,7 @@ class Row(NamedTuple):
 def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
     code = ref = None
     if role == "static":
-        # A functools.partial compares by identity, as a lambda does: one made
-        # anew on every call over the same function is the same trap.
+        # A functools.partial compares by identity: one re-made is a trap too.
         function = leaf
         while isinstance(function, ft.partial):
             function = function.func
@@ -249,8 +248,8 @@ class TraceLog:
             if changes and all(
                 _avoidable(b, a)
                 and a is not None
-                # A value seen before is no trap; a function made anew is, whatever
-                # its text (its address may be reused once the last one is freed).
+                # A value seen before is no trap; a re-made function is (its text
+                # may repeat, its address being reused).
                 and (a.code is not None or a.value not in self._seen[path])
                 for path, b, a in changes
             ):
@@ -369,8 +368,7 @@ def key_error(
     or `==` failed, and says what to do."""
     name = function.name
     if partition is None:
-        # The structure failed: a node's auxiliary data (an eqx.Module's static
-        # field, say) cannot be hashed or compared.
+        # The structure failed: a node's auxiliary data (a static field) did.
         call = jtu.tree_unflatten(treedef, leaves)
         _, args, kwargs = function.split_call(fun, call)
         for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:
@@ -418,8 +416,7 @@ def check_traceable(
     cannot trace (strings, objects, dates)."""
     for position in positions:
         leaf = leaves[position]
-        # Objects, strings, dates; raw or structured voids (not ml_dtypes' bfloat16
-        # and friends, also of kind "V", which JAX traces).
+        # Objects, strings, dates, np.void (not ml_dtypes' kind "V": JAX traces it).
         if isinstance(leaf, np.ndarray | np.generic) and (
             leaf.dtype.kind in "OSUMm" or leaf.dtype.type is np.void
         ):

@@ -66,8 +66,7 @@ _JAX_JIT_TYPE = type(jax.jit(lambda: None))
 
 
 def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-    # A decorated method read from an instance (`model.__call__`) is the wrapper
-    # called with the instance first: explain and count that wrapper.
+    # A decorated method read from an instance: the wrapper, the instance first.
     if isinstance(fun, types.MethodType) and isinstance(
         fun.__func__, (FilterJitWrapper, JitWrapper)
     ):

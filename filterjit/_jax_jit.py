@@ -19,9 +19,8 @@ from ._jit import _P, _Q, _R, _S, FilterJitWrapper
 from ._options import make_options, Options
 
 
-# The jax.jit keywords that mean the same to a nested call. Not the others: nested,
-# every leaf not a tracer is static already, nothing is donated (as by jax.jit
-# nested), and shardings are the outer program's.
+# The jax.jit keywords that mean the same nested. Not the others: nested, every leaf
+# not a tracer is static, nothing is donated, shardings are the outer program's.
 _NESTED_KEYWORDS = frozenset(
     ("keep_unused", "inline", "compiler_options", "device", "backend")
 )
@@ -56,8 +55,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
 
         def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 
-    # `fun` is checked by jax.jit, with its errors; a runtime type checker
-    # (jaxtyping's import hook, say) must not pre-empt them.
+    # `fun: Any`: jax.jit checks it, and no runtime type checker must pre-empt it.
     def __init__(self, fun: Any, jit_kwargs: dict[str, Any]):
         self._outside = jax.jit(fun, **jit_kwargs)
         nested = {k: v for k, v in jit_kwargs.items() if k in _NESTED_KEYWORDS}

@@ -23,11 +23,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
 from jax.tree_util import PyTreeDef
 
 
-# A digest is 64 bits, carried as two uint32 words (without `jax_enable_x64`, JAX
-# has no 64-bit integers).
+# A digest: 64 bits as two uint32 words (without x64, JAX has no 64-bit integers).
 _WORDS = 2
-# Bytes of the texts gathered for an error: a function name or argument label, and
-# a value's repr.
+# Bytes gathered for an error: a function name or argument label; a value's repr.
 _LABEL_BYTES = 160
 _REPR_BYTES = 4096
 _MAX_DEPTH = 16
@@ -162,8 +160,7 @@ def _gatherer() -> tuple[NamedSharding, Callable[[jax.Array], jax.Array]]:
 def _allgather(array: np.ndarray) -> np.ndarray:
     """`array` of every process, stacked along a new first axis."""
     by_process, replicate = _gatherer()
-    # Run eagerly whatever JAX is tracing around the call (an eager `jax.grad` of a
-    # decorated function compiles at the top level, with a JVP trace current).
+    # Eagerly, whatever JAX is tracing around the call (an eager jax.grad's JVP).
     with jax.ensure_compile_time_eval():
         rows = jax.make_array_from_process_local_data(
             by_process, array[None], (jax.process_count(), *array.shape)
@@ -204,8 +201,7 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     headers = _allgather(header)
     if (headers == headers[0]).all():
         return
-    # From here on every process sees the same gathered data, so all take the same
-    # branches, make the same collectives and raise the same error.
+    # Every process sees the same data from here: the same collectives and error.
     if not (headers[:, 1 : 1 + _WORDS] == headers[0, 1 : 1 + _WORDS]).all():
         names = [_decode(row) for row in _allgather(_encode(name, _LABEL_BYTES))]
         by_process = "; ".join(f"process {i}: `{n}`" for i, n in enumerate(names[:8]))

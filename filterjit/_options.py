@@ -62,8 +62,7 @@ class Options:
 
     donate: DonateOption = "none"
     inline: Any = False  # a bool, or (jax >= 0.11) a member of `jax.Inline`
-    # Given in the user's terms: prefixes of the positional arguments and of the
-    # output, so not passed to jax.jit as they are.
+    # In the user's terms (prefixes of the arguments and output), not jax.jit's.
     in_shardings: Any = UNSPECIFIED
     out_shardings: Any = UNSPECIFIED
     # Every other jax.jit keyword, passed on.

@@ -13,8 +13,7 @@ from ._jit import filter_jit
 from ._options import DonateOption
 
 
-# Equinox's wrapper keeps `donate` as three flags: (filter_warning, donate_first,
-# donate_rest).
+# Equinox's wrapper keeps `donate` as (filter_warning, donate_first, donate_rest).
 _DONATE: dict[tuple[bool, bool, bool], DonateOption] = {
     (True, True, True): "all",
     (True, False, True): "all-except-first",
@@ -185,8 +184,7 @@ def patch_equinox() -> EquinoxPatch:
     swapped: dict[int, str] = {}
     places = []
     for owner, attribute, value in _attributes():
-        # The Equinox wrapper in this attribute, if any. By exact type: an
-        # isinstance check would run the `__class__` of any object (a lazy proxy's).
+        # By exact type: isinstance would run any object's `__class__` (a proxy's).
         wrapped = value
         if type(value) in (staticmethod, classmethod):
             wrapped = value.__func__

@@ -18,8 +18,7 @@ Prepare = Callable[..., tuple[Partition, Sequence[Any], list[Any]]]
 
 
 class Specialisation:
-    """The static part of one call: what an ahead-of-time object was made for.
-    `check` compares another call against it."""
+    """The static part of the call an ahead-of-time object was made for."""
 
     def __init__(
         self,
@@ -37,8 +36,7 @@ class Specialisation:
         self._labels = labels
 
     def check(self, partition: Partition, leaves: list[Any]) -> None:
-        """Raises if a call with these leaves differs in anything but the values
-        of its traced leaves."""
+        """Raises if a call differs in anything but its traced leaves' values."""
         lowered = self.partition
         if partition.treedef != lowered.treedef or partition.exact != lowered.exact:
             raise TypeError(

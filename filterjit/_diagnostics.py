@@ -125,8 +125,7 @@ def find_static_array_field(value: Any, label: str) -> str | None:
 
 
 class Row(NamedTuple):
-    """One leaf of a call: where it is, what filter_jit does with it, and its
-    abstract value (when traced) or its value (otherwise)."""
+    """One leaf of a call: its path, its role, its aval (traced) or its value."""
 
     path: str
     role: str  # "traced", "static" or "concrete"
@@ -151,8 +150,7 @@ def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
 
 
 def _avoidable(before: Row | None, after: Row | None) -> bool:
-    """Whether a change between two traces is the trap: an argument that is a
-    Python scalar, or a function re-made by the same code."""
+    """Whether a change is the trap: a Python scalar, or a function re-made."""
     if before is None or after is None or not after.argument:
         return False
     if not before.role == after.role == "static" or before.kind is not after.kind:
@@ -224,8 +222,7 @@ _MAX_SEEN = 64
 
 
 class TraceLog:
-    """The top-level traces of one function: how many, what changed between them,
-    and whether the RetraceWarning has been emitted."""
+    """The top-level traces of one function, and what changed between them."""
 
     def __init__(self, name: str, module: str):
         self.name = name
@@ -364,8 +361,7 @@ def key_error(
     partition: Any,  # a `_partition.Partition`, or None
     error: Exception,
 ) -> TypeError:
-    """The error for a cache lookup that failed: it names the argument whose hash
-    or `==` failed, and says what to do."""
+    """The error for a failed cache lookup: whose hash or `==` failed, what to do."""
     name = function.name
     if partition is None:
         # The structure failed: a node's auxiliary data (a static field) did.
@@ -412,8 +408,7 @@ def key_error(
 def check_traceable(
     name: str, labels: list[str], leaves: list[Any], positions: Any
 ) -> None:
-    """Raises, naming the argument, if a leaf to trace is a NumPy array that JAX
-    cannot trace (strings, objects, dates)."""
+    """Raises, naming the argument, for a NumPy array to trace that JAX cannot."""
     for position in positions:
         leaf = leaves[position]
         # Objects, strings, dates, np.void (not ml_dtypes' kind "V": JAX traces it).

@@ -84,8 +84,7 @@ logging.getLogger("jax._src.callback").addFilter(_quiet)
 
 
 def _message(error: Exception, name: str) -> str:
-    """The failed check's message, as `equinox.filter_jit` words it where
-    Equinox's private state allows."""
+    """The failed check's message, as `equinox.filter_jit` words it if it can."""
     _jit = getattr(eqx, "_jit", None)
     info: Any = getattr(_jit, "last_error_info", None)
     template = getattr(_jit, "_on_error_msg", None)
@@ -110,8 +109,7 @@ def _message(error: Exception, name: str) -> str:
 
 
 def check_failed(error: Exception, name: str) -> None:
-    """Raises `error` as `equinox.EquinoxRuntimeError` if it is a failed runtime
-    check; returns if not."""
+    """Raises `error`, if a failed runtime check, as `equinox.EquinoxRuntimeError`."""
     if isinstance(error, JaxRuntimeError | ValueError) and _MARKER in str(error):
         raise eqx.EquinoxRuntimeError(_message(error, name)) from None
 
@@ -180,8 +178,7 @@ _RECURSION_NOTE = "filter_jit: the recursion"
 
 
 def note_recursion(error: RecursionError, name: str) -> None:
-    """Adds to a RecursionError raised through a decorated function a note that
-    names it and says how such a recursion ends."""
+    """Notes on a RecursionError through `name` how such a recursion ends."""
     if any(
         note.startswith(_RECURSION_NOTE) for note in getattr(error, "__notes__", ())
     ):
@@ -196,8 +193,7 @@ def note_recursion(error: RecursionError, name: str) -> None:
 
 
 def wait_checked(arrays: list[Any], name: str) -> None:
-    """Waits for `arrays`, with a failed runtime check raised as
-    `equinox.EquinoxRuntimeError`."""
+    """Waits for `arrays`, a failed check raised as `equinox.EquinoxRuntimeError`."""
     call_checked(_identity, (arrays,), name, _identity)
 
 

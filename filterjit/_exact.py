@@ -110,8 +110,7 @@ def exact_key(value: Any) -> Any:
 
 
 def exact_aux(treedef: Any) -> Any:
-    """`exact_key` of the auxiliary data of `treedef`'s nodes, or `None` if none
-    holds a number."""
+    """`exact_key` of `treedef`'s nodes' auxiliary data (`None`: no number)."""
     return exact_key(aux_data(treedef))
 
 

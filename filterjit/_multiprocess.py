@@ -144,8 +144,7 @@ def _window(text: str, start: int, width: int = 72) -> str:
 
 @functools.cache
 def _gatherer() -> tuple[NamedSharding, Callable[[jax.Array], jax.Array]]:
-    """A sharding with one row per process, and a jitted function that replicates
-    such an array on every device: an all-gather across processes."""
+    """A sharding with a row per process, and a function that replicates its rows."""
     devices = jax.devices()
     rows = [
         sorted((d for d in devices if d.process_index == p), key=lambda d: d.id)

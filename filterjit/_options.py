@@ -73,9 +73,8 @@ class Options:
         return self.donate in ("all", "all-except-first")
 
     def key(self) -> Any:
-        """A hashable stand-in for these options, or `None` if they cannot be
-        hashed (a `compiler_options` dict, say): wrappers with equal keys share
-        their caches."""
+        """These options if hashable (not a `compiler_options` dict), else `None`:
+        wrappers with equal keys share their caches."""
         try:
             hash(self)
         except TypeError:
@@ -84,8 +83,7 @@ class Options:
 
 
 def make_options(**options: Any) -> Options:
-    """`Options` from `filter_jit`'s keywords, each checked, with a message that
-    says what to do."""
+    """`Options` from `filter_jit`'s keywords, each checked, saying what to do."""
     donate = options.pop("donate", "none")
     inline = options.pop("inline", False)
     in_shardings = options.pop("in_shardings", UNSPECIFIED)

@@ -96,8 +96,7 @@ def _attributes() -> list[tuple[Any, str, Any]]:
 
 
 def _replacement(wrapper: Any, jit_module: types.ModuleType) -> Any:
-    """filterjit's wrapper of the function in Equinox's `wrapper`, with its
-    `donate`; or a string saying why there is none."""
+    """filterjit's wrapper for Equinox's `wrapper`, or a string saying why none."""
     try:
         flags = (wrapper.filter_warning, wrapper.donate_first, wrapper.donate_rest)
         fun = wrapper.__wrapped__
@@ -225,8 +224,7 @@ def patch_equinox() -> EquinoxPatch:
 
 
 def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
-    """Every Equinox wrapper alive that no attribute rewritten by the patch held,
-    each with why."""
+    """Every live Equinox wrapper that no rewritten attribute held, with why."""
     replaced = {
         id(s.old.__func__ if type(s.old) in (staticmethod, classmethod) else s.old)
         for s in _State.swaps

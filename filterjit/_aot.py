@@ -1,9 +1,6 @@
 """Ahead-of-time compilation: `wrapped.trace(...)`, `.lower(...)`, `.compile()`.
-
-The objects here keep the static arguments they were made with, so a compiled
-function called with different static arguments fails loudly instead of silently
-computing with the old ones.
-"""
+Each object keeps the static arguments it was made with, and raises if called
+with others rather than compute with the old ones."""
 
 from collections.abc import Callable, Sequence
 from typing import Any

@@ -221,15 +221,8 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
         described, number = _described(value), isinstance(value, _NUMBERS)
     else:
         label, described, number = "", "nothing", False
-    gathered_texts = _allgather(
-        np.concatenate(
-            [
-                _encode(label, _LABEL_BYTES),
-                _encode(described, _REPR_BYTES),
-                np.array([number], np.uint8),
-            ]
-        )
-    )
+    texts = (_encode(label, _LABEL_BYTES), _encode(described, _REPR_BYTES))
+    gathered_texts = _allgather(np.concatenate([*texts, np.array([number], np.uint8)]))
     labels = [_decode(row[:_LABEL_BYTES]) for row in gathered_texts]
     reprs = [_decode(row[_LABEL_BYTES:-1]) for row in gathered_texts]
     # Show each around the first character where they differ.

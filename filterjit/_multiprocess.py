@@ -56,14 +56,10 @@ def _safe_repr(value: Any) -> str:
 
 def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) -> str:
     """A text for `value`, equal on two processes when the value is: with its type,
-    floats written exactly, memory addresses blanked."""
-    kind = type(value)
-    if kind in _SCALARS:
-        if kind is float:
-            return f"float:{value.hex()}"
-        if kind is complex:
-            return f"complex:{value.real.hex()},{value.imag.hex()}"
-        return f"{kind.__name__}:{value!r}"
+    numbers written exactly, memory addresses blanked."""
+    if isinstance(value, _SCALARS):  # and subclasses (enums); numbers' reprs are exact
+        text = repr(value) if type(value) in _SCALARS else _safe_repr(value)
+        return f"{_type_name(value)}:{text}"
     if isinstance(value, PyTreeDef):
         # Its repr shows functions in static fields only as addresses.
         node = value.node_data()
@@ -73,8 +69,6 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
         return f"{_type_name(value)}:..."
     seen = _seen | {id(value)}
     depth = _depth + 1
-    if isinstance(value, float | complex | int | str | bytes):  # subclasses, enums
-        return f"{_type_name(value)}:{_safe_repr(value)}"
     if isinstance(value, tuple | list):
         items = ",".join(canonical(item, depth, seen) for item in value)
         return f"{_type_name(value)}({items})"
@@ -98,7 +92,7 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
     wrapped = getattr(value, "__wrapped__", None)
     if wrapped is not None and callable(value):  # jax.jit and functools.wraps
         return f"{_type_name(value)}:{canonical(wrapped, depth, seen)}"
-    if kind.__repr__ is object.__repr__:
+    if type(value).__repr__ is object.__repr__:
         # The default repr is only the type and an address: compare the state.
         state = getattr(value, "__dict__", None)
         if isinstance(state, dict):

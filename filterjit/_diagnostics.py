@@ -83,7 +83,7 @@ def set_retrace_warning_threshold(
         _module_thresholds[module] = threshold
 
 
-_internal_dirs = (
+_INTERNAL = (
     os.path.dirname(os.path.abspath(__file__)),
     os.path.dirname(os.path.abspath(jax.__file__)),
 )
@@ -93,9 +93,7 @@ def _warn_at_user_frame(message: str, category: type[Warning]) -> None:
     # At the first frame outside filterjit and JAX: the user's call that traced.
     frame = sys._getframe(1)
     stacklevel = 2
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(
-        _internal_dirs
-    ):
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         frame = frame.f_back
         stacklevel += 1
     warnings.warn(message, category, stacklevel=stacklevel)

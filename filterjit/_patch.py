@@ -7,7 +7,7 @@ import importlib
 import sys
 import types
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._jit import filter_jit
 from ._options import DonateOption
@@ -44,8 +44,7 @@ class EquinoxPatch:
     left: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Swap:
+class _Swap(NamedTuple):
     owner: Any  # a module or a class
     attribute: str
     old: Any
@@ -184,13 +183,12 @@ def patch_equinox() -> EquinoxPatch:
     places = []
     for owner, attribute, value in _attributes():
         # By exact type: isinstance would run any object's `__class__` (a proxy's).
-        wrapped = value
-        if type(value) in (staticmethod, classmethod):
-            wrapped = value.__func__
+        wrapped = (
+            value.__func__ if type(value) in (staticmethod, classmethod) else value
+        )
         new = None
         if any(value is jit for jit in originals):
-            if isinstance(owner, types.ModuleType):
-                new = filter_jit
+            new = filter_jit if isinstance(owner, types.ModuleType) else None
         elif wrapper_type is not None and type(wrapped) is wrapper_type:
             key = id(wrapped)
             if key not in replacements and key not in reasons:

@@ -53,13 +53,12 @@ def set_retrace_warning_threshold(
     **Arguments:**
 
     - `threshold`: a function traced again more than this many times in a row
-        because a Python scalar or a re-made function took a new value warns,
-        once. `None` disables the warning. The default is 10, or the value of the
-        environment variable `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
-    - `module`: if given, the threshold applies only to functions defined in this
-        module or its submodules (`"optimistix"`, say), and takes precedence over
-        the global one for them: a library can quiet its own entry points, or a
-        user a library's.
+        only because a Python scalar or a re-made function took a new value warns,
+        once; `None` disables the warning. The default is 10, or the environment
+        variable `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
+    - `module`: if given, the threshold is for the functions defined in this
+        module or its submodules alone (`"optimistix"`, say), over the global one:
+        a library can quiet its own entry points, or a user a library's.
 
     **Returns:**
 

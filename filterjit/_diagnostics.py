@@ -361,7 +361,7 @@ def key_error(
     """The error for a failed cache lookup: whose hash or `==` failed, what to do."""
     name = function.name
     if partition is None:
-        # The structure failed: a node's auxiliary data (a static field) did.
+        # No leaf failed, but a node's auxiliary data (a static field, say).
         call = jtu.tree_unflatten(treedef, leaves)
         _, args, kwargs = function.split_call(fun, call)
         for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:

@@ -158,12 +158,12 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
                 rows.append(row(label, "static", arg))
                 continue
             for path, leaf in jtu.tree_flatten_with_path(arg)[0]:
-                path = label + jtu.keystr(path)
+                where = label + jtu.keystr(path)
                 try:
-                    rows.append(row(path, "traced", leaf))
+                    rows.append(row(where, "traced", leaf))
                 except TypeError:  # not a JAX type: jax.jit raises, as it says
                     text = f"{type(leaf).__name__}: not a JAX type"
-                    rows.append(Row(path, "traced", text, type(leaf)))
+                    rows.append(Row(where, "traced", text, type(leaf)))
         name = name_of(self._function)
         return Explanation(name, LEVEL_NAMES[level], rows, None, decorator="jit")
 

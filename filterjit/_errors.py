@@ -5,7 +5,6 @@ Only calls whose trace holds a check block until their result is ready.
 The only module that reads Equinox's private state (the latest failed check's
 message and frames, and its error's wording), with a fallback to JAX's error."""
 
-import functools as ft
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -60,26 +59,20 @@ def traced_a_check() -> bool:
     return False
 
 
-class _QuietCallbackLog(logging.Filter):
-    """Quiets JAX's log of a failed callback (the error raised at the call says all
-    of it) while a checked call is under way, in any thread."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        # One item per checked call under way: `append` and `pop` are atomic.
-        self.calls: list[None] = []
-        self.enter = ft.partial(self.calls.append, None)
-        self.exit = self.calls.pop
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            self.calls
-            and record.name == "jax._src.callback"
-            and record.getMessage() == "jax.pure_callback failed"
-        )
+# One item per checked call under way (in any thread): `append`, `pop` are atomic.
+_checked_calls: list[None] = []
 
 
-_quiet = _QuietCallbackLog()
+def _quiet(record: logging.LogRecord) -> bool:
+    """Quiets JAX's log of a failed callback while a checked call is under way: the
+    error raised at the call says all of it."""
+    return not (
+        _checked_calls
+        and record.name == "jax._src.callback"
+        and record.getMessage() == "jax.pure_callback failed"
+    )
+
+
 logging.getLogger("jax._src.callback").addFilter(_quiet)
 
 
@@ -125,7 +118,7 @@ def call_checked(
     for before returning (empty or `None` for none), so that a check that fails
     while it runs is raised here too."""
     # Not a context manager: one costs microseconds, on every checked call.
-    _quiet.enter()
+    _checked_calls.append(None)
     try:
         out = jitted(*dynamic)
         if ready is not None:
@@ -139,7 +132,7 @@ def call_checked(
             _note_traced_scalars(e, jitted, dynamic, name)
         raise
     finally:
-        _quiet.exit()
+        _checked_calls.pop()
 
 
 def _note_traced_scalars(

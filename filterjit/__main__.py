@@ -1,14 +1,8 @@
 """`python -m filterjit`: the three ways a nested jit changes a program, side by side.
-
-Each case calls a helper with a NumPy scalar inside an outer `jax.jit`: undecorated
-it works, the scalar being known at trace time; decorated with `jax.jit` or
-`equinox.filter_jit`:
-
-1. results change: `jnp.zeros(n)` needs `n` concrete;
-2. backprop breaks: a traced `fori_loop` bound makes a `while_loop`, which
-   reverse-mode cannot differentiate;
-3. specialisation lost: `for _ in range(n)` unrolls only for a concrete `n`.
-"""
+Each case calls a helper with a NumPy scalar inside an outer `jax.jit`, where it is
+known at trace time; traced by a nested `jax.jit` or `equinox.filter_jit`, it fails
+`jnp.zeros(n)`, makes a `fori_loop` a `while_loop` (not reverse-differentiable),
+and cannot unroll `range(n)`."""
 
 from collections.abc import Callable
 from typing import Any

@@ -1,7 +1,6 @@
 """`filter_jit`'s options, validated once."""
 
 import dataclasses
-import functools as ft
 import inspect
 import types
 from collections.abc import Callable
@@ -49,11 +48,7 @@ class _Unspecified:
 
 
 UNSPECIFIED: Any = _Unspecified()
-
-
-@ft.cache
-def _jit_parameters() -> frozenset[str]:
-    return frozenset(inspect.signature(jax.jit).parameters) - {"fun"}
+_JIT_PARAMETERS = frozenset(inspect.signature(jax.jit).parameters) - {"fun"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +60,7 @@ class Options:
     # In the user's terms (prefixes of the arguments and output), not jax.jit's.
     in_shardings: Any = UNSPECIFIED
     out_shardings: Any = UNSPECIFIED
-    # Every other jax.jit keyword, passed on.
-    jitkwargs: tuple[tuple[str, Any], ...] = ()
+    jitkwargs: tuple[tuple[str, Any], ...] = ()  # every other jax.jit keyword
 
     @property
     def silence_donation(self) -> bool:
@@ -101,7 +95,7 @@ def make_options(**options: Any) -> Options:
                 f"Or keep jax.jit's keywords with `filterjit.jit(fun, {name}=...)`, "
                 "which is jax.jit at the top level and a no-op when nested."
             )
-        if name not in _jit_parameters():
+        if name not in _JIT_PARAMETERS:
             raise TypeError(f"filter_jit() got an unexpected keyword argument {name!r}")
     if isinstance(donate, tuple):
         for name in donate:

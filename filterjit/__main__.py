@@ -1,15 +1,8 @@
 """`python -m filterjit`: the three ways a nested jit changes a program, side by side.
-
-Each seed case calls a helper with a NumPy scalar inside an outer `jax.jit`. The
-helper works undecorated, because the NumPy scalar is known at trace time. The
-table shows what happens when the helper is decorated with `jax.jit`,
-`equinox.filter_jit` and `filterjit.filter_jit`:
-
-1. results change: `jnp.zeros(n)` needs `n` concrete;
-2. backprop breaks: a traced `fori_loop` bound makes a `while_loop`, which
-   reverse-mode cannot differentiate;
-3. specialisation lost: `for _ in range(n)` unrolls only for a concrete `n`.
-"""
+Each case calls a helper with a NumPy scalar inside an outer `jax.jit`, where it is
+known at trace time; traced by a nested `jax.jit` or `equinox.filter_jit`, it fails
+`jnp.zeros(n)`, makes a `fori_loop` a `while_loop` (not reverse-differentiable),
+and cannot unroll `range(n)`."""
 
 from collections.abc import Callable
 from typing import Any
@@ -26,14 +19,6 @@ from ._jit import filter_jit
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
-def _zeros(n: Any) -> jax.Array:
-    return jnp.zeros(n)
-
-
-def _count_up(init: Any, lower: Any) -> jax.Array:
-    return lax.fori_loop(lower, 1, lambda _, y: y + 1, init)
-
-
 def _power(x: jax.Array, n: Any) -> jax.Array:
     y = x
     for _ in range(n - 1):
@@ -41,35 +26,26 @@ def _power(x: jax.Array, n: Any) -> jax.Array:
     return y
 
 
-def _case_zeros(decorator: Decorator) -> Any:
-    f = decorator(_zeros)
-    return jax.jit(lambda: f(np.int32(2)))()
-
-
-def _case_grad(decorator: Decorator) -> Any:
-    f = decorator(_count_up)
-    return jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))()
-
-
-def _case_unroll(decorator: Decorator) -> Any:
-    f = decorator(_power)
-    return jax.jit(lambda x: f(x, np.int32(3)))(jnp.asarray(2.0))
+def _count_up(init: Any, lower: Any) -> jax.Array:
+    return lax.fori_loop(lower, 1, lambda _, y: y + 1, init)
 
 
 CASES: tuple[tuple[str, Callable[[Decorator], Any]], ...] = (
-    ("1. results change: jnp.zeros(n), n = np.int32(2), inside jax.jit", _case_zeros),
+    (
+        "1. results change: jnp.zeros(n), n = np.int32(2), inside jax.jit",
+        lambda jit: jax.jit(lambda: jit(lambda n: jnp.zeros(n))(np.int32(2)))(),
+    ),
     (
         "2. backprop breaks: jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))(), "
         "f = fori_loop(lower, 1, ...)",
-        _case_grad,
+        lambda jit: jax.jit(lambda: jax.grad(jit(_count_up))(0.0, np.int32(0)))(),
     ),
     (
         "3. specialisation lost: x**3 as `for _ in range(n - 1)`, n = np.int32(3), "
         "inside jax.jit",
-        _case_unroll,
+        lambda jit: jax.jit(lambda x: jit(_power)(x, np.int32(3)))(jnp.asarray(2.0)),
     ),
 )
-
 DECORATORS: tuple[tuple[str, Decorator], ...] = (
     ("undecorated", lambda f: f),
     ("jax.jit", jax.jit),
@@ -78,24 +54,20 @@ DECORATORS: tuple[tuple[str, Decorator], ...] = (
 )
 
 
-def _run(case: Callable[[Decorator], Any], decorator: Decorator) -> tuple[bool, str]:
-    try:
-        value = case(decorator)
-    except Exception as error:
-        lines = str(error).strip().splitlines()
-        message = f"{type(error).__name__}: {lines[0] if lines else ''}"
-        return False, message if len(message) <= 90 else message[:87] + "..."
-    return True, np.array2string(np.asarray(value))
-
-
 def main() -> None:
-    """Runs every seed case under every decorator and prints the outcomes."""
+    """Runs every case under every decorator and prints the outcomes."""
     width = max(len(name) for name, _ in DECORATORS)
     for title, case in CASES:
         print(title)
         for name, decorator in DECORATORS:
-            ok, outcome = _run(case, decorator)
-            print(f"    {name:<{width}}  {'ok  ' if ok else 'FAIL'}  {outcome}")
+            try:
+                outcome = "ok    " + np.array2string(np.asarray(case(decorator)))
+            except Exception as error:
+                lines = str(error).strip().splitlines()
+                message = f"{type(error).__name__}: {lines[0] if lines else ''}"
+                cut = message if len(message) <= 90 else message[:87] + "..."
+                outcome = "FAIL  " + cut
+            print(f"    {name:<{width}}  {outcome}")
         print()
 
 

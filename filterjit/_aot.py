@@ -1,9 +1,6 @@
 """Ahead-of-time compilation: `wrapped.trace(...)`, `.lower(...)`, `.compile()`.
-
-The objects here keep the static arguments they were made with, so a compiled
-function called with different static arguments fails loudly instead of silently
-computing with the old ones.
-"""
+Each object keeps the static arguments it was made with, and raises if called
+with others rather than compute with the old ones."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,8 +15,7 @@ Prepare = Callable[..., tuple[Partition, Sequence[Any], list[Any]]]
 
 
 class Specialisation:
-    """The static part of one call: what an ahead-of-time object was made for.
-    `check` compares another call against it."""
+    """The static part of the call an ahead-of-time object was made for."""
 
     def __init__(
         self,
@@ -37,8 +33,7 @@ class Specialisation:
         self._labels = labels
 
     def check(self, partition: Partition, leaves: list[Any]) -> None:
-        """Raises if a call with these leaves differs in anything but the values
-        of its traced leaves."""
+        """Raises if a call differs in anything but its traced leaves' values."""
         lowered = self.partition
         if partition.treedef != lowered.treedef or partition.exact != lowered.exact:
             raise TypeError(
@@ -77,12 +72,7 @@ class Compiled:
     """A `filter_jit` function compiled ahead of time. Call it like the wrapped
     function; it checks that the static arguments are those it was lowered with."""
 
-    def __init__(
-        self,
-        compiled: Any,
-        specialisation: Specialisation,
-        prepare: Prepare,
-    ):
+    def __init__(self, compiled: Any, specialisation: Specialisation, prepare: Prepare):
         self.compiled = compiled
         """The underlying `jax.stages.Compiled`."""
         self._specialisation = specialisation
@@ -110,12 +100,7 @@ class Lowered:
     """A `filter_jit` function lowered ahead of time. `.compile()` gives a
     `Compiled`; `.as_text()` the program."""
 
-    def __init__(
-        self,
-        lowered: Any,
-        specialisation: Specialisation,
-        prepare: Prepare,
-    ):
+    def __init__(self, lowered: Any, specialisation: Specialisation, prepare: Prepare):
         self.lowered = lowered
         """The underlying `jax.stages.Lowered`."""
         self._specialisation = specialisation
@@ -139,12 +124,7 @@ class Lowered:
 class Traced:
     """A `filter_jit` function traced ahead of time, as `jax.stages.Traced`."""
 
-    def __init__(
-        self,
-        traced: Any,
-        specialisation: Specialisation,
-        prepare: Prepare,
-    ):
+    def __init__(self, traced: Any, specialisation: Specialisation, prepare: Prepare):
         self.traced = traced
         """The underlying `jax.stages.Traced`."""
         self._specialisation = specialisation

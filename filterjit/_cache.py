@@ -10,13 +10,9 @@ _V = TypeVar("_V")
 
 
 class BoundedCache(Generic[_V]):
-    """A dict that evicts its oldest entries beyond `maxsize` entries or beyond
-    `maxbytes` bytes pinned by its values.
-
-    First in, first out: a hit costs one dict lookup, with no bookkeeping on the
-    hot path. Lookups take no lock (dict reads are atomic under the GIL);
-    insertions and evictions are locked.
-    """
+    """A dict that evicts its oldest entries beyond `maxsize` entries or `maxbytes`
+    bytes pinned by its values. A hit is one dict lookup, with no lock (dict reads
+    are atomic) and no bookkeeping; insertions and evictions are locked."""
 
     def __init__(self, maxsize: int, maxbytes: int | None = None):
         self.maxsize = maxsize
@@ -24,11 +20,9 @@ class BoundedCache(Generic[_V]):
         self._values: dict[Hashable, _V] = {}
         self._sizes: dict[Hashable, int] = {}
         self._bytes = 0
-        # Re-entrant: an entry is discarded from a weak reference's callback, which
-        # the collector may run inside `put`.
+        # Re-entrant: a weakref's callback, run by the collector in `put`, discards.
         self._lock = threading.RLock()
-        # The hot path: `get(key)` is the dict's own method. It raises `TypeError`
-        # if `key` cannot be hashed.
+        # The hot path: the dict's own method (`TypeError` for an unhashable key).
         self.get = self._values.get
 
     def put(self, key: Hashable, value: _V, nbytes: int = 0) -> None:

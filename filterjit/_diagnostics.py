@@ -35,17 +35,14 @@ _module_thresholds: dict[str, int | None] = {}
 
 
 class RetraceWarning(UserWarning):
-    """Emitted once per decorated function when it has been traced again, more times
-    in a row than the threshold set by `filterjit.set_retrace_warning_threshold` (10
-    unless changed), because of the trap the warning is for: a Python scalar, or a
-    fresh function object made by the same code (a lambda or closure made anew on
-    every call), that takes a new value on every call. It names that argument.
+    """Emitted once per decorated function traced again more times in a row than
+    the threshold of `filterjit.set_retrace_warning_threshold` (10 unless changed)
+    only because a Python scalar, or a function made anew by the same code (a
+    lambda or closure made on every call), took a new value. It names that argument.
 
     Traces for new shapes, dtypes, structures, strings or other functions are the
     ordinary work of a library's entry point: they do not count, and they end a run
-    of avoidable retraces, so that a library traced for one user problem after
-    another does not warn where a few of those problems differ only in a
-    function."""
+    of avoidable retraces."""
 
 
 def set_retrace_warning_threshold(
@@ -56,13 +53,12 @@ def set_retrace_warning_threshold(
     **Arguments:**
 
     - `threshold`: a function traced again more than this many times in a row
-        because a Python scalar or a re-made function took a new value warns,
-        once. `None` disables the warning. The default is 10, or the value of the
-        environment variable `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
-    - `module`: if given, the threshold applies only to functions defined in this
-        module or its submodules (`"optimistix"`, say), and takes precedence over
-        the global one for them: a library can quiet its own entry points, or a
-        user a library's.
+        only because a Python scalar or a re-made function took a new value warns,
+        once; `None` disables the warning. The default is 10, or the environment
+        variable `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
+    - `module`: if given, the threshold is for the functions defined in this
+        module or its submodules alone (`"optimistix"`, say), over the global one:
+        a library can quiet its own entry points, or a user a library's.
 
     **Returns:**
 
@@ -86,37 +82,20 @@ def set_retrace_warning_threshold(
         _module_thresholds[module] = threshold
 
 
-def _threshold_for(module: str) -> int | None:
-    while module:
-        if module in _module_thresholds:
-            return _module_thresholds[module]
-        module = module.rpartition(".")[0]
-    return _retrace_warning_threshold
-
-
-_internal_dirs = (
+_INTERNAL = (
     os.path.dirname(os.path.abspath(__file__)),
     os.path.dirname(os.path.abspath(jax.__file__)),
 )
 
 
 def _warn_at_user_frame(message: str, category: type[Warning]) -> None:
-    # Point the warning at the first frame outside filterjit and JAX: the user's
-    # call that triggered the trace.
+    # At the first frame outside filterjit and JAX: the user's call that traced.
     frame = sys._getframe(1)
     stacklevel = 2
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(
-        _internal_dirs
-    ):
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
         frame = frame.f_back
         stacklevel += 1
     warnings.warn(message, category, stacklevel=stacklevel)
-
-
-def _explain_retraces() -> bool:
-    return os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1" or bool(
-        jax.config.jax_explain_cache_misses  # pyright: ignore[reportAttributeAccessIssue]
-    )
 
 
 def find_static_array_field(value: Any, label: str) -> str | None:
@@ -143,47 +122,35 @@ def find_static_array_field(value: Any, label: str) -> str | None:
 
 
 class Row(NamedTuple):
-    """One leaf of a call: where it is, what filter_jit does with it, and its
-    abstract value (when traced) or its value (otherwise)."""
+    """One leaf of a call: its path, its role, its aval (traced) or its value."""
 
     path: str
     role: str  # "traced", "static" or "concrete"
     value: str
     kind: type
-    # The code of a static function leaf: a function made anew by the same code
-    # (a lambda in a loop) is the trap a RetraceWarning is for.
-    code: Any = None
-    # Whether the leaf is in the call's arguments, not in the function (a bound
-    # method's `self`, a partial's arguments).
-    argument: bool = True
-    # A static leaf compared by identity, held weakly: its text may repeat once
-    # its address is reused.
-    ref: Any = None
-
-
-def _code_of(leaf: Any) -> Any:
-    # A functools.partial compares by identity, as a lambda does: one made anew
-    # on every call over the same function is the same trap.
-    while isinstance(leaf, ft.partial):
-        leaf = leaf.func
-    leaf = getattr(leaf, "__func__", leaf)  # a bound method
-    return getattr(leaf, "__code__", None)
+    code: Any = None  # a static function's code: one re-made by it is the trap
+    argument: bool = True  # in the call's arguments, not the function's own
+    ref: Any = None  # a weakref to a static leaf keyed by identity (text may repeat)
 
 
 def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
-    code = _code_of(leaf) if role == "static" else None
-    ref = weakref.ref(leaf) if role == "static" and weakly_keyed(type(leaf)) else None
+    code = ref = None
+    if role == "static":
+        # A functools.partial compares by identity: one re-made is a trap too.
+        function = leaf
+        while isinstance(function, ft.partial):
+            function = function.func
+        function = getattr(function, "__func__", function)  # a bound method
+        code = getattr(function, "__code__", None)
+        ref = weakref.ref(leaf) if weakly_keyed(type(leaf)) else None
     return Row(path, role, describe(leaf, role), type(leaf), code, argument, ref)
 
 
 def _avoidable(before: Row | None, after: Row | None) -> bool:
-    """Whether a change between two traces is the trap: an argument that is a
-    Python scalar, or a function re-made by the same code."""
-    if before is None or after is None or before.role != after.role:
+    """Whether a change is the trap: a Python scalar, or a function re-made."""
+    if before is None or after is None or not after.argument:
         return False
-    if not after.argument:
-        return False
-    if before.role != "static" or before.kind is not after.kind:
+    if not before.role == after.role == "static" or before.kind is not after.kind:
         return False
     return before.kind in (bool, int, float, complex) or (
         before.code is not None and before.code is after.code
@@ -211,18 +178,14 @@ def _hint(old: Row | None, new: Row | None) -> str:
     if new.role == "traced":
         return "traced: every new shape, dtype or weak type is traced anew"
     kind = new.kind.__name__
-    if (
-        new.code is not None
-        and new.code is old.code
-        and issubclass(new.kind, ft.partial)
-    ):
-        return (
-            "a functools.partial compares by identity, so one made anew on every "
-            "call is a new static value: make it once, or pass "
-            "jax.tree_util.Partial(function, jnp.asarray(value)) so that the "
-            "values it binds are traced"
-        )
     if new.code is not None and new.code is old.code:
+        if issubclass(new.kind, ft.partial):
+            return (
+                "a functools.partial compares by identity, so one made anew on "
+                "every call is a new static value: make it once, or pass "
+                "jax.tree_util.Partial(function, jnp.asarray(value)) so that the "
+                "values it binds are traced"
+            )
         return (
             "a function made anew by the same code (a lambda or closure inside a "
             "loop?) is a new static value: define it once, or pass its arrays as "
@@ -241,17 +204,14 @@ def _hint(old: Row | None, new: Row | None) -> str:
 def _changes(
     old: dict[str, Row], new: dict[str, Row]
 ) -> list[tuple[str, Row | None, Row | None]]:
-    changed = []
-    for path in dict.fromkeys([*old, *new]):
-        before, after = old.get(path), new.get(path)
-        if (
-            before is None
-            or after is None
-            or before[1:3] != after[1:3]
-            or before.ref != after.ref
-        ):
-            changed.append((path, before, after))
-    return changed
+    return [
+        (path, old.get(path), new.get(path))
+        for path in dict.fromkeys([*old, *new])
+        if path not in old
+        or path not in new
+        or (old[path].role, old[path].value, old[path].ref)
+        != (new[path].role, new[path].value, new[path].ref)
+    ]
 
 
 # Values remembered per static argument, for the RetraceWarning.
@@ -259,26 +219,22 @@ _MAX_SEEN = 64
 
 
 class TraceLog:
-    """The top-level traces of one function: how many, what changed between them,
-    and whether the RetraceWarning has been emitted."""
+    """The top-level traces of one function, and what changed between them."""
 
     def __init__(self, name: str, module: str):
         self.name = name
         self.module = module
         self.count = 0
-        # Avoidable retraces since the last trace that was not one.
-        self.in_a_row = 0
+        self.in_a_row = 0  # avoidable retraces since the last that was not one
         self._previous: dict[str, Row] | None = None
-        # The values each static argument has had: a value seen before (a flag
-        # toggled back, one of a few settings) is no trap.
+        # The values each static argument has had: one seen before is no trap.
         self._seen: dict[str, set[str]] = collections.defaultdict(set)
         self._change_counts: collections.Counter[str] = collections.Counter()
         self._hints: dict[str, str] = {}
         self._warned = False
 
     def record(self, rows: list[Row]) -> None:
-        """Called each time the wrapped function is traced at the top level or
-        under eager transforms."""
+        """Called on each trace at the top level or under eager transforms."""
         self.count += 1
         current = {row.path: row for row in rows}
         if self._previous is not None:
@@ -286,8 +242,8 @@ class TraceLog:
             if changes and all(
                 _avoidable(b, a)
                 and a is not None
-                # A value seen before is no trap; a function made anew is, whatever
-                # its text (its address may be reused once the last one is freed).
+                # A value seen before is no trap; a re-made function is (its text
+                # may repeat, its address being reused).
                 and (a.code is not None or a.value not in self._seen[path])
                 for path, b, a in changes
             ):
@@ -298,14 +254,19 @@ class TraceLog:
             else:
                 self.in_a_row = 0
                 self._change_counts.clear()
-            if _explain_retraces():
+            if os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1" or bool(
+                jax.config.jax_explain_cache_misses  # pyright: ignore[reportAttributeAccessIssue]
+            ):
                 logger.warning(self._retrace_message(changes))
         self._previous = current
         for path, now in current.items():
             seen = self._seen[path]
             if now.role == "static" and len(seen) <= _MAX_SEEN:
                 seen.add(now.value)
-        threshold = _threshold_for(self.module)
+        module = self.module  # its threshold, or its package's, or the global one
+        while module and module not in _module_thresholds:
+            module = module.rpartition(".")[0]
+        threshold = _module_thresholds[module] if module else _retrace_warning_threshold
         if not self._warned and threshold is not None and self.in_a_row > threshold:
             self._warned = True
             _warn_at_user_frame(self._warning_message(), RetraceWarning)
@@ -351,23 +312,16 @@ LEVEL_NAMES = {
 }
 
 
+@dataclasses.dataclass(eq=False)
 class Explanation:
     """What a `filter_jit` call would do: one row per leaf, and whether it would
     hit the cache. `str()` gives a table."""
 
-    def __init__(
-        self,
-        name: str,
-        level: str,
-        rows: list[Row],
-        cache_hit: bool | None,  # None: jax.jit's own cache decides, unseen
-        decorator: str = "filter_jit",
-    ):
-        self.name = name
-        self.level = level
-        self.rows = rows
-        self.cache_hit = cache_hit
-        self.decorator = decorator
+    name: str
+    level: str
+    rows: list[Row]
+    cache_hit: bool | None  # None: jax.jit's own cache decides, unseen
+    decorator: str = "filter_jit"
 
     def __str__(self) -> str:
         if self.cache_hit is None:
@@ -381,17 +335,11 @@ class Explanation:
         def fmt(line: tuple[str, ...]) -> str:
             return "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
 
-        return "\n".join(
-            [
-                f"{self.decorator}({self.name}), called {self.level}: {hit}",
-                fmt(header),
-                fmt(tuple("-" * w for w in widths)),
-                *(fmt(line) for line in lines),
-            ]
-        )
+        title = f"{self.decorator}({self.name}), called {self.level}: {hit}"
+        dashes = tuple("-" * w for w in widths)
+        return "\n".join([title, *map(fmt, [header, dashes, *lines])])
 
-    def __repr__(self) -> str:
-        return str(self)
+    __repr__ = __str__
 
 
 def _hash_and_eq_fail(key: Any) -> bool:
@@ -410,17 +358,13 @@ def key_error(
     partition: Any,  # a `_partition.Partition`, or None
     error: Exception,
 ) -> TypeError:
-    """The error for a cache lookup that failed: it names the argument whose hash
-    or `==` failed, and says what to do."""
+    """The error for a failed cache lookup: whose hash or `==` failed, what to do."""
     name = function.name
     if partition is None:
-        # The structure itself failed: auxiliary data of a pytree node, such as a
-        # static field of an eqx.Module, holds a value that cannot be hashed or
-        # compared.
+        # No leaf failed, but a node's auxiliary data (a static field, say).
         call = jtu.tree_unflatten(treedef, leaves)
         _, args, kwargs = function.split_call(fun, call)
-        named = [*enumerate(args), *kwargs.items()]
-        for where, value in [(None, fun), *named]:
+        for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:
             label = name if where is None else function._parameter(where)[1]
             field = find_static_array_field(value, label)
             if field is not None:
@@ -458,20 +402,16 @@ def key_error(
     )
 
 
-def _untraceable(dtype: np.dtype[Any]) -> bool:
-    # Objects, strings, dates; and raw or structured voids (ml_dtypes' bfloat16
-    # and friends are of kind "V" too, but JAX traces them).
-    return dtype.kind in "OSUMm" or dtype.type is np.void
-
-
 def check_traceable(
     name: str, labels: list[str], leaves: list[Any], positions: Any
 ) -> None:
-    """Raises, naming the argument, if a leaf to trace is a NumPy array that JAX
-    cannot trace (strings, objects, dates)."""
+    """Raises, naming the argument, for a NumPy array to trace that JAX cannot."""
     for position in positions:
         leaf = leaves[position]
-        if isinstance(leaf, np.ndarray | np.generic) and _untraceable(leaf.dtype):
+        # Objects, strings, dates, np.void (not ml_dtypes' kind "V": JAX traces it).
+        if isinstance(leaf, np.ndarray | np.generic) and (
+            leaf.dtype.kind in "OSUMm" or leaf.dtype.type is np.void
+        ):
             raise TypeError(
                 f"{name}(): argument `{labels[position]}` is a NumPy array of dtype "
                 f"{leaf.dtype}, which cannot be traced, and filter_jit traces every "

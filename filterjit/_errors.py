@@ -1,18 +1,10 @@
 """Runtime checks (`eqx.error_if`, `eqx.branched_error_if`): a failed check raises
-`equinox.EquinoxRuntimeError` with its message at the call, as inside
-`equinox.filter_jit`, instead of JAX's raw callback error.
+`equinox.EquinoxRuntimeError` at the call, worded as inside `equinox.filter_jit`.
+Only calls whose trace holds a check block until their result is ready.
 
-A check is a `pure_callback` into Equinox that raises when the check fails. Only
-calls whose trace holds such a callback block until their result is ready (to see
-the error at the call); every other call keeps JAX's asynchronous dispatch.
+The only module that reads Equinox's private state (the latest failed check's
+message and frames, and its error's wording), with a fallback to JAX's error."""
 
-This is the only module that reads Equinox's private state (the message and
-frames of the latest failed check, and the wording of Equinox's error, so that the
-error reads as under `equinox.filter_jit`), with a fallback to the message in
-JAX's error.
-"""
-
-import functools as ft
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -37,14 +29,6 @@ from ._partition import is_array
 _MARKER = "_EquinoxRuntimeError: "
 
 
-def _is_check(eqn: Any) -> bool:
-    if eqn.primitive.name != "pure_callback":
-        return False
-    callback = eqn.params.get("callback")
-    function = getattr(callback, "callback_func", callback)
-    return getattr(function, "__module__", "").startswith("equinox")
-
-
 def _subjaxprs(value: Any) -> list[Any]:
     if isinstance(value, jax.extend.core.ClosedJaxpr):
         return [value.jaxpr]
@@ -55,63 +39,50 @@ def _subjaxprs(value: Any) -> list[Any]:
     return []
 
 
-def has_runtime_check(eqns: Sequence[Any]) -> bool:
-    """Whether these jaxpr equations, or any jaxpr inside them, hold an Equinox
-    runtime check."""
+def traced_a_check() -> bool:
+    """Called at the end of a function's trace: whether it traced a runtime check, a
+    `pure_callback` into Equinox, at any depth (`True` where that cannot be known,
+    so that errors are never lost)."""
+    eqns = _trace.current_equations()
+    if eqns is None:
+        return True
     stack = [list(eqns)]
     while stack:
         for eqn in stack.pop():
-            if _is_check(eqn):
-                return True
+            if eqn.primitive.name == "pure_callback":
+                callback = eqn.params.get("callback")
+                function = getattr(callback, "callback_func", callback)
+                if getattr(function, "__module__", "").startswith("equinox"):
+                    return True
             for value in eqn.params.values():
                 stack.extend(jaxpr.eqns for jaxpr in _subjaxprs(value))
     return False
 
 
-def traced_a_check() -> bool:
-    """Called at the end of a function's trace: whether it traced a runtime check
-    (`True` where that cannot be known, so that errors are never lost)."""
-    eqns = _trace.current_equations()
-    return True if eqns is None else has_runtime_check(eqns)
+# One item per checked call under way (in any thread): `append`, `pop` are atomic.
+_checked_calls: list[None] = []
 
 
-class _QuietCallbackLog(logging.Filter):
-    """JAX logs a failed callback with its traceback before raising; the error
-    raised at the call says all of it. Installed once, and quiet only while a
-    checked call is under way (in any thread: JAX may log from its own)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        # One item per checked call under way. A list's `append` and `pop` are
-        # atomic, where `+= 1` is not and a lock costs more than the rest.
-        self.calls: list[None] = []
-        self.enter = ft.partial(self.calls.append, None)
-        self.exit = self.calls.pop
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            self.calls
-            and record.name == "jax._src.callback"
-            and record.getMessage() == "jax.pure_callback failed"
-        )
+def _quiet(record: logging.LogRecord) -> bool:
+    """Quiets JAX's log of a failed callback while a checked call is under way: the
+    error raised at the call says all of it."""
+    return not (
+        _checked_calls
+        and record.name == "jax._src.callback"
+        and record.getMessage() == "jax.pure_callback failed"
+    )
 
 
-_quiet = _QuietCallbackLog()
 logging.getLogger("jax._src.callback").addFilter(_quiet)
 
 
 def _message(error: Exception, name: str) -> str:
-    """The failed check's message, as `equinox.filter_jit` words it where
-    Equinox's private state allows."""
+    """The failed check's message, as `equinox.filter_jit` words it if it can."""
     _jit = getattr(eqx, "_jit", None)
-    info = getattr(_jit, "last_error_info", None)
+    info: Any = getattr(_jit, "last_error_info", None)
     template = getattr(_jit, "_on_error_msg", None)
-    if (
-        isinstance(info, tuple)
-        and len(info) == 2
-        and isinstance(info[0], str)
-        and isinstance(template, str)
-    ):
+    readable = isinstance(info, tuple) and len(info) == 2 and isinstance(info[0], str)
+    if readable and isinstance(template, str):
         message, stack = info
         # The frames inside the jit, innermost last (Equinox records them from
         # the check outwards, with markers for its own jit calls between).
@@ -131,8 +102,7 @@ def _message(error: Exception, name: str) -> str:
 
 
 def check_failed(error: Exception, name: str) -> None:
-    """Raises `error` as `equinox.EquinoxRuntimeError` if it is a failed runtime
-    check; returns if not."""
+    """Raises `error`, if a failed runtime check, as `equinox.EquinoxRuntimeError`."""
     if isinstance(error, JaxRuntimeError | ValueError) and _MARKER in str(error):
         raise eqx.EquinoxRuntimeError(_message(error, name)) from None
 
@@ -147,9 +117,8 @@ def call_checked(
     `equinox.EquinoxRuntimeError`. `ready(out)`: the arrays of the output to wait
     for before returning (empty or `None` for none), so that a check that fails
     while it runs is raised here too."""
-    # Not a context manager: this is on the path of every call whose trace holds a
-    # check, and a generator-based one costs microseconds.
-    _quiet.enter()
+    # Not a context manager: one costs microseconds, on every checked call.
+    _checked_calls.append(None)
     try:
         out = jitted(*dynamic)
         if ready is not None:
@@ -163,7 +132,7 @@ def call_checked(
             _note_traced_scalars(e, jitted, dynamic, name)
         raise
     finally:
-        _quiet.exit()
+        _checked_calls.pop()
 
 
 def _note_traced_scalars(
@@ -202,8 +171,7 @@ _RECURSION_NOTE = "filter_jit: the recursion"
 
 
 def note_recursion(error: RecursionError, name: str) -> None:
-    """Adds to a RecursionError raised through a decorated function a note that
-    names it and says how such a recursion ends."""
+    """Notes on a RecursionError through `name` how such a recursion ends."""
     if any(
         note.startswith(_RECURSION_NOTE) for note in getattr(error, "__notes__", ())
     ):
@@ -218,8 +186,7 @@ def note_recursion(error: RecursionError, name: str) -> None:
 
 
 def wait_checked(arrays: list[Any], name: str) -> None:
-    """Waits for `arrays`, with a failed runtime check raised as
-    `equinox.EquinoxRuntimeError`."""
+    """Waits for `arrays`, a failed check raised as `equinox.EquinoxRuntimeError`."""
     call_checked(_identity, (arrays,), name, _identity)
 
 

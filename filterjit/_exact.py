@@ -1,13 +1,8 @@
 """Keys that tell apart values that `==` takes for one: `1`, `1.0` and `True`;
 `0.0` and `-0.0`; `nan` and itself; a NumPy array and its bytes; and the same
-inside tuples, lists, dicts and frozensets.
-
-Static leaves are keyed by their types and these keys. A pytree structure compares
-the auxiliary data of its nodes (an `eqx.Module`'s static fields, a dict's keys)
-with `==` alone, so a structure whose auxiliary data holds numbers is keyed also by
-`exact_aux`: a Module built with `scale=1` and one built with `scale=1.0` are two
-programs, as two calls with `1` and `1.0` are.
-"""
+inside tuples, lists, dicts and frozensets. Static leaves are keyed by them, and a
+structure by `exact_aux` of its nodes' auxiliary data (which it compares by `==`
+alone): a Module built with `scale=1` and one with `scale=1.0` are two programs."""
 
 import hashlib
 import numbers
@@ -67,29 +62,6 @@ def _none(value: Any) -> None:
     return None
 
 
-def _key_of(kind: type) -> Callable[[Any], Any]:
-    """How `exact_key` keys instances of `kind`."""
-    if kind is tuple or kind is list:
-        return _sequence_key
-    if kind is dict:
-        return _dict_key
-    if issubclass(kind, (frozenset, set)):
-        return set_key
-    if issubclass(kind, np.generic):
-        key = generic_key
-    elif issubclass(kind, np.ndarray):
-        key = ndarray_key
-    elif issubclass(kind, float):
-        key = float_key
-    elif issubclass(kind, complex):
-        key = complex_key
-    elif issubclass(kind, numbers.Number):
-        key = _same
-    else:
-        return _none
-    return _exact_scalar(kind, key)
-
-
 def _same(value: Any) -> Any:
     return value
 
@@ -98,18 +70,34 @@ def _exact_scalar(kind: type, key: Callable[[Any], Any]) -> Callable[[Any], Any]
     return lambda value: (kind, key(value))
 
 
+_SCALAR_KEYS: tuple[tuple[type, Callable[[Any], Any]], ...] = (
+    (np.generic, generic_key),
+    (np.ndarray, ndarray_key),
+    (float, float_key),
+    (complex, complex_key),
+    (numbers.Number, _same),
+)
+
+
+def _key_of(kind: type) -> Callable[[Any], Any]:
+    """How `exact_key` keys instances of `kind`."""
+    if kind is tuple or kind is list:
+        return _sequence_key
+    if kind is dict:
+        return _dict_key
+    if issubclass(kind, (frozenset, set)):
+        return set_key
+    for base, key in _SCALAR_KEYS:
+        if issubclass(kind, base):
+            return _exact_scalar(kind, key)
+    return _none
+
+
 # The types most auxiliary data holds, looked up before anything else. (Other
 # types are not cached: a cache would keep its classes alive.)
-_KEYS_OF: dict[type, Callable[[Any], Any]] = {
-    int: _exact_scalar(int, _same),
-    bool: _exact_scalar(bool, _same),
-    float: _exact_scalar(float, float_key),
-    complex: _exact_scalar(complex, complex_key),
-    tuple: _sequence_key,
-    list: _sequence_key,
-    dict: _dict_key,
-    str: _none,
-    type(None): _none,
+_KEYS_OF = {
+    kind: _key_of(kind)
+    for kind in (int, bool, float, complex, tuple, list, dict, str, type(None))
 }
 
 
@@ -118,15 +106,11 @@ def exact_key(value: Any) -> Any:
     arrays, their types and exact keys; through tuples, lists and dicts; `None`
     where there is nothing of the kind (the rest is compared by `==` alone)."""
     kind = type(value)
-    key = _KEYS_OF.get(kind)
-    if key is None:
-        key = _key_of(kind)
-    return key(value)
+    return (_KEYS_OF.get(kind) or _key_of(kind))(value)
 
 
 def exact_aux(treedef: Any) -> Any:
-    """`exact_key` of the auxiliary data of `treedef`'s nodes, or `None` if none
-    holds a number."""
+    """`exact_key` of `treedef`'s nodes' auxiliary data (`None`: no number)."""
     return exact_key(aux_data(treedef))
 
 

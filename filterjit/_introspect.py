@@ -24,20 +24,17 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
 
     **Returns:**
 
-    An `Explanation`. Its `str()` is a table with one row per leaf of the
+    An `Explanation`, whose `str()` is a table with one row per leaf of the
     arguments: its path (`params['w']`), its role (`traced`, `static`, or
     `concrete`: an array passed through unchanged inside a staged trace), and its
-    abstract value or its shortened value. It also says whether the call would
-    hit the cache. Its attributes `rows`, `level` and `cache_hit` hold the same.
+    abstract or shortened value; and whether the call would hit the cache. The
+    roles are those a call at this point would get (inside `jax.jit`, nested).
 
-    The roles are those a call at this point would get: called inside `jax.jit`,
-    `explain` reports the nested contract.
-
-    A decorated method may be given as it is called, read from an instance
+    A decorated method may be given read from an instance
     (`explain(model.__call__, x)`) or through its class
-    (`explain(Model.__call__, model, x)`); its instance's fields are named as the
-    method sees them (`self.weight`), and parameters left to their defaults are
-    listed. A `jax.jit` function is explained as `filter_jit(jax.jit(f))`.
+    (`explain(Model.__call__, model, x)`); its fields are named as the method sees
+    them (`self.weight`), and parameters left to their defaults are listed. A
+    `jax.jit` function is explained as `filter_jit(jax.jit(f))`.
 
     !!! example
 
@@ -55,9 +52,7 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
         ```
     """
     fun, args = _unbind(fun, args)
-    if isinstance(fun, JitWrapper):
-        return fun._explain(args, kwargs)
-    if isinstance(fun, FilterJitWrapper):
+    if isinstance(fun, JitWrapper | FilterJitWrapper):
         return fun._explain(args, kwargs)
     wrapper: FilterJitWrapper[..., Any] = _decorate(Options(), fun, caller="explain")
     explanation = wrapper._explain(args, kwargs)
@@ -71,8 +66,7 @@ _JAX_JIT_TYPE = type(jax.jit(lambda: None))
 
 
 def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
-    # A decorated method read from an instance (`model.__call__`) is the wrapper
-    # called with the instance first: explain and count that wrapper.
+    # A decorated method read from an instance: the wrapper, the instance first.
     if isinstance(fun, types.MethodType) and isinstance(
         fun.__func__, (FilterJitWrapper, JitWrapper)
     ):
@@ -82,23 +76,20 @@ def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
 
 def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """How many times `fun` has been traced at the top level or under eager
-    transforms (nested calls inside staged traces are not counted).
-
-    Wrappers of one function with equal options share their caches, as
-    `jax.jit`'s do: `filter_jit(f)(x)` written inside a loop traces once. So the
-    count is that of the function with these options, over all its wrappers.
+    transforms (not nested in staged traces). Wrappers of one function with equal
+    options share their caches, as `jax.jit`'s do (`filter_jit(f)(x)` in a loop
+    traces once), so this counts over all of them.
 
     **Arguments:**
 
-    - `fun`: a `filter_jit`-wrapped function, or a `filterjit.jit` one: for that,
-        the number of entries in `jax.jit`'s cache of the function, one per trace
-        at the top level or under eager transforms since its cache was last
-        cleared.
+    - `fun`: a `filter_jit`-wrapped function (a method may be given read from an
+        instance, `model.__call__`, or through its class), or a `filterjit.jit`
+        one: for that, the entries in `jax.jit`'s cache (traces since it was last
+        cleared).
 
     **Returns:**
 
-    The number of traces so far. A decorated method may be given read from an
-    instance (`num_traces(model.__call__)`) or through its class.
+    The number of traces so far.
     """
     fun, _ = _unbind(fun, ())
     if isinstance(fun, JitWrapper):
@@ -112,7 +103,7 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
 
 
 def clear_caches() -> None:
-    """Clears the caches of every `filter_jit`-wrapped function. The next call of
+    """Clears the caches of every `filter_jit`-wrapped function: the next call of
     each traces again. Trace counts are kept.
 
     **Returns:**

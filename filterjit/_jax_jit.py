@@ -6,15 +6,7 @@ import inspect
 import sys
 import types
 from collections.abc import Callable
-from typing import (
-    Any,
-    Concatenate,
-    Generic,
-    overload,
-    ParamSpec,
-    TYPE_CHECKING,
-    TypeVar,
-)
+from typing import Any, Concatenate, Generic, overload, TYPE_CHECKING
 
 import jax
 import jax.tree_util as jtu
@@ -23,31 +15,17 @@ from jax.core import Tracer
 from . import _trace
 from ._diagnostics import Explanation, LEVEL_NAMES, Row, row
 from ._function import name_of, positional_names
-from ._jit import FilterJitWrapper
+from ._jit import _P, _Q, _R, _S, FilterJitWrapper
 from ._options import make_options, Options
 
 
-_P = ParamSpec("_P")
-_Q = ParamSpec("_Q")
-_R = TypeVar("_R")
-_S = TypeVar("_S")
-
-# The jax.jit keywords that mean the same to a nested `filter_jit` call, which
-# passes them on to the jax.jit of its nested program. The others do not apply to
-# a nested no-op: every leaf that is not a tracer is static there already
-# (`static_argnums`, `static_argnames`); a nested call donates nothing, as jax.jit
-# nested does not (`donate_argnums`, `donate_argnames`); and shardings are left
-# to the outer program (`in_shardings`, `out_shardings`).
+# The jax.jit keywords that mean the same nested. Not the others: nested, every leaf
+# not a tracer is static, nothing is donated, shardings are the outer program's.
 _NESTED_KEYWORDS = frozenset(
     ("keep_unused", "inline", "compiler_options", "device", "backend")
 )
 
 _NOT_GIVEN: Any = object()
-
-
-def _all_tracers(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    leaves = jtu.tree_leaves((args, kwargs))
-    return bool(leaves) and all(isinstance(leaf, Tracer) for leaf in leaves)
 
 
 class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
@@ -59,8 +37,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
     `jax.grad` and `jax.jit` all do) copies none of them.
     """
 
-    # `_outside` (from `ByLevel`): the `jax.jit` object, called outside staged
-    # traces.
+    # `_outside` (from `ByLevel`): the `jax.jit` object.
     __slots__ = (
         "_function",
         "_jit_kwargs",
@@ -78,22 +55,15 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
 
         def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 
-    # `fun` is checked by jax.jit, with its errors; a runtime type checker
-    # (jaxtyping's import hook, say) must not pre-empt them.
+    # `fun: Any`: jax.jit checks it, and no runtime type checker must pre-empt it.
     def __init__(self, fun: Any, jit_kwargs: dict[str, Any]):
-        jitted: Any = jax.jit(fun, **jit_kwargs)
-        self._nested_options = make_options(
-            **{
-                name: value
-                for name, value in jit_kwargs.items()
-                if name in _NESTED_KEYWORDS
-            }
-        )
-        self._outside = jitted
+        self._outside = jax.jit(fun, **jit_kwargs)
+        nested = {k: v for k, v in jit_kwargs.items() if k in _NESTED_KEYWORDS}
+        self._nested_options = make_options(**nested)
         self._function = fun
         self._jit_kwargs = jit_kwargs
         self._nested = None
-        self.__dict__.update(vars(jitted))
+        self.__dict__.update(vars(self._outside))
 
     def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
         if self._nested_is_jax_jits(args, kwargs):
@@ -103,12 +73,12 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
     def _nested_is_jax_jits(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> bool:
-        # Nothing concrete to keep: jax.jit's own call, sharing its traces with
-        # the top level. Not where a keyword (a static argument, donation,
-        # shardings) would mean something else nested.
-        return self._jit_kwargs.keys() <= _NESTED_KEYWORDS and _all_tracers(
-            args, kwargs
-        )
+        # Nothing concrete to keep, and no keyword that means something else
+        # nested: jax.jit's own call, sharing its traces with the top level.
+        if not self._jit_kwargs.keys() <= _NESTED_KEYWORDS:
+            return False
+        leaves = jtu.tree_leaves((args, kwargs))
+        return bool(leaves) and all(isinstance(leaf, Tracer) for leaf in leaves)
 
     def _nested_wrapper(self) -> FilterJitWrapper[_P, _R]:
         if self._nested is None:
@@ -130,19 +100,17 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         return repr(self._outside)
 
     def __reduce__(self) -> Any:
-        # A function defined at the top of a module is pickled by reference, as
-        # functions are; any other (a local function, for cloudpickle) with its
-        # function and keywords.
+        # By reference where it is a module's global, as functions are; else (a
+        # local function, for cloudpickle) by its function and keywords.
         found: Any = sys.modules.get(self.__dict__.get("__module__", ""))
         for name in str(self.__dict__.get("__qualname__", "<>")).split("."):
             found = getattr(found, name, None)
         if found is self:
             return self.__dict__["__qualname__"]
-        return _remake, (self._function, self._jit_kwargs)
+        return JitWrapper, (self._function, self._jit_kwargs)
 
     def __getstate__(self) -> Any:
-        # jax.jit's: what its object says of itself (`function_name`, ...).
-        # Pickling goes through `__reduce__`.
+        # jax.jit's (`function_name`, ...); pickling goes through `__reduce__`.
         return self._outside.__getstate__()
 
     def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> jax.stages.Lowered:
@@ -158,8 +126,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         return self._outside.eval_shape(*args, **kwargs)
 
     def clear_cache(self) -> None:
-        """Clears `jax.jit`'s cache of this function, and the cache of its nested
-        calls."""
+        """Clears `jax.jit`'s cache of this function, and its nested calls' cache."""
         self._outside.clear_cache()
         if self._nested is not None:
             self._nested._dispatcher.clear()
@@ -168,8 +135,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         level = _trace.trace_level()
         if level == _trace.STAGED and not self._nested_is_jax_jits(args, kwargs):
             return self._nested_wrapper()._explain(args, kwargs)
-        # jax.jit's roles: an argument is static as a whole, or each of its leaves
-        # traced.
+        # jax.jit's roles: an argument is static as a whole, or its leaves traced.
         try:
             parameters = list(inspect.signature(self._function).parameters.values())
         except (TypeError, ValueError):
@@ -192,7 +158,12 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
                 rows.append(row(label, "static", arg))
                 continue
             for path, leaf in jtu.tree_flatten_with_path(arg)[0]:
-                rows.append(_traced_row(label + jtu.keystr(path), leaf))
+                where = label + jtu.keystr(path)
+                try:
+                    rows.append(row(where, "traced", leaf))
+                except TypeError:  # not a JAX type: jax.jit raises, as it says
+                    text = f"{type(leaf).__name__}: not a JAX type"
+                    rows.append(Row(where, "traced", text, type(leaf)))
         name = name_of(self._function)
         return Explanation(name, LEVEL_NAMES[level], rows, None, decorator="jit")
 
@@ -205,8 +176,7 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
             )
         return size
 
-    # The private methods of jax.jit's object, which JAX's tests and some
-    # libraries call.
+    # jax.jit's private methods, which JAX's tests and some libraries call.
     def _cache_size(self) -> int:
         return self._outside._cache_size()
 
@@ -222,19 +192,6 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
     return (value,) if isinstance(value, int | str) else tuple(value)
 
 
-def _traced_row(path: str, leaf: Any) -> Row:
-    try:
-        return row(path, "traced", leaf)
-    except TypeError:  # not a JAX type: jax.jit raises, as the value says
-        return Row(path, "traced", f"{type(leaf).__name__}: not a JAX type", type(leaf))
-
-
-def _remake(
-    fun: Callable[..., Any], jit_kwargs: dict[str, Any]
-) -> JitWrapper[..., Any]:
-    return JitWrapper(fun, jit_kwargs)
-
-
 @overload
 def jit(fun: Callable[_P, _R], /, **jit_kwargs: Any) -> JitWrapper[_P, _R]: ...
 
@@ -246,24 +203,20 @@ def jit(**jit_kwargs: Any) -> Callable[[Callable[_P, _R]], JitWrapper[_P, _R]]: 
 def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     """`jax.jit`, whose nested calls are semantic no-ops.
 
-    Takes exactly `jax.jit`'s arguments (`static_argnums`, `static_argnames`,
-    `donate_argnums`, `donate_argnames`, `in_shardings`, `out_shardings`,
-    `keep_unused`, `inline`, `compiler_options`, ...). At the top level and under
-    eager transforms (`jax.grad`, `jax.vmap`, ... not inside a `jax.jit`), a call
-    is a call of `jax.jit(fun, **jit_kwargs)`: the same tracing, caching, errors,
-    donation and shardings, with only a check of the trace level in front of
-    JAX's dispatch. `.lower`, `.trace`, `.eval_shape` and `.clear_cache` are
-    `jax.jit`'s, and so are the `repr` and the attributes.
+    Takes exactly `jax.jit`'s arguments. At the top level and under eager
+    transforms (`jax.grad`, `jax.vmap`, ... not inside a `jax.jit`), a call is a
+    call of `jax.jit(fun, **jit_kwargs)`: the same tracing, caching, errors,
+    donation and shardings, behind only a check of the trace level. `.lower`,
+    `.trace`, `.eval_shape`, `.clear_cache`, the `repr` and the attributes are
+    `jax.jit`'s.
 
-    Inside a staged trace (an outer `jax.jit`, a `lax.scan` body,
-    `jax.checkpoint`, ...), a call is `filterjit.filter_jit`'s nested call: only
-    the leaves that are tracers already are traced; Python values, NumPy values
-    and concrete JAX arrays reach `fun` unchanged, static or not, so that the
-    decorator changes nothing the program computes. Donation and shardings do
-    not apply there; `keep_unused`, `inline` and `compiler_options` do. A nested
-    call whose leaves are all tracers has nothing to keep: unless `jit_kwargs`
-    has static arguments, donation or shardings, it is `jax.jit`'s own call, and
-    shares its traces with the top level.
+    Inside a staged trace (an outer `jax.jit`, a `lax.scan` body, ...), a call is
+    `filterjit.filter_jit`'s nested call: only leaves that are tracers already are
+    traced; Python values, NumPy values and concrete arrays reach `fun` unchanged,
+    so the decorator changes nothing the program computes. Donation and shardings
+    do not apply there; `keep_unused`, `inline` and `compiler_options` do. Where
+    every leaf is a tracer and `jit_kwargs` has no static arguments, donation or
+    shardings, it is `jax.jit`'s own call, sharing its traces with the top level.
 
     **Arguments:**
 

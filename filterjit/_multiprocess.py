@@ -1,19 +1,12 @@
 """Static arguments across the processes of a multi-process JAX program.
 
-Under `jax.distributed.initialize`, every process runs the same program on its own
-share of global arrays, and each compiles a top-level call itself. If a static
-argument differs between processes, each compiles a *different* program, and their
-collectives then wait on each other forever, or return garbage. So whenever a call
-whose program spans processes (`spans_processes`) compiles, the processes compare
-a digest of their static arguments (one small all-gather, about a millisecond) and
-all raise the same `ValueError`, naming the argument, if they disagree
-(`check_statics_agree`). Calls that find their program compiled do not
-communicate.
-
-Values are compared through a canonical text that keeps types apart (`1`, `1.0`
-and `True` differ, as do `0.0` and `-0.0`) and leaves out what legitimately differs
-between processes: memory addresses in `repr`s, the iteration order of sets.
-"""
+Each process compiles a top-level call itself: were a static argument to differ
+between them, they would compile different programs whose collectives wait on each
+other forever. So when a program that spans processes compiles, the processes
+compare digests of their static arguments (one small all-gather) and all raise the
+same `ValueError`, naming the argument, if they disagree. Values are compared
+through a text that keeps types apart and leaves out memory addresses and set
+order."""
 
 import functools
 import hashlib
@@ -30,11 +23,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
 from jax.tree_util import PyTreeDef
 
 
-# A digest is 64 bits, carried as two uint32 words (without `jax_enable_x64`, JAX
-# has no 64-bit integers).
+# A digest: 64 bits as two uint32 words (without x64, JAX has no 64-bit integers).
 _WORDS = 2
-# Bytes of the texts gathered for an error: a function name or argument label, and
-# a value's repr.
+# Bytes gathered for an error: a function name or argument label; a value's repr.
 _LABEL_BYTES = 160
 _REPR_BYTES = 4096
 _MAX_DEPTH = 16
@@ -64,19 +55,11 @@ def _safe_repr(value: Any) -> str:
 
 
 def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) -> str:
-    """A text for `value` that is equal on two processes when the value is.
-
-    The type is always part of it, floats are written exactly (`float.hex`), and
-    memory addresses are blanked, since they differ between processes even for the
-    same function or object.
-    """
-    kind = type(value)
-    if kind in _SCALARS:
-        if kind is float:
-            return f"float:{value.hex()}"
-        if kind is complex:
-            return f"complex:{value.real.hex()},{value.imag.hex()}"
-        return f"{kind.__name__}:{value!r}"
+    """A text for `value`, equal on two processes when the value is: with its type,
+    numbers written exactly, memory addresses blanked."""
+    if isinstance(value, _SCALARS):  # and subclasses (enums); numbers' reprs are exact
+        text = repr(value) if type(value) in _SCALARS else _safe_repr(value)
+        return f"{_type_name(value)}:{text}"
     if isinstance(value, PyTreeDef):
         # Its repr shows functions in static fields only as addresses.
         node = value.node_data()
@@ -86,8 +69,6 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
         return f"{_type_name(value)}:..."
     seen = _seen | {id(value)}
     depth = _depth + 1
-    if isinstance(value, float | complex | int | str | bytes):  # subclasses, enums
-        return f"{_type_name(value)}:{_safe_repr(value)}"
     if isinstance(value, tuple | list):
         items = ",".join(canonical(item, depth, seen) for item in value)
         return f"{_type_name(value)}({items})"
@@ -111,7 +92,7 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
     wrapped = getattr(value, "__wrapped__", None)
     if wrapped is not None and callable(value):  # jax.jit and functools.wraps
         return f"{_type_name(value)}:{canonical(wrapped, depth, seen)}"
-    if kind.__repr__ is object.__repr__:
+    if type(value).__repr__ is object.__repr__:
         # The default repr is only the type and an address: compare the state.
         state = getattr(value, "__dict__", None)
         if isinstance(state, dict):
@@ -126,15 +107,12 @@ def _digest(*texts: str) -> list[int]:
         data = text.encode("utf-8", "backslashreplace")
         hasher.update(len(data).to_bytes(8, "little"))
         hasher.update(data)
-    raw = hasher.digest()
-    return [int.from_bytes(raw[4 * i : 4 * i + 4], "little") for i in range(_WORDS)]
+    return np.frombuffer(hasher.digest(), "<u4").tolist()
 
 
 def _encode(text: str, size: int) -> np.ndarray:
     data = text.encode("utf-8", "backslashreplace")[:size]
-    out = np.zeros(size, np.uint8)
-    out[: len(data)] = np.frombuffer(data, np.uint8)
-    return out
+    return np.frombuffer(data.ljust(size, b"\0"), np.uint8).copy()
 
 
 def _decode(data: np.ndarray) -> str:
@@ -160,8 +138,7 @@ def _window(text: str, start: int, width: int = 72) -> str:
 
 @functools.cache
 def _gatherer() -> tuple[NamedSharding, Callable[[jax.Array], jax.Array]]:
-    """A sharding with one row per process, and a jitted function that replicates
-    such an array on every device: an all-gather across processes."""
+    """A sharding with a row per process, and a function that replicates its rows."""
     devices = jax.devices()
     rows = [
         sorted((d for d in devices if d.process_index == p), key=lambda d: d.id)
@@ -176,8 +153,7 @@ def _gatherer() -> tuple[NamedSharding, Callable[[jax.Array], jax.Array]]:
 def _allgather(array: np.ndarray) -> np.ndarray:
     """`array` of every process, stacked along a new first axis."""
     by_process, replicate = _gatherer()
-    # Run eagerly whatever JAX is tracing around the call (an eager `jax.grad` of a
-    # decorated function compiles at the top level, with a JVP trace current).
+    # Eagerly, whatever JAX is tracing around the call (an eager jax.grad's JVP).
     with jax.ensure_compile_time_eval():
         rows = jax.make_array_from_process_local_data(
             by_process, array[None], (jax.process_count(), *array.shape)
@@ -193,63 +169,32 @@ def _processes(indices: Sequence[int]) -> str:
 
 
 def spans_processes(dynamic: Sequence[Any], *shardings: Any) -> bool:
-    """Whether a call's program runs on the devices of more than one process: some
-    traced input is a global array that this process holds only part of, or some
-    sharding in `shardings` (the `in_shardings` and `out_shardings` options, any
-    pytrees) has devices of other processes.
-
-    A call on this process's own arrays alone (evaluation or logging on process 0,
-    say) is a local program: the other processes never join it, so it must not
-    wait for them. Tracers (a top-level call under an eager `jax.grad`) do not say
-    where their values live, so they count as spanning processes.
-    """
-    for leaf in dynamic:
-        if isinstance(leaf, Tracer):
-            return True
-        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-            return True
-    for tree in shardings:
-        for leaf in jax.tree.leaves(tree):
-            if isinstance(leaf, Sharding) and not leaf.is_fully_addressable:
-                return True
-    return False
+    """Whether a call's program runs on devices of more than one process: a traced
+    input is a global array not fully held here, a tracer (which does not say where
+    it lives), or a sharding in `shardings` (pytrees) has other processes' devices.
+    A call on this process's own arrays alone must not wait for the others."""
+    return any(
+        isinstance(leaf, Tracer)
+        or (isinstance(leaf, jax.Array | Sharding) and not leaf.is_fully_addressable)
+        for leaf in [*dynamic, *jax.tree.leaves(shardings)]
+    )
 
 
 def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
-    """Checks that every process compiles `name` with the same static arguments.
-
-    Called by every process on a top-level cache miss of a multi-process program
-    (`jax.process_count() > 1`) whose program spans processes (`spans_processes`),
-    before tracing: where the static arguments differ, the processes would compile
-    different programs. It is a collective: every process must call it at the same
-    point, as every process makes the same global calls in the same order.
-
-    **Arguments:**
-
-    - `name`: the qualified name of the decorated function.
-    - `statics`: one `(label, value)` pair per static leaf, in a fixed order: the
-      label names the leaf in the user's terms (`n`, `config.depth`), the value is
-      the leaf itself. Any object will do, including unhashable ones and ones whose
-      `repr` raises.
-
-    **Raises:**
-
-    `ValueError`, on every process, naming the function and the first argument that
-    differs, with its value on each process (or, if the processes compile different
-    functions, the function on each).
-    """
+    """Raises the same `ValueError` on every process unless all compile `name` with
+    the same `statics`: `(label, value)` pairs, the label in the user's terms, the
+    value any object. A collective, called before tracing on a cache miss of a
+    program that spans processes."""
     if jax.process_count() <= 1:
         return
-    canonicals = [canonical(value) for _, value in statics]
-    pairs = list(zip((label for label, _ in statics), canonicals))
+    pairs = [(label, canonical(value)) for label, value in statics]
     per_argument = [_digest(label, text) for label, text in pairs]
     overall = _digest(*(f"{label}={text}" for label, text in pairs))
     header = np.array([len(statics), *_digest(name), *overall], np.uint32)
     headers = _allgather(header)
     if (headers == headers[0]).all():
         return
-    # From here on every process sees the same gathered data, so all take the same
-    # branches, make the same collectives and raise the same error.
+    # Every process sees the same data from here: the same collectives and error.
     if not (headers[:, 1 : 1 + _WORDS] == headers[0, 1 : 1 + _WORDS]).all():
         names = [_decode(row) for row in _allgather(_encode(name, _LABEL_BYTES))]
         by_process = "; ".join(f"process {i}: `{n}`" for i, n in enumerate(names[:8]))
@@ -259,13 +204,9 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
             f"same top-level calls of filter_jit-decorated functions in the same "
             f"order, with equal static arguments."
         )
-    width = int(headers[:, 0].max())
-    digests = np.zeros((width, _WORDS), np.uint32)
-    if per_argument:
-        digests[: len(per_argument)] = per_argument
-    # A missing argument (a process with fewer statics) is all-ones, unlike a digest
-    # of anything with overwhelming probability.
-    digests[len(per_argument) :] = np.iinfo(np.uint32).max
+    # A missing argument (a process with fewer statics) is all-ones: no digest.
+    digests = np.full((int(headers[:, 0].max()), _WORDS), 2**32 - 1, np.uint32)
+    digests[: len(per_argument)] = np.reshape(per_argument, (-1, _WORDS))
     gathered = _allgather(digests)  # (processes, width, words)
     differs = (gathered != gathered[0]).any(axis=(0, 2))
     index = int(np.argmax(differs)) if differs.any() else 0
@@ -274,15 +215,8 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
         described, number = _described(value), isinstance(value, _NUMBERS)
     else:
         label, described, number = "", "nothing", False
-    gathered_texts = _allgather(
-        np.concatenate(
-            [
-                _encode(label, _LABEL_BYTES),
-                _encode(described, _REPR_BYTES),
-                np.array([number], np.uint8),
-            ]
-        )
-    )
+    texts = (_encode(label, _LABEL_BYTES), _encode(described, _REPR_BYTES))
+    gathered_texts = _allgather(np.concatenate([*texts, np.array([number], np.uint8)]))
     labels = [_decode(row[:_LABEL_BYTES]) for row in gathered_texts]
     reprs = [_decode(row[_LABEL_BYTES:-1]) for row in gathered_texts]
     # Show each around the first character where they differ.

@@ -1,7 +1,6 @@
 """`filter_jit`'s options, validated once."""
 
 import dataclasses
-import functools as ft
 import inspect
 import types
 from collections.abc import Callable
@@ -23,12 +22,14 @@ names such as `("state",)`."""
 
 _DONATE_STRINGS = ("none", "all", "all-except-first", "warn", "warn-except-first")
 
+_STATIC_ADVICE = (
+    "filter_jit makes every non-array leaf static already; pass the value as a "
+    "Python object, or wrap it in an array to trace it"
+)
 # jax.jit options that filter_jit replaces, and what to use instead.
 _REJECTED_JIT_KWARGS = {
-    "static_argnums": "filter_jit makes every non-array leaf static already; pass "
-    "the value as a Python object, or wrap it in an array to trace it",
-    "static_argnames": "filter_jit makes every non-array leaf static already; pass "
-    "the value as a Python object, or wrap it in an array to trace it",
+    "static_argnums": _STATIC_ADVICE,
+    "static_argnames": _STATIC_ADVICE,
     "donate_argnums": "use filter_jit(..., donate='all'), 'all-except-first', or a "
     "tuple of parameter names such as donate=('state',)",
     "donate_argnames": "use filter_jit(..., donate=('name', ...)) with the "
@@ -47,11 +48,7 @@ class _Unspecified:
 
 
 UNSPECIFIED: Any = _Unspecified()
-
-
-@ft.cache
-def _jit_parameters() -> frozenset[str]:
-    return frozenset(inspect.signature(jax.jit).parameters) - {"fun"}
+_JIT_PARAMETERS = frozenset(inspect.signature(jax.jit).parameters) - {"fun"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,21 +57,18 @@ class Options:
 
     donate: DonateOption = "none"
     inline: Any = False  # a bool, or (jax >= 0.11) a member of `jax.Inline`
-    # Given in the user's terms: prefixes of the positional arguments and of the
-    # output, so not passed to jax.jit as they are.
+    # In the user's terms (prefixes of the arguments and output), not jax.jit's.
     in_shardings: Any = UNSPECIFIED
     out_shardings: Any = UNSPECIFIED
-    # Every other jax.jit keyword, passed on.
-    jitkwargs: tuple[tuple[str, Any], ...] = ()
+    jitkwargs: tuple[tuple[str, Any], ...] = ()  # every other jax.jit keyword
 
     @property
     def silence_donation(self) -> bool:
         return self.donate in ("all", "all-except-first")
 
     def key(self) -> Any:
-        """A hashable stand-in for these options, or `None` if they cannot be
-        hashed (a `compiler_options` dict, say): wrappers with equal keys share
-        their caches."""
+        """These options if hashable (not a `compiler_options` dict), else `None`:
+        wrappers with equal keys share their caches."""
         try:
             hash(self)
         except TypeError:
@@ -83,8 +77,7 @@ class Options:
 
 
 def make_options(**options: Any) -> Options:
-    """`Options` from `filter_jit`'s keywords, each checked, with a message that
-    says what to do."""
+    """`Options` from `filter_jit`'s keywords, each checked, saying what to do."""
     donate = options.pop("donate", "none")
     inline = options.pop("inline", False)
     in_shardings = options.pop("in_shardings", UNSPECIFIED)
@@ -102,7 +95,7 @@ def make_options(**options: Any) -> Options:
                 f"Or keep jax.jit's keywords with `filterjit.jit(fun, {name}=...)`, "
                 "which is jax.jit at the top level and a no-op when nested."
             )
-        if name not in _jit_parameters():
+        if name not in _JIT_PARAMETERS:
             raise TypeError(f"filter_jit() got an unexpected keyword argument {name!r}")
     if isinstance(donate, tuple):
         for name in donate:
@@ -112,11 +105,9 @@ def make_options(**options: Any) -> Options:
                     "parameter name. Give parameter names as strings, such as "
                     "donate=('state',)."
                 )
-    inline_modes = getattr(jax, "Inline", None)  # jax >= 0.11
-    if not isinstance(inline, bool) and not (
-        inline_modes is not None and isinstance(inline, inline_modes)
-    ):
-        modes = ", or a member of jax.Inline" if inline_modes is not None else ""
+    inline_modes: Any = getattr(jax, "Inline", bool)  # jax >= 0.11
+    if not isinstance(inline, bool | inline_modes):
+        modes = "" if inline_modes is bool else ", or a member of jax.Inline"
         raise ValueError(
             f"inline={inline!r} is not an option. Use inline=True or inline=False"
             f"{modes}."
@@ -127,14 +118,9 @@ def make_options(**options: Any) -> Options:
 
 
 def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None:
-    """Raises for a name in `donate=(names...)` that no call can donate.
-
-    A name matches the argument a call passes under it, as `jax.jit`'s
-    `donate_argnames`: a parameter (a `*args` parameter's name: all of its
-    arguments), a keyword collected by a `**kwargs` parameter (`"state"` for
-    `f(x, state=s)`), or a method's receiver (`"self"`, where the receiver is the
-    first argument). The name of a `**kwargs` parameter itself is refused: JAX
-    reads it as a keyword of that name only, which is seldom what is meant."""
+    """Raises for a name in `donate=(names...)` that no call can donate. As in
+    `jax.jit`'s `donate_argnames`, a name is a parameter's, a keyword a `**kwargs`
+    collects, or a method's receiver; not the `**kwargs` parameter's own name."""
     name_of_fun = getattr(fun, "__qualname__", fun)
     try:
         parameters = list(inspect.signature(fun).parameters.values())
@@ -142,10 +128,8 @@ def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None
         parameters = []
     known = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
     var_keyword = [p.name for p in parameters if p.kind is p.VAR_KEYWORD]
-    if isinstance(fun, types.MethodType):
-        receiver = first_parameter(fun.__func__)
-    else:
-        receiver = receiver_of(fun)
+    method = isinstance(fun, types.MethodType)
+    receiver = first_parameter(fun.__func__) if method else receiver_of(fun)
     if receiver is not None:
         known.add(receiver)
     for name in names:

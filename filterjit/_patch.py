@@ -1,21 +1,5 @@
 """`patch_equinox`: Equinox's `filter_jit` replaced by filterjit's for every caller,
-including the libraries built on Equinox (diffrax, optimistix, lineax), and its undo.
-
-What is replaced, and what cannot be:
-
-- The name `filter_jit` wherever it refers to Equinox's: `equinox.filter_jit`,
-  `equinox._jit.filter_jit`, and every module global bound to it
-  (`from equinox import filter_jit`). Code that decorates afterwards, at import
-  or at run time (`eqx.filter_jit(f)(x)` in a function body), gets filterjit's.
-- The wrappers Equinox has already made (its `_JitWrapper` objects), where they
-  are attributes of an imported module or of a class defined there (methods,
-  `staticmethod`s and `classmethod`s included): each is replaced by
-  `filterjit.filter_jit` of the same function with the same `donate`.
-- A wrapper held anywhere else (a closure, a container, a Module instance's
-  field), or one made with `jax.jit` keywords (`eqx.filter_jit(f, inline=True)`,
-  which Equinox keeps only inside the `jax.jit` it built), keeps Equinox's jit.
-  Each is named in the returned report's `left`, and in a warning.
-"""
+including the libraries built on Equinox (diffrax, optimistix, lineax), and its undo."""
 
 import dataclasses
 import gc
@@ -23,14 +7,13 @@ import importlib
 import sys
 import types
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._jit import filter_jit
 from ._options import DonateOption
 
 
-# Equinox's wrapper keeps `donate` as three flags: (filter_warning, donate_first,
-# donate_rest).
+# Equinox's wrapper keeps `donate` as (filter_warning, donate_first, donate_rest).
 _DONATE: dict[tuple[bool, bool, bool], DonateOption] = {
     (True, True, True): "all",
     (True, False, True): "all-except-first",
@@ -61,8 +44,7 @@ class EquinoxPatch:
     left: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Swap:
+class _Swap(NamedTuple):
     owner: Any  # a module or a class
     attribute: str
     old: Any
@@ -70,24 +52,10 @@ class _Swap:
 
 
 class _State:
-    """The patch in force: Equinox's `filter_jit`, and every attribute rewritten,
-    for the undo."""
+    """The patch in force: Equinox's `filter_jit`, and every attribute rewritten."""
 
     original: Any = None
     swaps: list[_Swap] = []
-
-
-def _import_equinox() -> tuple[types.ModuleType, types.ModuleType]:
-    try:
-        equinox = importlib.import_module("equinox")
-        jit_module = importlib.import_module("equinox._jit")
-    except ImportError as error:
-        raise ImportError(
-            "filterjit.patch_equinox() puts filterjit.filter_jit in place of "
-            f"equinox.filter_jit, but Equinox cannot be imported ({error}). Install "
-            "it (`pip install equinox`), or use filterjit.filter_jit directly."
-        ) from error
-    return equinox, jit_module
 
 
 def _name(wrapper: Any) -> str:
@@ -106,9 +74,8 @@ def _where(owner: Any, attribute: str) -> str:
 
 
 def _attributes() -> list[tuple[Any, str, Any]]:
-    """`(owner, attribute, value)` for every attribute of every imported module,
-    and of every class found in one (nested classes included). filterjit's own
-    modules are skipped: nothing of filterjit is Equinox's to replace."""
+    """`(owner, attribute, value)` for every attribute of every imported module but
+    filterjit's, and of every class found in one (nested classes included)."""
     found = []
     classes: dict[int, type] = {}
     for name, module in list(sys.modules.items()):
@@ -128,8 +95,7 @@ def _attributes() -> list[tuple[Any, str, Any]]:
 
 
 def _replacement(wrapper: Any, jit_module: types.ModuleType) -> Any:
-    """filterjit's wrapper of the function in Equinox's `wrapper`, with its
-    `donate`; or a string saying why there is none."""
+    """filterjit's wrapper for Equinox's `wrapper`, or a string saying why none."""
     try:
         flags = (wrapper.filter_warning, wrapper.donate_first, wrapper.donate_rest)
         fun = wrapper.__wrapped__
@@ -156,29 +122,21 @@ def patch_equinox() -> EquinoxPatch:
     now on, and replaces the functions Equinox has already compiled where they can
     be found.
 
-    What it changes:
-
-    - `equinox.filter_jit` (and `equinox._jit.filter_jit`, and every module global
-        bound to Equinox's `filter_jit`, as `from equinox import filter_jit`
-        makes) becomes `filterjit.filter_jit`. Libraries that decorate when they
-        are imported, or call `eqx.filter_jit(f)(x)` when they run, get filterjit's
-        wrapper: diffrax, optimistix and lineax imported after this call are
-        filterjit's throughout.
+    - `equinox.filter_jit`, `equinox._jit.filter_jit` and every module global bound
+        to it (`from equinox import filter_jit`) become `filterjit.filter_jit`: code
+        that decorates from now on, at import or at run time, gets filterjit's.
     - Every function already decorated with Equinox's `filter_jit` that is an
-        attribute of an imported module, or of a class defined in one (a method,
-        `staticmethod` or `classmethod`), is replaced by `filterjit.filter_jit` of
-        the same function, with the same `donate`. So the order of imports does
-        not matter: `diffrax.diffeqsolve`, `optimistix.root_find` and
-        `lineax.linear_solve` are filterjit's whether they were imported before
-        this call or after it. Every name of a wrapper gets the same replacement.
-    - An Equinox wrapper held anywhere else (a closure, a list, a field of a
-        Module instance), or one made with `jax.jit` keywords, which Equinox does
-        not keep in a readable form, is left as it is, and named in a warning and
-        in the report's `left`.
+        attribute of an imported module or of a class defined in one (a method,
+        `staticmethod` or `classmethod`) is replaced, under every name, by
+        `filterjit.filter_jit` of the same function with the same `donate`. So
+        `diffrax.diffeqsolve`, `optimistix.root_find` and `lineax.linear_solve`
+        are filterjit's whether imported before this call or after it.
+    - An Equinox wrapper held anywhere else (a closure, a list, a Module's field),
+        or made with `jax.jit` keywords (which Equinox does not keep readably), is
+        left as it is, and named in a warning and in the report's `left`.
 
-    Calling it again changes nothing that is already replaced, and replaces what
-    has appeared since (its report says what that call did; its `left` is a way to
-    check that nothing is left). [`filterjit.unpatch_equinox`][] undoes it.
+    Calling it again replaces only what has appeared since; its `left` is a way to
+    check that nothing is left. [`filterjit.unpatch_equinox`][] undoes it.
 
     **Returns:**
 
@@ -200,7 +158,15 @@ def patch_equinox() -> EquinoxPatch:
         filterjit.patch_equinox().left  # (): nothing keeps Equinox's jit
         ```
     """
-    equinox, jit_module = _import_equinox()
+    try:
+        equinox = importlib.import_module("equinox")
+        jit_module = importlib.import_module("equinox._jit")
+    except ImportError as error:
+        raise ImportError(
+            "filterjit.patch_equinox() puts filterjit.filter_jit in place of "
+            f"equinox.filter_jit, but Equinox cannot be imported ({error}). Install "
+            "it (`pip install equinox`), or use filterjit.filter_jit directly."
+        ) from error
     originals = [
         jit
         for jit in (getattr(jit_module, "filter_jit", None), equinox.filter_jit)
@@ -215,29 +181,23 @@ def patch_equinox() -> EquinoxPatch:
     reasons: dict[int, str] = {}  # id of Equinox's wrapper -> why it is left
     swapped: dict[int, str] = {}
     places = []
-
-    def replace(value: Any) -> Any:
-        key = id(value)
-        if key not in replacements and key not in reasons:
-            new = _replacement(value, jit_module)
-            if isinstance(new, str):
-                reasons[key] = new
-            else:
-                replacements[key] = new
-        return replacements.get(key)
-
     for owner, attribute, value in _attributes():
-        # The Equinox wrapper in this attribute, if any. By exact type: an
-        # isinstance check would run the `__class__` of any object (a lazy proxy's).
-        wrapped = value
-        if type(value) in (staticmethod, classmethod):
-            wrapped = value.__func__
+        # By exact type: isinstance would run any object's `__class__` (a proxy's).
+        wrapped = (
+            value.__func__ if type(value) in (staticmethod, classmethod) else value
+        )
         new = None
         if any(value is jit for jit in originals):
-            if isinstance(owner, types.ModuleType):
-                new = filter_jit
+            new = filter_jit if isinstance(owner, types.ModuleType) else None
         elif wrapper_type is not None and type(wrapped) is wrapper_type:
-            new = replace(wrapped)
+            key = id(wrapped)
+            if key not in replacements and key not in reasons:
+                made = _replacement(wrapped, jit_module)
+                if isinstance(made, str):
+                    reasons[key] = made
+                else:
+                    replacements[key] = made
+            new = replacements.get(key)
             if new is not None and wrapped is not value:
                 new = type(value)(new)
         if new is None:
@@ -262,15 +222,10 @@ def patch_equinox() -> EquinoxPatch:
 
 
 def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
-    """Every Equinox wrapper alive that no attribute rewritten by the patch held,
-    each with why."""
-    if wrapper_type is None:
-        return []
-    replaced = {id(swap.old) for swap in _State.swaps}
-    replaced |= {
-        id(swap.old.__func__)
-        for swap in _State.swaps
-        if type(swap.old) in (staticmethod, classmethod)
+    """Every live Equinox wrapper that no rewritten attribute held, with why."""
+    replaced = {
+        id(s.old.__func__ if type(s.old) in (staticmethod, classmethod) else s.old)
+        for s in _State.swaps
     }
     gc.collect()  # not to report wrappers that are garbage already
     left = []
@@ -283,14 +238,10 @@ def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
 
 def unpatch_equinox() -> None:
     """Undoes [`filterjit.patch_equinox`][]: `equinox.filter_jit` is Equinox's
-    again, so code decorated from now on gets Equinox's wrapper, and every
-    attribute the patch rewrote that still holds what the patch put there is
-    given back its Equinox wrapper.
-
-    Functions decorated while the patch was in force (a library imported after
-    `patch_equinox()`) keep filterjit's wrapper: no Equinox one exists for them.
-    Without a patch in force, it does nothing.
-    """
+    again, and every attribute the patch rewrote that still holds what it put
+    there gets its Equinox wrapper back. Functions decorated while the patch was in
+    force keep filterjit's wrapper: no Equinox one exists for them. Without a patch
+    in force, it does nothing."""
     for swap in reversed(_State.swaps):
         if vars(swap.owner).get(swap.attribute) is swap.new:
             setattr(swap.owner, swap.attribute, swap.old)

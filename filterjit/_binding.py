@@ -11,8 +11,8 @@ Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
 Plan = Callable[[Args, Kwargs], tuple[Args, Kwargs]]
 
-# Bound on the number of shapes of call (positional count, keyword names) that
-# get a plan: a function taking `**kwargs` may be called with endless names.
+# Shapes of call (positional count, keyword names) given a plan: a function taking
+# `**kwargs` may be called with endless names.
 _MAX_PLANS = 64
 
 # Where a bound argument comes from: `("args", i)`, the call's positional argument
@@ -45,8 +45,14 @@ jtu.register_pytree_with_keys(
 )
 
 
-class _Placeholder:
-    __slots__ = ()
+def positional_names(parameters: Any) -> list[str]:
+    """The names of the parameters, of `inspect.Parameter`s, that take arguments
+    by position."""
+    return [
+        p.name
+        for p in parameters
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
 
 
 class Binder:
@@ -76,7 +82,8 @@ class Binder:
         )
 
     def __call__(self, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
-        plan = self._plans.get((len(args), *kwargs))
+        shape = (len(args), *kwargs)
+        plan = self._plans.get(shape)
         if plan is not None:
             return plan(args, kwargs)
         if self._signature is None:
@@ -88,16 +95,13 @@ class Binder:
                 f"{self._name}(): {_bind_error(self._signature, args, kwargs, e)}"
             ) from None
         bound.apply_defaults()
-        shape = (len(args), *kwargs)
         if shape not in self._sources and len(self._sources) < _MAX_PLANS:
             self._sources[shape] = sources = self.find_sources(len(args), tuple(kwargs))
             plan = self._make_plan(sources)
             if plan is not None:
                 self._plans[shape] = plan
-        bound_kwargs = bound.kwargs
-        return bound.args, dict(
-            sorted(bound_kwargs.items())
-        ) if self._sorts else bound_kwargs
+        kwargs = bound.kwargs
+        return bound.args, dict(sorted(kwargs.items())) if self._sorts else kwargs
 
     def sources(self, shape: tuple[Any, ...]) -> Sources | None:
         """Where the bound arguments of calls of `shape` (the number of positional
@@ -108,8 +112,8 @@ class Binder:
         """Where the bound arguments of a call with `count` positional arguments
         and keyword arguments `names` come from (`TypeError` if none binds)."""
         assert self._signature is not None
-        positional = [_Placeholder() for _ in range(count)]
-        keyword = {name: _Placeholder() for name in names}
+        positional = [object() for _ in range(count)]
+        keyword = {name: object() for name in names}
         bound = self._signature.bind(*positional, **keyword)
         bound.apply_defaults()
         found: dict[int, Source] = {
@@ -144,11 +148,7 @@ def _bind_error(
                     f"are ({names})."
                 )
     if inspect.Parameter.VAR_POSITIONAL not in kinds:
-        positional = [
-            p
-            for p in parameters
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
+        positional = positional_names(parameters)
         if len(args) > len(positional):
             return (
                 f"takes {len(positional)} positional argument"

@@ -6,12 +6,11 @@ import inspect
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.tree_util as jtu
-import numpy as np
 
-from ._binding import Binder, Keywords
+from ._binding import Binder, Keywords, positional_names
 from ._fastpath import binding_plan
+from ._partition import is_array
 
 
 def name_of(fun: Any) -> str:
@@ -47,30 +46,10 @@ def _plain_arity(signature: inspect.Signature | None) -> int:
     (nothing to default, nothing passed by keyword), or -1 if there is none."""
     if signature is None:
         return -1
-    count = 0
-    for parameter in signature.parameters.values():
-        if parameter.kind in (
-            parameter.POSITIONAL_ONLY,
-            parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            count += 1
-        elif parameter.kind is not parameter.VAR_KEYWORD:
-            return -1
-    return count
-
-
-def positional_names(parameters: Any) -> list[str]:
-    """The names of the parameters, of `inspect.Parameter`s, that take arguments
-    by position."""
-    return [
-        p.name
-        for p in parameters
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-
-
-def _holds_array(leaf: Any) -> bool:
-    return isinstance(leaf, jax.Array | np.ndarray | np.generic)
+    parameters = signature.parameters.values()
+    if any(p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY) for p in parameters):
+        return -1
+    return len(positional_names(parameters))
 
 
 def in_call_tree(fun: Any) -> bool:
@@ -86,11 +65,9 @@ def in_call_tree(fun: Any) -> bool:
 
 
 class Method(jtu.Partial):
-    """A bound method, as `filter_jit` holds it: a `jtu.Partial` of the function
-    and its `self`, so that `self` is partitioned like an argument (its arrays
-    traced) and the function owns the caches. A type of its own, so that its `self`
-    is known to be the method's first argument (for donation), unlike the
-    arguments bound in a partial."""
+    """A bound method as `filter_jit` holds it: a `jtu.Partial` of the function and
+    its `self`, which is partitioned like an argument (and, unlike what a partial
+    binds, is the method's first argument, for donation)."""
 
 
 jtu.register_pytree_node(
@@ -101,16 +78,12 @@ jtu.register_pytree_node(
 
 
 def first_parameter(fun: Any) -> str | None:
+    """The first parameter of `fun`, if it takes an argument by position."""
     try:
-        parameters = list(inspect.signature(fun).parameters.values())
+        names = positional_names(inspect.signature(fun).parameters.values())
     except (TypeError, ValueError):
         return None
-    if parameters and parameters[0].kind in (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-    ):
-        return parameters[0].name
-    return None
+    return names[0] if names else None
 
 
 def receiver_of(fun: Any) -> str | None:
@@ -131,10 +104,6 @@ def receiver_of(fun: Any) -> str | None:
     return first_parameter(func) or "self"
 
 
-def _no_plan(sources: Any) -> None:
-    return None
-
-
 class Function:
     """The facts about a function that do not change between calls."""
 
@@ -145,20 +114,19 @@ class Function:
         # `__wrapped__`: a wrapper such as `eqx.filter_vmap(f)` may accept less
         # than it advertises, and must be called as the caller called it.
         signature = _signature_of(fun, follow_wrapped=False)
-        # Calls with this many positional arguments and no keywords bind as they
-        # are; -1 if none.
+        # Calls of this many positional arguments and no keywords bind as they are.
         self.plain_arity = _plain_arity(signature)
-        self.bind = Binder(signature, self.name, binding_plan if fast else _no_plan)
+        self.bind = Binder(
+            signature, self.name, binding_plan if fast else lambda sources: None
+        )
         # Whether a call may leave parameters to their defaults (a partial's
         # keywords included), which are not donated.
         self.has_defaults = signature is not None and any(
             p.default is not p.empty for p in signature.parameters.values()
         )
-        self._binding_parameters = (
-            () if signature is None else tuple(signature.parameters.values())
+        self._bound_positional = positional_names(
+            () if signature is None else signature.parameters.values()
         )
-        # The name of the receiver whose leaves the function's are (see
-        # `receiver_of`), or `None`.
         self.receiver = receiver_of(fun)
         # Names, for messages and `donate=(names...)`, may come from `__wrapped__`.
         named = _signature_of(fun, follow_wrapped=True) or signature
@@ -176,17 +144,12 @@ class Function:
     def defaulted(self, shape: tuple[Any, ...]) -> tuple[str, ...]:
         """The parameters that a call of `shape` (the number of positional
         arguments, then the keyword names) leaves to defaults holding arrays."""
-        sources = self.bind.sources(shape)
-        if sources is None:
-            count, names = shape[0], shape[1:]
-            sources = self.bind.find_sources(count, names)
-        args, kwargs = sources
-        positional = positional_names(self._binding_parameters)
-        found = [*zip(positional, args), *kwargs.items()]
+        args, kwargs = self.bind.find_sources(shape[0], shape[1:])
+        found = [*zip(self._bound_positional, args), *kwargs.items()]
         return tuple(
             name
             for name, (kind, value) in found
-            if kind == "default" and any(map(_holds_array, jtu.tree_leaves(value)))
+            if kind == "default" and any(map(is_array, jtu.tree_leaves(value)))
         )
 
     def call_tree(self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -245,12 +208,8 @@ class Function:
                 path = path[1:]
             if isinstance(path[0], jtu.GetAttrKey):  # Keywords.args or .kwargs
                 path = path[1:]
-            top, rest = path[0], path[1:]
-            if isinstance(top, jtu.SequenceKey):
-                name, label = self._parameter(top.idx)
-                owners.append((name, top.idx, label + jtu.keystr(rest)))
-            else:
-                assert isinstance(top, jtu.DictKey)
-                name, label = self._parameter(str(top.key))
-                owners.append((name, None, label + jtu.keystr(rest)))
+            top, rest = path[0], path[1:]  # a `SequenceKey` or a `DictKey`
+            index = top.idx if isinstance(top, jtu.SequenceKey) else None
+            name, label = self._parameter(str(top.key) if index is None else index)
+            owners.append((name, index, label + jtu.keystr(rest)))
         return owners

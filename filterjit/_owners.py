@@ -1,20 +1,15 @@
-"""Who owns a function's caches.
+"""Who owns a function's caches: one dispatcher per function, as JAX and Equinox
+see it, and per set of options.
 
-One dispatcher per function, as JAX and Equinox see it, and per set of options:
+- A function (or any callable compared by identity) by its identity;
+- a bound method or a partial by the function it wraps (what it binds is
+  partitioned like any argument);
+- any other callable (a callable `eqx.Module`, Equinox's `filter_vmap` wrappers, a
+  frozen dataclass) by its structure and static leaves, keyed as static arguments
+  are; its class's `__call__` owns those dispatchers.
 
-- a function (or any callable compared by identity) by its identity, never by
-  `==`;
-- a bound method or a partial by the function it wraps (the bound arguments are
-  partitioned like any other);
-- any other callable (an `eqx.Module` with a `__call__`, Equinox's `filter_vmap`
-  wrappers, a frozen dataclass) by its structure: its pytree structure and its
-  static leaves, keyed as static arguments are (arrays aside). Its class's
-  `__call__` owns those dispatchers.
-
-A dispatcher is kept alive by what owns it, and by nothing global: it lives in the
-owner's own `__dict__`. So dropping the last reference to a function frees its
-caches, and a cycle through them (a function passed as a static argument to its own
-wrapper, an instance whose class holds the decorated method) is ordinary garbage.
+Dispatchers live in the owner's own `__dict__`, not globally: dropping the last
+reference to a function frees its caches, and a cycle through them is garbage.
 """
 
 import inspect
@@ -34,14 +29,13 @@ from ._partition import is_array, static_key
 
 _ATTRIBUTE = "__filterjit_dispatchers__"
 
-# Structures per owner: an owner such as Equinox's `filter_vmap` wrapper class
-# owns one per function it wraps.
+# Structures per owner (Equinox's `filter_vmap` wrapper class owns one per function).
 _MAX_DISPATCHERS = 256
 
 
 class _Holder:
-    """The dispatchers an object owns, in that object's `__dict__`. Neither copied
-    nor pickled with it: a copy is another function, with caches of its own."""
+    """The dispatchers an object owns, in its `__dict__`. Neither copied nor pickled
+    with it: a copy is another function, with caches of its own."""
 
     __slots__ = ("owner", "dispatchers", "__weakref__")
 
@@ -53,67 +47,50 @@ class _Holder:
         owner = self.owner
         return (owner() if isinstance(owner, weakref.ref) else owner) is candidate
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Any, ...]:  # also what `copy` and `deepcopy` use
         return _Holder, ()
-
-    def __copy__(self) -> "_Holder":
-        return _Holder()
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> "_Holder":
-        return _Holder()
 
 
 # Re-entrant: a weak reference's callback (`_forget`) may run inside it.
 _lock = threading.RLock()
-# Owners without a `__dict__` of their own (a class used as the function, an
-# instance with `__slots__`, a builtin), by identity, each dropped when its owner
-# dies: the holder refers to its owner only weakly, so nothing here keeps it
-# alive.
+# The holders of owners without a `__dict__` (a class, an instance with
+# `__slots__`, a builtin), by id, each dropped when its owner dies.
 _without_dict: dict[int, _Holder] = {}
 
 
 def _holder(owner: Any) -> _Holder | None:
-    """The holder of the dispatchers `owner` owns; `None` for an owner that can
-    be neither given an attribute nor referred to weakly (a NumPy ufunc, an
-    instance with `__slots__` and no `__weakref__`), whose wrappers then keep
-    caches of their own, freed with them (`jax.jit` refuses such callables)."""
+    """The holder of what `owner` owns; `None` for an owner that takes neither an
+    attribute nor a weak reference (a NumPy ufunc), whose wrappers then keep caches
+    of their own."""
     namespace = getattr(owner, "__dict__", None)
-    if type(namespace) is dict:
-        holder = namespace.get(_ATTRIBUTE)
-        # `functools.wraps` copies `__dict__`, holder included: that one is the
-        # wrapped function's, not this one's.
+    table: dict[Any, Any] = namespace if type(namespace) is dict else _without_dict
+    has_dict = table is namespace
+    key = _ATTRIBUTE if has_dict else id(owner)
+    # `functools.wraps` copies `__dict__`, holder included: that one is another's.
+    holder = table.get(key)
+    if type(holder) is _Holder and holder.owned_by(owner):
+        return holder
+    with _lock:
+        holder = table.get(key)
         if type(holder) is _Holder and holder.owned_by(owner):
             return holder
-        with _lock:
-            holder = namespace.get(_ATTRIBUTE)
-            if type(holder) is _Holder and holder.owned_by(owner):
-                return holder
+        if has_dict:
             try:
                 holder = _Holder(weakref.ref(owner))
             except TypeError:  # a cycle through its own `__dict__`: garbage
                 holder = _Holder(owner)
-            namespace[_ATTRIBUTE] = holder
-            return holder
-    holder = _without_dict.get(id(owner))
-    if holder is not None and holder.owned_by(owner):
-        return holder
-    with _lock:
-        holder = _without_dict.get(id(owner))
-        if holder is not None and holder.owned_by(owner):
-            return holder
-        key = id(owner)
-        try:
-            # Dropped with its owner (and only if still that owner's: an id may
-            # be reused once the owner is gone).
-            reference = weakref.ref(owner, lambda _: _forget(key, holder))
-        except TypeError:
-            return None
-        holder = _Holder(reference)
-        _without_dict[key] = holder
+        else:
+            try:
+                # Dropped with its owner, if still that owner's (ids are reused).
+                reference = weakref.ref(owner, lambda _: _forget(key, holder))
+            except TypeError:
+                return None
+            holder = _Holder(reference)
+        table[key] = holder
         return holder
 
 
-def _forget(key: int, holder: "_Holder | None") -> None:
+def _forget(key: Any, holder: "_Holder | None") -> None:
     with _lock:
         if _without_dict.get(key) is holder:
             del _without_dict[key]
@@ -141,15 +118,13 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     the objects that key holds weakly."""
     if isinstance(fun, jtu.Partial):
         owner, key, weak = _owner(fun.func)
-        # A bound method (`Method`) apart from a partial: only its `self` is an
-        # argument, for donation.
-        key = (type(fun), key, len(fun.args), tuple(fun.keywords))
-        return owner, key, weak
+        # A bound method (`Method`) apart from a partial (for donation).
+        return owner, (type(fun), key, len(fun.args), tuple(fun.keywords)), weak
     if not in_call_tree(fun):
         func = getattr(fun, "__func__", None)
         if func is not None:  # a method-like object other than a bound method
-            # Its receiver is not in the call tree, so it keys the dispatcher, as
-            # a static argument would be keyed (weakly, if compared by identity).
+            # Its receiver is not in the call tree: it keys the dispatcher, as a
+            # static argument is keyed.
             receiver = getattr(fun, "__self__", None)
             key = static_key(receiver)
             weak = [receiver] if isinstance(key, weakref.ref) else []

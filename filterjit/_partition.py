@@ -66,19 +66,6 @@ def traced_types(level: int) -> tuple[type, ...]:
     return (*_ARRAY_TYPES, Tracer)
 
 
-# Static leaves are keyed by value; the partition they belong to is keyed by their
-# types, so `1`, `1.0` and `True` are told apart. Some values need more than `==`:
-# floats (`0.0 == -0.0`, `nan != nan`) and, inside a staged trace, the concrete
-# arrays that become constants of the nested program.
-
-
-def _identity_key(x: jax.Array) -> int:
-    # jax Arrays are immutable, and a cache entry holds its arrays alive, so the
-    # id cannot be reused while the key exists. Keying by value would copy the
-    # array to the host on every nested call.
-    return id(x)
-
-
 def weakly_keyed(kind: type) -> bool:
     """Whether static leaves of this type are keyed by a weak reference: those
     compared by identity, which a weak reference compares the same way. A cache
@@ -96,13 +83,17 @@ def _frozenset_key(x: frozenset[Any]) -> Any:
 
 
 def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
+    """How a static leaf of type `kind` is keyed, where `==` is not enough (the
+    partition keys the types, so `1`, `1.0` and `True` differ); `None`: itself."""
     # np.generic before float: np.float64 subclasses float.
     if staged and issubclass(kind, np.ndarray):
         return ndarray_key
     if staged and issubclass(kind, np.generic):
         return generic_key
     if staged and issubclass(kind, jax.Array):
-        return _identity_key
+        # Immutable, and held alive by the entry, so its id is not reused while
+        # the key lives; its value would be copied to the host on every call.
+        return id
     if issubclass(kind, float):
         return float_key
     if issubclass(kind, complex):
@@ -134,15 +125,10 @@ def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
 
 
 class Partition:
-    """How to split the leaves of one pytree structure with one sequence of leaf
-    types, at one trace level: which leaves are traced, and how the others are
-    keyed.
-
-    Made once per (structure, types, level). `owner` stands for what the partition
-    does whatever the types of its traced leaves (its `signature`): partitions with
-    one signature share it, so that a NumPy array where a jax Array was finds the
-    same cache entry. Hashed by identity.
-    """
+    """How the leaves of one structure and leaf types are split at one trace level:
+    which are traced, and how the others are keyed. Partitions with one `signature`
+    (what they do whatever the types of their traced leaves) share an `owner`, so
+    that a NumPy array where a jax Array was finds the same cache entry."""
 
     __slots__ = (
         "treedef",
@@ -199,16 +185,15 @@ class Partition:
         )
         # The static leaves that caches hold only weakly (see `weakly_keyed`).
         self.weak_positions = tuple(
-            p for p in static if _key_function(types[p], staged) is weakref.ref
+            static[i] for i, rekey in rekeys if rekey is weakref.ref
         )
         # What `==` does not see of the structure's auxiliary data (`None` where
-        # it holds no numbers): structures equal by `==` but not exactly get
-        # partitions of their own (see `_exact`).
+        # it holds no numbers; see `_exact`).
         aux = aux_data(treedef)
         self.exact = exact_key(aux)
         self._aux = aux if self.exact is not None else None
-        # Nested, `orders(tree)`: what the key needs beyond the leaves, the
-        # insertion order of the call's dicts (`None` where it has none).
+        # Nested, `orders(tree)`: the insertion order of the call's dicts, which
+        # the key needs too (`None` where it has none).
         self.orders = dict_orders if staged and has_sorted_dicts(treedef) else None
         self.signature = (
             treedef,
@@ -217,31 +202,27 @@ class Partition:
             self.exact,
         )
         self.owner = owner_of(self.signature)
-        # `take_dynamic(leaves)`: the traced leaves (`None`: all of them).
-        # `key(leaves)`: the cache key; `constant_key`, the key when there are no
-        # static leaves (else `None`).
+        # `take_dynamic(leaves)`: the traced leaves (`None`: all of them);
+        # `constant_key`: the key where there are no static leaves (else `None`).
         self.take_dynamic = (
             None if len(dynamic) == len(types) else _taker(dynamic, len(types))
         )
         self._take_static = _taker(static, len(types))
         self._rekeys = tuple(rekeys)
-        # Each leaf's parameter, position and label (see `Dispatcher.owners`),
-        # made when first needed.
+        # Each leaf's parameter, position and label (see `Dispatcher.owners`).
         self.owners: list[tuple[str, int | None, str]] | None = None
         # The generated key function, where there is one (see `_fastpath`).
         self.key = (
             key_function(self.owner, types, static, dict(rekeys)) or self.reference_key
         )
         self.constant_key = None if static else self.owner
-        # `read_leaves(tree)`: the leaves of a call flattened to this partition's
-        # structure and types, taken without flattening (`None` for another call);
-        # `None` where no reader can be made for this structure.
+        # `read_leaves(tree)`: a call's leaves where it has this structure and
+        # types, read without flattening (else `None`; see `_fastpath`).
         self.read_leaves: CallReader | None = call_reader(treedef, types)
-        # The same for calls that need binding, read as they were made, by shape
-        # of call (see `Dispatcher._call_reader`).
+        # The same for calls that need binding, by shape of call.
         self.call_readers: dict[tuple[Any, ...], BoundCallReader | None] = {}
-        # Set by the dispatcher: whether a call of this partition uses the top
-        # level's entries (see `Dispatcher._call`), and the `get` of its entries.
+        # Set by the dispatcher: whether calls use the top level's entries, and
+        # the `get` of the entries they use.
         self.shares_top = False
         self.get: Callable[[Any], Any] = lambda key: None
 
@@ -257,11 +238,6 @@ class Partition:
         equal. Only for a partition whose `exact` is not `None`."""
         assert self._aux is not None
         return same_exact(treedef, self._aux, self.exact)
-
-    def split(self, leaves: list[Any]) -> tuple[Sequence[Any], Any]:
-        """The traced leaves, and the cache key of the others."""
-        take = self.take_dynamic
-        return (leaves if take is None else take(leaves)), self.key(leaves)
 
     def statics(self, leaves: list[Any]) -> Sequence[Any]:
         """The keys of the static leaves."""

@@ -1,12 +1,11 @@
 """What a nested call's function sees of its arguments: the caller's own objects.
 
-JAX flattens a dict in the order of its sorted keys and rebuilds it in that order,
-and rebuilds every container it flattens as a new object. A function called
-without the decorator sees its arguments as the caller made them: dicts (and
-`**kwargs`) in their insertion order, containers that are the caller's own. So a
-nested call, which must change nothing, is keyed also by the insertion order of
-its dicts (`dict_orders`), and its function is called with the caller's arguments
-with only the traced leaves replaced (`replace_leaves`).
+JAX flattens a dict in the order of its sorted keys and rebuilds every container
+as a new object, while a function called without the decorator sees dicts (and
+`**kwargs`) in insertion order and containers that are the caller's own. So a
+nested call is keyed also by the insertion order of its dicts (`dict_orders`), and
+its function is called with the caller's arguments, only the traced leaves replaced
+(`replace_leaves`).
 """
 
 import collections
@@ -35,6 +34,13 @@ def _children(node: Any) -> tuple[list[Any], Any] | None:
     return children, structure
 
 
+def _like(node: Any, values: dict[Any, Any]) -> Any:
+    """`values` as a dict of `node`'s type, a sorted dict."""
+    if type(node) is dict:
+        return values
+    return collections.defaultdict(node.default_factory, values)
+
+
 def has_sorted_dicts(treedef: Any) -> bool:
     """Whether a structure holds a dict whose flatten sorts its keys."""
     data = treedef.node_data()
@@ -53,8 +59,7 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
         kind = type(node)
         if node is None or is_leaf_type(kind):
             continue
-        # Anything but a leaf of a known type, an exact dict, list or tuple is
-        # asked of JAX.
+        # Anything but a known leaf, an exact dict, list or tuple is asked of JAX.
         if kind is dict:
             orders.append(tuple(node))
             pending += reversed(node.values())
@@ -81,11 +86,7 @@ def _restore(node: Any, orders: Any) -> Any:
     if node is None or is_leaf_type(kind):
         return node
     if kind in _SORTED_DICTS:
-        order = next(orders)
-        values = {key: _restore(node[key], orders) for key in order}
-        if kind is dict:
-            return values
-        return collections.defaultdict(node.default_factory, values)
+        return _like(node, {key: _restore(node[key], orders) for key in next(orders)})
     if kind is list or kind is tuple:
         return kind(_restore(child, orders) for child in node)
     found = _children(node)
@@ -100,8 +101,7 @@ def replace_leaves(tree: Any, replace: Callable[[int, Any], Any]) -> Any:
     JAX's flatten order). A node none of whose leaves changed (`is`) is `tree`'s
     own object; a changed dict keeps its insertion order. The result flattens as
     `tree` does."""
-    # Not a recursive closure: its cycle would keep the leaves alive until the
-    # cycle collector runs.
+    # Not a recursive closure, whose cycle would keep the leaves alive.
     return _rebuild(tree, replace, itertools.count())
 
 
@@ -121,9 +121,6 @@ def _rebuild(node: Any, replace: Callable[[int, Any], Any], count: Any) -> Any:
                 if type(node) is collections.defaultdict:
                     keys = keys[1]
                 values = dict(zip(keys, new))
-                rebuilt = {key: values[key] for key in node}
-                if type(node) is dict:
-                    return rebuilt
-                return collections.defaultdict(node.default_factory, rebuilt)
+                return _like(node, {key: values[key] for key in node})
             return structure.unflatten(new)
     return replace(next(count), node)

@@ -142,16 +142,14 @@ class Dispatcher:
         tree: Any = None
         if kwargs or len(args) != self._plain_arity:
             read_call = partition.call_readers.get((len(args), *kwargs))
-            leaves = None if read_call is None else read_call(fun, args, kwargs)
+            found = None if read_call is None else read_call(fun, args, kwargs)
         else:
             tree = args if self._fun_is_leaf else (fun, args)
-            read = partition.read_leaves
-            leaves = None if read is None else read(tree)
-        if leaves is None:
+            read = partition.read
+            found = None if read is None else read(tree)
+        if found is None:
             return self._call(level, fun, args, kwargs)
-        key = partition.constant_key
-        if key is None:
-            key = partition.key(leaves)
+        leaves, key = found
         if partition.orders is not None:
             key = (key, partition.orders(tree))
         entry = partition.get(key)
@@ -320,7 +318,7 @@ class Dispatcher:
                 level == STAGED and self._shares_top and not partition.array_positions
             )
             if partition.shares_top and partition.orders is not None:
-                partition.read_leaves = None  # whether it shares depends on orders
+                partition.read = None  # whether it shares depends on orders
             partition.get = self.entries[TOP if partition.shares_top else level].get
             cache = self.partitions[level]
             if cache.get((treedef, types)) is None:
@@ -339,7 +337,11 @@ class Dispatcher:
         ):
             sources = self.function.bind.sources(shape)
             readers[shape] = sources and bound_call_reader(
-                partition.treedef, partition.types, self._fun_is_leaf, sources
+                partition.treedef,
+                partition.types,
+                self._fun_is_leaf,
+                sources,
+                partition,
             )
         self._latest[level] = partition
         return partition

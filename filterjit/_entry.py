@@ -227,7 +227,7 @@ def make_entry(
             if runtime_check:
                 entry.traced_with_check()
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
-        if log is not None:
+        if log is not None and not nested:  # traced at the top level
             log.record(list(map(row, labels, roles, inputs, arguments)))
         return jit_output(output, inputs, runtime_check, nested, boxed)
 

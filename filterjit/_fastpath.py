@@ -6,9 +6,9 @@ of them off when the environment sets `FILTERJIT_FASTPATH=0`.
 - `binding_plan`: how one shape of call (the number of positional arguments and
   the keyword names) binds, as straight-line code.
 - `call_reader`, `bound_call_reader`: the leaves of a call with the structure and
-  leaf types of the latest call's partition, read from the call without
-  flattening it.
-- `key_function`: a partition's key as one generated function.
+  leaf types of the latest call's partition, and its key, read from the call
+  without flattening it, in one generated function.
+- `output_builder`: a static output built by one expression.
 
 A reader checks, on every call, everything that JAX's flatten and a comparison of
 structures would see, and takes the leaves in JAX's order; anything else gets
@@ -75,13 +75,15 @@ _LEAF_TYPES = frozenset(
 )
 
 # `read(tree)`: the leaves of a call's pytree (its positional arguments, or a
-# `Keywords` for a call with keyword arguments), or `None`.
-CallReader = Callable[[Any], list[Any] | None]
+# `Keywords` for a call with keyword arguments) and their key, or `None`.
+KeyedReader = Callable[[Any], tuple[list[Any], Any] | None]
 # `read(fun, args, kwargs)`: the same, of a call as it was made.
-BoundCallReader = Callable[[Any, tuple[Any, ...], dict[str, Any]], list[Any] | None]
+KeyedCallReader = Callable[
+    [Any, tuple[Any, ...], dict[str, Any]], tuple[list[Any], Any] | None
+]
 
-# Partitions with up to this many static leaves get a generated key function.
-_GENERATED_KEYS = 64
+# Partitions with up to this many static leaves have their key written out.
+_WRITTEN_KEYS = 64
 
 
 def is_leaf_type(kind: type) -> bool:
@@ -103,43 +105,6 @@ def binding_plan(sources: Sources) -> Callable[..., Any] | None:
     )
     body = [f"return ({positional}), {{{keyword}}}"]
     return compile_function("plan", "a, k", body, writer.namespace)
-
-
-def key_function(
-    owner: object,
-    types: tuple[type, ...],
-    static: Sequence[int],
-    rekeys: dict[int, Callable[[Any], Any]],
-) -> Callable[[list[Any]], Any] | None:
-    """`Partition.reference_key` as one function, such as
-
-        def key(l):
-            v3 = l[3]
-            return (owner, l[0], v3.hex() if v3 == 0.0 or v3 != v3 else v3, )
-
-    for a partition whose static leaves are at `static`, those at index `i` among
-    them keyed by `rekeys[i]`. Its source holds positions only; the owner and key
-    functions are in its namespace."""
-    if not ENABLED or not static or len(static) > _GENERATED_KEYS:
-        return None
-    namespace: dict[str, Any] = {"owner": owner}
-    body: list[str] = []
-    parts: list[str] = []
-    for index, position in enumerate(static):
-        rekey = rekeys.get(index)
-        if rekey is None:
-            parts.append(f"l[{position}]")
-        elif rekey is float_key and types[position] is float:
-            body.append(f"v{position} = l[{position}]")
-            value = f"v{position}"
-            parts.append(
-                f"{value}.hex() if {value} == 0.0 or {value} != {value} else {value}"
-            )
-        else:
-            namespace[f"k{index}"] = rekey
-            parts.append(f"k{index}(l[{position}])")
-    body.append(f"return (owner, {''.join(f'{part}, ' for part in parts)})")
-    return compile_function("key", "l", body, namespace)
 
 
 def output_builder(
@@ -181,18 +146,25 @@ def output_builder(
     return compile_function("build", "o, i", [f"return {built}"], writer.namespace)
 
 
-def call_reader(treedef: Any, types: tuple[type, ...]) -> CallReader | None:
+def call_reader(treedef: Any, types: tuple[type, ...], keyed: Any = None) -> Any:
     """The reader of calls flattened to `treedef` (the tuple of a call's positional
-    arguments) with leaves of `types`; `None` where some part of it has none."""
+    arguments) with leaves of `types`: their leaves, and with a partition
+    `keyed`, their key there (`Partition.reference_key`); `None` where some part
+    of it has no reader."""
     if not ENABLED:
         return None
     writer = _Writer()
-    return writer.compile("read", "tree", writer.node(treedef, types, "tree"))
+    leaves = writer.node(treedef, types, "tree")
+    return writer.compile("read", "tree", leaves, keyed)
 
 
 def bound_call_reader(
-    treedef: Any, types: tuple[type, ...], fun_is_leaf: bool, sources: Sources
-) -> BoundCallReader | None:
+    treedef: Any,
+    types: tuple[type, ...],
+    fun_is_leaf: bool,
+    sources: Sources,
+    keyed: Any = None,
+) -> Any:
     """The reader of calls of one shape as `call_reader` reads them bound, but
     from the call itself, `read(fun, args, kwargs)`: each bound argument where it
     comes from (`sources`)."""
@@ -200,7 +172,7 @@ def bound_call_reader(
         return None
     writer = _Writer()
     leaves = writer.call(treedef, types, fun_is_leaf, sources)
-    return writer.compile("read_call", "f, a, k", leaves)
+    return writer.compile("read_call", "f, a, k", leaves, keyed)
 
 
 class _Writer:
@@ -219,18 +191,46 @@ class _Writer:
         }
         self.names = itertools.count()
 
-    def compile(self, name: str, parameter: str, leaves: list[str] | None) -> Any:
+    def compile(
+        self, name: str, parameter: str, leaves: list[str] | None, keyed: Any
+    ) -> Any:
         if leaves is None:
             return None
+        if keyed is None:
+            result = [f"return [{', '.join(leaves)}]"]
+        else:
+            result = [f"l = [{', '.join(leaves)}]", f"return l, {self.key(keyed)}"]
         body = [
             "try:",
-            *(f"    {line}" for line in self.lines),
-            f"    return [{', '.join(leaves)}]",
+            *(f"    {line}" for line in [*self.lines, *result]),
             # A missing field or key, or a static field that cannot compare.
             "except Exception:",
             "    return None",
         ]
         return compile_function(name, parameter, body, self.namespace)
+
+    def key(self, partition: Any) -> str:
+        """`partition.reference_key(l)` written out, such as `(owner, l[0],
+        v.hex() if (v := l[3]) == 0.0 or v != v else v)`."""
+        static = partition.static_positions
+        if not static:
+            return self.constant(partition.owner)
+        if len(static) > _WRITTEN_KEYS:
+            return f"{self.constant(partition.reference_key)}(l)"
+        rekeys = dict(partition.rekeys)
+        parts = [self.constant(partition.owner)]
+        for index, position in enumerate(static):
+            rekey = rekeys.get(index)
+            if rekey is None:
+                parts.append(f"l[{position}]")
+            elif rekey is float_key and partition.types[position] is float:
+                v = self.variable()  # only -0.0 and nan need the slower key
+                parts.append(
+                    f"{v}.hex() if ({v} := l[{position}]) == 0.0 or {v} != {v} else {v}"
+                )
+            else:
+                parts.append(f"{self.constant(rekey)}(l[{position}])")
+        return f"({', '.join(parts)},)"
 
     def constant(self, value: Any) -> str:
         name = f"c{next(self.names)}"

@@ -18,7 +18,7 @@ from ._exact import (
     same_exact,
     set_key,
 )
-from ._fastpath import BoundCallReader, call_reader, CallReader, key_function
+from ._fastpath import call_reader, KeyedCallReader, KeyedReader
 from ._structure import dict_orders, has_sorted_dicts
 from ._trace import aux_data, STAGED
 
@@ -141,12 +141,10 @@ class Partition:
         "array_positions",
         "weak_positions",
         "take_dynamic",
-        "key",
-        "constant_key",
         "_take_static",
-        "_rekeys",
+        "rekeys",
         "owners",
-        "read_leaves",
+        "read",
         "call_readers",
         "exact",
         "_aux",
@@ -202,25 +200,21 @@ class Partition:
             self.exact,
         )
         self.owner = owner_of(self.signature)
-        # `take_dynamic(leaves)`: the traced leaves (`None`: all of them);
-        # `constant_key`: the key where there are no static leaves (else `None`).
+        # `take_dynamic(leaves)`: the traced leaves (`None`: all of them).
         self.take_dynamic = (
             None if len(dynamic) == len(types) else _taker(dynamic, len(types))
         )
         self._take_static = _taker(static, len(types))
-        self._rekeys = tuple(rekeys)
+        # (index among the static leaves, its key function) where not the leaf.
+        self.rekeys = tuple(rekeys)
         # Each leaf's parameter, position and label (see `Dispatcher.owners`).
         self.owners: list[tuple[str, int | None, str]] | None = None
-        # The generated key function, where there is one (see `_fastpath`).
-        self.key = (
-            key_function(self.owner, types, static, dict(rekeys)) or self.reference_key
-        )
-        self.constant_key = None if static else self.owner
-        # `read_leaves(tree)`: a call's leaves where it has this structure and
-        # types, read without flattening (else `None`; see `_fastpath`).
-        self.read_leaves: CallReader | None = call_reader(treedef, types)
-        # The same for calls that need binding, by shape of call.
-        self.call_readers: dict[tuple[Any, ...], BoundCallReader | None] = {}
+        # `read(tree)`: a call's leaves and `reference_key` where it has this
+        # structure and types, read without flattening (else `None`; see
+        # `_fastpath`); `call_readers`, the same for calls that need binding, by
+        # shape of call.
+        self.read: KeyedReader | None = call_reader(treedef, types, self)
+        self.call_readers: dict[tuple[Any, ...], KeyedCallReader | None] = {}
         # Set by the dispatcher: whether calls use the top level's entries, and
         # the `get` of the entries they use.
         self.shares_top = False
@@ -242,9 +236,9 @@ class Partition:
     def statics(self, leaves: list[Any]) -> Sequence[Any]:
         """The keys of the static leaves."""
         statics = self._take_static(leaves)
-        if self._rekeys:
+        if self.rekeys:
             statics = list(statics)
-            for index, rekey in self._rekeys:
+            for index, rekey in self.rekeys:
                 statics[index] = rekey(statics[index])
         return statics
 

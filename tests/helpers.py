@@ -85,16 +85,14 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
     tree = None
     if kwargs or len(args) != dispatcher._plain_arity:
         read_call = partition.call_readers.get((len(args), *kwargs))
-        leaves = None if read_call is None else read_call(fun, args, kwargs)
+        found = None if read_call is None else read_call(fun, args, kwargs)
     else:
         tree = args if dispatcher._fun_is_leaf else (fun, args)
-        read = partition.read_leaves
-        leaves = None if read is None else read(tree)
-    if leaves is None:
+        read = partition.read
+        found = None if read is None else read(tree)
+    if found is None:
         return None
-    key = partition.constant_key
-    if key is None:
-        key = partition.key(leaves)
+    leaves, key = found
     if partition.orders is not None:
         key = (key, partition.orders(tree))
     return partition, leaves, key

@@ -334,9 +334,9 @@ def _hit_functions(call):
 
 @pytest.mark.skipif(not _trace.private_api_available, reason="the public fallback")
 def test_a_warm_hit_runs_few_of_filterjits_functions():
-    """At most 4 for a plain function, 5 for a Module method and 6 nested: the
-    level check, the dispatcher, the reader and the key, and nothing that calls
-    back up the house."""
+    """At most 4 for a plain function, 5 for a Module method and 6 nested (3, 4
+    and 5 now): the level check, the dispatcher and the reader (which keys the
+    call too), and nothing that calls back up the house."""
     x = jnp.ones(3)
     g = filter_jit(raises)  # `x + n`: arrays out
     plain_hit = _hit_functions(lambda: g(x, 2))
@@ -383,9 +383,8 @@ d = g._dispatcher
 assert not _fastpath.ENABLED and d.call == d._call
 for cache in d.partitions:
     for partition in cache._values.values():
-        assert partition.read_leaves is None
+        assert partition.read is None
         assert not any(partition.call_readers.values())
-        assert partition.key == partition.reference_key
 assert not d.function.bind._plans
 print("reference path only")
 """

@@ -1,15 +1,6 @@
 """Dispatching a call: the caches of one function with one set of options, shared
-by every wrapper of that function with those options.
-
-The reference path (`Dispatcher._call`) binds a call to the function's parameters,
-flattens it with `jax.tree_util` (so its structure and leaves are exactly what JAX
-sees), finds the `Partition` of its structure and leaf types, which splits the
-leaves into traced leaves and the key of the others, looks the key up, makes the
-`Entry` where there is none, runs its jitted function with the traced leaves and
-finishes the output. The fast path (`Dispatcher.call`) takes a repeated call's
-leaves and key through the shortcuts of `_fastpath`, which give what the reference
-path would, and goes to the reference path for anything else.
-"""
+by every wrapper of that function with those options, and the two paths a call
+takes through them (see `Dispatcher.call` and `Dispatcher._call`)."""
 
 import threading
 import weakref
@@ -132,12 +123,10 @@ class Dispatcher:
     def call(
         self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        """Calls `fun(*args, **kwargs)` at trace level `level` (not DISABLED).
-
-        The fast path: a call read by the latest call's partition at its level (see
-        `_fastpath`), whose entry is cached and has no NumPy arrays to check, runs
-        as `_call` would run it, from the leaves and key it read. Anything else
-        takes the reference path, `_call`, from the start."""
+        """Calls `fun(*args, **kwargs)` at trace level `level` (not DISABLED), on the
+        fast path: a call that the latest partition at its level reads and keys
+        (see `_fastpath`), whose entry is cached with no NumPy arrays to check,
+        runs as `_call` would run it. Any other takes `_call` from the start."""
         partition = self._latest[level]
         tree: Any = None
         if kwargs or len(args) != self._plain_arity:
@@ -188,14 +177,10 @@ class Dispatcher:
         by_alias: bool = False,
         share: bool = True,
     ) -> Any:
-        """The reference path: binds, flattens, looks up (see `_lookup`), makes the
-        entry if there is none, runs it and finishes its output.
-
+        """The reference path: binds, flattens with `jax.tree_util`, looks up (see
+        `_lookup`), makes the entry if there is none, runs it, finishes its output.
         No lock is held while the function is traced, compiled or run: it may call
-        itself from another thread (a host callback), and would wait forever for
-        a lock its caller holds. Only storing an entry is locked, so concurrent
-        first calls of one key share one entry, whose `jax.jit` they call: JAX's
-        own cache then keeps one trace of it."""
+        itself from another thread (a host callback)."""
         shape = (len(args), *kwargs)
         called = shape if self._donates_by_call and level == TOP else None
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
@@ -255,14 +240,10 @@ class Dispatcher:
         here and nowhere else: the partition's key of the leaves; nested, the
         insertion order of the call's dicts; `by_alias`, which static leaves are
         one object (see `OutputSpec.aliases`); `called`, the call's shape, where
-        donation depends on it (see `_defaulted`).
-
-        A nested call whose leaves of array types are all tracers, and whose dicts
-        are in JAX's order, is the program a top-level call with those avals is:
-        it uses the top level's entries, so that one trace serves both (`share`).
-
-        `shape`: the call's shape, where the partition is recorded as the latest
-        at its level (`None`: looked at only, as `explain` does)."""
+        donation depends on it (see `_defaulted`). A nested call whose leaves of
+        array types are all tracers, its dicts in JAX's order, is the program a
+        top-level call is: it uses the top level's entries (`share`). `shape`
+        records the partition as the latest at its level (`None`: looked at)."""
         partition = self._partition(level, fun, leaves, treedef, shape)
         if not share and partition.shares_top and shape is not None:
             # A top-level trace whose output means something else nested: this

@@ -272,7 +272,7 @@ class _Writer:
             return []
         count = len(treedef.children())
         if kind is list or kind is tuple or _is_namedtuple(kind):
-            self.check(f"type({x}) is not {self.constant(kind)} or len({x}) != {count}")
+            self.check(f"type({x}) is not {self.constant(kind)}")  # length: `values`
             return self.values(treedef, types, x)
         if kind is dict and all(type(key) is str for key in data):
             # JAX takes the values in the order of the sorted keys; keys of one
@@ -404,13 +404,14 @@ class _Writer:
     def values(
         self, treedef: Any, types: tuple[type, ...], values: str
     ) -> list[str] | None:
-        """Checks `values`, a sequence as long as `treedef`'s children, against
-        them."""
+        """Checks `values`, a sequence, against `treedef`'s children: as many, and
+        each as its child."""
         children = treedef.children()
-        if treedef.num_nodes == len(types) + 1:  # every child a leaf
+        if treedef.num_nodes == len(types) + 1 and len(children) > 4:
+            # Many children, every one a leaf: their types at C speed.
             if not all(map(is_leaf_type, types)):
                 return None
-            if len(set(types)) == 1:  # of one type: counted at C speed
+            if len(set(types)) == 1:
                 (kind,) = set(types)
                 count = len(children)
                 self.check(
@@ -419,9 +420,11 @@ class _Writer:
             else:
                 self.check(f"tuple(map(type, {values})) != {self.constant(types)}")
             return [f"*{values}"]
+        if not children:
+            self.check(f"len({values})")
+            return []
         names = [self.variable() for _ in children]
-        if names:
-            self.lines.append(f"{', '.join(names)}, = {values}")
+        self.lines.append(f"{', '.join(names)}, = {values}")  # raises if not as many
         leaves: list[str] = []
         position = 0
         for child, name in zip(children, names):

@@ -138,14 +138,12 @@ class Dispatcher:
             found = None if read is None else read(tree)
         if found is None:
             return self._call(level, fun, args, kwargs)
-        leaves, key = found
+        leaves, key, dynamic = found
         if partition.orders is not None:
             key = (key, partition.orders(tree))
         entry = partition.get(key)
         if entry is None or entry.captured:
             return self._call(level, fun, args, kwargs)
-        take = partition.take_dynamic
-        dynamic = leaves if take is None else take(leaves)
         if entry.guarded or level == STAGED:
             out = self._run(level, entry, tree, leaves, dynamic)
         else:

@@ -75,11 +75,12 @@ _LEAF_TYPES = frozenset(
 )
 
 # `read(tree)`: the leaves of a call's pytree (its positional arguments, or a
-# `Keywords` for a call with keyword arguments) and their key, or `None`.
-KeyedReader = Callable[[Any], tuple[list[Any], Any] | None]
+# `Keywords` for a call with keyword arguments), their key and the traced ones;
+# or `None`.
+KeyedReader = Callable[[Any], tuple[list[Any], Any, Any] | None]
 # `read(fun, args, kwargs)`: the same, of a call as it was made.
 KeyedCallReader = Callable[
-    [Any, tuple[Any, ...], dict[str, Any]], tuple[list[Any], Any] | None
+    [Any, tuple[Any, ...], dict[str, Any]], tuple[list[Any], Any, Any] | None
 ]
 
 # Partitions with up to this many static leaves have their key written out.
@@ -149,8 +150,8 @@ def output_builder(
 def call_reader(treedef: Any, types: tuple[type, ...], keyed: Any = None) -> Any:
     """The reader of calls flattened to `treedef` (the tuple of a call's positional
     arguments) with leaves of `types`: their leaves, and with a partition
-    `keyed`, their key there (`Partition.reference_key`); `None` where some part
-    of it has no reader."""
+    `keyed`, their key there (`Partition.reference_key`) and the traced leaves;
+    `None` where some part of it has no reader."""
     if not ENABLED:
         return None
     writer = _Writer()
@@ -199,7 +200,10 @@ class _Writer:
         if keyed is None:
             result = [f"return [{', '.join(leaves)}]"]
         else:
-            result = [f"l = [{', '.join(leaves)}]", f"return l, {self.key(keyed)}"]
+            result = [
+                f"l = [{', '.join(leaves)}]",
+                f"return l, {self.key(keyed)}, {self.traced(keyed)}",
+            ]
         body = [
             "try:",
             *(f"    {line}" for line in [*self.lines, *result]),
@@ -208,6 +212,15 @@ class _Writer:
             "    return None",
         ]
         return compile_function(name, parameter, body, self.namespace)
+
+    def traced(self, partition: Any) -> str:
+        """The traced leaves of `l`, as `partition.take_dynamic` takes them."""
+        dynamic = partition.dynamic_positions
+        if len(dynamic) == len(partition.types):
+            return "l"
+        if dynamic and dynamic[-1] - dynamic[0] + 1 == len(dynamic):
+            return f"l[{dynamic[0]}:{dynamic[-1] + 1}]"
+        return f"[{''.join(f'l[{p}], ' for p in dynamic)}]"
 
     def key(self, partition: Any) -> str:
         """`partition.reference_key(l)` written out, such as `(owner, l[0],

@@ -92,7 +92,11 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
         found = None if read is None else read(tree)
     if found is None:
         return None
-    leaves, key = found
+    leaves, key, dynamic = found
+    take = partition.take_dynamic
+    expected = leaves if take is None else take(leaves)
+    assert len(dynamic) == len(expected)
+    assert all(a is b for a, b in zip(dynamic, expected))
     if partition.orders is not None:
         key = (key, partition.orders(tree))
     return partition, leaves, key

@@ -27,8 +27,9 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
     An `Explanation`, whose `str()` is a table with one row per leaf of the
     arguments: its path (`params['w']`), its role (`traced`, `static`, or
     `concrete`: an array passed through unchanged inside a staged trace), and its
-    abstract or shortened value; and whether the call would hit the cache. The
-    roles are those a call at this point would get (inside `jax.jit`, nested).
+    abstract or shortened value; and whether the call would hit the cache (its
+    attributes `rows`, `level` and `cache_hit` hold the same). The roles are those
+    a call at this point would get (inside `jax.jit`, nested).
 
     A decorated method may be given read from an instance
     (`explain(model.__call__, x)`) or through its class
@@ -76,9 +77,10 @@ def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
 
 def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """How many times `fun` has been traced at the top level or under eager
-    transforms (not nested in staged traces). Wrappers of one function with equal
-    options share their caches, as `jax.jit`'s do (`filter_jit(f)(x)` in a loop
-    traces once), so this counts over all of them.
+    transforms (not nested in staged traces, nor a nested trace that a top-level
+    call reuses). Wrappers of one function with equal options share their caches,
+    as `jax.jit`'s do (`filter_jit(f)(x)` in a loop traces once), so this counts
+    over all of them.
 
     **Arguments:**
 

@@ -125,8 +125,9 @@ class Dispatcher:
     ) -> Any:
         """Calls `fun(*args, **kwargs)` at trace level `level` (not DISABLED), on the
         fast path: a call that the latest partition at its level reads and keys
-        (see `_fastpath`), whose entry is cached with no NumPy arrays to check,
-        runs as `_call` would run it. Any other takes `_call` from the start."""
+        (see `_fastpath`), whose entry is cached (and its NumPy constants as they
+        were), runs as `_call` would run it. Any other takes `_call` from the
+        start."""
         partition = self._latest[level]
         tree: Any = None
         if kwargs or len(args) != self._plain_arity:
@@ -142,9 +143,11 @@ class Dispatcher:
         if partition.orders is not None:
             key = (key, partition.orders(tree))
         entry = partition.get(key)
-        if entry is None or entry.captured:
+        if entry is None:
             return self._call(level, fun, args, kwargs)
         if entry.guarded or level == STAGED:
+            if entry.captured and not entry.valid():  # a NumPy constant changed
+                return self._call(level, fun, args, kwargs)
             out = self._run(level, entry, tree, leaves, dynamic)
         else:
             try:

@@ -1,7 +1,6 @@
 """Binding a call's arguments to the function's parameters, defaults filled in."""
 
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 import jax.tree_util as jtu
@@ -9,11 +8,10 @@ import jax.tree_util as jtu
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
-Plan = Callable[[Args, Kwargs], tuple[Args, Kwargs]]
 
-# Shapes of call (positional count, keyword names) given a plan: a function taking
-# `**kwargs` may be called with endless names.
-_MAX_PLANS = 64
+# Shapes of call (positional count, keyword names) whose sources are kept: a
+# function taking `**kwargs` may be called with endless names.
+_MAX_SHAPES = 64
 
 # Where a bound argument comes from: `("args", i)`, the call's positional argument
 # `i`; `("kwargs", name)`, its keyword argument `name`; `("default", value)`, the
@@ -63,29 +61,17 @@ class Binder:
 
     Once a shape of call (the number of positional arguments and the keyword names,
     in order) has been bound, where each bound value comes from is known
-    (`sources`), and `make_plan(sources)` may give a faster way to bind it (see
-    `_fastpath.binding_plan`)."""
+    (`sources`): the fast path reads such calls without binding them."""
 
-    def __init__(
-        self,
-        signature: inspect.Signature | None,
-        name: str,
-        make_plan: Callable[[Sources], Plan | None] = lambda sources: None,
-    ):
+    def __init__(self, signature: inspect.Signature | None, name: str):
         self._signature = signature
         self._name = name
-        self._make_plan = make_plan
-        self._plans: dict[tuple[Any, ...], Plan] = {}
         self._sources: dict[tuple[Any, ...], Sources] = {}
         self._sorts = signature is not None and all(
             p.kind is not p.VAR_KEYWORD for p in signature.parameters.values()
         )
 
     def __call__(self, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
-        shape = (len(args), *kwargs)
-        plan = self._plans.get(shape)
-        if plan is not None:
-            return plan(args, kwargs)
         if self._signature is None:
             return args, kwargs
         try:
@@ -95,11 +81,9 @@ class Binder:
                 f"{self._name}(): {_bind_error(self._signature, args, kwargs, e)}"
             ) from None
         bound.apply_defaults()
-        if shape not in self._sources and len(self._sources) < _MAX_PLANS:
-            self._sources[shape] = sources = self.find_sources(len(args), tuple(kwargs))
-            plan = self._make_plan(sources)
-            if plan is not None:
-                self._plans[shape] = plan
+        shape = (len(args), *kwargs)
+        if shape not in self._sources and len(self._sources) < _MAX_SHAPES:
+            self._sources[shape] = self.find_sources(len(args), tuple(kwargs))
         kwargs = bound.kwargs
         return bound.args, dict(sorted(kwargs.items())) if self._sorts else kwargs
 

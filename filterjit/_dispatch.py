@@ -75,7 +75,7 @@ class Dispatcher:
         if not fast:
             self.call = self._call
         self._fast = fast
-        self.function = Function(fun, fast)
+        self.function = Function(fun)
         self.options = options
         self.trace_log = TraceLog(self.function.name, _module_of(fun))
         self.partitions = tuple(BoundedCache(TOP_MAXSIZE) for _ in range(4))

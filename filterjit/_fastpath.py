@@ -3,8 +3,6 @@ reference path gives (`Dispatcher._call`: bind with `inspect`, flatten with
 `jax.tree_util`, find the partition, key with `Partition.reference_key`), and all
 of them off when the environment sets `FILTERJIT_FASTPATH=0`.
 
-- `binding_plan`: how one shape of call (the number of positional arguments and
-  the keyword names) binds, as straight-line code.
 - `call_reader`, `bound_call_reader`: the leaves of a call with the structure and
   leaf types of the latest call's partition, and its key, read from the call
   without flattening it, in one generated function.
@@ -49,7 +47,7 @@ from ._codegen import compile_function
 from ._exact import exact_key, float_key
 
 
-# Read when a reader, plan or key function is made: a test that changes it clears
+# Read when a reader or builder is made: a test that changes it clears
 # the caches (`filterjit.clear_caches()`) to drop those already made.
 ENABLED = os.environ.get("FILTERJIT_FASTPATH", "1") != "0"
 
@@ -90,22 +88,6 @@ _WRITTEN_KEYS = 64
 def is_leaf_type(kind: type) -> bool:
     """Whether instances of `kind` are always pytree leaves."""
     return kind in _LEAF_TYPES or issubclass(kind, _LEAF_BASES)
-
-
-def binding_plan(sources: Sources) -> Callable[..., Any] | None:
-    """`plan(a, k)`: the bound arguments of a call `(*a, **k)` of one shape, from
-    their `sources`, as `inspect.Signature.bind` and `apply_defaults` give them."""
-    if not ENABLED:
-        return None
-    writer = _Writer()
-    args, kwargs = sources
-    positional = "".join(f"{writer.source_expression(s)}, " for s in args)
-    keyword = ", ".join(
-        f"{writer.constant(name)}: {writer.source_expression(s)}"
-        for name, s in kwargs.items()
-    )
-    body = [f"return ({positional}), {{{keyword}}}"]
-    return compile_function("plan", "a, k", body, writer.namespace)
 
 
 def output_builder(

@@ -9,7 +9,6 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from ._binding import Binder, Keywords, positional_names
-from ._fastpath import binding_plan
 from ._partition import is_array
 
 
@@ -107,7 +106,7 @@ def receiver_of(fun: Any) -> str | None:
 class Function:
     """The facts about a function that do not change between calls."""
 
-    def __init__(self, fun: Any, fast: bool = True):
+    def __init__(self, fun: Any):
         self.name = name_of(fun)
         self.fun_is_leaf = not in_call_tree(fun)
         # Calls bind to the function's own signature, not to that of its
@@ -116,9 +115,7 @@ class Function:
         signature = _signature_of(fun, follow_wrapped=False)
         # Calls of this many positional arguments and no keywords bind as they are.
         self.plain_arity = _plain_arity(signature)
-        self.bind = Binder(
-            signature, self.name, binding_plan if fast else lambda sources: None
-        )
+        self.bind = Binder(signature, self.name)
         # Whether a call may leave parameters to their defaults (a partial's
         # keywords included), which are not donated.
         self.has_defaults = signature is not None and any(

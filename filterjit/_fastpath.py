@@ -406,11 +406,12 @@ class _Writer:
             # Many children, every one a leaf: their types at C speed.
             if not all(map(is_leaf_type, types)):
                 return None
-            if len(set(types)) == 1:
+            if len(set(types)) == 1:  # as many, all of that type
                 (kind,) = set(types)
-                count = len(children)
+                count, kind_name = len(children), self.constant(kind)
                 self.check(
-                    f"_count_of(map(type, {values}), {self.constant(kind)}) != {count}"
+                    f"len({values}) != {count} or "
+                    f"_count_of(map(type, {values}), {kind_name}) != {count}"
                 )
             else:
                 self.check(f"tuple(map(type, {values})) != {self.constant(types)}")

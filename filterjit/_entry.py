@@ -5,6 +5,7 @@ captured. JAX's own cache then holds one trace per set of input avals."""
 import inspect
 import re
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -45,13 +46,9 @@ def aval_key(x: Any) -> tuple[Any, ...]:
 
 
 class Entry:
-    """A jitted function for one cache key.
-
-    What each trace learned about its output is not kept here but in the jitted
-    function's output (see `_output`), where JAX keeps it per executable. An entry
-    keeps only what routes a call: the NumPy arrays it compiled in, whether any of
-    its traces held a runtime check, and (for `explain`) which avals it traced.
-    """
+    """A jitted function for one cache key. What a trace learned of its output is
+    kept in that output (see `_output`), per executable; an entry keeps only what
+    routes a call."""
 
     __slots__ = (
         "jitted",
@@ -69,16 +66,14 @@ class Entry:
         self.jitted = jitted
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
-        # Whether some trace held a runtime check: calls then take the checked
-        # path (which quiets JAX's log of a failed callback). Whether a call waits
-        # is the executable's own fact, carried by its output.
+        # Whether some trace held a runtime check (see `awaited`).
         self.has_checks = False
+        # The avals traced, for `explain`.
         self.traced_avals: set[tuple[Any, ...]] = set()
-        # Whether calls must take the checked path rather than the hot one; nested,
-        # always (`pending`).
+        # Whether calls take the checked path (`Dispatcher._run`), which quiets
+        # JAX's log of a failed callback, rather than the hot one; nested, always.
         self.guarded = bool(captured) or staged
-        # Weak references whose callbacks drop this entry from its cache when an
-        # object it is keyed by (through a weak reference) dies.
+        # Weak references that drop this entry when an object it is keyed by dies.
         self._lifelines: list[Any] = []
 
     def valid(self) -> bool:
@@ -88,19 +83,14 @@ class Entry:
 
     def awaited(self, out: Any) -> Any:
         """What a top-level call waits for, to raise a failed runtime check at the
-        call: what the executable's own spec says (see `OutputSpec.awaited`);
-        `None` for nothing."""
+        call (see `OutputSpec.awaited`); `None` for nothing."""
         if type(out) is Carried:
             return out.spec.awaited(out.leaves)
-        # A boxed output (`out_shardings`) does not say whether its trace held the
-        # check: it waits as one that did, if any trace of the entry did.
+        # A boxed output (`out_shardings`) does not say whether its trace held a
+        # check: it waits if any trace of the entry did.
         if not self.has_checks:
             return None
         return [leaf for leaf in jtu.tree_leaves(out) if isinstance(leaf, jax.Array)]
-
-    def traced_with_check(self) -> None:
-        self.has_checks = True
-        self.guarded = True
 
     def drop_with(self, objects: list[Any], drop: Callable[[], None]) -> None:
         """Drops this entry (`drop()`) when any of `objects` dies."""
@@ -108,9 +98,8 @@ class Entry:
 
 
 class _Pending(threading.local):
-    """The nested call under way in this thread, set around the call of its
-    entry's jitted function: (entry, its pytree, its leaves). A trace made then
-    calls the function with the caller's own arguments (see `make_entry`)."""
+    """The nested call under way in this thread: (entry, its pytree, its leaves),
+    so that a trace calls the function with the caller's own arguments."""
 
     call: tuple[Entry, Any, list[Any]] | None = None
 
@@ -118,27 +107,19 @@ class _Pending(threading.local):
 pending = _Pending()
 
 
-class _Source:
+def _source_of(fun: Any) -> Any:
     """Where the user's function is defined, for JAX's messages (which follow
-    `__wrapped__` to a `__code__`), without keeping the function or its `self`
-    alive."""
-
-    def __init__(self, name: str, code: Any):
-        self.__name__ = name
-        self.__code__ = code
-
-    @staticmethod
-    def of(fun: Any) -> "_Source | None":
-        while isinstance(fun, jtu.Partial):
-            fun = fun.func
-        fun = getattr(fun, "__func__", fun)
-        code = getattr(fun, "__code__", None)
-        if code is None:  # a callable object, such as an eqx.Module
-            fun = getattr(type(fun), "__call__", None)
-            code = getattr(fun, "__code__", None)
-        if code is None:
-            return None
-        return _Source(getattr(fun, "__name__", code.co_name), code)
+    `__wrapped__` to a `__code__`), keeping neither the function nor its `self`."""
+    while isinstance(fun, jtu.Partial):
+        fun = fun.func
+    fun = getattr(fun, "__func__", fun)
+    if getattr(fun, "__code__", None) is None:  # a callable object (a Module)
+        fun = getattr(type(fun), "__call__", None)
+    code = getattr(fun, "__code__", None)
+    if code is None:
+        return None
+    name = getattr(fun, "__name__", code.co_name)
+    return types.SimpleNamespace(__name__=name, __code__=code)
 
 
 def _parameter_names(labels: list[str]) -> list[str]:
@@ -171,8 +152,7 @@ def make_entry(
     treedef = partition.treedef
     dynamic_positions = partition.dynamic_positions
     labels = [label for _, _, label in owners]
-    # The traced leaves' values are not part of the trace: keep none alive; and
-    # objects keyed by identity only weakly (the key holds them so too).
+    # Keep no traced leaf alive, and objects keyed by identity only weakly.
     template: list[Any] = list(leaves)
     for position in dynamic_positions:
         template[position] = None
@@ -189,10 +169,9 @@ def make_entry(
         for p in partition.array_positions
         if isinstance(leaves[p], np.ndarray)
     ]
-    # Not the entry itself: it holds `run`, and a cycle would outlive eviction.
+    # Neither the entry (which holds `run`: a cycle would outlive eviction) nor a
+    # plain function (which holds the caches) is kept alive by `run`.
     entry_ref: Callable[[], Entry | None]
-    # The entry must not keep a plain function alive: the caches that hold entries
-    # are held by the function.
     fun_ref: Callable[[], Any]
     try:
         fun_ref = weakref.ref(fun) if function.fun_is_leaf else lambda: None
@@ -219,20 +198,18 @@ def make_entry(
             call = jtu.tree_unflatten(treedef, inputs)
         f, args, kwargs = function.split_call(fun_ref(), call)
         output = f(*args, **kwargs)
-        # Where the program may run (not a nested entry: a top-level one may be
-        # traced nested, see `Dispatcher._call`): whether a failed check must be
-        # raised at the call, which then waits for the result.
+        # Not for a nested entry (a top-level one may be traced nested): whether a
+        # failed check must be raised at the call, which then waits.
         runtime_check = not staged and traced_a_check()
         if entry is not None:
             if runtime_check:
-                entry.traced_with_check()
+                entry.has_checks = entry.guarded = True
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None:
             log.record(list(map(row, labels, roles, inputs, arguments)))
         return jit_output(output, inputs, runtime_check, nested, boxed)
 
-    # So that JAX's own messages (jax_explain_cache_misses, errors) point at the
-    # user's function and name the user's arguments, not this closure.
+    # So that JAX's messages point at the user's function and name its arguments.
     run.__name__ = function.name.rpartition(".")[2]
     run.__qualname__ = function.name
     run.__signature__ = inspect.Signature(  # pyright: ignore[reportFunctionMemberAccess]
@@ -241,7 +218,7 @@ def make_entry(
             for name in _parameter_names([labels[p] for p in dynamic_positions])
         ]
     )
-    source = _Source.of(fun)
+    source = _source_of(fun)
     if source is not None:
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)

@@ -34,16 +34,6 @@ _R = TypeVar("_R")
 _S = TypeVar("_S")
 
 
-def _globals_of(fun: Any) -> dict[str, Any]:
-    while isinstance(fun, ft.partial):
-        fun = fun.func
-    namespace = getattr(fun, "__globals__", None)
-    if namespace is None:
-        module = sys.modules.get(getattr(type(fun), "__module__", ""), None)
-        namespace = vars(module) if module is not None else {}
-    return namespace
-
-
 def _is_module_method(fun: Any) -> bool:
     # `module.method` of an `eqx.Module` is a Module holding the function and
     # the instance, whose signature is `(*args, **kwargs)`.
@@ -63,9 +53,15 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
     wrapper.__doc__ = getattr(fun, "__doc__", None)
     wrapper.__module__ = getattr(fun, "__module__", None) or __name__
     wrapper.__annotations__ = getattr(fun, "__annotations__", {})
-    # Where the annotations' names resolve: decorators that read a function's
-    # globals (jaxtyping's `jaxtyped`) work on the wrapper too.
-    wrapper.__globals__ = _globals_of(fun)
+    # Where the annotations' names resolve, for decorators that read a function's
+    # globals (jaxtyping's `jaxtyped`).
+    while isinstance(fun, ft.partial):
+        fun = fun.func
+    namespace = getattr(fun, "__globals__", None)
+    if namespace is None:
+        module = sys.modules.get(getattr(type(fun), "__module__", ""), None)
+        namespace = vars(module) if module is not None else {}
+    wrapper.__globals__ = namespace
 
 
 class FilterJitWrapper(Generic[_P, _R]):
@@ -96,8 +92,7 @@ class FilterJitWrapper(Generic[_P, _R]):
             fun = jtu.Partial(func, *args, **fun.keywords)
         elif isinstance(fun, types.MethodType) or _is_module_method(fun):
             # Likewise a bound method (an `eqx.Module`'s too): its `self` is
-            # partitioned, not hashed, and is its first argument (donation); the
-            # call binds to its function's signature, defaults included.
+            # partitioned, and is its first argument (donation).
             method: Any = fun
             fun = Method(method.__func__, method.__self__)
         self._fun = fun
@@ -157,10 +152,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         return entry.jitted, specialisation, dynamic
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        _, partition, dynamic, leaves = self._dispatcher.abstract(
-            self._fun, args, kwargs
-        )
-        return partition, dynamic, leaves
+        return self._dispatcher.abstract(self._fun, args, kwargs)[1:]
 
     def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Lowered:
         """Lowers the function for these arguments, as `jax.jit(...).lower`.

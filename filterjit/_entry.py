@@ -29,18 +29,14 @@ from ._trace import EAGER, STAGED, TOP
 
 _UNUSED_DONATION = "Some donated buffers were not usable"
 
-# What `inline=True` asks of `jax.jit`: inlined into the caller's jaxpr while tracing.
-# jax < 0.11 knows only `inline=True`; jax 0.11.0 and 0.11.1 read it as
-# `jax.Inline.JAX_EARLY`, and jax >= 0.11.2 as `JAX_LATE`, inlined only when lowered,
-# which leaves a `jit` equation in the jaxpr.
+# What `inline=True` asks of `jax.jit`: inlined into the caller's jaxpr while tracing
+# (jax < 0.11 knows only `True`, which jax >= 0.11.2 reads as `JAX_LATE`, inlined
+# only when lowered).
 _INLINE: Any = getattr(getattr(jax, "Inline", None), "JAX_EARLY", True)
 
 
 def aval_key(x: Any) -> tuple[Any, ...]:
-    """What a trace of the jitted function sees of a traced leaf."""
-    if isinstance(x, jax.ShapeDtypeStruct):
-        dtype = jax.dtypes.canonicalize_dtype(x.dtype)
-        return x.shape, dtype, bool(getattr(x, "weak_type", False))
+    """What a trace of the jitted function sees of a traced leaf (a tracer)."""
     aval = jax.typeof(x)
     return aval.shape, aval.dtype, aval.weak_type  # pyright: ignore[reportAttributeAccessIssue]
 
@@ -78,7 +74,7 @@ class Entry:
 
     def valid(self) -> bool:
         """Whether every NumPy array compiled in still holds the value it was keyed
-        by: one mutated in place since must not serve a call with its old value."""
+        by (not mutated in place since)."""
         return all(ndarray_key(array) == key for array, key in self.captured)
 
     def awaited(self, out: Any) -> Any:
@@ -286,12 +282,9 @@ def _donated(
             parameter, index = receiver, 0
         elif receiver is not None and index is not None:
             index += 1
-        if parameter in defaulted:
+        if parameter in defaulted or (spare_first and index == 0):
             continue
-        if names is not None:
-            if parameter in names:
-                donated.append(i)
-        elif not (spare_first and index == 0):
+        if names is None or parameter in names:
             donated.append(i)
     return tuple(donated)
 
@@ -326,9 +319,9 @@ def _leaf_shardings(
             f"None, or a pytree of them that is a prefix of the argument; got "
             f"{in_shardings!r}."
         )
-    per_leaf: list[Any] = []
-    if not function.fun_is_leaf:
-        per_leaf += [None] * len(jtu.tree_leaves(fun))
+    per_leaf: list[Any] = (
+        [] if function.fun_is_leaf else [None] * len(jtu.tree_leaves(fun))
+    )
     is_none = lambda x: x is None  # noqa: E731 - None is a sharding here
     for index, (sharding, arg) in enumerate(zip(in_shardings, args)):
         prefix = jtu.tree_structure(sharding, is_leaf=is_none)

@@ -15,11 +15,9 @@ Plan = Callable[[Args, Kwargs], tuple[Args, Kwargs]]
 # `**kwargs` may be called with endless names.
 _MAX_PLANS = 64
 
-# Where a bound argument comes from: `("args", i)`, the call's positional argument
-# `i`; `("kwargs", name)`, its keyword argument `name`; `("default", value)`, the
-# parameter's default.
+# Where a bound argument comes from: `("args", i)`, `("kwargs", name)` or
+# `("default", value)`; and those of a call's bound positional and keyword arguments.
 Source = tuple[str, Any]
-# The sources of a call's bound positional and keyword arguments.
 Sources = tuple[list[Source], dict[str, Source]]
 
 
@@ -56,15 +54,11 @@ def positional_names(parameters: Any) -> list[str]:
 
 
 class Binder:
-    """`binder(args, kwargs)` gives `(args, kwargs)` as `inspect.Signature.bind`
-    followed by `apply_defaults` would, so that `f(x)`, `f(x, 3)` and `f(x, n=3)`
-    are one call. The keyword arguments are in sorted order, JAX's, unless the
-    function takes `**kwargs` (whose order it sees).
-
-    Once a shape of call (the number of positional arguments and the keyword names,
-    in order) has been bound, where each bound value comes from is known
-    (`sources`), and `make_plan(sources)` may give a faster way to bind it (see
-    `_fastpath.binding_plan`)."""
+    """`binder(args, kwargs)`: `(args, kwargs)` as `inspect.Signature.bind` and
+    `apply_defaults` give them, so that `f(x)`, `f(x, 3)` and `f(x, n=3)` are one
+    call; keywords sorted, as JAX sorts them, unless the function takes `**kwargs`.
+    Once a shape of call is bound, where each value comes from is known
+    (`sources`), and `make_plan(sources)` may bind it faster."""
 
     def __init__(
         self,
@@ -122,14 +116,8 @@ class Binder:
         found.update({id(p): ("kwargs", name) for name, p in keyword.items()})
         # A default: the very object that `apply_defaults` would pass.
         source = lambda value: found.get(id(value), ("default", value))  # noqa: E731
-        items = bound.kwargs.items()
-        return (
-            [source(value) for value in bound.args],
-            {
-                name: source(value)
-                for name, value in (sorted(items) if self._sorts else items)
-            },
-        )
+        items = sorted(bound.kwargs.items()) if self._sorts else bound.kwargs.items()
+        return [source(v) for v in bound.args], {name: source(v) for name, v in items}
 
 
 def _bind_error(

@@ -20,10 +20,9 @@ def name_of(fun: Any) -> str:
 
 
 def _defined_in_python(fun: Any) -> bool:
-    """Whether calling `fun` runs Python code, whose signature is exact. A ufunc's
-    or builtin's signature describes it only: binding a call to it and filling in
-    defaults passes arguments the caller never gave (`np.add`'s `dtype=None` and
-    `signature=None`, which it refuses together)."""
+    """Whether calling `fun` runs Python code, whose signature is exact (binding to
+    a ufunc's would pass what the caller never gave: `np.add` refuses its own
+    defaults `dtype=None` and `signature=None` together)."""
     while isinstance(fun, ft.partial):
         fun = fun.func
     fun = getattr(fun, "__func__", fun)  # a bound method
@@ -53,11 +52,9 @@ def _plain_arity(signature: inspect.Signature | None) -> int:
 
 
 def in_call_tree(fun: Any) -> bool:
-    """Whether a wrapped callable is part of each call's pytree, partitioned like
-    an argument: a pytree (an `eqx.Module`, a `jtu.Partial`, a Module with no
-    fields), or a leaf compared by value (a frozen dataclass), which is keyed by
-    value like a static argument. A callable compared by identity (a function) is
-    not: its caches are its own."""
+    """Whether a wrapped callable is part of each call's pytree: a pytree (an
+    `eqx.Module`, a `jtu.Partial`) or a leaf compared by value (a frozen
+    dataclass); not one compared by identity (a function)."""
     treedef = jtu.tree_structure(fun)
     if treedef.num_nodes != 1 or treedef.num_leaves != 1:
         return True
@@ -87,20 +84,16 @@ def first_parameter(fun: Any) -> str | None:
 
 
 def receiver_of(fun: Any) -> str | None:
-    """For a wrapped callable whose leaves are its receiver's (a bound method, an
-    `eqx.Module` with a `__call__`, Equinox's bound methods): the name of the
-    receiver's parameter (`self`), for donation, where the receiver is the first
-    argument. `None` for any other callable, a partial's bound arguments included:
-    what a partial binds is not an argument of the call."""
+    """The name of the receiver's parameter (`self`), the first argument (for
+    donation), of a callable whose leaves are its receiver's (a bound method, a
+    callable `eqx.Module`); `None` for any other, a partial included."""
     if type(fun) is Method:
         return first_parameter(fun.func) or "self"
     if isinstance(fun, ft.partial) or not in_call_tree(fun):
         return None
     if jtu.tree_structure(fun).num_leaves == 0:
         return None
-    func = getattr(fun, "__func__", None)
-    if func is None:
-        func = getattr(type(fun), "__call__", None)
+    func = getattr(fun, "__func__", None) or getattr(type(fun), "__call__", None)
     return first_parameter(func) or "self"
 
 
@@ -119,8 +112,7 @@ class Function:
         self.bind = Binder(
             signature, self.name, binding_plan if fast else lambda sources: None
         )
-        # Whether a call may leave parameters to their defaults (a partial's
-        # keywords included), which are not donated.
+        # Whether a call may leave parameters to their defaults (not donated).
         self.has_defaults = signature is not None and any(
             p.default is not p.empty for p in signature.parameters.values()
         )
@@ -133,8 +125,7 @@ class Function:
         self.parameters = () if named is None else tuple(named.parameters.values())
         # An `eqx.Module`'s fields, as its `__call__` names them: `self.weight`.
         self.fun_label = "self" if isinstance(fun, eqx.Module) else self.name
-        # The names of the parameters a `jtu.Partial` binds (a bound method's
-        # `self`), to label its leaves as the function sees them: `self.w`.
+        # The parameters a `jtu.Partial` binds, to label its leaves: `self.w`.
         self.bound_names: tuple[str, ...] = ()
         if isinstance(fun, jtu.Partial):
             inner = _signature_of(fun.func, follow_wrapped=True)
@@ -142,8 +133,8 @@ class Function:
                 self.bound_names = tuple(inner.parameters)[: len(fun.args)]
 
     def defaulted(self, shape: tuple[Any, ...]) -> tuple[str, ...]:
-        """The parameters that a call of `shape` (the number of positional
-        arguments, then the keyword names) leaves to defaults holding arrays."""
+        """The parameters that calls of `shape` (the number of positional arguments,
+        then the keyword names) leave to defaults holding arrays."""
         args, kwargs = self.bind.find_sources(shape[0], shape[1:])
         found = [*zip(self._bound_positional, args), *kwargs.items()]
         return tuple(
@@ -153,8 +144,8 @@ class Function:
         )
 
     def call_tree(self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The pytree of a call that is flattened and partitioned: the bound
-        arguments, after the function if it is a pytree with leaves."""
+        """The pytree of a call: the bound arguments, after the function if it is
+        in the call tree."""
         call = Keywords(args, kwargs) if kwargs else args
         return call if self.fun_is_leaf else (fun, call)
 
@@ -194,9 +185,8 @@ class Function:
         return self.fun_label + jtu.keystr(path[1:])
 
     def leaf_owners(self, treedef: Any) -> list[tuple[str, int | None, str]]:
-        """For each leaf of a call with structure `treedef`: the parameter it
-        belongs to, its position if passed positionally, and the path to it in the
-        user's terms (`params['w']`)."""
+        """For each leaf of a call with structure `treedef`: its parameter, its
+        position if passed positionally, and its path in the user's terms."""
         placeholders = [object() for _ in range(treedef.num_leaves)]
         call = jtu.tree_unflatten(treedef, placeholders)
         owners = []

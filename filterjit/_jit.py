@@ -124,8 +124,7 @@ class FilterJitWrapper(Generic[_P, _R]):
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
             return self
-        # Called as `self(instance, ...)`, so `instance` is partitioned like any
-        # other argument.
+        # Called as `self(instance, ...)`: `instance` is partitioned as an argument.
         return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
@@ -138,17 +137,12 @@ class FilterJitWrapper(Generic[_P, _R]):
     def _specialise(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Any, Specialisation, Any]:
-        dispatcher = self._dispatcher
-        entry, partition, dynamic, leaves = dispatcher.abstract(self._fun, args, kwargs)
-        specialisation = Specialisation(
-            dispatcher.function.name,
-            entry,
-            partition,
-            leaves,
-            lambda treedef: [
-                label for *_, label in dispatcher.function.leaf_owners(treedef)
-            ],
+        entry, partition, dynamic, leaves = self._dispatcher.abstract(
+            self._fun, args, kwargs
         )
+        function = self._dispatcher.function
+        labels = lambda treedef: [label for *_, label in function.leaf_owners(treedef)]  # noqa: E731
+        specialisation = Specialisation(function.name, entry, partition, leaves, labels)
         return entry.jitted, specialisation, dynamic
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

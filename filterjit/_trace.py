@@ -31,10 +31,6 @@ def _trace_level_public() -> int:
     return STAGED if am_i_under_a_jit() else TOP
 
 
-def _jit_disabled_public() -> bool:
-    return bool(jax.config.jax_disable_jit)  # pyright: ignore[reportAttributeAccessIssue]
-
-
 # JAX attributes operations and cache misses to the first frame outside its own
 # files: to the user's frame, not filterjit's.
 _package_dir = os.path.dirname(os.path.abspath(__file__))
@@ -46,7 +42,8 @@ def _current_equations_public() -> list[Any] | None:
 
 
 def _call_level_public() -> int:
-    return DISABLED if _jit_disabled_public() else _trace_level_public()
+    disabled = jax.config.jax_disable_jit  # pyright: ignore[reportAttributeAccessIssue]
+    return DISABLED if disabled else _trace_level_public()
 
 
 def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -89,7 +86,6 @@ try:
 except ImportError:  # pragma: no cover - the tests simulate this by monkeypatching
     private_api_available = False
     trace_level = _trace_level_public
-    jit_disabled = _jit_disabled_public
     call_level = _call_level_public
     current_equations = _current_equations_public
     call_by_level = _call_by_level_public
@@ -138,9 +134,6 @@ else:
             return self._call(TOP, self._fun, args, kwargs)
         return self._call(_walk(trace), self._fun, args, kwargs)
 
-    def _jit_disabled_private() -> bool:
-        return _disable_jit_state.value
-
     def _current_equations_private() -> list[Any] | None:
         # What the innermost staged trace holds so far.
         trace = _current_trace.value
@@ -149,7 +142,6 @@ else:
         return None if get_eqns is None else list(get_eqns())
 
     trace_level = _trace_level_private
-    jit_disabled = _jit_disabled_private
     call_level = _call_level_private
     current_equations = _current_equations_private
     call_by_level = _call_by_level_private

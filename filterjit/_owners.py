@@ -96,23 +96,6 @@ def _forget(key: Any, holder: "_Holder | None") -> None:
             del _without_dict[key]
 
 
-def _structure_key(fun: Any) -> tuple[Any, list[Any]]:
-    """A callable's structure and static leaves, keyed as static arguments are
-    (arrays aside); and the objects it holds weakly."""
-    leaves, treedef = jtu.tree_flatten(fun)
-    keys: list[Any] = []
-    weak: list[Any] = []
-    for leaf in leaves:
-        if is_array(leaf):
-            keys.append(None)
-            continue
-        key = static_key(leaf)
-        if isinstance(key, weakref.ref):
-            weak.append(leaf)
-        keys.append((type(leaf), key))
-    return (treedef, tuple(keys)), weak
-
-
 def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     """What owns the caches of `fun`, what tells its dispatchers apart there, and
     the objects that key holds weakly."""
@@ -132,8 +115,19 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
         return fun, None, []
     call = inspect.getattr_static(type(fun), "__call__", None)
     owner = call if isinstance(call, types.FunctionType) else type(fun)
-    key, weak = _structure_key(fun)
-    return owner, key, weak
+    # Its structure and static leaves, keyed as static arguments are (arrays aside).
+    leaves, treedef = jtu.tree_flatten(fun)
+    keys: list[Any] = []
+    weak: list[Any] = []
+    for leaf in leaves:
+        if is_array(leaf):
+            keys.append(None)
+            continue
+        key = static_key(leaf)
+        if isinstance(key, weakref.ref):
+            weak.append(leaf)
+        keys.append((type(leaf), key))
+    return owner, (treedef, tuple(keys)), weak
 
 
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:

@@ -67,10 +67,9 @@ def traced_types(level: int) -> tuple[type, ...]:
 
 
 def weakly_keyed(kind: type) -> bool:
-    """Whether static leaves of this type are keyed by a weak reference: those
-    compared by identity, which a weak reference compares the same way. A cache
-    keyed by them then keeps none alive (a function passed to its own wrapper, an
-    instance whose class holds the wrapper)."""
+    """Whether static leaves of this type are keyed by a weak reference (which
+    compares as they do, by identity), so that a cache keyed by them keeps none
+    alive."""
     return (
         kind.__eq__ is object.__eq__
         and kind.__hash__ is object.__hash__
@@ -112,8 +111,7 @@ def static_key(leaf: Any) -> Any:
 
 
 def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
-    """A function from a list of `count` leaves to a sequence of those at
-    `positions`."""
+    """A function from a list of `count` leaves to those at `positions`."""
     if len(positions) == count:
         return lambda leaves: leaves
     if len(positions) == 0:
@@ -195,12 +193,8 @@ class Partition:
         # Nested, `orders(tree)`: the insertion order of the call's dicts, which
         # the key needs too (`None` where it has none).
         self.orders = dict_orders if staged and has_sorted_dicts(treedef) else None
-        self.signature = (
-            treedef,
-            self.dynamic_positions,
-            tuple(types[p] for p in static),
-            self.exact,
-        )
+        static_types = tuple(types[p] for p in static)
+        self.signature = (treedef, self.dynamic_positions, static_types, self.exact)
         self.owner = owner_of(self.signature)
         # `take_dynamic(leaves)`: the traced leaves (`None`: all of them);
         # `constant_key`: the key where there are no static leaves (else `None`).
@@ -227,15 +221,14 @@ class Partition:
         self.get: Callable[[Any], Any] = lambda key: None
 
     def reference_key(self, leaves: list[Any]) -> Any:
-        """The cache key of a call's leaves: the partition's owner, then the keys
-        of its static leaves (if any)."""
+        """The cache key of a call's leaves: the owner, then the static leaves' keys."""
         if not self.static_positions:
             return self.owner
         return (self.owner, *self.statics(leaves))
 
     def exactly(self, treedef: Any) -> bool:
-        """Whether `treedef`, equal to this partition's by `==`, is exactly
-        equal. Only for a partition whose `exact` is not `None`."""
+        """Whether `treedef`, equal to this partition's by `==`, is exactly equal
+        (for a partition whose `exact` is not `None`)."""
         assert self._aux is not None
         return same_exact(treedef, self._aux, self.exact)
 
@@ -259,6 +252,5 @@ class Partition:
         return roles
 
     def captured_bytes(self, leaves: list[Any]) -> int:
-        """Bytes of the concrete arrays among the static leaves: what a cache entry
-        for these leaves pins."""
+        """Bytes of the concrete arrays that an entry for these leaves pins."""
         return sum(leaves[position].nbytes for position in self.array_positions)

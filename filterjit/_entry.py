@@ -29,9 +29,7 @@ from ._trace import EAGER, STAGED, TOP
 
 _UNUSED_DONATION = "Some donated buffers were not usable"
 
-# What `inline=True` asks of `jax.jit`: inlined into the caller's jaxpr while tracing
-# (jax < 0.11 knows only `True`, which jax >= 0.11.2 reads as `JAX_LATE`, inlined
-# only when lowered).
+# `inline=True`: inlined while tracing (jax >= 0.11.2 reads `True` as `JAX_LATE`).
 _INLINE: Any = getattr(getattr(jax, "Inline", None), "JAX_EARLY", True)
 
 
@@ -66,8 +64,7 @@ class Entry:
         self.has_checks = False
         # The avals traced, for `explain`.
         self.traced_avals: set[tuple[Any, ...]] = set()
-        # Whether calls take the checked path (`Dispatcher._run`), which quiets
-        # JAX's log of a failed callback, rather than the hot one; nested, always.
+        # Whether calls take the checked path (`Dispatcher._run`); nested, always.
         self.guarded = bool(captured) or staged
         # Weak references that drop this entry when an object it is keyed by dies.
         self._lifelines: list[Any] = []
@@ -82,8 +79,7 @@ class Entry:
         call (see `OutputSpec.awaited`); `None` for nothing."""
         if type(out) is Carried:
             return out.spec.awaited(out.leaves)
-        # A boxed output (`out_shardings`) does not say whether its trace held a
-        # check: it waits if any trace of the entry did.
+        # A boxed output (`out_shardings`) waits if any trace of the entry checked.
         if not self.has_checks:
             return None
         return [leaf for leaf in jtu.tree_leaves(out) if isinstance(leaf, jax.Array)]
@@ -165,8 +161,7 @@ def make_entry(
         for p in partition.array_positions
         if isinstance(leaves[p], np.ndarray)
     ]
-    # Neither the entry (which holds `run`: a cycle would outlive eviction) nor a
-    # plain function (which holds the caches) is kept alive by `run`.
+    # `run` keeps alive neither its entry (a cycle) nor a function (its caches').
     entry_ref: Callable[[], Entry | None]
     fun_ref: Callable[[], Any]
     try:
@@ -194,8 +189,7 @@ def make_entry(
             call = jtu.tree_unflatten(treedef, inputs)
         f, args, kwargs = function.split_call(fun_ref(), call)
         output = f(*args, **kwargs)
-        # Not for a nested entry (a top-level one may be traced nested): whether a
-        # failed check must be raised at the call, which then waits.
+        # Whether a failed check is raised at the call (never nested), which waits.
         runtime_check = not staged and traced_a_check()
         if entry is not None:
             if runtime_check:
@@ -278,7 +272,6 @@ def _donated(
         if parameter == "<function>":
             if receiver is None:  # bound in a partial: not an argument
                 continue
-            # The receiver is the first argument; the call's own come after it.
             parameter, index = receiver, 0
         elif receiver is not None and index is not None:
             index += 1
@@ -301,8 +294,7 @@ def _leaf_shardings(
         fun, jtu.tree_unflatten(partition.treedef, leaves)
     )
     if isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
-        # As in `jax.jit`, a prefix covers the arguments the caller gave; the
-        # arguments left to their defaults are placed by JAX.
+        # As in `jax.jit`, a prefix may leave out arguments left to defaults.
         defaulted = [
             p.default is not p.empty
             for p in function.parameters
@@ -326,8 +318,7 @@ def _leaf_shardings(
     for index, (sharding, arg) in enumerate(zip(in_shardings, args)):
         prefix = jtu.tree_structure(sharding, is_leaf=is_none)
         try:
-            # Each sharding's subtree of the argument. (Not jax.tree.broadcast,
-            # which would take a None inside the argument for a leaf.)
+            # Not jax.tree.broadcast, which takes a None in the argument for a leaf.
             subtrees = prefix.flatten_up_to(arg)
         except (ValueError, TypeError):
             raise ValueError(

@@ -103,9 +103,8 @@ class Function:
     def __init__(self, fun: Any, fast: bool = True):
         self.name = name_of(fun)
         self.fun_is_leaf = not in_call_tree(fun)
-        # Calls bind to the function's own signature, not to that of its
-        # `__wrapped__`: a wrapper such as `eqx.filter_vmap(f)` may accept less
-        # than it advertises, and must be called as the caller called it.
+        # Calls bind to the function's own signature, not its `__wrapped__`'s (which
+        # `eqx.filter_vmap(f)` advertises but may not accept).
         signature = _signature_of(fun, follow_wrapped=False)
         # Calls of this many positional arguments and no keywords bind as they are.
         self.plain_arity = _plain_arity(signature)
@@ -173,8 +172,7 @@ class Function:
         return f"<argument {where}>", f"<argument {where}>"
 
     def _function_label(self, path: tuple[Any, ...]) -> str:
-        # A `jtu.Partial` flattens to (args, keywords): label what it binds by
-        # the parameter that receives it.
+        # What a `jtu.Partial` binds, by the parameter that receives it.
         match path[1:3]:
             case (jtu.FlattenedIndexKey(key=0), jtu.SequenceKey(idx=i)) if i < len(
                 self.bound_names

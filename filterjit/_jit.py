@@ -35,8 +35,7 @@ _S = TypeVar("_S")
 
 
 def _is_module_method(fun: Any) -> bool:
-    # `module.method` of an `eqx.Module` is a Module holding the function and
-    # the instance, whose signature is `(*args, **kwargs)`.
+    # `module.method`: a Module holding the function and the instance.
     return (
         isinstance(fun, eqx.Module)
         and isinstance(getattr(fun, "__func__", None), types.FunctionType)
@@ -53,8 +52,7 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
     wrapper.__doc__ = getattr(fun, "__doc__", None)
     wrapper.__module__ = getattr(fun, "__module__", None) or __name__
     wrapper.__annotations__ = getattr(fun, "__annotations__", {})
-    # Where the annotations' names resolve, for decorators that read a function's
-    # globals (jaxtyping's `jaxtyped`).
+    # Where the annotations' names resolve (for jaxtyping's `jaxtyped`).
     while isinstance(fun, ft.partial):
         fun = fun.func
     namespace = getattr(fun, "__globals__", None)
@@ -83,9 +81,8 @@ class FilterJitWrapper(Generic[_P, _R]):
 
     def __init__(self, fun: Callable[_P, _R], options: Options):
         if isinstance(fun, ft.partial) and not isinstance(fun, jtu.Partial):
-            # functools.partial is not a pytree; jtu.Partial is, so the arrays
-            # bound in it are traced like any other argument. A bound method in it
-            # is unbound too, so that its function owns the caches.
+            # A jtu.Partial is a pytree, whose arrays are traced; a bound method in
+            # it is unbound, so that its function owns the caches.
             func, args = fun.func, fun.args
             if isinstance(func, types.MethodType):
                 func, args = func.__func__, (func.__self__, *args)
@@ -184,8 +181,7 @@ class FilterJitWrapper(Generic[_P, _R]):
 
 
 def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:
-    # JAX unflattens with placeholders (None, object()) as well as arrays: no
-    # normalising, no validation.
+    # JAX unflattens with placeholders too (None, object()): nothing is checked.
     wrapper = object.__new__(FilterJitWrapper)
     (fun,) = children
     wrapper.__dict__.update(_fun=fun, _options=options)

@@ -23,8 +23,7 @@ from ._structure import dict_orders, has_sorted_dicts
 from ._trace import aux_data, STAGED
 
 
-# Not a trace level: the level of `lower`, `trace` and `eval_shape`, which take
-# ShapeDtypeStructs in place of arrays.
+# The level of `lower`, `trace` and `eval_shape` (arrays may be ShapeDtypeStructs).
 ABSTRACT = 3
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
@@ -90,8 +89,7 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     if staged and issubclass(kind, np.generic):
         return generic_key
     if staged and issubclass(kind, jax.Array):
-        # Immutable, and held alive by the entry, so its id is not reused while
-        # the key lives; its value would be copied to the host on every call.
+        # Immutable and held by the entry: its id is not reused while keyed.
         return id
     if issubclass(kind, float):
         return float_key
@@ -185,13 +183,11 @@ class Partition:
         self.weak_positions = tuple(
             static[i] for i, rekey in rekeys if rekey is weakref.ref
         )
-        # What `==` does not see of the structure's auxiliary data (`None` where
-        # it holds no numbers; see `_exact`).
+        # What `==` does not see of the auxiliary data (see `_exact`).
         aux = aux_data(treedef)
         self.exact = exact_key(aux)
         self._aux = aux if self.exact is not None else None
-        # Nested, `orders(tree)`: the insertion order of the call's dicts, which
-        # the key needs too (`None` where it has none).
+        # Nested, `orders(tree)`: the order of the call's dicts, also keyed.
         self.orders = dict_orders if staged and has_sorted_dicts(treedef) else None
         static_types = tuple(types[p] for p in static)
         self.signature = (treedef, self.dynamic_positions, static_types, self.exact)
@@ -210,13 +206,12 @@ class Partition:
             key_function(self.owner, types, static, dict(rekeys)) or self.reference_key
         )
         self.constant_key = None if static else self.owner
-        # `read_leaves(tree)`: a call's leaves where it has this structure and
-        # types, read without flattening (else `None`; see `_fastpath`).
+        # `read_leaves(tree)`: a call's leaves, read without flattening, if it has
+        # this structure and types (see `_fastpath`).
         self.read_leaves: CallReader | None = call_reader(treedef, types)
         # The same for calls that need binding, by shape of call.
         self.call_readers: dict[tuple[Any, ...], BoundCallReader | None] = {}
-        # Set by the dispatcher: whether calls use the top level's entries, and
-        # the `get` of the entries they use.
+        # Set by the dispatcher: whether calls use the top level's entries; `get`.
         self.shares_top = False
         self.get: Callable[[Any], Any] = lambda key: None
 

@@ -172,21 +172,19 @@ def make_entry(
     def run(*dynamic: Any) -> Any:
         entry = entry_ref()
         under_way = pending.call
-        nested = under_way is not None and under_way[0] is entry
-        if under_way is not None and nested:
-            # Nested: the caller's own arguments, traced leaves replaced.
-            _, tree, inputs = under_way
-            inputs = list(inputs)
-            for position, leaf in zip(dynamic_positions, dynamic):
-                inputs[position] = leaf
-            call = replace_leaves(tree, lambda position, leaf: inputs[position])
-        else:
-            inputs = list(template)
+        if under_way is not None and under_way[0] is not entry:
+            under_way = None  # another entry's call
+        nested = under_way is not None
+        inputs = list(template if under_way is None else under_way[2])
+        if under_way is None:
             for position in weak_positions:
                 inputs[position] = inputs[position]()
-            for position, leaf in zip(dynamic_positions, dynamic):
-                inputs[position] = leaf
+        for position, leaf in zip(dynamic_positions, dynamic):
+            inputs[position] = leaf
+        if under_way is None:
             call = jtu.tree_unflatten(treedef, inputs)
+        else:  # the caller's own arguments, traced leaves replaced
+            call = replace_leaves(under_way[1], lambda position, _: inputs[position])
         f, args, kwargs = function.split_call(fun_ref(), call)
         output = f(*args, **kwargs)
         # Whether a failed check is raised at the call (never nested), which waits.

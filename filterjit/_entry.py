@@ -293,15 +293,13 @@ def _leaf_shardings(
     )
     if isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
         # As in `jax.jit`, a prefix may leave out arguments left to defaults.
-        defaulted = [
-            p.default is not p.empty
-            for p in function.parameters
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-        if all(defaulted[len(in_shardings) : len(args)]) and len(defaulted) >= len(
-            args
+        skipped = function.parameters[len(in_shardings) : len(args)]
+        if len(skipped) == len(args) - len(in_shardings) and all(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.default is not p.empty
+            for p in skipped
         ):
-            in_shardings += (None,) * (len(args) - len(in_shardings))
+            in_shardings += (None,) * len(skipped)
     if not isinstance(in_shardings, tuple) or len(in_shardings) != len(args):
         raise ValueError(
             f"{function.name}: in_shardings must be a tuple with one entry per "

@@ -18,8 +18,7 @@ import jax.extend.source_info_util
 TOP = 0  # no trace at all: a plain Python call
 EAGER = 1  # only eager transforms (grad, vjp, jvp, linearize, vmap) around it
 DISABLED = -1  # inside `jax.disable_jit()`: not a trace level; call directly
-STAGED = 2  # a staged computation (jit, make_jaxpr, scan/while/cond bodies,
-#             checkpoint, custom_vjp, ...) somewhere in the trace chain
+STAGED = 2  # a staged computation (jit, make_jaxpr, a scan body, ...) in the chain
 
 
 def _trace_level_public() -> int:
@@ -201,8 +200,7 @@ def _choose_aux_data() -> Any:
     return _aux_data_public
 
 
-# `aux_data(treedef)`: the auxiliary data of each node of `treedef` that has some
-# (a dict's keys, a registered node's aux), children before their parents.
+# `aux_data(treedef)`: the auxiliary data of its nodes that have some, children first.
 aux_data = _choose_aux_data()
 
 
@@ -223,6 +221,5 @@ def _choose_block_leaves() -> Any:
     return batched if callable(batched) else _block_leaves_public
 
 
-# `block_leaves(arrays)`: waits for every one of `arrays` (a list of `jax.Array`s,
-# the outputs of one jitted call), raising the error of one that failed.
+# `block_leaves(arrays)`: waits for a list of `jax.Array`s, raising what one raised.
 block_leaves = _choose_block_leaves()

@@ -76,10 +76,8 @@ jtu.register_pytree_node(
 
 def first_parameter(fun: Any) -> str | None:
     """The first parameter of `fun`, if it takes an argument by position."""
-    try:
-        names = positional_names(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        return None
+    signature = _signature_of(fun, follow_wrapped=True)
+    names = [] if signature is None else positional_names(signature.parameters.values())
     return names[0] if names else None
 
 

@@ -1,15 +1,9 @@
 """Who owns a function's caches: one dispatcher per function, as JAX and Equinox
-see it, and per set of options.
-
-- A function (or any callable compared by identity) by its identity;
-- a bound method or a partial by the function it wraps (what it binds is
-  partitioned like any argument);
-- any other callable (a callable `eqx.Module`, Equinox's `filter_vmap` wrappers, a
-  frozen dataclass) by its structure and static leaves, keyed as static arguments
-  are; its class's `__call__` owns those dispatchers.
-
-Dispatchers live in the owner's own `__dict__`, not globally: dropping the last
-reference to a function frees its caches, and a cycle through them is garbage.
+see it, and per set of options. A function (any callable compared by identity) owns
+its own; a bound method or a partial, the function it wraps; any other callable (a
+callable `eqx.Module`, a frozen dataclass), its class's `__call__`, keyed by its
+structure and static leaves. Dispatchers live in the owner's own `__dict__`, not
+globally: dropping a function frees its caches, and a cycle through them is garbage.
 """
 
 import inspect

@@ -1,11 +1,9 @@
 """What a nested call's function sees of its arguments: the caller's own objects.
 
-JAX flattens a dict in the order of its sorted keys and rebuilds every container
-as a new object, while a function called without the decorator sees dicts (and
-`**kwargs`) in insertion order and containers that are the caller's own. So a
-nested call is keyed also by the insertion order of its dicts (`dict_orders`), and
-its function is called with the caller's arguments, only the traced leaves replaced
-(`replace_leaves`).
+JAX sorts a dict's keys and rebuilds every container anew; undecorated, a function
+sees dicts (and `**kwargs`) in insertion order and the caller's own containers. So
+a nested call is keyed also by its dicts' orders (`dict_orders`), and its function
+gets the caller's arguments with only the traced leaves replaced (`replace_leaves`).
 """
 
 import collections

@@ -44,8 +44,7 @@ jtu.register_pytree_with_keys(
 
 
 def positional_names(parameters: Any) -> list[str]:
-    """The names of the parameters, of `inspect.Parameter`s, that take arguments
-    by position."""
+    """The names of the `inspect.Parameter`s that take arguments by position."""
     return [
         p.name
         for p in parameters
@@ -98,8 +97,7 @@ class Binder:
         return bound.args, dict(sorted(kwargs.items())) if self._sorts else kwargs
 
     def sources(self, shape: tuple[Any, ...]) -> Sources | None:
-        """Where the bound arguments of calls of `shape` (the number of positional
-        arguments, then the keyword names) come from, once such a call is bound."""
+        """Where the bound arguments of calls of `shape` come from, once bound."""
         return self._sources.get(shape)
 
     def find_sources(self, count: int, names: tuple[str, ...]) -> Sources:

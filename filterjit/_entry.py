@@ -54,9 +54,7 @@ class Entry:
         "__weakref__",
     )
 
-    def __init__(
-        self, jitted: Callable[..., Any], captured: list[Any], staged: bool
-    ) -> None:
+    def __init__(self, jitted: Callable[..., Any], captured: list[Any], staged: bool):
         self.jitted = jitted
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
@@ -70,8 +68,7 @@ class Entry:
         self._lifelines: list[Any] = []
 
     def valid(self) -> bool:
-        """Whether every NumPy array compiled in still holds the value it was keyed
-        by (not mutated in place since)."""
+        """Whether no NumPy array compiled in has been changed since it was keyed."""
         return all(ndarray_key(array) == key for array, key in self.captured)
 
     def awaited(self, out: Any) -> Any:
@@ -115,8 +112,7 @@ def _source_of(fun: Any) -> Any:
 
 
 def _parameter_names(labels: list[str]) -> list[str]:
-    """Identifiers from argument paths (`params['w']` -> `params_w`), unique, so
-    that JAX's own messages about the jitted function name the user's arguments."""
+    """Unique identifiers from argument paths (`params['w']` -> `params_w`), for JAX."""
     names: list[str] = []
     for label in labels:
         name = re.sub(r"\W+", "_", label, flags=re.ASCII).strip("_") or "arg"

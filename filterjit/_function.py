@@ -41,8 +41,7 @@ def _signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
 
 
 def _plain_arity(signature: inspect.Signature | None) -> int:
-    """The number of positional arguments for which a call needs no binding
-    (nothing to default, nothing passed by keyword), or -1 if there is none."""
+    """How many positional arguments a call may pass unbound (none defaulted), or -1."""
     if signature is None:
         return -1
     parameters = signature.parameters.values()
@@ -141,8 +140,7 @@ class Function:
         )
 
     def call_tree(self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The pytree of a call: the bound arguments, after the function if it is
-        in the call tree."""
+        """The pytree of a call: its bound arguments, after the function if a pytree."""
         call = Keywords(args, kwargs) if kwargs else args
         return call if self.fun_is_leaf else (fun, call)
 

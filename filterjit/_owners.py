@@ -53,9 +53,8 @@ _without_dict: dict[int, _Holder] = {}
 
 
 def _holder(owner: Any) -> _Holder | None:
-    """The holder of what `owner` owns; `None` for an owner that takes neither an
-    attribute nor a weak reference (a NumPy ufunc), whose wrappers then keep caches
-    of their own."""
+    """The holder of what `owner` owns; `None` for one that takes neither an attribute
+    nor a weak reference (a NumPy ufunc): its wrappers keep caches of their own."""
     namespace = getattr(owner, "__dict__", None)
     table: dict[Any, Any] = namespace if type(namespace) is dict else _without_dict
     has_dict = table is namespace
@@ -91,8 +90,7 @@ def _forget(key: Any, holder: "_Holder | None") -> None:
 
 
 def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
-    """What owns the caches of `fun`, what tells its dispatchers apart there, and
-    the objects that key holds weakly."""
+    """What owns `fun`'s caches, its key there, and the objects the key holds weakly."""
     if isinstance(fun, jtu.Partial):
         owner, key, weak = _owner(fun.func)
         # A bound method (`Method`) apart from a partial (for donation).

@@ -22,8 +22,7 @@ _SORTED_DICTS = (dict, collections.defaultdict)
 
 
 def _children(node: Any) -> tuple[list[Any], Any] | None:
-    """`node`'s children as JAX flattens it, and the structure that rebuilds it
-    from them; `None` if `node` is a leaf."""
+    """`node`'s children and the structure that rebuilds it, or `None` for a leaf."""
     children, structure = jtu.tree_flatten(
         node, is_leaf=lambda child: child is not node
     )
@@ -48,8 +47,7 @@ def has_sorted_dicts(treedef: Any) -> bool:
 
 
 def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
-    """The keys of each dict in `tree`, in insertion order, dict by dict (depth
-    first, each node's children in their order)."""
+    """The keys of each dict in `tree` in insertion order, dict by dict, depth first."""
     orders: list[tuple[Any, ...]] = []
     pending = [tree]
     while pending:
@@ -74,8 +72,7 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
 
 
 def restore_orders(tree: Any, orders: tuple[tuple[Any, ...], ...]) -> Any:
-    """`tree`, rebuilt by JAX from a tree whose `dict_orders` were `orders`, with
-    each dict back in its order."""
+    """`tree`, rebuilt by JAX from one whose `dict_orders` were `orders`, so ordered."""
     return _restore(tree, iter(orders))
 
 

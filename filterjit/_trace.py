@@ -162,8 +162,7 @@ class ByLevel:
 
 
 def jit_cache_size(jitted: Any) -> int | None:
-    """How many traces `jitted`, a `jax.jit` object, holds in its cache (`None`
-    where JAX does not say)."""
+    """How many traces the `jax.jit` object `jitted` holds (`None`: JAX won't say)."""
     size: Any = getattr(jitted, "_cache_size", None)
     return None if size is None else int(size())
 

@@ -56,8 +56,7 @@ class Binder:
     """`binder(args, kwargs)`: `(args, kwargs)` as `inspect.Signature.bind` and
     `apply_defaults` give them, so that `f(x)`, `f(x, 3)` and `f(x, n=3)` are one
     call; keywords sorted, as JAX sorts them, unless the function takes `**kwargs`.
-    Once a shape of call is bound, where each value comes from is known
-    (`sources`), and `make_plan(sources)` may bind it faster."""
+    A shape of call bound, `make_plan(sources)` may bind it faster."""
 
     def __init__(
         self,

@@ -27,8 +27,6 @@ from ._structure import replace_leaves
 from ._trace import EAGER, STAGED, TOP
 
 
-_UNUSED_DONATION = "Some donated buffers were not usable"
-
 # `inline=True`: inlined while tracing (jax >= 0.11.2 reads `True` as `JAX_LATE`).
 _INLINE: Any = getattr(getattr(jax, "Inline", None), "JAX_EARLY", True)
 
@@ -234,7 +232,7 @@ def _silencing(jitted: Any) -> Any:
 
     def call(*args: Any) -> Any:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
             return jitted(*args)
 
     call.lower = jitted.lower  # pyright: ignore[reportFunctionMemberAccess]
@@ -250,11 +248,9 @@ def _donated(
     receiver: str | None,
     defaulted: tuple[str, ...],
 ) -> tuple[int, ...]:
-    """Which traced leaves (as indices among them) are donated: only leaves of the
-    arguments the caller passed, by parameter name (a `**kwargs` parameter's
-    leaves by their keywords, as `jax.jit`'s `donate_argnames`). Never a default,
-    nor what a partial binds; the leaves of a method's receiver (a bound method's
-    `self`, a callable Module) only as its first argument, named `receiver`."""
+    """Which traced leaves (as indices among them) are donated: those of arguments
+    the caller passed, by name (`**kwargs` by keyword, as `donate_argnames`); never
+    a default nor what a partial binds; a method's receiver as its first argument."""
     donate = options.donate
     if donate == "none":
         return ()

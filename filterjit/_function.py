@@ -20,9 +20,8 @@ def name_of(fun: Any) -> str:
 
 
 def _defined_in_python(fun: Any) -> bool:
-    """Whether calling `fun` runs Python code, whose signature is exact (binding to
-    a ufunc's would pass what the caller never gave: `np.add` refuses its own
-    defaults `dtype=None` and `signature=None` together)."""
+    """Whether calling `fun` runs Python code, whose signature is exact (`np.add`
+    refuses its own defaults `dtype=None` and `signature=None` together)."""
     while isinstance(fun, ft.partial):
         fun = fun.func
     fun = getattr(fun, "__func__", fun)  # a bound method
@@ -51,9 +50,8 @@ def _plain_arity(signature: inspect.Signature | None) -> int:
 
 
 def in_call_tree(fun: Any) -> bool:
-    """Whether a wrapped callable is part of each call's pytree: a pytree (an
-    `eqx.Module`, a `jtu.Partial`) or a leaf compared by value (a frozen
-    dataclass); not one compared by identity (a function)."""
+    """Whether a wrapped callable is part of each call's pytree: a pytree (a Module,
+    a `jtu.Partial`) or a leaf compared by value, not by identity (a function)."""
     treedef = jtu.tree_structure(fun)
     if treedef.num_nodes != 1 or treedef.num_leaves != 1:
         return True
@@ -62,8 +60,7 @@ def in_call_tree(fun: Any) -> bool:
 
 class Method(jtu.Partial):
     """A bound method as `filter_jit` holds it: a `jtu.Partial` of the function and
-    its `self`, which is partitioned like an argument (and, unlike what a partial
-    binds, is the method's first argument, for donation)."""
+    its `self`, which (unlike what a partial binds) is its first argument."""
 
 
 jtu.register_pytree_node(
@@ -81,9 +78,8 @@ def first_parameter(fun: Any) -> str | None:
 
 
 def receiver_of(fun: Any) -> str | None:
-    """The name of the receiver's parameter (`self`), the first argument (for
-    donation), of a callable whose leaves are its receiver's (a bound method, a
-    callable `eqx.Module`); `None` for any other, a partial included."""
+    """The name of the receiver (`self`, the first argument) of a callable whose
+    leaves are its receiver's (a bound method, a callable Module), else `None`."""
     if type(fun) is Method:
         return first_parameter(fun.func) or "self"
     if isinstance(fun, ft.partial) or not in_call_tree(fun):

@@ -66,9 +66,8 @@ def traced_types(level: int) -> tuple[type, ...]:
 
 
 def weakly_keyed(kind: type) -> bool:
-    """Whether static leaves of this type are keyed by a weak reference (which
-    compares as they do, by identity), so that a cache keyed by them keeps none
-    alive."""
+    """Whether static leaves of this type are compared by identity, and so keyed by
+    weak references (so that a cache keyed by them keeps none alive)."""
     return (
         kind.__eq__ is object.__eq__
         and kind.__hash__ is object.__hash__
@@ -121,10 +120,9 @@ def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
 
 
 class Partition:
-    """How the leaves of one structure and leaf types are split at one trace level:
-    which are traced, and how the others are keyed. Partitions with one `signature`
-    (what they do whatever the types of their traced leaves) share an `owner`, so
-    that a NumPy array where a jax Array was finds the same cache entry."""
+    """Which leaves of one structure and leaf types are traced at one level, and how
+    the others are keyed. Partitions with one `signature` share an `owner`, so that
+    a NumPy array where a jax Array was finds the same cache entry."""
 
     __slots__ = (
         "treedef",

@@ -92,10 +92,8 @@ def _restore(node: Any, orders: Any) -> Any:
 
 
 def replace_leaves(tree: Any, replace: Callable[[int, Any], Any]) -> Any:
-    """`tree` with each leaf replaced by `replace(position, leaf)` (positions in
-    JAX's flatten order). A node none of whose leaves changed (`is`) is `tree`'s
-    own object; a changed dict keeps its insertion order. The result flattens as
-    `tree` does."""
+    """`tree` with each leaf replaced by `replace(position, leaf)`, in JAX's order:
+    an unchanged node (`is`) is `tree`'s own; a changed dict keeps its order."""
     # Not a recursive closure, whose cycle would keep the leaves alive.
     return _rebuild(tree, replace, itertools.count())
 

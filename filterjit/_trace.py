@@ -148,9 +148,8 @@ else:
 
 
 class ByLevel:
-    """A callable that calls `self._staged` inside a staged trace and
-    `self._outside` anywhere else, with only that check in front. The check is the
-    type's `__call__`, so an instance holds nothing that `functools.wraps` copies."""
+    """Calls `self._staged` inside a staged trace, else `self._outside`: a check in
+    the type's `__call__`, so that instances hold nothing `functools.wraps` copies."""
 
     __slots__ = ("_outside",)
     _outside: Any  # a callable

@@ -85,8 +85,7 @@ class Entry:
 
 
 class _Pending(threading.local):
-    """The nested call under way in this thread: (entry, its pytree, its leaves),
-    so that a trace calls the function with the caller's own arguments."""
+    """The nested call under way in this thread: (entry, its pytree, its leaves)."""
 
     call: tuple[Entry, Any, list[Any]] | None = None
 

@@ -176,8 +176,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         return finish(jitted.eval_shape(*dynamic), specialisation.leaves)
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
-        level = _trace.trace_level()
-        return self._dispatcher.explain(level, self._fun, args, kwargs)
+        return self._dispatcher.explain(_trace.trace_level(), self._fun, args, kwargs)
 
 
 def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:

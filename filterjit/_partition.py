@@ -9,15 +9,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from ._exact import (
-    complex_key,
-    exact_key,
-    float_key,
-    generic_key,
-    ndarray_key,
-    same_exact,
-    set_key,
-)
+from . import _exact
 from ._fastpath import BoundCallReader, call_reader, CallReader, key_function
 from ._structure import dict_orders, has_sorted_dicts
 from ._trace import aux_data, STAGED
@@ -76,7 +68,7 @@ def weakly_keyed(kind: type) -> bool:
 
 
 def _frozenset_key(x: frozenset[Any]) -> Any:
-    return x, set_key(x)
+    return x, _exact.set_key(x)
 
 
 def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
@@ -84,16 +76,16 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     partition keys the types, so `1`, `1.0` and `True` differ); `None`: itself."""
     # np.generic before float: np.float64 subclasses float.
     if staged and issubclass(kind, np.ndarray):
-        return ndarray_key
+        return _exact.ndarray_key
     if staged and issubclass(kind, np.generic):
-        return generic_key
+        return _exact.generic_key
     if staged and issubclass(kind, jax.Array):
         # Immutable and held by the entry: its id is not reused while keyed.
         return id
     if issubclass(kind, float):
-        return float_key
+        return _exact.float_key
     if issubclass(kind, complex):
-        return complex_key
+        return _exact.complex_key
     if issubclass(kind, frozenset):  # optimistix's `tags`: {1} and {1.0} differ
         return _frozenset_key
     if weakly_keyed(kind):
@@ -127,7 +119,6 @@ class Partition:
     __slots__ = (
         "treedef",
         "types",
-        "level",
         "signature",
         "owner",
         "dynamic_positions",
@@ -171,7 +162,6 @@ class Partition:
             static.append(position)
         self.treedef = treedef
         self.types = types
-        self.level = level
         self.dynamic_positions = tuple(dynamic)
         self.static_positions = tuple(static)
         self.array_positions = tuple(
@@ -183,7 +173,7 @@ class Partition:
         )
         # What `==` does not see of the auxiliary data (see `_exact`).
         aux = aux_data(treedef)
-        self.exact = exact_key(aux)
+        self.exact = _exact.exact_key(aux)
         self._aux = aux if self.exact is not None else None
         # Nested, `orders(tree)`: the order of the call's dicts, also keyed.
         self.orders = dict_orders if staged and has_sorted_dicts(treedef) else None
@@ -223,7 +213,7 @@ class Partition:
         """Whether `treedef`, equal to this partition's by `==`, is exactly equal
         (for a partition whose `exact` is not `None`)."""
         assert self._aux is not None
-        return same_exact(treedef, self._aux, self.exact)
+        return _exact.same_exact(treedef, self._aux, self.exact)
 
     def statics(self, leaves: list[Any]) -> Sequence[Any]:
         """The keys of the static leaves."""

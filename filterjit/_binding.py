@@ -103,13 +103,11 @@ class Binder:
         """Where the bound arguments of a call with `count` positional arguments
         and keyword arguments `names` come from (`TypeError` if none binds)."""
         assert self._signature is not None
-        positional = [object() for _ in range(count)]
+        given = [object() for _ in range(count)]
         keyword = {name: object() for name in names}
-        bound = self._signature.bind(*positional, **keyword)
+        bound = self._signature.bind(*given, **keyword)
         bound.apply_defaults()
-        found: dict[int, Source] = {
-            id(p): ("args", i) for i, p in enumerate(positional)
-        }
+        found: dict[int, Source] = {id(p): ("args", i) for i, p in enumerate(given)}
         found.update({id(p): ("kwargs", name) for name, p in keyword.items()})
         # A default: the very object that `apply_defaults` would pass.
         source = lambda value: found.get(id(value), ("default", value))  # noqa: E731

@@ -135,8 +135,7 @@ else:
 
     def _current_equations_private() -> list[Any] | None:
         # What the innermost staged trace holds so far.
-        trace = _current_trace.value
-        frame = getattr(trace, "frame", None)
+        frame = getattr(_current_trace.value, "frame", None)
         get_eqns = getattr(frame, "get_eqns", None)
         return None if get_eqns is None else list(get_eqns())
 

@@ -32,12 +32,10 @@ class Keywords:
         self.kwargs = kwargs
 
 
+_ARGS, _KWARGS = jtu.GetAttrKey("args"), jtu.GetAttrKey("kwargs")
 jtu.register_pytree_with_keys(
     Keywords,
-    lambda k: (
-        ((jtu.GetAttrKey("args"), k.args), (jtu.GetAttrKey("kwargs"), k.kwargs)),
-        None,
-    ),
+    lambda k: (((_ARGS, k.args), (_KWARGS, k.kwargs)), None),
     lambda _, children: Keywords(*children),
     flatten_func=lambda k: ((k.args, k.kwargs), None),
 )

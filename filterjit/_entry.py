@@ -38,9 +38,8 @@ def aval_key(x: Any) -> tuple[Any, ...]:
 
 
 class Entry:
-    """A jitted function for one cache key. What a trace learned of its output is
-    kept in that output (see `_output`), per executable; an entry keeps only what
-    routes a call."""
+    """A jitted function for one cache key, and what routes a call to it (what a
+    trace learned of its output is kept in that output: see `_output`)."""
 
     __slots__ = (
         "jitted",
@@ -234,9 +233,8 @@ def _silencing(jitted: Any) -> Any:
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
             return jitted(*args)
 
-    call.lower = jitted.lower  # pyright: ignore[reportFunctionMemberAccess]
-    call.trace = jitted.trace  # pyright: ignore[reportFunctionMemberAccess]
-    call.eval_shape = jitted.eval_shape  # pyright: ignore[reportFunctionMemberAccess]
+    for method in ("lower", "trace", "eval_shape"):
+        setattr(call, method, getattr(jitted, method))
     return call
 
 

@@ -1,9 +1,7 @@
 """Where in JAX's trace stack a call happens, which frames JAX shows, what a
-pytree structure holds, and waiting for a list of arrays.
-
-This is the only module that touches private JAX API. Every private access has a
-public fallback, and `tests/test_trace.py` fails loudly if the private path moves.
-"""
+pytree structure holds, and waiting for arrays: the only module that touches
+private JAX API, each access with a public fallback and a canary test in
+`tests/test_trace.py`."""
 
 import os
 from typing import Any

@@ -11,8 +11,7 @@ Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
 Plan = Callable[[Args, Kwargs], tuple[Args, Kwargs]]
 
-# Shapes of call (positional count, keyword names) given a plan: a function taking
-# `**kwargs` may be called with endless names.
+# Shapes of call given a plan (a function taking `**kwargs` has endless shapes).
 _MAX_PLANS = 64
 
 # Where a bound argument comes from: `("args", i)`, `("kwargs", name)` or

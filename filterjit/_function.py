@@ -165,10 +165,9 @@ class Function:
 
     def _function_label(self, path: tuple[Any, ...]) -> str:
         # What a `jtu.Partial` binds, by the parameter that receives it.
+        bound = len(self.bound_names)
         match path[1:3]:
-            case (jtu.FlattenedIndexKey(key=0), jtu.SequenceKey(idx=i)) if i < len(
-                self.bound_names
-            ):
+            case (jtu.FlattenedIndexKey(key=0), jtu.SequenceKey(idx=i)) if i < bound:
                 return self.bound_names[i] + jtu.keystr(path[3:])
             case (jtu.FlattenedIndexKey(key=1), jtu.DictKey(key=name)):
                 return str(name) + jtu.keystr(path[3:])

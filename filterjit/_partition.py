@@ -88,9 +88,7 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
         return _exact.complex_key
     if issubclass(kind, frozenset):  # optimistix's `tags`: {1} and {1.0} differ
         return _frozenset_key
-    if weakly_keyed(kind):
-        return weakref.ref
-    return None
+    return weakref.ref if weakly_keyed(kind) else None
 
 
 def static_key(leaf: Any) -> Any:

@@ -11,8 +11,7 @@ import jax.extend.core
 import jax.extend.source_info_util
 
 
-# Where a call happens, as far as `filter_jit` cares. Plain ints, not an enum: they
-# index per-level caches on every call.
+# Where a call happens: plain ints, which index per-level caches on every call.
 TOP = 0  # no trace at all: a plain Python call
 EAGER = 1  # only eager transforms (grad, vjp, jvp, linearize, vmap) around it
 DISABLED = -1  # inside `jax.disable_jit()`: not a trace level; call directly
@@ -28,8 +27,7 @@ def _trace_level_public() -> int:
     return STAGED if am_i_under_a_jit() else TOP
 
 
-# JAX attributes operations and cache misses to the first frame outside its own
-# files: to the user's frame, not filterjit's.
+# JAX attributes operations and cache misses to the user's frame, not filterjit's.
 _package_dir = os.path.dirname(os.path.abspath(__file__))
 jax.extend.source_info_util.register_exclusion(_package_dir)
 

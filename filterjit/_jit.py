@@ -11,6 +11,7 @@ from typing import (
     Generic,
     overload,
     ParamSpec,
+    Self,
     TYPE_CHECKING,
     TypeVar,
 )
@@ -107,9 +108,7 @@ class FilterJitWrapper(Generic[_P, _R]):
         __call__ = _trace.call_at_level
 
     @overload
-    def __get__(
-        self, instance: None, owner: Any = None
-    ) -> "FilterJitWrapper[_P, _R]": ...
+    def __get__(self, instance: None, owner: Any = None) -> Self: ...
 
     @overload
     def __get__(

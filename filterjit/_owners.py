@@ -47,8 +47,7 @@ class _Holder:
 
 # Re-entrant: a weak reference's callback (`_forget`) may run inside it.
 _lock = threading.RLock()
-# The holders of owners without a `__dict__` (a class, an instance with
-# `__slots__`, a builtin), by id, each dropped when its owner dies.
+# The holders of owners without a `__dict__` (with `__slots__`, a builtin), by id.
 _without_dict: dict[int, _Holder] = {}
 
 

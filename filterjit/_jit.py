@@ -11,7 +11,6 @@ from typing import (
     Generic,
     overload,
     ParamSpec,
-    Self,
     TYPE_CHECKING,
     TypeVar,
 )
@@ -108,7 +107,9 @@ class FilterJitWrapper(Generic[_P, _R]):
         __call__ = _trace.call_at_level
 
     @overload
-    def __get__(self, instance: None, owner: Any = None) -> Self: ...
+    def __get__(
+        self, instance: None, owner: Any = None
+    ) -> "FilterJitWrapper[_P, _R]": ...
 
     @overload
     def __get__(

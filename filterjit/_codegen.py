@@ -1,5 +1,4 @@
-"""Compiling generated Python. Binding a call to parameters is straight-line code
-written once per shape of call; this module owns every `exec`."""
+"""Compiling the generated Python of the fast path: this module owns every `exec`."""
 
 import itertools
 import linecache

@@ -1,6 +1,5 @@
-"""One cache entry: the `jax.jit` of a closure whose only inputs are the traced
-leaves of a call; the static leaves (and, nested, the concrete arrays) are
-captured. JAX's own cache then holds one trace per set of input avals."""
+"""One cache entry: the `jax.jit` of a closure whose only inputs are a call's traced
+leaves (the others captured), so that JAX's cache holds one trace per set of avals."""
 
 import inspect
 import re

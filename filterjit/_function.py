@@ -1,5 +1,4 @@
-"""What filter_jit knows of the function it wraps: its name, its parameters, how a
-call binds to them, and how to name each leaf of a call."""
+"""What filter_jit knows of the function it wraps: name, parameters, binding, labels."""
 
 import functools as ft
 import inspect

@@ -187,7 +187,6 @@ class Partition:
         self._rekeys = tuple(rekeys)
         # Each leaf's parameter, position and label (see `Dispatcher.owners`).
         self.owners: list[tuple[str, int | None, str]] | None = None
-        # The generated key function, where there is one (see `_fastpath`).
         self.key = (
             key_function(self.owner, types, static, dict(rekeys)) or self.reference_key
         )

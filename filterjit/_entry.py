@@ -31,7 +31,7 @@ _INLINE: Any = getattr(getattr(jax, "Inline", None), "JAX_EARLY", True)
 
 
 def aval_key(x: Any) -> tuple[Any, ...]:
-    """What a trace of the jitted function sees of a traced leaf (a tracer)."""
+    """What a trace of the jitted function sees of a traced leaf."""
     aval = jax.typeof(x)
     return aval.shape, aval.dtype, aval.weak_type  # pyright: ignore[reportAttributeAccessIssue]
 

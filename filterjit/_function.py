@@ -85,7 +85,9 @@ def receiver_of(fun: Any) -> str | None:
         return None
     if jtu.tree_structure(fun).num_leaves == 0:
         return None
-    func = getattr(fun, "__func__", None) or getattr(type(fun), "__call__", None)
+    func = getattr(fun, "__func__", None)
+    if func is None:
+        func = getattr(type(fun), "__call__", None)
     return first_parameter(func) or "self"
 
 

@@ -44,8 +44,7 @@ def _is_module_method(fun: Any) -> bool:
 
 
 def _copy_metadata(wrapper: Any, fun: Any) -> None:
-    # As functools.wraps does, for the wrapper made by filter_jit and the one JAX
-    # unflattens (whose function may be a placeholder).
+    # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
     wrapper.__wrapped__ = fun
     wrapper.__name__ = getattr(fun, "__name__", None) or name_of(fun)
     wrapper.__qualname__ = name_of(fun)

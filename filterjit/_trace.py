@@ -19,8 +19,7 @@ STAGED = 2  # a staged computation (jit, make_jaxpr, a scan body, ...) in the ch
 
 
 def _trace_level_public() -> int:
-    # Public but unstable, and TOP for eager transforms too (which matters only for
-    # donation); where missing (jax < 0.10), TOP everywhere, as in Equinox.
+    # Public, unstable, TOP under eager transforms; where missing, TOP (as Equinox).
     am_i_under_a_jit = getattr(
         jax.extend.core, "unsafe_am_i_under_a_jit_DO_NOT_USE", lambda: False
     )

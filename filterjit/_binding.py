@@ -13,11 +13,9 @@ Kwargs = dict[str, Any]
 # function taking `**kwargs` may be called with endless names.
 _MAX_SHAPES = 64
 
-# Where a bound argument comes from: `("args", i)`, the call's positional argument
-# `i`; `("kwargs", name)`, its keyword argument `name`; `("default", value)`, the
-# parameter's default.
+# Where a bound argument comes from: `("args", i)`, `("kwargs", name)` or
+# `("default", value)`; and those of a call's bound positional and keyword arguments.
 Source = tuple[str, Any]
-# The sources of a call's bound positional and keyword arguments.
 Sources = tuple[list[Source], dict[str, Source]]
 
 
@@ -32,20 +30,17 @@ class Keywords:
         self.kwargs = kwargs
 
 
+_ARGS, _KWARGS = jtu.GetAttrKey("args"), jtu.GetAttrKey("kwargs")
 jtu.register_pytree_with_keys(
     Keywords,
-    lambda k: (
-        ((jtu.GetAttrKey("args"), k.args), (jtu.GetAttrKey("kwargs"), k.kwargs)),
-        None,
-    ),
+    lambda k: (((_ARGS, k.args), (_KWARGS, k.kwargs)), None),
     lambda _, children: Keywords(*children),
     flatten_func=lambda k: ((k.args, k.kwargs), None),
 )
 
 
 def positional_names(parameters: Any) -> list[str]:
-    """The names of the parameters, of `inspect.Parameter`s, that take arguments
-    by position."""
+    """The names of the `inspect.Parameter`s that take arguments by position."""
     return [
         p.name
         for p in parameters
@@ -54,14 +49,11 @@ def positional_names(parameters: Any) -> list[str]:
 
 
 class Binder:
-    """`binder(args, kwargs)` gives `(args, kwargs)` as `inspect.Signature.bind`
-    followed by `apply_defaults` would, so that `f(x)`, `f(x, 3)` and `f(x, n=3)`
-    are one call. The keyword arguments are in sorted order, JAX's, unless the
-    function takes `**kwargs` (whose order it sees).
-
-    Once a shape of call (the number of positional arguments and the keyword names,
-    in order) has been bound, where each bound value comes from is known
-    (`sources`): the fast path reads such calls without binding them."""
+    """`binder(args, kwargs)`: `(args, kwargs)` as `inspect.Signature.bind` and
+    `apply_defaults` give them, so that `f(x)`, `f(x, 3)` and `f(x, n=3)` are one
+    call; keywords sorted, as JAX sorts them, unless the function takes `**kwargs`.
+    Where each bound value of a shape of call comes from is kept (`sources`): the
+    fast path reads such calls without binding them."""
 
     def __init__(self, signature: inspect.Signature | None, name: str):
         self._signature = signature
@@ -88,32 +80,23 @@ class Binder:
         return bound.args, dict(sorted(kwargs.items())) if self._sorts else kwargs
 
     def sources(self, shape: tuple[Any, ...]) -> Sources | None:
-        """Where the bound arguments of calls of `shape` (the number of positional
-        arguments, then the keyword names) come from, once such a call is bound."""
+        """Where the bound arguments of calls of `shape` come from, once bound."""
         return self._sources.get(shape)
 
     def find_sources(self, count: int, names: tuple[str, ...]) -> Sources:
         """Where the bound arguments of a call with `count` positional arguments
         and keyword arguments `names` come from (`TypeError` if none binds)."""
         assert self._signature is not None
-        positional = [object() for _ in range(count)]
+        given = [object() for _ in range(count)]
         keyword = {name: object() for name in names}
-        bound = self._signature.bind(*positional, **keyword)
+        bound = self._signature.bind(*given, **keyword)
         bound.apply_defaults()
-        found: dict[int, Source] = {
-            id(p): ("args", i) for i, p in enumerate(positional)
-        }
+        found: dict[int, Source] = {id(p): ("args", i) for i, p in enumerate(given)}
         found.update({id(p): ("kwargs", name) for name, p in keyword.items()})
         # A default: the very object that `apply_defaults` would pass.
         source = lambda value: found.get(id(value), ("default", value))  # noqa: E731
-        items = bound.kwargs.items()
-        return (
-            [source(value) for value in bound.args],
-            {
-                name: source(value)
-                for name, value in (sorted(items) if self._sorts else items)
-            },
-        )
+        items = sorted(bound.kwargs.items()) if self._sorts else bound.kwargs.items()
+        return [source(v) for v in bound.args], {name: source(v) for name, v in items}
 
 
 def _bind_error(

@@ -1,5 +1,4 @@
-"""Compiling generated Python. Binding a call to parameters is straight-line code
-written once per shape of call; this module owns every `exec`."""
+"""Compiling the generated Python of the fast path: this module owns every `exec`."""
 
 import itertools
 import linecache
@@ -8,10 +7,8 @@ import weakref
 from typing import Any
 
 
-# Generated code is filed under the package's directory, so that JAX leaves its
-# frames out of tracebacks as it does filterjit's other frames; each function gets
-# a file name of its own, registered with `linecache` so tracebacks show its source
-# while it lives.
+# Filed under the package's directory, whose frames JAX leaves out of tracebacks,
+# each under a name of its own in `linecache`, so tracebacks show its source.
 _DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 _counter = itertools.count()
 

@@ -1,10 +1,10 @@
-"""One cache entry: the `jax.jit` of a closure whose only inputs are the traced
-leaves of a call; the static leaves (and, nested, the concrete arrays) are
-captured. JAX's own cache then holds one trace per set of input avals."""
+"""One cache entry: the `jax.jit` of a closure whose only inputs are a call's traced
+leaves (the others captured), so that JAX's cache holds one trace per set of avals."""
 
 import inspect
 import re
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -26,32 +26,19 @@ from ._structure import replace_leaves
 from ._trace import EAGER, STAGED, TOP
 
 
-_UNUSED_DONATION = "Some donated buffers were not usable"
-
-# What `inline=True` asks of `jax.jit`: inlined into the caller's jaxpr while tracing.
-# jax < 0.11 knows only `inline=True`; jax 0.11.0 and 0.11.1 read it as
-# `jax.Inline.JAX_EARLY`, and jax >= 0.11.2 as `JAX_LATE`, inlined only when lowered,
-# which leaves a `jit` equation in the jaxpr.
+# `inline=True`: inlined while tracing (jax >= 0.11.2 reads `True` as `JAX_LATE`).
 _INLINE: Any = getattr(getattr(jax, "Inline", None), "JAX_EARLY", True)
 
 
 def aval_key(x: Any) -> tuple[Any, ...]:
     """What a trace of the jitted function sees of a traced leaf."""
-    if isinstance(x, jax.ShapeDtypeStruct):
-        dtype = jax.dtypes.canonicalize_dtype(x.dtype)
-        return x.shape, dtype, bool(getattr(x, "weak_type", False))
     aval = jax.typeof(x)
     return aval.shape, aval.dtype, aval.weak_type  # pyright: ignore[reportAttributeAccessIssue]
 
 
 class Entry:
-    """A jitted function for one cache key.
-
-    What each trace learned about its output is not kept here but in the jitted
-    function's output (see `_output`), where JAX keeps it per executable. An entry
-    keeps only what routes a call: the NumPy arrays it compiled in, whether any of
-    its traces held a runtime check, and (for `explain`) which avals it traced.
-    """
+    """A jitted function for one cache key, and what routes a call to it (what a
+    trace learned of its output is kept in that output: see `_output`)."""
 
     __slots__ = (
         "jitted",
@@ -63,44 +50,32 @@ class Entry:
         "__weakref__",
     )
 
-    def __init__(
-        self, jitted: Callable[..., Any], captured: list[Any], staged: bool
-    ) -> None:
+    def __init__(self, jitted: Callable[..., Any], captured: list[Any], staged: bool):
         self.jitted = jitted
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
-        # Whether some trace held a runtime check: calls then take the checked
-        # path (which quiets JAX's log of a failed callback). Whether a call waits
-        # is the executable's own fact, carried by its output.
+        # Whether some trace held a runtime check (see `awaited`).
         self.has_checks = False
+        # The avals traced, for `explain`.
         self.traced_avals: set[tuple[Any, ...]] = set()
-        # Whether calls must take the checked path rather than the hot one; nested,
-        # always (`pending`).
+        # Whether calls take the checked path (`Dispatcher._run`); nested, always.
         self.guarded = bool(captured) or staged
-        # Weak references whose callbacks drop this entry from its cache when an
-        # object it is keyed by (through a weak reference) dies.
+        # Weak references that drop this entry when an object it is keyed by dies.
         self._lifelines: list[Any] = []
 
     def valid(self) -> bool:
-        """Whether every NumPy array compiled in still holds the value it was keyed
-        by: one mutated in place since must not serve a call with its old value."""
+        """Whether no NumPy array compiled in has been changed since it was keyed."""
         return all(ndarray_key(array) == key for array, key in self.captured)
 
     def awaited(self, out: Any) -> Any:
         """What a top-level call waits for, to raise a failed runtime check at the
-        call: what the executable's own spec says (see `OutputSpec.awaited`);
-        `None` for nothing."""
+        call (see `OutputSpec.awaited`); `None` for nothing."""
         if type(out) is Carried:
             return out.spec.awaited(out.leaves)
-        # A boxed output (`out_shardings`) does not say whether its trace held the
-        # check: it waits as one that did, if any trace of the entry did.
+        # A boxed output (`out_shardings`) waits if any trace of the entry checked.
         if not self.has_checks:
             return None
         return [leaf for leaf in jtu.tree_leaves(out) if isinstance(leaf, jax.Array)]
-
-    def traced_with_check(self) -> None:
-        self.has_checks = True
-        self.guarded = True
 
     def drop_with(self, objects: list[Any], drop: Callable[[], None]) -> None:
         """Drops this entry (`drop()`) when any of `objects` dies."""
@@ -108,9 +83,7 @@ class Entry:
 
 
 class _Pending(threading.local):
-    """The nested call under way in this thread, set around the call of its
-    entry's jitted function: (entry, its pytree, its leaves). A trace made then
-    calls the function with the caller's own arguments (see `make_entry`)."""
+    """The nested call under way in this thread: (entry, its pytree, its leaves)."""
 
     call: tuple[Entry, Any, list[Any]] | None = None
 
@@ -118,32 +91,23 @@ class _Pending(threading.local):
 pending = _Pending()
 
 
-class _Source:
+def _source_of(fun: Any) -> Any:
     """Where the user's function is defined, for JAX's messages (which follow
-    `__wrapped__` to a `__code__`), without keeping the function or its `self`
-    alive."""
-
-    def __init__(self, name: str, code: Any):
-        self.__name__ = name
-        self.__code__ = code
-
-    @staticmethod
-    def of(fun: Any) -> "_Source | None":
-        while isinstance(fun, jtu.Partial):
-            fun = fun.func
-        fun = getattr(fun, "__func__", fun)
-        code = getattr(fun, "__code__", None)
-        if code is None:  # a callable object, such as an eqx.Module
-            fun = getattr(type(fun), "__call__", None)
-            code = getattr(fun, "__code__", None)
-        if code is None:
-            return None
-        return _Source(getattr(fun, "__name__", code.co_name), code)
+    `__wrapped__` to a `__code__`), keeping neither the function nor its `self`."""
+    while isinstance(fun, jtu.Partial):
+        fun = fun.func
+    fun = getattr(fun, "__func__", fun)
+    if getattr(fun, "__code__", None) is None:  # a callable object (a Module)
+        fun = getattr(type(fun), "__call__", None)
+    code = getattr(fun, "__code__", None)
+    if code is None:
+        return None
+    name = getattr(fun, "__name__", code.co_name)
+    return types.SimpleNamespace(__name__=name, __code__=code)
 
 
 def _parameter_names(labels: list[str]) -> list[str]:
-    """Identifiers from argument paths (`params['w']` -> `params_w`), unique, so
-    that JAX's own messages about the jitted function name the user's arguments."""
+    """Unique identifiers from argument paths (`params['w']` -> `params_w`), for JAX."""
     names: list[str] = []
     for label in labels:
         name = re.sub(r"\W+", "_", label, flags=re.ASCII).strip("_") or "arg"
@@ -171,8 +135,7 @@ def make_entry(
     treedef = partition.treedef
     dynamic_positions = partition.dynamic_positions
     labels = [label for _, _, label in owners]
-    # The traced leaves' values are not part of the trace: keep none alive; and
-    # objects keyed by identity only weakly (the key holds them so too).
+    # Keep no traced leaf alive, and objects keyed by identity only weakly.
     template: list[Any] = list(leaves)
     for position in dynamic_positions:
         template[position] = None
@@ -189,10 +152,8 @@ def make_entry(
         for p in partition.array_positions
         if isinstance(leaves[p], np.ndarray)
     ]
-    # Not the entry itself: it holds `run`, and a cycle would outlive eviction.
+    # `run` keeps alive neither its entry (a cycle) nor a function (its caches').
     entry_ref: Callable[[], Entry | None]
-    # The entry must not keep a plain function alive: the caches that hold entries
-    # are held by the function.
     fun_ref: Callable[[], Any]
     try:
         fun_ref = weakref.ref(fun) if function.fun_is_leaf else lambda: None
@@ -202,37 +163,32 @@ def make_entry(
     def run(*dynamic: Any) -> Any:
         entry = entry_ref()
         under_way = pending.call
-        nested = under_way is not None and under_way[0] is entry
-        if under_way is not None and nested:
-            # Nested: the caller's own arguments, traced leaves replaced.
-            _, tree, inputs = under_way
-            inputs = list(inputs)
-            for position, leaf in zip(dynamic_positions, dynamic):
-                inputs[position] = leaf
-            call = replace_leaves(tree, lambda position, leaf: inputs[position])
-        else:
-            inputs = list(template)
+        if under_way is not None and under_way[0] is not entry:
+            under_way = None  # another entry's call
+        nested = under_way is not None
+        inputs = list(template if under_way is None else under_way[2])
+        if under_way is None:
             for position in weak_positions:
                 inputs[position] = inputs[position]()
-            for position, leaf in zip(dynamic_positions, dynamic):
-                inputs[position] = leaf
+        for position, leaf in zip(dynamic_positions, dynamic):
+            inputs[position] = leaf
+        if under_way is None:
             call = jtu.tree_unflatten(treedef, inputs)
+        else:  # the caller's own arguments, traced leaves replaced
+            call = replace_leaves(under_way[1], lambda position, _: inputs[position])
         f, args, kwargs = function.split_call(fun_ref(), call)
         output = f(*args, **kwargs)
-        # Where the program may run (not a nested entry: a top-level one may be
-        # traced nested, see `Dispatcher._call`): whether a failed check must be
-        # raised at the call, which then waits for the result.
+        # Whether a failed check is raised at the call (never nested), which waits.
         runtime_check = not staged and traced_a_check()
         if entry is not None:
             if runtime_check:
-                entry.traced_with_check()
+                entry.has_checks = entry.guarded = True
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None and not nested:  # traced at the top level
             log.record(list(map(row, labels, roles, inputs, arguments)))
         return jit_output(output, inputs, runtime_check, nested, boxed)
 
-    # So that JAX's own messages (jax_explain_cache_misses, errors) point at the
-    # user's function and name the user's arguments, not this closure.
+    # So that JAX's messages point at the user's function and name its arguments.
     run.__name__ = function.name.rpartition(".")[2]
     run.__qualname__ = function.name
     run.__signature__ = inspect.Signature(  # pyright: ignore[reportFunctionMemberAccess]
@@ -241,7 +197,7 @@ def make_entry(
             for name in _parameter_names([labels[p] for p in dynamic_positions])
         ]
     )
-    source = _Source.of(fun)
+    source = _source_of(fun)
     if source is not None:
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)
@@ -273,12 +229,11 @@ def _silencing(jitted: Any) -> Any:
 
     def call(*args: Any) -> Any:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_UNUSED_DONATION)
+            warnings.filterwarnings("ignore", "Some donated buffers were not usable")
             return jitted(*args)
 
-    call.lower = jitted.lower  # pyright: ignore[reportFunctionMemberAccess]
-    call.trace = jitted.trace  # pyright: ignore[reportFunctionMemberAccess]
-    call.eval_shape = jitted.eval_shape  # pyright: ignore[reportFunctionMemberAccess]
+    for method in ("lower", "trace", "eval_shape"):
+        setattr(call, method, getattr(jitted, method))
     return call
 
 
@@ -289,11 +244,9 @@ def _donated(
     receiver: str | None,
     defaulted: tuple[str, ...],
 ) -> tuple[int, ...]:
-    """Which traced leaves (as indices among them) are donated: only leaves of the
-    arguments the caller passed, by parameter name (a `**kwargs` parameter's
-    leaves by their keywords, as `jax.jit`'s `donate_argnames`). Never a default,
-    nor what a partial binds; the leaves of a method's receiver (a bound method's
-    `self`, a callable Module) only as its first argument, named `receiver`."""
+    """Which traced leaves (as indices among them) are donated: those of arguments
+    the caller passed, by name (`**kwargs` by keyword, as `donate_argnames`); never
+    a default nor what a partial binds; a method's receiver as its first argument."""
     donate = options.donate
     if donate == "none":
         return ()
@@ -305,16 +258,12 @@ def _donated(
         if parameter == "<function>":
             if receiver is None:  # bound in a partial: not an argument
                 continue
-            # The receiver is the first argument; the call's own come after it.
             parameter, index = receiver, 0
         elif receiver is not None and index is not None:
             index += 1
-        if parameter in defaulted:
+        if parameter in defaulted or (spare_first and index == 0):
             continue
-        if names is not None:
-            if parameter in names:
-                donated.append(i)
-        elif not (spare_first and index == 0):
+        if names is None or parameter in names:
             donated.append(i)
     return tuple(donated)
 
@@ -331,17 +280,14 @@ def _leaf_shardings(
         fun, jtu.tree_unflatten(partition.treedef, leaves)
     )
     if isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
-        # As in `jax.jit`, a prefix covers the arguments the caller gave; the
-        # arguments left to their defaults are placed by JAX.
-        defaulted = [
-            p.default is not p.empty
-            for p in function.parameters
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-        if all(defaulted[len(in_shardings) : len(args)]) and len(defaulted) >= len(
-            args
+        # As in `jax.jit`, a prefix may leave out arguments left to defaults.
+        skipped = function.parameters[len(in_shardings) : len(args)]
+        if len(skipped) == len(args) - len(in_shardings) and all(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            and p.default is not p.empty
+            for p in skipped
         ):
-            in_shardings += (None,) * (len(args) - len(in_shardings))
+            in_shardings += (None,) * len(skipped)
     if not isinstance(in_shardings, tuple) or len(in_shardings) != len(args):
         raise ValueError(
             f"{function.name}: in_shardings must be a tuple with one entry per "
@@ -349,15 +295,14 @@ def _leaf_shardings(
             f"None, or a pytree of them that is a prefix of the argument; got "
             f"{in_shardings!r}."
         )
-    per_leaf: list[Any] = []
-    if not function.fun_is_leaf:
-        per_leaf += [None] * len(jtu.tree_leaves(fun))
+    per_leaf: list[Any] = (
+        [] if function.fun_is_leaf else [None] * len(jtu.tree_leaves(fun))
+    )
     is_none = lambda x: x is None  # noqa: E731 - None is a sharding here
     for index, (sharding, arg) in enumerate(zip(in_shardings, args)):
         prefix = jtu.tree_structure(sharding, is_leaf=is_none)
         try:
-            # Each sharding's subtree of the argument. (Not jax.tree.broadcast,
-            # which would take a None inside the argument for a leaf.)
+            # Not jax.tree.broadcast, which takes a None in the argument for a leaf.
             subtrees = prefix.flatten_up_to(arg)
         except (ValueError, TypeError):
             raise ValueError(

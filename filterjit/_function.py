@@ -1,5 +1,4 @@
-"""What filter_jit knows of the function it wraps: its name, its parameters, how a
-call binds to them, and how to name each leaf of a call."""
+"""What filter_jit knows of the function it wraps: name, parameters, binding, labels."""
 
 import functools as ft
 import inspect
@@ -19,10 +18,8 @@ def name_of(fun: Any) -> str:
 
 
 def _defined_in_python(fun: Any) -> bool:
-    """Whether calling `fun` runs Python code, whose signature is exact. A ufunc's
-    or builtin's signature describes it only: binding a call to it and filling in
-    defaults passes arguments the caller never gave (`np.add`'s `dtype=None` and
-    `signature=None`, which it refuses together)."""
+    """Whether calling `fun` runs Python code, whose signature is exact (`np.add`
+    refuses its own defaults `dtype=None` and `signature=None` together)."""
     while isinstance(fun, ft.partial):
         fun = fun.func
     fun = getattr(fun, "__func__", fun)  # a bound method
@@ -41,8 +38,7 @@ def _signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
 
 
 def _plain_arity(signature: inspect.Signature | None) -> int:
-    """The number of positional arguments for which a call needs no binding
-    (nothing to default, nothing passed by keyword), or -1 if there is none."""
+    """How many positional arguments a call may pass unbound (none defaulted), or -1."""
     if signature is None:
         return -1
     parameters = signature.parameters.values()
@@ -52,11 +48,8 @@ def _plain_arity(signature: inspect.Signature | None) -> int:
 
 
 def in_call_tree(fun: Any) -> bool:
-    """Whether a wrapped callable is part of each call's pytree, partitioned like
-    an argument: a pytree (an `eqx.Module`, a `jtu.Partial`, a Module with no
-    fields), or a leaf compared by value (a frozen dataclass), which is keyed by
-    value like a static argument. A callable compared by identity (a function) is
-    not: its caches are its own."""
+    """Whether a wrapped callable is part of each call's pytree: a pytree (a Module,
+    a `jtu.Partial`) or a leaf compared by value, not by identity (a function)."""
     treedef = jtu.tree_structure(fun)
     if treedef.num_nodes != 1 or treedef.num_leaves != 1:
         return True
@@ -65,8 +58,7 @@ def in_call_tree(fun: Any) -> bool:
 
 class Method(jtu.Partial):
     """A bound method as `filter_jit` holds it: a `jtu.Partial` of the function and
-    its `self`, which is partitioned like an argument (and, unlike what a partial
-    binds, is the method's first argument, for donation)."""
+    its `self`, which (unlike what a partial binds) is its first argument."""
 
 
 jtu.register_pytree_node(
@@ -78,19 +70,14 @@ jtu.register_pytree_node(
 
 def first_parameter(fun: Any) -> str | None:
     """The first parameter of `fun`, if it takes an argument by position."""
-    try:
-        names = positional_names(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        return None
+    signature = _signature_of(fun, follow_wrapped=True)
+    names = [] if signature is None else positional_names(signature.parameters.values())
     return names[0] if names else None
 
 
 def receiver_of(fun: Any) -> str | None:
-    """For a wrapped callable whose leaves are its receiver's (a bound method, an
-    `eqx.Module` with a `__call__`, Equinox's bound methods): the name of the
-    receiver's parameter (`self`), for donation, where the receiver is the first
-    argument. `None` for any other callable, a partial's bound arguments included:
-    what a partial binds is not an argument of the call."""
+    """The name of the receiver (`self`, the first argument) of a callable whose
+    leaves are its receiver's (a bound method, a callable Module), else `None`."""
     if type(fun) is Method:
         return first_parameter(fun.func) or "self"
     if isinstance(fun, ft.partial) or not in_call_tree(fun):
@@ -109,15 +96,13 @@ class Function:
     def __init__(self, fun: Any):
         self.name = name_of(fun)
         self.fun_is_leaf = not in_call_tree(fun)
-        # Calls bind to the function's own signature, not to that of its
-        # `__wrapped__`: a wrapper such as `eqx.filter_vmap(f)` may accept less
-        # than it advertises, and must be called as the caller called it.
+        # Calls bind to the function's own signature, not its `__wrapped__`'s (which
+        # `eqx.filter_vmap(f)` advertises but may not accept).
         signature = _signature_of(fun, follow_wrapped=False)
         # Calls of this many positional arguments and no keywords bind as they are.
         self.plain_arity = _plain_arity(signature)
         self.bind = Binder(signature, self.name)
-        # Whether a call may leave parameters to their defaults (a partial's
-        # keywords included), which are not donated.
+        # Whether a call may leave parameters to their defaults (not donated).
         self.has_defaults = signature is not None and any(
             p.default is not p.empty for p in signature.parameters.values()
         )
@@ -130,8 +115,7 @@ class Function:
         self.parameters = () if named is None else tuple(named.parameters.values())
         # An `eqx.Module`'s fields, as its `__call__` names them: `self.weight`.
         self.fun_label = "self" if isinstance(fun, eqx.Module) else self.name
-        # The names of the parameters a `jtu.Partial` binds (a bound method's
-        # `self`), to label its leaves as the function sees them: `self.w`.
+        # The parameters a `jtu.Partial` binds, to label its leaves: `self.w`.
         self.bound_names: tuple[str, ...] = ()
         if isinstance(fun, jtu.Partial):
             inner = _signature_of(fun.func, follow_wrapped=True)
@@ -139,8 +123,8 @@ class Function:
                 self.bound_names = tuple(inner.parameters)[: len(fun.args)]
 
     def defaulted(self, shape: tuple[Any, ...]) -> tuple[str, ...]:
-        """The parameters that a call of `shape` (the number of positional
-        arguments, then the keyword names) leaves to defaults holding arrays."""
+        """The parameters that calls of `shape` (the number of positional arguments,
+        then the keyword names) leave to defaults holding arrays."""
         args, kwargs = self.bind.find_sources(shape[0], shape[1:])
         found = [*zip(self._bound_positional, args), *kwargs.items()]
         return tuple(
@@ -150,8 +134,7 @@ class Function:
         )
 
     def call_tree(self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The pytree of a call that is flattened and partitioned: the bound
-        arguments, after the function if it is a pytree with leaves."""
+        """The pytree of a call: its bound arguments, after the function if a pytree."""
         call = Keywords(args, kwargs) if kwargs else args
         return call if self.fun_is_leaf else (fun, call)
 
@@ -179,21 +162,18 @@ class Function:
         return f"<argument {where}>", f"<argument {where}>"
 
     def _function_label(self, path: tuple[Any, ...]) -> str:
-        # A `jtu.Partial` flattens to (args, keywords): label what it binds by
-        # the parameter that receives it.
+        # What a `jtu.Partial` binds, by the parameter that receives it.
+        bound = len(self.bound_names)
         match path[1:3]:
-            case (jtu.FlattenedIndexKey(key=0), jtu.SequenceKey(idx=i)) if i < len(
-                self.bound_names
-            ):
+            case (jtu.FlattenedIndexKey(key=0), jtu.SequenceKey(idx=i)) if i < bound:
                 return self.bound_names[i] + jtu.keystr(path[3:])
             case (jtu.FlattenedIndexKey(key=1), jtu.DictKey(key=name)):
                 return str(name) + jtu.keystr(path[3:])
         return self.fun_label + jtu.keystr(path[1:])
 
     def leaf_owners(self, treedef: Any) -> list[tuple[str, int | None, str]]:
-        """For each leaf of a call with structure `treedef`: the parameter it
-        belongs to, its position if passed positionally, and the path to it in the
-        user's terms (`params['w']`)."""
+        """For each leaf of a call with structure `treedef`: its parameter, its
+        position if passed positionally, and its path in the user's terms."""
         placeholders = [object() for _ in range(treedef.num_leaves)]
         call = jtu.tree_unflatten(treedef, placeholders)
         owners = []

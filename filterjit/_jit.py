@@ -34,19 +34,8 @@ _R = TypeVar("_R")
 _S = TypeVar("_S")
 
 
-def _globals_of(fun: Any) -> dict[str, Any]:
-    while isinstance(fun, ft.partial):
-        fun = fun.func
-    namespace = getattr(fun, "__globals__", None)
-    if namespace is None:
-        module = sys.modules.get(getattr(type(fun), "__module__", ""), None)
-        namespace = vars(module) if module is not None else {}
-    return namespace
-
-
 def _is_module_method(fun: Any) -> bool:
-    # `module.method` of an `eqx.Module` is a Module holding the function and
-    # the instance, whose signature is `(*args, **kwargs)`.
+    # `module.method`: a Module holding the function and the instance.
     return (
         isinstance(fun, eqx.Module)
         and isinstance(getattr(fun, "__func__", None), types.FunctionType)
@@ -55,17 +44,21 @@ def _is_module_method(fun: Any) -> bool:
 
 
 def _copy_metadata(wrapper: Any, fun: Any) -> None:
-    # As functools.wraps does, for the wrapper made by filter_jit and the one JAX
-    # unflattens (whose function may be a placeholder).
+    # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
     wrapper.__wrapped__ = fun
     wrapper.__name__ = getattr(fun, "__name__", None) or name_of(fun)
     wrapper.__qualname__ = name_of(fun)
     wrapper.__doc__ = getattr(fun, "__doc__", None)
     wrapper.__module__ = getattr(fun, "__module__", None) or __name__
     wrapper.__annotations__ = getattr(fun, "__annotations__", {})
-    # Where the annotations' names resolve: decorators that read a function's
-    # globals (jaxtyping's `jaxtyped`) work on the wrapper too.
-    wrapper.__globals__ = _globals_of(fun)
+    # Where the annotations' names resolve (for jaxtyping's `jaxtyped`).
+    while isinstance(fun, ft.partial):
+        fun = fun.func
+    namespace = getattr(fun, "__globals__", None)
+    if namespace is None:
+        module = sys.modules.get(getattr(type(fun), "__module__", ""), None)
+        namespace = vars(module) if module is not None else {}
+    wrapper.__globals__ = namespace
 
 
 class FilterJitWrapper(Generic[_P, _R]):
@@ -87,17 +80,15 @@ class FilterJitWrapper(Generic[_P, _R]):
 
     def __init__(self, fun: Callable[_P, _R], options: Options):
         if isinstance(fun, ft.partial) and not isinstance(fun, jtu.Partial):
-            # functools.partial is not a pytree; jtu.Partial is, so the arrays
-            # bound in it are traced like any other argument. A bound method in it
-            # is unbound too, so that its function owns the caches.
+            # A jtu.Partial is a pytree, whose arrays are traced; a bound method in
+            # it is unbound, so that its function owns the caches.
             func, args = fun.func, fun.args
             if isinstance(func, types.MethodType):
                 func, args = func.__func__, (func.__self__, *args)
             fun = jtu.Partial(func, *args, **fun.keywords)
         elif isinstance(fun, types.MethodType) or _is_module_method(fun):
             # Likewise a bound method (an `eqx.Module`'s too): its `self` is
-            # partitioned, not hashed, and is its first argument (donation); the
-            # call binds to its function's signature, defaults included.
+            # partitioned, and is its first argument (donation).
             method: Any = fun
             fun = Method(method.__func__, method.__self__)
         self._fun = fun
@@ -129,8 +120,7 @@ class FilterJitWrapper(Generic[_P, _R]):
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
             return self
-        # Called as `self(instance, ...)`, so `instance` is partitioned like any
-        # other argument.
+        # Called as `self(instance, ...)`: `instance` is partitioned as an argument.
         return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
@@ -143,24 +133,16 @@ class FilterJitWrapper(Generic[_P, _R]):
     def _specialise(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Any, Specialisation, Any]:
-        dispatcher = self._dispatcher
-        entry, partition, dynamic, leaves = dispatcher.abstract(self._fun, args, kwargs)
-        specialisation = Specialisation(
-            dispatcher.function.name,
-            entry,
-            partition,
-            leaves,
-            lambda treedef: [
-                label for *_, label in dispatcher.function.leaf_owners(treedef)
-            ],
+        entry, partition, dynamic, leaves = self._dispatcher.abstract(
+            self._fun, args, kwargs
         )
+        function = self._dispatcher.function
+        labels = lambda treedef: [label for *_, label in function.leaf_owners(treedef)]  # noqa: E731
+        specialisation = Specialisation(function.name, entry, partition, leaves, labels)
         return entry.jitted, specialisation, dynamic
 
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        _, partition, dynamic, leaves = self._dispatcher.abstract(
-            self._fun, args, kwargs
-        )
-        return partition, dynamic, leaves
+        return self._dispatcher.abstract(self._fun, args, kwargs)[1:]
 
     def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Lowered:
         """Lowers the function for these arguments, as `jax.jit(...).lower`.
@@ -193,13 +175,11 @@ class FilterJitWrapper(Generic[_P, _R]):
         return finish(jitted.eval_shape(*dynamic), specialisation.leaves)
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
-        level = _trace.trace_level()
-        return self._dispatcher.explain(level, self._fun, args, kwargs)
+        return self._dispatcher.explain(_trace.trace_level(), self._fun, args, kwargs)
 
 
 def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:
-    # JAX unflattens with placeholders (None, object()) as well as arrays: no
-    # normalising, no validation.
+    # JAX unflattens with placeholders too (None, object()): nothing is checked.
     wrapper = object.__new__(FilterJitWrapper)
     (fun,) = children
     wrapper.__dict__.update(_fun=fun, _options=options)

@@ -1,15 +1,9 @@
 """Who owns a function's caches: one dispatcher per function, as JAX and Equinox
-see it, and per set of options.
-
-- A function (or any callable compared by identity) by its identity;
-- a bound method or a partial by the function it wraps (what it binds is
-  partitioned like any argument);
-- any other callable (a callable `eqx.Module`, Equinox's `filter_vmap` wrappers, a
-  frozen dataclass) by its structure and static leaves, keyed as static arguments
-  are; its class's `__call__` owns those dispatchers.
-
-Dispatchers live in the owner's own `__dict__`, not globally: dropping the last
-reference to a function frees its caches, and a cycle through them is garbage.
+see it, and per set of options. A function (any callable compared by identity) owns
+its own; a bound method or a partial, the function it wraps; any other callable (a
+callable `eqx.Module`, a frozen dataclass), its class's `__call__`, keyed by its
+structure and static leaves. Dispatchers live in the owner's own `__dict__`, not
+globally: dropping a function frees its caches, and a cycle through them is garbage.
 """
 
 import inspect
@@ -53,15 +47,13 @@ class _Holder:
 
 # Re-entrant: a weak reference's callback (`_forget`) may run inside it.
 _lock = threading.RLock()
-# The holders of owners without a `__dict__` (a class, an instance with
-# `__slots__`, a builtin), by id, each dropped when its owner dies.
+# The holders of owners without a `__dict__` (with `__slots__`, a builtin), by id.
 _without_dict: dict[int, _Holder] = {}
 
 
 def _holder(owner: Any) -> _Holder | None:
-    """The holder of what `owner` owns; `None` for an owner that takes neither an
-    attribute nor a weak reference (a NumPy ufunc), whose wrappers then keep caches
-    of their own."""
+    """The holder of what `owner` owns; `None` for one that takes neither an attribute
+    nor a weak reference (a NumPy ufunc): its wrappers keep caches of their own."""
     namespace = getattr(owner, "__dict__", None)
     table: dict[Any, Any] = namespace if type(namespace) is dict else _without_dict
     has_dict = table is namespace
@@ -96,26 +88,8 @@ def _forget(key: Any, holder: "_Holder | None") -> None:
             del _without_dict[key]
 
 
-def _structure_key(fun: Any) -> tuple[Any, list[Any]]:
-    """A callable's structure and static leaves, keyed as static arguments are
-    (arrays aside); and the objects it holds weakly."""
-    leaves, treedef = jtu.tree_flatten(fun)
-    keys: list[Any] = []
-    weak: list[Any] = []
-    for leaf in leaves:
-        if is_array(leaf):
-            keys.append(None)
-            continue
-        key = static_key(leaf)
-        if isinstance(key, weakref.ref):
-            weak.append(leaf)
-        keys.append((type(leaf), key))
-    return (treedef, tuple(keys)), weak
-
-
 def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
-    """What owns the caches of `fun`, what tells its dispatchers apart there, and
-    the objects that key holds weakly."""
+    """What owns `fun`'s caches, its key there, and the objects the key holds weakly."""
     if isinstance(fun, jtu.Partial):
         owner, key, weak = _owner(fun.func)
         # A bound method (`Method`) apart from a partial (for donation).
@@ -132,8 +106,19 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
         return fun, None, []
     call = inspect.getattr_static(type(fun), "__call__", None)
     owner = call if isinstance(call, types.FunctionType) else type(fun)
-    key, weak = _structure_key(fun)
-    return owner, key, weak
+    # Its structure and static leaves, keyed as static arguments are (arrays aside).
+    leaves, treedef = jtu.tree_flatten(fun)
+    keys: list[Any] = []
+    weak: list[Any] = []
+    for leaf in leaves:
+        if is_array(leaf):
+            keys.append(None)
+            continue
+        key = static_key(leaf)
+        if isinstance(key, weakref.ref):
+            weak.append(leaf)
+        keys.append((type(leaf), key))
+    return owner, (treedef, tuple(keys)), weak
 
 
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:

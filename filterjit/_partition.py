@@ -9,22 +9,13 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from ._exact import (
-    complex_key,
-    exact_key,
-    float_key,
-    generic_key,
-    ndarray_key,
-    same_exact,
-    set_key,
-)
+from . import _exact
 from ._fastpath import call_reader, KeyedCallReader, KeyedReader
 from ._structure import dict_orders, has_sorted_dicts
 from ._trace import aux_data, STAGED
 
 
-# Not a trace level: the level of `lower`, `trace` and `eval_shape`, which take
-# ShapeDtypeStructs in place of arrays.
+# The level of `lower`, `trace` and `eval_shape` (arrays may be ShapeDtypeStructs).
 ABSTRACT = 3
 
 _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
@@ -67,10 +58,8 @@ def traced_types(level: int) -> tuple[type, ...]:
 
 
 def weakly_keyed(kind: type) -> bool:
-    """Whether static leaves of this type are keyed by a weak reference: those
-    compared by identity, which a weak reference compares the same way. A cache
-    keyed by them then keeps none alive (a function passed to its own wrapper, an
-    instance whose class holds the wrapper)."""
+    """Whether static leaves of this type are compared by identity, and so keyed by
+    weak references (so that a cache keyed by them keeps none alive)."""
     return (
         kind.__eq__ is object.__eq__
         and kind.__hash__ is object.__hash__
@@ -79,7 +68,7 @@ def weakly_keyed(kind: type) -> bool:
 
 
 def _frozenset_key(x: frozenset[Any]) -> Any:
-    return x, set_key(x)
+    return x, _exact.set_key(x)
 
 
 def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
@@ -87,22 +76,19 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     partition keys the types, so `1`, `1.0` and `True` differ); `None`: itself."""
     # np.generic before float: np.float64 subclasses float.
     if staged and issubclass(kind, np.ndarray):
-        return ndarray_key
+        return _exact.ndarray_key
     if staged and issubclass(kind, np.generic):
-        return generic_key
+        return _exact.generic_key
     if staged and issubclass(kind, jax.Array):
-        # Immutable, and held alive by the entry, so its id is not reused while
-        # the key lives; its value would be copied to the host on every call.
+        # Immutable and held by the entry: its id is not reused while keyed.
         return id
     if issubclass(kind, float):
-        return float_key
+        return _exact.float_key
     if issubclass(kind, complex):
-        return complex_key
+        return _exact.complex_key
     if issubclass(kind, frozenset):  # optimistix's `tags`: {1} and {1.0} differ
         return _frozenset_key
-    if weakly_keyed(kind):
-        return weakref.ref
-    return None
+    return weakref.ref if weakly_keyed(kind) else None
 
 
 def static_key(leaf: Any) -> Any:
@@ -112,8 +98,7 @@ def static_key(leaf: Any) -> Any:
 
 
 def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
-    """A function from a list of `count` leaves to a sequence of those at
-    `positions`."""
+    """A function from a list of `count` leaves to those at `positions`."""
     if len(positions) == count:
         return lambda leaves: leaves
     if len(positions) == 0:
@@ -125,15 +110,13 @@ def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
 
 
 class Partition:
-    """How the leaves of one structure and leaf types are split at one trace level:
-    which are traced, and how the others are keyed. Partitions with one `signature`
-    (what they do whatever the types of their traced leaves) share an `owner`, so
-    that a NumPy array where a jax Array was finds the same cache entry."""
+    """Which leaves of one structure and leaf types are traced at one level, and how
+    the others are keyed. Partitions with one `signature` share an `owner`, so that
+    a NumPy array where a jax Array was finds the same cache entry."""
 
     __slots__ = (
         "treedef",
         "types",
-        "level",
         "signature",
         "owner",
         "dynamic_positions",
@@ -175,7 +158,6 @@ class Partition:
             static.append(position)
         self.treedef = treedef
         self.types = types
-        self.level = level
         self.dynamic_positions = tuple(dynamic)
         self.static_positions = tuple(static)
         self.array_positions = tuple(
@@ -185,20 +167,14 @@ class Partition:
         self.weak_positions = tuple(
             static[i] for i, rekey in rekeys if rekey is weakref.ref
         )
-        # What `==` does not see of the structure's auxiliary data (`None` where
-        # it holds no numbers; see `_exact`).
+        # What `==` does not see of the auxiliary data (see `_exact`).
         aux = aux_data(treedef)
-        self.exact = exact_key(aux)
+        self.exact = _exact.exact_key(aux)
         self._aux = aux if self.exact is not None else None
-        # Nested, `orders(tree)`: the insertion order of the call's dicts, which
-        # the key needs too (`None` where it has none).
+        # Nested, `orders(tree)`: the order of the call's dicts, also keyed.
         self.orders = dict_orders if staged and has_sorted_dicts(treedef) else None
-        self.signature = (
-            treedef,
-            self.dynamic_positions,
-            tuple(types[p] for p in static),
-            self.exact,
-        )
+        static_types = tuple(types[p] for p in static)
+        self.signature = (treedef, self.dynamic_positions, static_types, self.exact)
         self.owner = owner_of(self.signature)
         # `take_dynamic(leaves)`: the traced leaves (`None`: all of them).
         self.take_dynamic = (
@@ -209,29 +185,26 @@ class Partition:
         self.rekeys = tuple(rekeys)
         # Each leaf's parameter, position and label (see `Dispatcher.owners`).
         self.owners: list[tuple[str, int | None, str]] | None = None
-        # `read(tree)`: a call's leaves and `reference_key` where it has this
-        # structure and types, read without flattening (else `None`; see
-        # `_fastpath`); `call_readers`, the same for calls that need binding, by
-        # shape of call.
+        # `read(tree)`: a call's leaves, `reference_key` and traced leaves, read
+        # without flattening, if it has this structure and types (see `_fastpath`);
+        # `call_readers`, the same for calls that need binding, by shape of call.
         self.read: KeyedReader | None = call_reader(treedef, types, self)
         self.call_readers: dict[tuple[Any, ...], KeyedCallReader | None] = {}
-        # Set by the dispatcher: whether calls use the top level's entries, and
-        # the `get` of the entries they use.
+        # Set by the dispatcher: whether calls use the top level's entries; `get`.
         self.shares_top = False
         self.get: Callable[[Any], Any] = lambda key: None
 
     def reference_key(self, leaves: list[Any]) -> Any:
-        """The cache key of a call's leaves: the partition's owner, then the keys
-        of its static leaves (if any)."""
+        """The cache key of a call's leaves: the owner, then the static leaves' keys."""
         if not self.static_positions:
             return self.owner
         return (self.owner, *self.statics(leaves))
 
     def exactly(self, treedef: Any) -> bool:
-        """Whether `treedef`, equal to this partition's by `==`, is exactly
-        equal. Only for a partition whose `exact` is not `None`."""
+        """Whether `treedef`, equal to this partition's by `==`, is exactly equal
+        (for a partition whose `exact` is not `None`)."""
         assert self._aux is not None
-        return same_exact(treedef, self._aux, self.exact)
+        return _exact.same_exact(treedef, self._aux, self.exact)
 
     def statics(self, leaves: list[Any]) -> Sequence[Any]:
         """The keys of the static leaves."""
@@ -253,6 +226,5 @@ class Partition:
         return roles
 
     def captured_bytes(self, leaves: list[Any]) -> int:
-        """Bytes of the concrete arrays among the static leaves: what a cache entry
-        for these leaves pins."""
+        """Bytes of the concrete arrays that an entry for these leaves pins."""
         return sum(leaves[position].nbytes for position in self.array_positions)

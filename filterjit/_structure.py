@@ -1,11 +1,9 @@
 """What a nested call's function sees of its arguments: the caller's own objects.
 
-JAX flattens a dict in the order of its sorted keys and rebuilds every container
-as a new object, while a function called without the decorator sees dicts (and
-`**kwargs`) in insertion order and containers that are the caller's own. So a
-nested call is keyed also by the insertion order of its dicts (`dict_orders`), and
-its function is called with the caller's arguments, only the traced leaves replaced
-(`replace_leaves`).
+JAX sorts a dict's keys and rebuilds every container anew; undecorated, a function
+sees dicts (and `**kwargs`) in insertion order and the caller's own containers. So
+a nested call is keyed also by its dicts' orders (`dict_orders`), and its function
+gets the caller's arguments with only the traced leaves replaced (`replace_leaves`).
 """
 
 import collections
@@ -24,8 +22,7 @@ _SORTED_DICTS = (dict, collections.defaultdict)
 
 
 def _children(node: Any) -> tuple[list[Any], Any] | None:
-    """`node`'s children as JAX flattens it, and the structure that rebuilds it
-    from them; `None` if `node` is a leaf."""
+    """`node`'s children and the structure that rebuilds it, or `None` for a leaf."""
     children, structure = jtu.tree_flatten(
         node, is_leaf=lambda child: child is not node
     )
@@ -50,8 +47,7 @@ def has_sorted_dicts(treedef: Any) -> bool:
 
 
 def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
-    """The keys of each dict in `tree`, in insertion order, dict by dict (depth
-    first, each node's children in their order)."""
+    """The keys of each dict in `tree` in insertion order, dict by dict, depth first."""
     orders: list[tuple[Any, ...]] = []
     pending = [tree]
     while pending:
@@ -76,8 +72,7 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
 
 
 def restore_orders(tree: Any, orders: tuple[tuple[Any, ...], ...]) -> Any:
-    """`tree`, rebuilt by JAX from a tree whose `dict_orders` were `orders`, with
-    each dict back in its order."""
+    """`tree`, rebuilt by JAX from one whose `dict_orders` were `orders`, so ordered."""
     return _restore(tree, iter(orders))
 
 
@@ -97,10 +92,8 @@ def _restore(node: Any, orders: Any) -> Any:
 
 
 def replace_leaves(tree: Any, replace: Callable[[int, Any], Any]) -> Any:
-    """`tree` with each leaf replaced by `replace(position, leaf)` (positions in
-    JAX's flatten order). A node none of whose leaves changed (`is`) is `tree`'s
-    own object; a changed dict keeps its insertion order. The result flattens as
-    `tree` does."""
+    """`tree` with each leaf replaced by `replace(position, leaf)`, in JAX's order:
+    an unchanged node (`is`) is `tree`'s own; a changed dict keeps its order."""
     # Not a recursive closure, whose cycle would keep the leaves alive.
     return _rebuild(tree, replace, itertools.count())
 

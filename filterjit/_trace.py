@@ -1,9 +1,7 @@
 """Where in JAX's trace stack a call happens, which frames JAX shows, what a
-pytree structure holds, and waiting for a list of arrays.
-
-This is the only module that touches private JAX API. Every private access has a
-public fallback, and `tests/test_trace.py` fails loudly if the private path moves.
-"""
+pytree structure holds, and waiting for arrays: the only module that touches
+private JAX API, each access with a public fallback and a canary test in
+`tests/test_trace.py`."""
 
 import os
 from typing import Any
@@ -13,32 +11,22 @@ import jax.extend.core
 import jax.extend.source_info_util
 
 
-# Where a call happens, as far as `filter_jit` cares. Plain ints, not an enum: they
-# index per-level caches on every call.
+# Where a call happens: plain ints, which index per-level caches on every call.
 TOP = 0  # no trace at all: a plain Python call
 EAGER = 1  # only eager transforms (grad, vjp, jvp, linearize, vmap) around it
 DISABLED = -1  # inside `jax.disable_jit()`: not a trace level; call directly
-STAGED = 2  # a staged computation (jit, make_jaxpr, scan/while/cond bodies,
-#             checkpoint, custom_vjp, ...) somewhere in the trace chain
+STAGED = 2  # a staged computation (jit, make_jaxpr, a scan body, ...) in the chain
 
 
 def _trace_level_public() -> int:
-    # Public but explicitly unstable. It cannot tell eager transforms from the top
-    # level, so it says TOP for both; that only matters for donation. Where even
-    # this is missing (jax < 0.10), every call is treated as a top-level call, as
-    # equinox.filter_jit does.
+    # Public, unstable, TOP under eager transforms; where missing, TOP (as Equinox).
     am_i_under_a_jit = getattr(
         jax.extend.core, "unsafe_am_i_under_a_jit_DO_NOT_USE", lambda: False
     )
     return STAGED if am_i_under_a_jit() else TOP
 
 
-def _jit_disabled_public() -> bool:
-    return bool(jax.config.jax_disable_jit)  # pyright: ignore[reportAttributeAccessIssue]
-
-
-# JAX attributes operations and cache misses to the first frame outside its own
-# files; with these, to the user's frame rather than filterjit's.
+# JAX attributes operations and cache misses to the user's frame, not filterjit's.
 _package_dir = os.path.dirname(os.path.abspath(__file__))
 jax.extend.source_info_util.register_exclusion(_package_dir)
 
@@ -48,7 +36,8 @@ def _current_equations_public() -> list[Any] | None:
 
 
 def _call_level_public() -> int:
-    return DISABLED if _jit_disabled_public() else _trace_level_public()
+    disabled = jax.config.jax_disable_jit  # pyright: ignore[reportAttributeAccessIssue]
+    return DISABLED if disabled else _trace_level_public()
 
 
 def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -57,9 +46,8 @@ def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     return self._outside(*args, **kwargs)
 
 
-# `call_at_level(self, *args, **kwargs)`, the `__call__` of filter_jit's wrapper:
-# `self._call(level, self._fun, args, kwargs)` at the call's trace level, or
-# `self._fun(*args, **kwargs)` inside `jax.disable_jit()`.
+# The `__call__` of filter_jit's wrapper: `self._call(level, self._fun, args,
+# kwargs)`, or `self._fun(*args, **kwargs)` inside `jax.disable_jit()`.
 def _call_at_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     level = _call_level_public()
     if level == DISABLED:
@@ -77,10 +65,9 @@ try:
 
     try:
         # jax >= 0.10: the state behind the `trace_ctx.trace` property, read
-        # directly to save a Python-level property call.
+        # without the property's Python call.
         from jax._src.core import trace_state_strong_ref as _current_trace
-    except ImportError:
-        # jax 0.9: `trace_ctx` is a thread-local whose `trace` is an attribute.
+    except ImportError:  # jax 0.9: `trace_ctx.trace` is an attribute
 
         class _TraceAttribute:
             __slots__ = ()
@@ -93,20 +80,17 @@ try:
 except ImportError:  # pragma: no cover - the tests simulate this by monkeypatching
     private_api_available = False
     trace_level = _trace_level_public
-    jit_disabled = _jit_disabled_public
     call_level = _call_level_public
     current_equations = _current_equations_public
     call_by_level = _call_by_level_public
     call_at_level = _call_at_level_public
 else:
     private_api_available = True
-    # Hide filterjit's frames from tracebacks of errors in user code, as JAX hides
-    # its own (JAX_TRACEBACK_FILTERING=off shows them).
+    # Hide filterjit's frames from tracebacks, as JAX hides its own.
     _traceback_util.register_exclusion(_package_dir)
 
     def _walk(trace: object) -> int:
-        # The current trace points at the one it was opened under through
-        # `parent_trace`; the chain ends at an `EvalTrace`, which has none.
+        # Up the `parent_trace` chain, which ends at an `EvalTrace`.
         level = TOP
         while trace is not None:
             if isinstance(trace, _DynamicJaxprTrace):
@@ -123,19 +107,10 @@ else:
         return _walk(trace)
 
     def _call_level_private() -> int:
-        # trace_level() and jit_disabled() in one call, for the hot path. The
-        # trace is read from the state behind the `trace_ctx.trace` property,
-        # which saves a Python-level property call.
-        if _disable_jit_state.value:
-            return DISABLED
-        trace = _current_trace.value
-        if type(trace) is _EvalTrace:
-            return TOP
-        return _walk(trace)
+        return DISABLED if _disable_jit_state.value else _trace_level_private()
 
     def _call_by_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-        # Most calls: positional, at the top level. The globals read here are
-        # cached by the interpreter; a local closure would not be faster.
+        # Most calls: positional, at the top level.
         if not kwargs and type(_current_trace.value) is _EvalTrace:
             return self._outside(*args)
         trace = _current_trace.value
@@ -153,19 +128,13 @@ else:
             return self._call(TOP, self._fun, args, kwargs)
         return self._call(_walk(trace), self._fun, args, kwargs)
 
-    def _jit_disabled_private() -> bool:
-        return _disable_jit_state.value
-
     def _current_equations_private() -> list[Any] | None:
-        # The equations traced so far by the innermost staged trace: for a nested
-        # function's trace, what that function did.
-        trace = _current_trace.value
-        frame = getattr(trace, "frame", None)
+        # What the innermost staged trace holds so far.
+        frame = getattr(_current_trace.value, "frame", None)
         get_eqns = getattr(frame, "get_eqns", None)
         return None if get_eqns is None else list(get_eqns())
 
     trace_level = _trace_level_private
-    jit_disabled = _jit_disabled_private
     call_level = _call_level_private
     current_equations = _current_equations_private
     call_by_level = _call_by_level_private
@@ -173,12 +142,8 @@ else:
 
 
 class ByLevel:
-    """A callable that calls `self._staged` with its arguments inside a staged
-    trace, and `self._outside` anywhere else (the top level, eager transforms),
-    with as little as that check in front of `self._outside`.
-
-    The check is the type's `__call__`, not a closure an instance holds: an
-    instance has nothing in its `__dict__` that `functools.wraps` would copy."""
+    """Calls `self._staged` inside a staged trace, else `self._outside`: a check in
+    the type's `__call__`, so that instances hold nothing `functools.wraps` copies."""
 
     __slots__ = ("_outside",)
     _outside: Any  # a callable
@@ -190,9 +155,7 @@ class ByLevel:
 
 
 def jit_cache_size(jitted: Any) -> int | None:
-    """How many entries `jitted`, a `jax.jit` object, holds in its cache: one per
-    trace at the top level since its cache was last cleared. `None` where JAX
-    does not say."""
+    """How many traces the `jax.jit` object `jitted` holds (`None`: JAX won't say)."""
     size: Any = getattr(jitted, "_cache_size", None)
     return None if size is None else int(size())
 
@@ -210,10 +173,9 @@ def _aux_data_public(treedef: Any) -> list[Any]:
 
 
 def _aux_data_private(treedef: Any) -> list[Any]:
-    # The structure's pickled state lists its nodes, children first, as (kind,
-    # arity, node data, ...): read in one call, where `node_data()` and `children()`
-    # take one per node. Kinds 5 and 6 are dicts and registered nodes; the others
-    # (tuples, namedtuples, lists, None, leaves) have no data of the user's.
+    # The pickled state lists the nodes, children first, as (kind, arity, node
+    # data, ...), in one call rather than two per node. Kinds 5 and 6 (dicts,
+    # registered nodes) are the ones with data of the user's.
     nodes = treedef.__getstate__()[1]
     return [node[2] for node in nodes if node[0] >= 5 and node[2] is not None]
 
@@ -230,8 +192,7 @@ def _choose_aux_data() -> Any:
     return _aux_data_public
 
 
-# `aux_data(treedef)`: the auxiliary data of each node of `treedef` that has some
-# (a dict's keys, a registered node's aux), children before their parents.
+# `aux_data(treedef)`: the auxiliary data of its nodes that have some, children first.
 aux_data = _choose_aux_data()
 
 
@@ -241,9 +202,8 @@ def _block_leaves_public(arrays: list[Any]) -> None:
 
 def _choose_block_leaves() -> Any:
     # What `jax.block_until_ready` calls for two or more arrays, without its
-    # flatten and its loop over the leaves (3 µs of 6 for eight arrays). Not tried
-    # on arrays here: importing filterjit must not start JAX's backends (a program
-    # may still set `jax_num_cpu_devices`); tests/test_trace.py tries it.
+    # flatten and loop (3 µs of 6 for eight arrays). Not tried here: importing
+    # filterjit must not start JAX's backends; tests/test_trace.py tries it.
     try:
         from jax._src.lib import xla_client  # pyright: ignore[reportPrivateImportUsage]
 
@@ -253,6 +213,5 @@ def _choose_block_leaves() -> Any:
     return batched if callable(batched) else _block_leaves_public
 
 
-# `block_leaves(arrays)`: waits for every one of `arrays` (a list of `jax.Array`s,
-# the outputs of one jitted call), raising the error of one that failed.
+# `block_leaves(arrays)`: waits for a list of `jax.Array`s, raising what one raised.
 block_leaves = _choose_block_leaves()

@@ -25,7 +25,6 @@ def test_private_api_is_available():
     # working meanwhile, but cannot tell eager transforms from the top level.
     assert _trace.private_api_available
     assert _trace.trace_level.__name__ == "_trace_level_private"
-    assert _trace.jit_disabled.__name__ == "_jit_disabled_private"
     assert _trace.call_level.__name__ == "_call_level_private"
     assert _trace.ByLevel.__call__ is _trace._call_by_level_private
     # The hot path reads the state behind `trace_ctx.trace` directly (from jax 0.10,
@@ -178,7 +177,6 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
     # Simulate a JAX that moved the private API: the public fallback must still
     # keep nested calls no-ops.
     monkeypatch.setattr(_trace, "trace_level", _trace._trace_level_public)
-    monkeypatch.setattr(_trace, "jit_disabled", _trace._jit_disabled_public)
     monkeypatch.setattr(_trace, "call_level", _trace._call_level_public)
     monkeypatch.setattr(_trace.ByLevel, "__call__", _trace._call_by_level_public)
 
@@ -192,7 +190,7 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
     with pytest.raises(ValueError, match="Reverse-mode differentiation"):
         jax.grad(filterjit.jit(loop))(0.0, np.int32(0))
     with jax.disable_jit():
-        assert _trace.jit_disabled()
+        assert _trace.call_level() == _trace.DISABLED
 
 
 def test_no_deprecation_warning():

@@ -16,6 +16,7 @@ from jax import lax
 
 import filterjit
 from filterjit import _trace
+from filterjit._jit import FilterJitWrapper
 from filterjit._trace import EAGER, STAGED, TOP
 
 
@@ -179,6 +180,8 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
     monkeypatch.setattr(_trace, "trace_level", _trace._trace_level_public)
     monkeypatch.setattr(_trace, "call_level", _trace._call_level_public)
     monkeypatch.setattr(_trace.ByLevel, "__call__", _trace._call_by_level_public)
+    # filter_jit's wrapper took its `__call__` when its class was made.
+    monkeypatch.setattr(FilterJitWrapper, "__call__", _trace._call_at_level_public)
 
     def loop(init, lower):
         return lax.fori_loop(lower, 1, lambda _, y: y + 1, init)
@@ -191,6 +194,7 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
         jax.grad(filterjit.jit(loop))(0.0, np.int32(0))
     with jax.disable_jit():
         assert _trace.call_level() == _trace.DISABLED
+        assert filterjit.filter_jit(loop)(jnp.float32(1.0), 0) == 2.0
 
 
 def test_no_deprecation_warning():

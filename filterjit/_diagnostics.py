@@ -383,10 +383,10 @@ def key_error(
                     "say), or make it a regular field so that it is traced."
                 )
     else:
-        owners = function.leaf_owners(treedef)
+        leaf_parameters = function.leaf_parameters(treedef)
         for position, key in zip(partition.static_positions, partition.statics(leaves)):
             if _hash_and_eq_fail(key):
-                label = owners[position][2]
+                label = leaf_parameters[position][2]
                 kind = type(leaves[position]).__qualname__
                 return TypeError(
                     f"{name}(): argument `{label}` is a static value of type `{kind}` "

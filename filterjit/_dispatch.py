@@ -91,10 +91,10 @@ class Dispatcher:
         self._partition_gets = tuple(cache.get for cache in self.partitions)
         # The latest call's partition, per level: at first one that no call has.
         self._latest = [_NO_CALL] * 4
-        # Partitions with one signature share an owner, and so their entries.
-        # Bounded as the partitions are: an owner forgotten only costs a partition
+        # Partitions with one signature share a program, and so their entries.
+        # Bounded as the partitions are: a program forgotten only costs a partition
         # made afresh its own entries.
-        self._owners: BoundedCache[object] = BoundedCache(TOP_MAXSIZE)
+        self._programs: BoundedCache[object] = BoundedCache(TOP_MAXSIZE)
         # Whether a nested call may use the top level's entries: where the options
         # mean the same at every level (see `_lookup`).
         self._shares_top = (
@@ -291,10 +291,10 @@ class Dispatcher:
             raise key_error(self.function, fun, leaves, treedef, None, e) from e
         if partition is None:
             if shape is None:  # looked at, not recorded
-                owner_of = lambda s: self._owners.get(s) or object()  # noqa: E731
-                return Partition(treedef, types, level, owner_of)
+                program_of = lambda s: self._programs.get(s) or object()  # noqa: E731
+                return Partition(treedef, types, level, program_of)
             partition = Partition(
-                treedef, types, level, lambda s: self._owners.setdefault(s, object())
+                treedef, types, level, lambda s: self._programs.setdefault(s, object())
             )
             partition.shares_top = (
                 level == STAGED and self._shares_top and not partition.array_positions
@@ -431,7 +431,7 @@ class Dispatcher:
             self.options,
             TOP if top else level,
             partition,
-            self.owners(partition),
+            self.leaf_parameters(partition),
             leaves,
             self.trace_log,
             defaulted,
@@ -455,7 +455,7 @@ class Dispatcher:
         return entry
 
     def _check_traceable(self, partition: Partition, leaves: list[Any]) -> None:
-        labels = [label for _, _, label in self.owners(partition)]
+        labels = [label for _, _, label in self.leaf_parameters(partition)]
         positions = partition.dynamic_positions
         check_traceable(self.function.name, labels, leaves, positions)
 
@@ -468,16 +468,20 @@ class Dispatcher:
         options = self.options
         if not spans_processes(dynamic, options.in_shardings, options.out_shardings):
             return
-        owners = self.owners(partition)
-        statics = [(owners[p][2], leaves[p]) for p in partition.static_positions]
+        leaf_parameters = self.leaf_parameters(partition)
+        statics = [
+            (leaf_parameters[p][2], leaves[p]) for p in partition.static_positions
+        ]
         statics.append(("(the structure of the arguments)", partition.treedef))
         check_statics_agree(self.function.name, statics)
 
-    def owners(self, partition: Partition) -> list[tuple[str, int | None, str]]:
+    def leaf_parameters(
+        self, partition: Partition
+    ) -> list[tuple[str, int | None, str]]:
         """Each leaf's parameter, position and label; made once per partition."""
-        if partition.owners is None:
-            partition.owners = self.function.leaf_owners(partition.treedef)
-        return partition.owners
+        if partition.leaf_parameters is None:
+            partition.leaf_parameters = self.function.leaf_parameters(partition.treedef)
+        return partition.leaf_parameters
 
     def explain(
         self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -490,7 +494,7 @@ class Dispatcher:
         cache_hit = (
             entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
         )
-        labels = [label for _, _, label in self.function.leaf_owners(treedef)]
+        labels = [label for _, _, label in self.function.leaf_parameters(treedef)]
         rows = list(map(row, labels, partition.roles(), leaves))
         return Explanation(self.function.name, LEVEL_NAMES[level], rows, cache_hit)
 
@@ -501,7 +505,7 @@ class Dispatcher:
         made if new: with its partition, traced leaves and leaves.
 
         It is the entry that a top-level call with arrays of those shapes finds
-        (their partitions share an owner, and so their keys), so `lower`, `trace`
+        (their partitions share a program, and so their keys), so `lower`, `trace`
         and `eval_shape` use the very `jax.jit` that calls do, and JAX's caches
         keep one trace and one executable for both, as for a `jax.jit`."""
         shape = (len(args), *kwargs)
@@ -522,7 +526,7 @@ class Dispatcher:
         self._latest = [_NO_CALL] * 4
         for cache in (*self.partitions, *self.entries):
             cache.clear()
-        self._owners.clear()
+        self._programs.clear()
 
 
 # Every live dispatcher, for `clear_caches`.

@@ -125,7 +125,7 @@ def make_entry(
     options: Options,
     level: int,
     partition: Partition,
-    owners: list[tuple[str, int | None, str]],
+    leaf_parameters: list[tuple[str, int | None, str]],
     leaves: list[Any],
     trace_log: TraceLog,
     defaulted: tuple[str, ...] = (),
@@ -134,7 +134,7 @@ def make_entry(
     parameters the call left to their defaults (not donated)."""
     treedef = partition.treedef
     dynamic_positions = partition.dynamic_positions
-    labels = [label for _, _, label in owners]
+    labels = [label for _, _, label in leaf_parameters]
     # Keep no traced leaf alive, and objects keyed by identity only weakly.
     template: list[Any] = list(leaves)
     for position in dynamic_positions:
@@ -143,7 +143,7 @@ def make_entry(
     for position in weak_positions:
         template[position] = weakref.ref(leaves[position])
     roles = partition.roles()
-    arguments = [parameter != "<function>" for parameter, _, _ in owners]
+    arguments = [parameter != "<function>" for parameter, _, _ in leaf_parameters]
     log = trace_log if level in (TOP, EAGER) else None
     staged = level == STAGED
     boxed = not staged and options.out_shardings is not UNSPECIFIED
@@ -212,7 +212,11 @@ def make_entry(
             )
         if level in (TOP, ABSTRACT):
             donated = _donated(
-                options, owners, dynamic_positions, function.receiver, defaulted
+                options,
+                leaf_parameters,
+                dynamic_positions,
+                function.receiver,
+                defaulted,
             )
             if donated:
                 jitkwargs["donate_argnums"] = donated
@@ -239,7 +243,7 @@ def _silencing(jitted: Any) -> Any:
 
 def _donated(
     options: Options,
-    owners: list[tuple[str, int | None, str]],
+    leaf_parameters: list[tuple[str, int | None, str]],
     dynamic_positions: tuple[int, ...],
     receiver: str | None,
     defaulted: tuple[str, ...],
@@ -254,7 +258,7 @@ def _donated(
     names = set(donate) if isinstance(donate, tuple) else None
     donated = []
     for i, position in enumerate(dynamic_positions):
-        parameter, index, _ = owners[position]
+        parameter, index, _ = leaf_parameters[position]
         if parameter == "<function>":
             if receiver is None:  # bound in a partial: not an argument
                 continue

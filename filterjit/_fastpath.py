@@ -205,15 +205,15 @@ class _Writer:
         return f"[{''.join(f'l[{p}], ' for p in dynamic)}]"
 
     def key(self, partition: Any) -> str:
-        """`partition.reference_key(l)` written out, such as `(owner, l[0],
+        """`partition.reference_key(l)` written out, such as `(program, l[0],
         v.hex() if (v := l[3]) == 0.0 or v != v else v)`."""
         static = partition.static_positions
         if not static:
-            return self.constant(partition.owner)
+            return self.constant(partition.program)
         if len(static) > _WRITTEN_KEYS:
             return f"{self.constant(partition.reference_key)}(l)"
         rekeys = dict(partition.rekeys)
-        parts = [self.constant(partition.owner)]
+        parts = [self.constant(partition.program)]
         for index, position in enumerate(static):
             rekey = rekeys.get(index)
             if rekey is None:

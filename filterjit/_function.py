@@ -171,16 +171,16 @@ class Function:
                 return str(name) + jtu.keystr(path[3:])
         return self.fun_label + jtu.keystr(path[1:])
 
-    def leaf_owners(self, treedef: Any) -> list[tuple[str, int | None, str]]:
+    def leaf_parameters(self, treedef: Any) -> list[tuple[str, int | None, str]]:
         """For each leaf of a call with structure `treedef`: its parameter, its
         position if passed positionally, and its path in the user's terms."""
         placeholders = [object() for _ in range(treedef.num_leaves)]
         call = jtu.tree_unflatten(treedef, placeholders)
-        owners = []
+        found = []
         for path, _ in jtu.tree_flatten_with_path(call)[0]:
             if not self.fun_is_leaf:
                 if path[0] == jtu.SequenceKey(0):
-                    owners.append(("<function>", None, self._function_label(path)))
+                    found.append(("<function>", None, self._function_label(path)))
                     continue
                 path = path[1:]
             if isinstance(path[0], jtu.GetAttrKey):  # Keywords.args or .kwargs
@@ -188,5 +188,5 @@ class Function:
             top, rest = path[0], path[1:]  # a `SequenceKey` or a `DictKey`
             index = top.idx if isinstance(top, jtu.SequenceKey) else None
             name, label = self._parameter(str(top.key) if index is None else index)
-            owners.append((name, index, label + jtu.keystr(rest)))
-        return owners
+            found.append((name, index, label + jtu.keystr(rest)))
+        return found

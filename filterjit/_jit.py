@@ -137,7 +137,9 @@ class FilterJitWrapper(Generic[_P, _R]):
             self._fun, args, kwargs
         )
         function = self._dispatcher.function
-        labels = lambda treedef: [label for *_, label in function.leaf_owners(treedef)]  # noqa: E731
+        labels = lambda treedef: [  # noqa: E731
+            label for *_, label in function.leaf_parameters(treedef)
+        ]
         specialisation = Specialisation(function.name, entry, partition, leaves, labels)
         return entry.jitted, specialisation, dynamic
 

@@ -111,14 +111,14 @@ def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
 
 class Partition:
     """Which leaves of one structure and leaf types are traced at one level, and how
-    the others are keyed. Partitions with one `signature` share an `owner`, so that
+    the others are keyed. Partitions with one `signature` share a `program`, so that
     a NumPy array where a jax Array was finds the same cache entry."""
 
     __slots__ = (
         "treedef",
         "types",
         "signature",
-        "owner",
+        "program",
         "dynamic_positions",
         "static_positions",
         "array_positions",
@@ -126,7 +126,7 @@ class Partition:
         "take_dynamic",
         "_take_static",
         "rekeys",
-        "owners",
+        "leaf_parameters",
         "read",
         "call_readers",
         "exact",
@@ -141,7 +141,7 @@ class Partition:
         treedef: Any,
         types: tuple[type, ...],
         level: int,
-        owner_of: Callable[[Any], object],
+        program_of: Callable[[Any], object],
     ):
         traced = traced_types(level)
         staged = level == STAGED
@@ -175,7 +175,7 @@ class Partition:
         self.orders = dict_orders if staged and has_sorted_dicts(treedef) else None
         static_types = tuple(types[p] for p in static)
         self.signature = (treedef, self.dynamic_positions, static_types, self.exact)
-        self.owner = owner_of(self.signature)
+        self.program = program_of(self.signature)
         # `take_dynamic(leaves)`: the traced leaves (`None`: all of them).
         self.take_dynamic = (
             None if len(dynamic) == len(types) else _taker(dynamic, len(types))
@@ -183,8 +183,8 @@ class Partition:
         self._take_static = _taker(static, len(types))
         # (index among the static leaves, its key function) where not the leaf.
         self.rekeys = tuple(rekeys)
-        # Each leaf's parameter, position and label (see `Dispatcher.owners`).
-        self.owners: list[tuple[str, int | None, str]] | None = None
+        # Each leaf's parameter, position and label (see `Dispatcher.leaf_parameters`).
+        self.leaf_parameters: list[tuple[str, int | None, str]] | None = None
         # `read(tree)`: a call's leaves, `reference_key` and traced leaves, read
         # without flattening, if it has this structure and types (see `_fastpath`);
         # `call_readers`, the same for calls that need binding, by shape of call.
@@ -195,10 +195,10 @@ class Partition:
         self.get: Callable[[Any], Any] = lambda key: None
 
     def reference_key(self, leaves: list[Any]) -> Any:
-        """The cache key of a call's leaves: the owner, then the static leaves' keys."""
+        """The cache key of a call's leaves: the program, then its static keys."""
         if not self.static_positions:
-            return self.owner
-        return (self.owner, *self.statics(leaves))
+            return self.program
+        return (self.program, *self.statics(leaves))
 
     def exactly(self, treedef: Any) -> bool:
         """Whether `treedef`, equal to this partition's by `==`, is exactly equal

@@ -63,6 +63,7 @@ _LEAF_TYPES = frozenset(
         str,
         bytes,
         frozenset,  # optimistix's `tags`
+        object,  # a sentinel, `object()` (lineax's defaults)
         # What a Module's activation fields hold.
         types.FunctionType,
         types.BuiltinFunctionType,

@@ -393,3 +393,59 @@ print("reference path only")
     )
     assert done.returncode == 0, done.stderr
     assert "reference path only" in done.stdout
+
+
+def test_the_library_entry_points_take_the_fast_path(monkeypatch):
+    """diffrax, optimistix and lineax as their users call them (keyword arguments,
+    Modules, sentinel defaults): after the first call, every call is read and
+    keyed by the fast path."""
+    diffrax = pytest.importorskip("diffrax")
+    optimistix = pytest.importorskip("optimistix")
+    lineax = pytest.importorskip("lineax")
+    reference_calls = []
+    reference = _dispatch.Dispatcher._call
+
+    def counted(self, *args, **kwargs):
+        reference_calls.append(None)
+        return reference(self, *args, **kwargs)
+
+    monkeypatch.setattr(_dispatch.Dispatcher, "_call", counted)
+    y0 = jnp.ones(4)
+    term = diffrax.ODETerm(lambda t, y, a: -a * y)  # made once, as users do
+
+    def fn(y, a):
+        return y**3 + y - a
+
+    calls = {
+        "diffeqsolve": lambda f: f(
+            term,
+            diffrax.Tsit5(),
+            t0=0.0,
+            t1=1.0,
+            dt0=0.1,
+            y0=y0,
+            args=2.0,
+            saveat=diffrax.SaveAt(t1=True),
+        ),
+        "root_find": lambda f: f(
+            fn,
+            optimistix.Newton(rtol=1e-6, atol=1e-6),
+            y0,
+            args=y0,
+        ),
+        "linear_solve": lambda f: f(
+            lineax.MatrixLinearOperator(2.0 * jnp.eye(4)), y0, solver=lineax.LU()
+        ),
+    }
+    entry_points = {
+        "diffeqsolve": diffrax.diffeqsolve,
+        "root_find": optimistix.root_find,
+        "linear_solve": lineax.linear_solve,
+    }
+    for name, call in calls.items():
+        wrapper = filter_jit(entry_points[name].__wrapped__)
+        call(wrapper)
+        before = len(reference_calls)
+        for _ in range(3):
+            call(wrapper)
+        assert len(reference_calls) == before, name

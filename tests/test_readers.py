@@ -557,6 +557,10 @@ def test_every_near_miss_of_a_fixed_call(recorded):
 
 
 @needs_readers
+class _Opaque:
+    pass
+
+
 def test_which_calls_have_readers():
     array = jnp.ones(2)
     mlp = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
@@ -574,6 +578,7 @@ def test_which_calls_have_readers():
         ({"b": array, "a": [1.0, None]},),
         (Pair(1, 2), SubTriple(array, (), None)),
         (Bare({"a": array}),),
+        (object(),),  # a sentinel: no program registers `object` as a node
     ]:
         assert _reader(*args) is not None, args
     for args in [
@@ -583,7 +588,7 @@ def test_which_calls_have_readers():
         (Keyed(1.0, 2.0),),
         (Backwards(1.0, 2.0, 3.0),),  # read by its items, not by iterating
         (MyList([1]),),
-        (object(),),  # a static of a type that might be a node
+        (_Opaque(),),  # a static of a type that might be a node
         (Bare(jtu.Partial(_double, array)),),
         (_rebuilt(Flat(array, 1.0, 0.5), extra=1),),  # more than its fields
         (_rebuilt(Flat(array, 1.0, 0.5), drop="b"),),  # a field missing
@@ -613,7 +618,7 @@ def test_leaf_types_are_leaves_to_jax():
         frozenset: frozenset({1}), types.FunctionType: _double,
         types.BuiltinFunctionType: len, jax.custom_jvp: jax.nn.relu,
         jax.custom_vjp: jax.custom_vjp(_double),
-        type(jax.jit(_double)): jax.jit(_double),
+        type(jax.jit(_double)): jax.jit(_double), object: object(),
     }  # fmt: skip
     assert set(samples) == _LEAF_TYPES
     for kind, sample in samples.items():

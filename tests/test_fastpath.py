@@ -264,6 +264,19 @@ def _levels_of(call):
     jax.jit(lambda x: _first_array(call(x)))(jnp.arange(3.0))
 
 
+def _count_reference_calls(monkeypatch) -> list[None]:
+    """A list that grows by one on each call of the reference path."""
+    calls: list[None] = []
+    reference = _dispatch.Dispatcher._call
+
+    def counted(self, *args, **kwargs):
+        calls.append(None)
+        return reference(self, *args, **kwargs)
+
+    monkeypatch.setattr(_dispatch.Dispatcher, "_call", counted)
+    return calls
+
+
 @pytest.mark.parametrize("name", ["plain", "defaults", "module", "keywords"])
 def test_call_takes_the_fast_path_where_fast_read_says(monkeypatch, name):
     """What `helpers.fast_read` reads, `Dispatcher.call` serves without the
@@ -277,14 +290,7 @@ def test_call_takes_the_fast_path_where_fast_read_says(monkeypatch, name):
         "module": lambda x: ((m, x), {}),
         "keywords": lambda x: ((x,), {"p": 2.0}),
     }[name]
-    reference_calls = []
-    reference = _dispatch.Dispatcher._call
-
-    def counted(self, *args, **kwargs):
-        reference_calls.append(None)
-        return reference(self, *args, **kwargs)
-
-    monkeypatch.setattr(_dispatch.Dispatcher, "_call", counted)
+    reference_calls = _count_reference_calls(monkeypatch)
     fast_reads = []
 
     def call(x=None):
@@ -402,14 +408,7 @@ def test_the_library_entry_points_take_the_fast_path(monkeypatch):
     diffrax = pytest.importorskip("diffrax")
     optimistix = pytest.importorskip("optimistix")
     lineax = pytest.importorskip("lineax")
-    reference_calls = []
-    reference = _dispatch.Dispatcher._call
-
-    def counted(self, *args, **kwargs):
-        reference_calls.append(None)
-        return reference(self, *args, **kwargs)
-
-    monkeypatch.setattr(_dispatch.Dispatcher, "_call", counted)
+    reference_calls = _count_reference_calls(monkeypatch)
     y0 = jnp.ones(4)
     term = diffrax.ODETerm(lambda t, y, a: -a * y)  # made once, as users do
 

@@ -556,11 +556,11 @@ def test_every_near_miss_of_a_fixed_call(recorded):
         _check(recorded, call)
 
 
-@needs_readers
 class _Opaque:
     pass
 
 
+@needs_readers
 def test_which_calls_have_readers():
     array = jnp.ones(2)
     mlp = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))

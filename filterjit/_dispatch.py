@@ -24,7 +24,7 @@ from ._diagnostics import (
 from ._entry import aval_key, Entry, make_entry, pending
 from ._errors import call_checked, check_failed, note_recursion, wait_checked
 from ._exact import exact_aux
-from ._fastpath import bound_call_reader
+from ._fastpath import bound_call_reader, top_caller
 from ._function import Function
 from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options, UNSPECIFIED
@@ -54,6 +54,11 @@ _UNSHARED = object()
 # The partition of a structure that no call has (a `Keywords` node is made only for
 # keyword arguments), so that the latest partition is never `None`.
 _NO_CALL = Partition(_flatten(Keywords((), {}))[1], (), TOP, lambda _: object())
+
+
+def _declined(wrapper: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A top-level call without a `top`: the dispatcher's `call`."""
+    return wrapper._call(TOP, wrapper._fun, args, kwargs)
 
 
 def _in_jax_order(orders: tuple[tuple[Any, ...], ...]) -> bool:
@@ -91,6 +96,9 @@ class Dispatcher:
         self._partition_gets = tuple(cache.get for cache in self.partitions)
         # The latest call's partition, per level: at first one that no call has.
         self._latest = [_NO_CALL] * 4
+        # The wrapper's `__call__` at the top level: the latest top-level
+        # partition's `top` (see `_fastpath.top_caller`), else `call`'s.
+        self.top = _declined
         # Partitions with one signature share a program, and so their entries.
         # Bounded as the partitions are: a program forgotten only costs a partition
         # made afresh its own entries.
@@ -163,10 +171,8 @@ class Dispatcher:
             if spec.plain:
                 return spec.build(traced, leaves)
             out = self._finish(level, out, leaves)
-        if out is _BY_ALIAS:
-            return self._call(level, fun, args, kwargs, by_alias=True)
-        if out is _UNSHARED:
-            return self._call(level, fun, args, kwargs, share=False)
+        if out is _BY_ALIAS or out is _UNSHARED:
+            return self._again(level, fun, args, kwargs, out)
         return out
 
     def _call(
@@ -211,11 +217,35 @@ class Dispatcher:
             if isinstance(error, TypeError):  # a leaf JAX cannot trace, named
                 self._check_traceable(partition, leaves)
             raise
+        return self._again(level, fun, args, kwargs, out, by_alias, share)
+
+    def _again(
+        self,
+        level: int,
+        fun: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: Any,
+        by_alias: bool = False,
+        share: bool = True,
+    ) -> Any:
+        """`out`, or the call made again where `_run` or `_finish` said so."""
         if out is _BY_ALIAS:
             return self._call(level, fun, args, kwargs, True, share)
         if out is _UNSHARED:
             return self._call(level, fun, args, kwargs, by_alias, False)
         return out
+
+    def _finish_top(
+        self,
+        fun: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        out: Carried,
+        leaves: list[Any],
+    ) -> Any:
+        """A `top` call's output that is not plain (see `_fastpath.top_caller`)."""
+        return self._again(TOP, fun, args, kwargs, self._finish(TOP, out, leaves))
 
     def _flattened(
         self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -302,6 +332,14 @@ class Dispatcher:
             if partition.shares_top and partition.orders is not None:
                 partition.read = None  # whether it shares depends on orders
             partition.get = self.entries[TOP if partition.shares_top else level].get
+            if level == TOP and self._fast:
+                partition.top = top_caller(
+                    partition,
+                    self._fun_is_leaf,
+                    Carried,
+                    Dispatcher._failed,
+                    Dispatcher._finish_top,
+                )
             cache = self.partitions[level]
             if cache.get((treedef, types)) is None:
                 cache.put((treedef, types), partition)
@@ -326,6 +364,8 @@ class Dispatcher:
                 partition,
             )
         self._latest[level] = partition
+        if level == TOP:
+            self.top = partition.top or _declined
         return partition
 
     def _find(self, level: int, treedef: Any, types: tuple[type, ...]) -> Any:
@@ -524,6 +564,7 @@ class Dispatcher:
 
     def clear(self) -> None:
         self._latest = [_NO_CALL] * 4
+        self.top = _declined
         for cache in (*self.partitions, *self.entries):
             cache.clear()
         self._programs.clear()

@@ -6,6 +6,8 @@ of them off when the environment sets `FILTERJIT_FASTPATH=0`.
 - `call_reader`, `bound_call_reader`: the leaves of a call with the structure and
   leaf types of the latest call's partition, and its key, read from the call
   without flattening it, in one generated function.
+- `top_caller`: a whole top-level call, read, keyed, looked up and run, in one
+  generated function.
 - `output_builder`: a static output built by one expression.
 
 A reader checks, on every call, everything that JAX's flatten and a comparison of
@@ -45,6 +47,7 @@ from jax.core import Tracer
 from ._binding import Keywords, Source, Sources
 from ._codegen import compile_function
 from ._exact import exact_key, float_key
+from ._trace import TOP
 
 
 # Read when a reader or builder is made: a test that changes it clears
@@ -159,13 +162,74 @@ def bound_call_reader(
     return writer.compile("read_call", "f, a, k", leaves, keyed)
 
 
+def top_caller(
+    partition: Any, fun_is_leaf: bool, carried: type, failed: Any, finish: Any
+) -> Any:
+    """`top(wrapper, args, kwargs)`: a whole top-level call of `partition`'s
+    structure, in one function. The call is read and keyed as `partition.read`
+    reads and keys it, and its entry's jitted function run with the traced leaves;
+    an error is named by `failed(dispatcher, partition, leaves, error)` and
+    raised, an output of type `carried` built where its spec is plain, else
+    finished by `finish(dispatcher, fun, args, kwargs, out, leaves)`. A call with
+    keyword arguments, one it does not read, no entry or a guarded one (NumPy
+    constants to check): `wrapper._call`, as if there were no `top`."""
+    if not ENABLED:
+        return None
+    writer = _Writer(miss="break")
+    treedef, types = partition.treedef, partition.types
+    if not fun_is_leaf:
+        writer.lines.append("t = (w._fun, a)")
+        leaves = writer.node(treedef, types, "t")
+    elif (treedef.node_data() or (None,))[0] is tuple:  # `a` is a tuple
+        leaves = writer.values(treedef, types, "a")
+    else:
+        return None  # keyword arguments
+    if leaves is None:
+        return None
+    if any(leaf.startswith("*") for leaf in leaves):
+        writer.lines.append(f"l = [{', '.join(leaves)}]")
+        at, whole = (lambda p: f"l[{p}]"), "l"
+        arguments = f"*{writer.traced(partition, at, whole)}"
+    else:
+        at, whole = leaves.__getitem__, f"[{', '.join(leaves)}]"
+        arguments = ", ".join(map(at, partition.dynamic_positions))
+    key = writer.key(partition, at, whole)
+    names = {"_get": partition.get, "_carried": carried, "_partition": partition}
+    writer.namespace.update(names, _failed=failed, _finish=finish)
+    body = [
+        "while not k:",
+        "    try:",
+        *(f"        {line}" for line in writer.lines),
+        f"        e = _get({key})",
+        "    except Exception:",
+        "        break",
+        "    if e is None or e.guarded:",
+        "        break",
+        "    try:",
+        f"        o = e.jitted({arguments})",
+        "    except Exception as x:",
+        f"        _failed(w._dispatcher, _partition, {whole}, x)",
+        "        raise",
+        "    if type(o) is not _carried:",
+        "        return o",
+        "    s, d = o.args",
+        "    if s.plain:",
+        f"        return s.build(d, {whole})",
+        f"    return _finish(w._dispatcher, w._fun, a, k, o, {whole})",
+        f"return w._call({TOP}, w._fun, a, k)",
+    ]
+    return compile_function("top", "w, a, k", body, writer.namespace)
+
+
 class _Writer:
     """Writes a reader as straight-line code: a check per node and a variable per
     value, the leaves gathered in one list at the end. (A reader made of one closure
     per node costs a call per node; for a `diffrax.diffeqsolve` call that was 8 µs
     of 10.)"""
 
-    def __init__(self) -> None:
+    def __init__(self, miss: str = "return None") -> None:
+        # What a failed check does: the reader gives `None`; `top` leaves its loop.
+        self.miss = miss
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = {
             "_count_of": operator.countOf,
@@ -183,9 +247,10 @@ class _Writer:
         if keyed is None:
             result = [f"return [{', '.join(leaves)}]"]
         else:
+            at = lambda p: f"l[{p}]"  # noqa: E731
             result = [
                 f"l = [{', '.join(leaves)}]",
-                f"return l, {self.key(keyed)}, {self.traced(keyed)}",
+                f"return l, {self.key(keyed, at, 'l')}, {self.traced(keyed, at, 'l')}",
             ]
         body = [
             "try:",
@@ -196,36 +261,36 @@ class _Writer:
         ]
         return compile_function(name, parameter, body, self.namespace)
 
-    def traced(self, partition: Any) -> str:
-        """The traced leaves of `l`, as `partition.take_dynamic` takes them."""
+    def traced(self, partition: Any, at: Callable[[int], str], whole: str) -> str:
+        """The traced leaves, as `partition.take_dynamic` takes them from `whole`,
+        the list of all of them, whose leaf at position `p` is `at(p)`."""
         dynamic = partition.dynamic_positions
         if len(dynamic) == len(partition.types):
-            return "l"
+            return whole
         if dynamic and dynamic[-1] - dynamic[0] + 1 == len(dynamic):
-            return f"l[{dynamic[0]}:{dynamic[-1] + 1}]"
-        return f"[{''.join(f'l[{p}], ' for p in dynamic)}]"
+            return f"{whole}[{dynamic[0]}:{dynamic[-1] + 1}]"
+        return f"[{''.join(f'{at(p)}, ' for p in dynamic)}]"
 
-    def key(self, partition: Any) -> str:
-        """`partition.reference_key(l)` written out, such as `(program, l[0],
+    def key(self, partition: Any, at: Callable[[int], str], whole: str) -> str:
+        """`partition.reference_key(whole)` written out, such as `(program, l[0],
         v.hex() if (v := l[3]) == 0.0 or v != v else v)`."""
         static = partition.static_positions
         if not static:
             return self.constant(partition.program)
         if len(static) > _WRITTEN_KEYS:
-            return f"{self.constant(partition.reference_key)}(l)"
+            return f"{self.constant(partition.reference_key)}({whole})"
         rekeys = dict(partition.rekeys)
         parts = [self.constant(partition.program)]
         for index, position in enumerate(static):
             rekey = rekeys.get(index)
             if rekey is None:
-                parts.append(f"l[{position}]")
+                parts.append(at(position))
             elif rekey is float_key and partition.types[position] is float:
-                v = self.variable()  # only -0.0 and nan need the slower key
-                parts.append(
-                    f"{v}.hex() if ({v} := l[{position}]) == 0.0 or {v} != {v} else {v}"
-                )
+                v, leaf = self.variable(), at(position)  # -0.0, nan: the slower key
+                slow = f"({v} := {leaf}) == 0.0 or {v} != {v}"
+                parts.append(f"{v}.hex() if {slow} else {v}")
             else:
-                parts.append(f"{self.constant(rekey)}(l[{position}])")
+                parts.append(f"{self.constant(rekey)}({at(position)})")
         return f"({', '.join(parts)},)"
 
     def constant(self, value: Any) -> str:
@@ -237,7 +302,7 @@ class _Writer:
         return f"v{next(self.names)}"
 
     def check(self, failed: str) -> None:
-        self.lines.append(f"if {failed}: return None")
+        self.lines.append(f"if {failed}: {self.miss}")
 
     def items(self, x: str, keys: Sequence[Any]) -> str:
         """A variable holding the tuple of `x[key]` for `keys`."""

@@ -134,6 +134,7 @@ class Partition:
         "orders",
         "shares_top",
         "get",
+        "top",
     )
 
     def __init__(
@@ -193,6 +194,8 @@ class Partition:
         # Set by the dispatcher: whether calls use the top level's entries; `get`.
         self.shares_top = False
         self.get: Callable[[Any], Any] = lambda key: None
+        # At the top level, the whole call (see `_fastpath.top_caller`).
+        self.top: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
 
     def reference_key(self, leaves: list[Any]) -> Any:
         """The cache key of a call's leaves: the program, then its static keys."""

@@ -46,12 +46,15 @@ def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     return self._outside(*args, **kwargs)
 
 
-# The `__call__` of filter_jit's wrapper: `self._call(level, self._fun, args,
-# kwargs)`, or `self._fun(*args, **kwargs)` inside `jax.disable_jit()`.
+# The `__call__` of filter_jit's wrapper: at the top level `self._dispatcher.top(
+# self, args, kwargs)`, elsewhere `self._call(level, self._fun, args, kwargs)`,
+# and `self._fun(*args, **kwargs)` inside `jax.disable_jit()`.
 def _call_at_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     level = _call_level_public()
     if level == DISABLED:
         return self._fun(*args, **kwargs)
+    if level == TOP:
+        return self._dispatcher.top(self, args, kwargs)
     return self._call(level, self._fun, args, kwargs)
 
 
@@ -125,7 +128,7 @@ else:
             return self._fun(*args, **kwargs)
         trace = _current_trace.value
         if type(trace) is _EvalTrace:
-            return self._call(TOP, self._fun, args, kwargs)
+            return self._dispatcher.top(self, args, kwargs)
         return self._call(_walk(trace), self._fun, args, kwargs)
 
     def _current_equations_private() -> list[Any] | None:

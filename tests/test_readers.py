@@ -33,7 +33,10 @@ import filterjit
 from filterjit import _dispatch, _fastpath
 from filterjit._binding import Binder, Keywords
 from filterjit._exact import exact_aux
-from filterjit._fastpath import bound_call_reader, call_reader
+from filterjit._fastpath import bound_call_reader, call_reader, top_caller
+from filterjit._output import Carried
+from filterjit._partition import Partition
+from filterjit._trace import TOP
 
 
 # The readers are the fast path's: none is made with FILTERJIT_FASTPATH=0.
@@ -349,6 +352,32 @@ def _check(recorded: Any, call: Any) -> None:
     assert tuple(map(type, jax_leaves)) == types
     assert len(taken) == len(jax_leaves)
     assert all(map(lambda a, b: a is b, taken, jax_leaves))
+    _check_top(recorded, call)
+
+
+def _check_top(recorded: Any, call: Any) -> None:
+    """A partition's `top` reads and keys a call as its `read` does, and calls the
+    entry with the traced leaves `read` takes; else it declines, as for keyword
+    arguments."""
+    if type(recorded) is not tuple:  # a `Keywords`: the call of a `top` is a tuple
+        return
+    leaves, treedef = jtu.default_registry.flatten(recorded)
+    partition = Partition(treedef, tuple(map(type, leaves)), TOP, lambda _: object())
+    keys = []
+    entry = types.SimpleNamespace(guarded=False, jitted=lambda *traced: traced)
+    partition.get = lambda key: keys.append(key) or entry
+    top = top_caller(partition, True, Carried, None, None)
+    assert top is not None and partition.read is not None
+    wrapper = types.SimpleNamespace(_fun=None, _call=lambda *_: "declined")
+    assert top(wrapper, recorded, {"x": 1}) == "declined" and not keys
+    found = partition.read(call)
+    out = top(wrapper, call, {})
+    if found is None:
+        assert out == "declined" and not keys
+        return
+    _, key, dynamic = found
+    assert keys == [key]
+    assert len(out) == len(dynamic) and all(map(operator.is_, out, dynamic))
 
 
 @property_settings()

@@ -194,8 +194,7 @@ class Dispatcher:
         partition, cache, key, entry = self._lookup(
             level, fun, tree, leaves, treedef, shape, by_alias, called, share
         )
-        take = partition.take_dynamic
-        dynamic = leaves if take is None else take(leaves)
+        dynamic = partition.take_dynamic(leaves)
         made = entry is None
         if entry is None:
             entry = self._make(
@@ -529,8 +528,7 @@ class Dispatcher:
         """What a call would do at `level`, changing nothing."""
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
         partition, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
-        take = partition.take_dynamic
-        dynamic = leaves if take is None else take(leaves)
+        dynamic = partition.take_dynamic(leaves)
         cache_hit = (
             entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
         )
@@ -554,8 +552,7 @@ class Dispatcher:
         partition, cache, key, entry = self._lookup(
             ABSTRACT, fun, tree, leaves, treedef, shape, False, called
         )
-        take = partition.take_dynamic
-        dynamic = leaves if take is None else take(leaves)
+        dynamic = partition.take_dynamic(leaves)
         if entry is None:
             entry = self._make(
                 ABSTRACT, fun, partition, leaves, dynamic, called, cache, key

@@ -177,10 +177,8 @@ class Partition:
         static_types = tuple(types[p] for p in static)
         self.signature = (treedef, self.dynamic_positions, static_types, self.exact)
         self.program = program_of(self.signature)
-        # `take_dynamic(leaves)`: the traced leaves (`None`: all of them).
-        self.take_dynamic = (
-            None if len(dynamic) == len(types) else _taker(dynamic, len(types))
-        )
+        # `take_dynamic(leaves)`: the traced leaves.
+        self.take_dynamic = _taker(dynamic, len(types))
         self._take_static = _taker(static, len(types))
         # (index among the static leaves, its key function) where not the leaf.
         self.rekeys = tuple(rekeys)

@@ -93,8 +93,7 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
     if found is None:
         return None
     leaves, key, dynamic = found
-    take = partition.take_dynamic
-    expected = leaves if take is None else take(leaves)
+    expected = partition.take_dynamic(leaves)
     assert len(dynamic) == len(expected)
     assert all(a is b for a, b in zip(dynamic, expected))
     if partition.orders is not None:

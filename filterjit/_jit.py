@@ -278,10 +278,16 @@ def filter_jit(
         jax.jit(lambda: jax.grad(f)(0.0, np.int32(0)))()  # 1.0
         ```
     """
-    options = make_options(donate=donate, inline=inline, **jitkwargs)
+    if type(donate) is str and donate == "none" and inline is False and not jitkwargs:
+        options = _DEFAULT_OPTIONS  # checked once (libraries wrap on every call)
+    else:
+        options = make_options(donate=donate, inline=inline, **jitkwargs)
     if fun is None:
         return ft.partial(_decorate, options)  # pyright: ignore[reportReturnType]
     return _decorate(options, fun)
+
+
+_DEFAULT_OPTIONS = make_options()
 
 
 def _decorate(options: Options, fun: Any, caller: str = "filter_jit") -> Any:

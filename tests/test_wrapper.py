@@ -160,3 +160,19 @@ def test_a_wrapper_unflattened_by_jax_keeps_its_metadata():
 
     g(wrapped)
     assert seen == [("scale", "Multiplies by n.", "scale", {"n": int})]
+
+
+def test_the_default_options_are_the_checked_ones():
+    """`filter_jit(f)` takes options checked once; they are what checking gives."""
+    from filterjit._options import make_options
+
+    def f(x):
+        return x
+
+    checked = make_options(donate="none", inline=False)
+    assert filter_jit(f)._options == checked
+    assert filter_jit()(f)._options == checked
+    # Anything else is checked on the call: `donate` of another type included.
+    assert filter_jit(f, donate=("x",))._options.donate == ("x",)
+    with pytest.raises(ValueError, match="inline=0 is not an option"):
+        filter_jit(f, inline=0)

@@ -171,8 +171,10 @@ class Dispatcher:
             if spec.plain:
                 return spec.build(traced, leaves)
             out = self._finish(level, out, leaves)
-        if out is _BY_ALIAS or out is _UNSHARED:
-            return self._again(level, fun, args, kwargs, out)
+        if out is _BY_ALIAS or out is _UNSHARED:  # made again, as `_finish` says
+            return self._call(
+                level, fun, args, kwargs, out is _BY_ALIAS, out is not _UNSHARED
+            )
         return out
 
     def _call(
@@ -216,35 +218,18 @@ class Dispatcher:
             if isinstance(error, TypeError):  # a leaf JAX cannot trace, named
                 self._check_traceable(partition, leaves)
             raise
-        return self._again(level, fun, args, kwargs, out, by_alias, share)
-
-    def _again(
-        self,
-        level: int,
-        fun: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        out: Any,
-        by_alias: bool = False,
-        share: bool = True,
-    ) -> Any:
-        """`out`, or the call made again where `_run` or `_finish` said so."""
-        if out is _BY_ALIAS:
-            return self._call(level, fun, args, kwargs, True, share)
-        if out is _UNSHARED:
-            return self._call(level, fun, args, kwargs, by_alias, False)
+        if out is _BY_ALIAS or out is _UNSHARED:
+            by_alias = by_alias or out is _BY_ALIAS
+            share = share and out is not _UNSHARED
+            return self._call(level, fun, args, kwargs, by_alias, share)
         return out
 
     def _finish_top(
-        self,
-        fun: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        out: Carried,
-        leaves: list[Any],
+        self, fun: Any, args: Any, kwargs: Any, out: Carried, leaves: list[Any]
     ) -> Any:
         """A `top` call's output that is not plain (see `_fastpath.top_caller`)."""
-        return self._again(TOP, fun, args, kwargs, self._finish(TOP, out, leaves))
+        out = self._finish(TOP, out, leaves)
+        return self._call(TOP, fun, args, kwargs, True) if out is _BY_ALIAS else out
 
     def _flattened(
         self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]

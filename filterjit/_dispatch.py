@@ -131,7 +131,7 @@ class Dispatcher:
     def call(
         self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        """Calls `fun(*args, **kwargs)` at trace level `level` (not DISABLED), on the
+        """Calls `fun(*args, **kwargs)` at trace level `level`, on the
         fast path: a call that the latest partition at its level reads and keys
         (see `_fastpath`), whose entry is cached (and its NumPy constants as they
         were), runs as `_call` would run it. Any other takes `_call` from the

@@ -14,7 +14,6 @@ import jax.extend.source_info_util
 # Where a call happens: plain ints, which index per-level caches on every call.
 TOP = 0  # no trace at all: a plain Python call
 EAGER = 1  # only eager transforms (grad, vjp, jvp, linearize, vmap) around it
-DISABLED = -1  # inside `jax.disable_jit()`: not a trace level; call directly
 STAGED = 2  # a staged computation (jit, make_jaxpr, a scan body, ...) in the chain
 
 
@@ -35,11 +34,6 @@ def _current_equations_public() -> list[Any] | None:
     return None  # unknown: the caller assumes the worst
 
 
-def _call_level_public() -> int:
-    disabled = jax.config.jax_disable_jit  # pyright: ignore[reportAttributeAccessIssue]
-    return DISABLED if disabled else _trace_level_public()
-
-
 def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     if _trace_level_public() == STAGED:
         return self._staged(*args, **kwargs)
@@ -50,12 +44,11 @@ def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
 # self, args, kwargs)`, elsewhere `self._call(level, self._fun, args, kwargs)`,
 # and `self._fun(*args, **kwargs)` inside `jax.disable_jit()`.
 def _call_at_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-    level = _call_level_public()
-    if level == DISABLED:
+    if jax.config.jax_disable_jit:  # pyright: ignore[reportAttributeAccessIssue]
         return self._fun(*args, **kwargs)
-    if level == TOP:
+    if _trace_level_public() == TOP:
         return self._dispatcher.top(self, args, kwargs)
-    return self._call(level, self._fun, args, kwargs)
+    return self._call(STAGED, self._fun, args, kwargs)
 
 
 try:
@@ -83,7 +76,6 @@ try:
 except ImportError:  # pragma: no cover - the tests simulate this by monkeypatching
     private_api_available = False
     trace_level = _trace_level_public
-    call_level = _call_level_public
     current_equations = _current_equations_public
     call_by_level = _call_by_level_public
     call_at_level = _call_at_level_public
@@ -109,9 +101,6 @@ else:
             return TOP
         return _walk(trace)
 
-    def _call_level_private() -> int:
-        return DISABLED if _disable_jit_state.value else _trace_level_private()
-
     def _call_by_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         # Most calls: positional, at the top level.
         if not kwargs and type(_current_trace.value) is _EvalTrace:
@@ -122,7 +111,7 @@ else:
         return self._outside(*args, **kwargs)
 
     def _call_at_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-        # `call_level()` inline: the hot path's first function is this one.
+        # The level found inline: the hot path's first function is this one.
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
         if _disable_jit_state.value:
             return self._fun(*args, **kwargs)
@@ -138,7 +127,6 @@ else:
         return None if get_eqns is None else list(get_eqns())
 
     trace_level = _trace_level_private
-    call_level = _call_level_private
     current_equations = _current_equations_private
     call_by_level = _call_by_level_private
     call_at_level = _call_at_level_private

@@ -139,7 +139,7 @@ class FastAgainstReference(RuleBasedStateMachine):
 
     def _probe(self, dispatcher):
         def probe(fun, args, kwargs):
-            level = _trace.call_level()
+            level = _trace.trace_level()
             found = fast_read(dispatcher, level, fun, args, kwargs)
             if found is None:
                 return
@@ -296,7 +296,7 @@ def test_call_takes_the_fast_path_where_fast_read_says(monkeypatch, name):
     def call(x=None):
         x = jnp.arange(3.0) if x is None else x
         args, kwargs = arguments(x)
-        level = _trace.call_level()
+        level = _trace.trace_level()
         found = fast_read(dispatcher, level, wrapper._fun, args, kwargs)
         if found is not None:
             assert (

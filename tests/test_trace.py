@@ -26,7 +26,7 @@ def test_private_api_is_available():
     # working meanwhile, but cannot tell eager transforms from the top level.
     assert _trace.private_api_available
     assert _trace.trace_level.__name__ == "_trace_level_private"
-    assert _trace.call_level.__name__ == "_call_level_private"
+    assert _trace.call_at_level is _trace._call_at_level_private
     assert _trace.ByLevel.__call__ is _trace._call_by_level_private
     # The hot path reads the state behind `trace_ctx.trace` directly (from jax 0.10,
     # `trace_state_strong_ref`; jax 0.9 keeps the trace in an attribute of
@@ -178,7 +178,6 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
     # Simulate a JAX that moved the private API: the public fallback must still
     # keep nested calls no-ops.
     monkeypatch.setattr(_trace, "trace_level", _trace._trace_level_public)
-    monkeypatch.setattr(_trace, "call_level", _trace._call_level_public)
     monkeypatch.setattr(_trace.ByLevel, "__call__", _trace._call_by_level_public)
     # filter_jit's wrapper took its `__call__` when its class was made.
     monkeypatch.setattr(FilterJitWrapper, "__call__", _trace._call_at_level_public)
@@ -193,7 +192,6 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
     with pytest.raises(ValueError, match="Reverse-mode differentiation"):
         jax.grad(filterjit.jit(loop))(0.0, np.int32(0))
     with jax.disable_jit():
-        assert _trace.call_level() == _trace.DISABLED
         assert filterjit.filter_jit(loop)(jnp.float32(1.0), 0) == 2.0
 
 

@@ -311,14 +311,6 @@ class _Writer:
         self.lines.append(f"{values} = ({taken})")
         return values
 
-    def source_expression(self, source: Source) -> str:
-        kind, value = source
-        if kind == "args":
-            return f"a[{value}]"
-        if kind == "kwargs":
-            return f"k[{self.constant(value)}]"
-        return self.constant(value)
-
     def node(self, treedef: Any, types: tuple[type, ...], x: str) -> list[str] | None:
         """Checks the value `x` against `treedef`; the expressions of its leaves,
         or `None` where it has no reader."""
@@ -459,7 +451,8 @@ class _Writer:
                 return [self.constant(taken[0])]
             return [f"*{self.constant(tuple(taken))}"] if taken else []
         x = self.variable()
-        self.lines.append(f"{x} = {self.source_expression(source)}")
+        where = f"a[{value}]" if kind == "args" else f"k[{self.constant(value)}]"
+        self.lines.append(f"{x} = {where}")
         return self.node(treedef, types, x)
 
     def values(

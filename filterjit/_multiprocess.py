@@ -4,9 +4,7 @@ Each process compiles a top-level call itself: were a static argument to differ
 between them, they would compile different programs whose collectives wait on each
 other forever. So when a program that spans processes compiles, the processes
 compare digests of their static arguments (one small all-gather) and all raise the
-same `ValueError`, naming the argument, if they disagree. Values are compared
-through a text that keeps types apart and leaves out memory addresses and set
-order."""
+same `ValueError`, naming the argument, if they disagree."""
 
 import functools
 import hashlib
@@ -46,12 +44,9 @@ def _type_name(value: Any) -> str:
 
 def _safe_repr(value: Any) -> str:
     try:
-        text = repr(value)
+        return repr(value)  # a str: `repr` raises TypeError for any other result
     except Exception as error:  # a broken __repr__ must not break the call
         return f"<unrepresentable {_type_name(value)}: {_type_name(error)}>"
-    if not isinstance(text, str):
-        return f"<unrepresentable {_type_name(value)}>"
-    return text
 
 
 def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) -> str:
@@ -161,8 +156,7 @@ def _allgather(array: np.ndarray) -> np.ndarray:
         return np.asarray(replicate(rows).addressable_data(0))
 
 
-def _processes(indices: Sequence[int]) -> str:
-    indices = list(indices)
+def _processes(indices: list[int]) -> str:
     shown = ", ".join(str(i) for i in indices[:8])
     more = f" and {len(indices) - 8} more" if len(indices) > 8 else ""
     return f"process{'es' if len(indices) > 1 else ''} {shown}{more}"
@@ -221,11 +215,10 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     reprs = [_decode(row[_LABEL_BYTES:-1]) for row in gathered_texts]
     # Show each around the first character where they differ.
     start = len(os.path.commonprefix(reprs))
-    values = [_window(text, start) for text in reprs]
     label = next((text for text in labels if text), "?")
     groups: dict[str, list[int]] = {}
-    for process, text in enumerate(values):
-        groups.setdefault(text, []).append(process)
+    for process, text in enumerate(reprs):
+        groups.setdefault(_window(text, start), []).append(process)
     by_value = "; ".join(
         f"{text} on {_processes(group)}" for text, group in list(groups.items())[:4]
     )

@@ -7,6 +7,7 @@ import importlib
 import sys
 import types
 import warnings
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from ._jit import filter_jit
@@ -73,10 +74,9 @@ def _where(owner: Any, attribute: str) -> str:
     return f"{owner.__module__}.{owner.__qualname__}.{attribute}"
 
 
-def _attributes() -> list[tuple[Any, str, Any]]:
+def _attributes() -> Iterator[tuple[Any, str, Any]]:
     """`(owner, attribute, value)` for every attribute of every imported module but
     filterjit's, and of every class found in one (nested classes included)."""
-    found = []
     classes: dict[int, type] = {}
     for name, module in list(sys.modules.items()):
         if not issubclass(type(module), types.ModuleType) or (
@@ -87,11 +87,10 @@ def _attributes() -> list[tuple[Any, str, Any]]:
         while pending:
             owner = pending.pop()
             for attribute, value in list(vars(owner).items()):
-                found.append((owner, attribute, value))
+                yield owner, attribute, value
                 if issubclass(type(value), type) and id(value) not in classes:
                     classes[id(value)] = value
                     pending.append(value)
-    return found
 
 
 def _replacement(wrapper: Any, jit_module: types.ModuleType) -> Any:
@@ -177,8 +176,8 @@ def patch_equinox() -> EquinoxPatch:
     if _State.original is not None and _State.original not in originals:
         originals.append(_State.original)
     wrapper_type = getattr(jit_module, "_JitWrapper", None)
-    replacements: dict[int, Any] = {}  # id of Equinox's wrapper -> filterjit's
-    reasons: dict[int, str] = {}  # id of Equinox's wrapper -> why it is left
+    made: dict[int, Any] = {}  # id of Equinox's wrapper -> filterjit's, or why none
+    unset: dict[int, str] = {}  # id of Equinox's wrapper -> why it could not be set
     swapped: dict[int, str] = {}
     places = []
     for owner, attribute, value in _attributes():
@@ -186,31 +185,28 @@ def patch_equinox() -> EquinoxPatch:
         wrapped = (
             value.__func__ if type(value) in (staticmethod, classmethod) else value
         )
-        new = None
         if any(value is jit for jit in originals):
             new = filter_jit if isinstance(owner, types.ModuleType) else None
-        elif wrapper_type is not None and type(wrapped) is wrapper_type:
-            key = id(wrapped)
-            if key not in replacements and key not in reasons:
-                made = _replacement(wrapped, jit_module)
-                if isinstance(made, str):
-                    reasons[key] = made
-                else:
-                    replacements[key] = made
-            new = replacements.get(key)
-            if new is not None and wrapped is not value:
+        elif type(wrapped) is wrapper_type:  # never, where wrapper_type is None
+            if id(wrapped) not in made:
+                made[id(wrapped)] = _replacement(wrapped, jit_module)
+            new = made[id(wrapped)]
+            if not isinstance(new, str) and wrapped is not value:
                 new = type(value)(new)
-        if new is None:
+        else:
+            continue
+        if new is None or isinstance(new, str):
             continue
         try:
             setattr(owner, attribute, new)
         except (AttributeError, TypeError) as error:
-            reasons[id(wrapped)] = f"{_where(owner, attribute)} cannot be set ({error})"
+            unset[id(wrapped)] = f"{_where(owner, attribute)} cannot be set ({error})"
             continue
         _State.swaps.append(_Swap(owner, attribute, value, new))
         places.append(_where(owner, attribute))
-        if id(wrapped) in replacements:
+        if new is not filter_jit:
             swapped.setdefault(id(wrapped), _name(wrapped))
+    reasons = {k: v for k, v in made.items() if isinstance(v, str)} | unset
     left = _left(wrapper_type, reasons)
     if left:
         warnings.warn(

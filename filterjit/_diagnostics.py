@@ -28,8 +28,7 @@ _short_repr.maxstring = 40
 _short_repr.maxother = 40
 _short_repr.maxlist = _short_repr.maxtuple = _short_repr.maxdict = 6
 
-# Thresholds for the functions of given modules (and their submodules); `None`'s
-# for all others.
+# Retrace-warning thresholds by module (and submodules); `None`'s for all others.
 _thresholds: dict[str | None, int | None] = {
     None: int(os.environ.get("FILTERJIT_RETRACE_WARNING_THRESHOLD", "10"))
 }

@@ -29,13 +29,9 @@ _NOT_GIVEN: Any = object()
 
 
 class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
-    """A function compiled with `filterjit.jit`. See `filterjit.jit`.
-
-    Its `__dict__` is what `jax.jit`'s object holds in its own (the function's
-    metadata and attributes, as `functools.wraps` copies them); its methods are on
-    its type, so that a transform that copies the `__dict__` (`jax.vmap`,
-    `jax.grad` and `jax.jit` all do) copies none of them.
-    """
+    """A function compiled with `filterjit.jit`. Its `__dict__` is what `jax.jit`'s
+    object holds in its own; its methods are on its type, so that a transform that
+    copies the `__dict__` (`jax.vmap`, `jax.grad` and `jax.jit` do) copies none."""
 
     # `_outside` (from `ByLevel`): the `jax.jit` object.
     __slots__ = (

@@ -8,7 +8,7 @@ import sys
 import types
 import warnings
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from ._jit import filter_jit
 from ._options import DonateOption
@@ -45,18 +45,16 @@ class EquinoxPatch:
     left: tuple[str, ...]
 
 
-class _Swap(NamedTuple):
-    owner: Any  # a module or a class
-    attribute: str
-    old: Any
-    new: Any
-
-
 class _State:
     """The patch in force: Equinox's `filter_jit`, and every attribute rewritten."""
 
     original: Any = None
-    swaps: list[_Swap] = []
+    swaps: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, old, new)
+
+
+def _unwrapped(value: Any) -> Any:
+    # By exact type: isinstance would run any object's `__class__` (a proxy's).
+    return value.__func__ if type(value) in (staticmethod, classmethod) else value
 
 
 def _name(wrapper: Any) -> str:
@@ -181,10 +179,7 @@ def patch_equinox() -> EquinoxPatch:
     swapped: dict[int, str] = {}
     places = []
     for owner, attribute, value in _attributes():
-        # By exact type: isinstance would run any object's `__class__` (a proxy's).
-        wrapped = (
-            value.__func__ if type(value) in (staticmethod, classmethod) else value
-        )
+        wrapped = _unwrapped(value)
         if any(value is jit for jit in originals):
             new = filter_jit if isinstance(owner, types.ModuleType) else None
         elif type(wrapped) is wrapper_type:  # never, where wrapper_type is None
@@ -202,7 +197,7 @@ def patch_equinox() -> EquinoxPatch:
         except (AttributeError, TypeError) as error:
             unset[id(wrapped)] = f"{_where(owner, attribute)} cannot be set ({error})"
             continue
-        _State.swaps.append(_Swap(owner, attribute, value, new))
+        _State.swaps.append((owner, attribute, value, new))
         places.append(_where(owner, attribute))
         if new is not filter_jit:
             swapped.setdefault(id(wrapped), _name(wrapped))
@@ -219,17 +214,14 @@ def patch_equinox() -> EquinoxPatch:
 
 def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
     """Every live Equinox wrapper that no rewritten attribute held, with why."""
-    replaced = {
-        id(s.old.__func__ if type(s.old) in (staticmethod, classmethod) else s.old)
-        for s in _State.swaps
-    }
+    replaced = {id(_unwrapped(old)) for _, _, old, _ in _State.swaps}
     gc.collect()  # not to report wrappers that are garbage already
-    left = []
-    for value in gc.get_objects():
-        if type(value) is wrapper_type and id(value) not in replaced:
-            reason = reasons.get(id(value), "not an attribute of a module or a class")
-            left.append(f"{_name(value)} ({reason})")
-    return sorted(left)
+    unreached = "not an attribute of a module or a class"
+    return sorted(
+        f"{_name(value)} ({reasons.get(id(value), unreached)})"
+        for value in gc.get_objects()
+        if type(value) is wrapper_type and id(value) not in replaced
+    )
 
 
 def unpatch_equinox() -> None:
@@ -238,8 +230,8 @@ def unpatch_equinox() -> None:
     there gets its Equinox wrapper back. Functions decorated while the patch was in
     force keep filterjit's wrapper: no Equinox one exists for them. Without a patch
     in force, it does nothing."""
-    for swap in reversed(_State.swaps):
-        if vars(swap.owner).get(swap.attribute) is swap.new:
-            setattr(swap.owner, swap.attribute, swap.old)
+    for owner, attribute, old, new in reversed(_State.swaps):
+        if vars(owner).get(attribute) is new:
+            setattr(owner, attribute, old)
     _State.swaps = []
     _State.original = None

@@ -137,10 +137,9 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         except (TypeError, ValueError):
             parameters = []
         positional = positional_names(parameters)
-        numbers = self._jit_kwargs.get("static_argnums", ())
-        names = self._jit_kwargs.get("static_argnames", ())
-        numbers = {n % len(args) if n < 0 else n for n in _as_tuple(numbers) if args}
-        names = set(_as_tuple(names))
+        numbers = _as_tuple(self._jit_kwargs.get("static_argnums", ()))
+        names = set(_as_tuple(self._jit_kwargs.get("static_argnames", ())))
+        numbers = {n % len(args) if n < 0 else n for n in numbers if args}
         numbers |= {positional.index(name) for name in names if name in positional}
         names |= {positional[n] for n in numbers if n < len(positional)}
         rows = []

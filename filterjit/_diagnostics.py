@@ -244,9 +244,8 @@ class TraceLog:
                 logger.warning(self._retrace_message(changes))
         self._previous = current
         for path, now in current.items():
-            seen = self._seen[path]
-            if now.role == "static" and len(seen) <= _MAX_SEEN:
-                seen.add(now.value)
+            if now.role == "static" and len(self._seen[path]) <= _MAX_SEEN:
+                self._seen[path].add(now.value)
         module = self.module  # its threshold, or its package's, or the global one
         while module and module not in _thresholds:
             module = module.rpartition(".")[0]
@@ -346,8 +345,7 @@ def key_error(
     name = function.name
     if partition is None:
         # No leaf failed, but a node's auxiliary data (a static field, say).
-        call = jtu.tree_unflatten(treedef, leaves)
-        _, args, kwargs = function.split_call(fun, call)
+        _, args, kwargs = function.split_call(fun, jtu.tree_unflatten(treedef, leaves))
         for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:
             label = name if where is None else function._parameter(where)[1]
             field = find_static_array_field(value, label)
@@ -367,10 +365,9 @@ def key_error(
                     "say), or make it a regular field so that it is traced."
                 )
     else:
-        leaf_parameters = function.leaf_parameters(treedef)
         for position, key in zip(partition.static_positions, partition.statics(leaves)):
             if _hash_and_eq_fail(key):
-                label = leaf_parameters[position][2]
+                label = function.leaf_parameters(treedef)[position][2]
                 kind = type(leaves[position]).__qualname__
                 return TypeError(
                     f"{name}(): argument `{label}` is a static value of type `{kind}` "

@@ -62,36 +62,29 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
         return f"PyTreeDef({canonical(node, _depth, _seen)}[{children}])"
     if _depth >= _MAX_DEPTH or id(value) in _seen:
         return f"{_type_name(value)}:..."
-    seen = _seen | {id(value)}
-    depth = _depth + 1
+    inner = functools.partial(canonical, _depth=_depth + 1, _seen=_seen | {id(value)})
     if isinstance(value, tuple | list):
-        items = ",".join(canonical(item, depth, seen) for item in value)
-        return f"{_type_name(value)}({items})"
+        return f"{_type_name(value)}({','.join(map(inner, value))})"
     if isinstance(value, set | frozenset):
         # Set order follows string hashes, which are salted per process.
-        items = ",".join(sorted(canonical(item, depth, seen) for item in value))
-        return f"{_type_name(value)}{{{items}}}"
+        return f"{_type_name(value)}{{{','.join(sorted(map(inner, value)))}}}"
     if isinstance(value, dict):
-        items = ",".join(
-            f"{canonical(k, depth, seen)}:{canonical(v, depth, seen)}"
-            for k, v in value.items()
-        )
+        items = ",".join(f"{inner(k)}:{inner(v)}" for k, v in value.items())
         return f"{_type_name(value)}{{{items}}}"
     if isinstance(value, type | types.ModuleType):
         return f"{_type_name(value)}:{_qualified_name(value)}"
     if isinstance(value, types.MethodType):
-        receiver = canonical(value.__self__, depth, seen)
-        return f"method:{_qualified_name(value.__func__)}@{receiver}"
+        return f"method:{_qualified_name(value.__func__)}@{inner(value.__self__)}"
     if isinstance(value, types.FunctionType | types.BuiltinFunctionType):
         return f"function:{_qualified_name(value)}"
     wrapped = getattr(value, "__wrapped__", None)
     if wrapped is not None and callable(value):  # jax.jit and functools.wraps
-        return f"{_type_name(value)}:{canonical(wrapped, depth, seen)}"
+        return f"{_type_name(value)}:{inner(wrapped)}"
     if type(value).__repr__ is object.__repr__:
         # The default repr is only the type and an address: compare the state.
         state = getattr(value, "__dict__", None)
         if isinstance(state, dict):
-            return f"{_type_name(value)}:{canonical(state, depth, seen)}"
+            return f"{_type_name(value)}:{inner(state)}"
         return f"{_type_name(value)}:<opaque>"
     return f"{_type_name(value)}:{_ADDRESS.sub('0x?', _safe_repr(value))}"
 

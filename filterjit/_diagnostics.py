@@ -96,8 +96,7 @@ def _warn_at_user_frame(message: str, category: type[Warning]) -> None:
 
 def find_static_array_field(value: Any, label: str) -> str | None:
     """The path to the first static field of an `eqx.Module` inside `value` that
-    holds an array, or `None`. Such a field makes the pytree structure fail to
-    compare, since `==` on arrays gives arrays."""
+    holds an array (the structure cannot compare: `==` gives arrays), or `None`."""
     is_module = lambda x: isinstance(x, eqx.Module)  # noqa: E731
     for path, module in jtu.tree_flatten_with_path(value, is_leaf=is_module)[0]:
         for field in dataclasses.fields(module) if is_module(module) else ():

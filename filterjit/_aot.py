@@ -1,6 +1,4 @@
-"""Ahead-of-time compilation: `wrapped.trace(...)`, `.lower(...)`, `.compile()`.
-Each object keeps the static arguments it was made with, and raises if called
-with others rather than compute with the old ones."""
+"""Ahead-of-time compilation: `wrapped.trace(...)`, `.lower(...)`, `.compile()`."""
 
 from collections.abc import Callable, Sequence
 from typing import Any

@@ -201,9 +201,7 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     Takes exactly `jax.jit`'s arguments. At the top level and under eager
     transforms (`jax.grad`, `jax.vmap`, ... not inside a `jax.jit`), a call is a
     call of `jax.jit(fun, **jit_kwargs)`: the same tracing, caching, errors,
-    donation and shardings, behind only a check of the trace level. `.lower`,
-    `.trace`, `.eval_shape`, `.clear_cache`, the `repr` and the attributes are
-    `jax.jit`'s.
+    donation and shardings, behind only a check of the trace level.
 
     Inside a staged trace (an outer `jax.jit`, a `lax.scan` body, ...), a call is
     `filterjit.filter_jit`'s nested call: only leaves that are tracers already are

@@ -127,9 +127,8 @@ def _window(text: str, start: int, width: int = 72) -> str:
 @functools.cache
 def _gatherer() -> tuple[NamedSharding, Callable[[jax.Array], jax.Array]]:
     """A sharding with a row per process, and a function that replicates its rows."""
-    devices = jax.devices()
     rows = [
-        sorted((d for d in devices if d.process_index == p), key=lambda d: d.id)
+        sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
         for p in range(jax.process_count())
     ]
     width = min(len(row) for row in rows)
@@ -177,8 +176,7 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     pairs = [(label, canonical(value)) for label, value in statics]
     per_argument = [_digest(label, text) for label, text in pairs]
     overall = _digest(*(f"{label}={text}" for label, text in pairs))
-    header = np.array([len(statics), *_digest(name), *overall], np.uint32)
-    headers = _allgather(header)
+    headers = _allgather(np.array([len(statics), *_digest(name), *overall], np.uint32))
     if (headers == headers[0]).all():
         return
     # Every process sees the same data from here: the same collectives and error.

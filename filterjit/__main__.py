@@ -63,10 +63,9 @@ def main() -> None:
             try:
                 outcome = "ok    " + np.array2string(np.asarray(case(decorator)))
             except Exception as error:
-                lines = str(error).strip().splitlines()
-                message = f"{type(error).__name__}: {lines[0] if lines else ''}"
-                cut = message if len(message) <= 90 else message[:87] + "..."
-                outcome = "FAIL  " + cut
+                first = (str(error).strip().splitlines() or [""])[0]
+                failed = f"FAIL  {type(error).__name__}: {first}"
+                outcome = failed if len(failed) <= 96 else failed[:93] + "..."
             print(f"    {name:<{width}}  {outcome}")
         print()
 

@@ -1,6 +1,4 @@
-"""Ahead-of-time compilation: `wrapped.trace(...)`, `.lower(...)`, `.compile()`.
-Each object keeps the static arguments it was made with, and raises if called
-with others rather than compute with the old ones."""
+"""Ahead-of-time compilation: `wrapped.trace(...)`, `.lower(...)`, `.compile()`."""
 
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,17 +41,15 @@ class Specialisation:
                 "structure."
             )
         labels = self._labels(partition.treedef)
-        if partition.dynamic_positions != lowered.dynamic_positions:
-            traced = set(lowered.dynamic_positions)
-            for position in set(partition.dynamic_positions) ^ traced:
-                was = "traced" if position in traced else "static"
-                now = "static" if position in traced else "traced"
-                kind = type(leaves[position]).__name__
-                raise TypeError(
-                    f"{self.name}: argument `{labels[position]}` was {was} when "
-                    f"lowered and is {now} now (it is a `{kind}`). Pass the same "
-                    "kind of value, or lower again."
-                )
+        traced = set(lowered.dynamic_positions)
+        for position in set(partition.dynamic_positions) ^ traced:
+            was = "traced" if position in traced else "static"
+            now = "static" if position in traced else "traced"
+            raise TypeError(
+                f"{self.name}: argument `{labels[position]}` was {was} when lowered "
+                f"and is {now} now (it is a `{type(leaves[position]).__name__}`). "
+                "Pass the same kind of value, or lower again."
+            )
         statics = list(partition.statics(leaves))
         if partition.signature[2] == lowered.signature[2] and statics == self.statics:
             return
@@ -111,8 +107,7 @@ class Lowered:
         return self.lowered.as_text(dialect)
 
     def compiler_ir(self, dialect: str | None = None) -> Any:
-        """The lowered program as an MLIR module, as
-        `jax.stages.Lowered.compiler_ir`."""
+        """The program as an MLIR module, as `jax.stages.Lowered.compiler_ir`."""
         return self.lowered.compiler_ir(dialect)
 
     def compile(self, compiler_options: dict[str, Any] | None = None) -> Compiled:
@@ -132,8 +127,7 @@ class Traced:
 
     @property
     def jaxpr(self) -> Any:
-        """The traced program, as a `ClosedJaxpr` whose inputs are the traced
-        leaves."""
+        """The program, as a `ClosedJaxpr` whose inputs are the traced leaves."""
         return self.traced.jaxpr
 
     @property

@@ -9,6 +9,7 @@ import reprlib
 import sys
 import warnings
 import weakref
+from collections.abc import Collection
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -27,11 +28,10 @@ _short_repr.maxstring = 40
 _short_repr.maxother = 40
 _short_repr.maxlist = _short_repr.maxtuple = _short_repr.maxdict = 6
 
-_retrace_warning_threshold: int | None = int(
-    os.environ.get("FILTERJIT_RETRACE_WARNING_THRESHOLD", "10")
-)
-# Thresholds for the functions of given modules (and their submodules).
-_module_thresholds: dict[str, int | None] = {}
+# Retrace-warning thresholds by module (and submodules); `None`'s for all others.
+_thresholds: dict[str | None, int | None] = {
+    None: int(os.environ.get("FILTERJIT_RETRACE_WARNING_THRESHOLD", "10"))
+}
 
 
 class RetraceWarning(UserWarning):
@@ -70,16 +70,12 @@ def set_retrace_warning_threshold(
         filterjit.set_retrace_warning_threshold(None, module="mylibrary")
         ```
     """
-    global _retrace_warning_threshold
     if threshold is not None and (not isinstance(threshold, int) or threshold < 1):
         raise ValueError(
             f"set_retrace_warning_threshold: expected a positive int or None, but "
             f"got {threshold!r}."
         )
-    if module is None:
-        _retrace_warning_threshold = threshold
-    else:
-        _module_thresholds[module] = threshold
+    _thresholds[module] = threshold
 
 
 _INTERNAL = (
@@ -100,23 +96,17 @@ def _warn_at_user_frame(message: str, category: type[Warning]) -> None:
 
 def find_static_array_field(value: Any, label: str) -> str | None:
     """The path to the first static field of an `eqx.Module` inside `value` that
-    holds an array, or `None`. Such a field makes the pytree structure fail to
-    compare, since `==` on arrays gives arrays."""
-    if isinstance(value, eqx.Module):
-        for field in dataclasses.fields(value):
-            child = getattr(value, field.name, None)
-            child_label = f"{label}.{field.name}"
+    holds an array (the structure cannot compare: `==` gives arrays), or `None`."""
+    is_module = lambda x: isinstance(x, eqx.Module)  # noqa: E731
+    for path, module in jtu.tree_flatten_with_path(value, is_leaf=is_module)[0]:
+        for field in dataclasses.fields(module) if is_module(module) else ():
+            child = getattr(module, field.name, None)
+            child_label = f"{label}{jtu.keystr(path)}.{field.name}"
             if field.metadata.get("static", False):
                 leaves = jtu.tree_leaves(child)
                 if any(isinstance(leaf, np.ndarray | jax.Array) for leaf in leaves):
                     return child_label
             elif found := find_static_array_field(child, child_label):
-                return found
-        return None
-    is_module = lambda x: x is not value and isinstance(x, eqx.Module)  # noqa: E731
-    for path, leaf in jtu.tree_flatten_with_path(value, is_leaf=is_module)[0]:
-        if isinstance(leaf, eqx.Module):
-            if found := find_static_array_field(leaf, label + jtu.keystr(path)):
                 return found
     return None
 
@@ -134,6 +124,14 @@ class Row(NamedTuple):
 
 
 def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
+    if role == "traced":
+        aval = jax.typeof(leaf)
+        text = aval.str_short(short_dtypes=True)
+        text = f"weak {text}" if getattr(aval, "weak_type", False) else text
+    elif isinstance(leaf, np.ndarray | jax.Array) and leaf.size > 6:
+        text = f"{type(leaf).__name__}({jax.typeof(leaf).str_short(short_dtypes=True)})"
+    else:
+        text = _short_repr.repr(leaf)
     code = ref = None
     if role == "static":
         # A functools.partial compares by identity: one re-made is a trap too.
@@ -143,29 +141,19 @@ def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
         function = getattr(function, "__func__", function)  # a bound method
         code = getattr(function, "__code__", None)
         ref = weakref.ref(leaf) if weakly_keyed(type(leaf)) else None
-    return Row(path, role, describe(leaf, role), type(leaf), code, argument, ref)
+    return Row(path, role, text, type(leaf), code, argument, ref)
 
 
-def _avoidable(before: Row | None, after: Row | None) -> bool:
-    """Whether a change is the trap: a Python scalar, or a function re-made."""
+def _avoidable(before: Row | None, after: Row | None, seen: Collection[str]) -> bool:
+    """Whether a change is the trap: a Python scalar taking a value not `seen`
+    before, or a function re-made (its text may repeat, its address being reused)."""
     if before is None or after is None or not after.argument:
         return False
     if not before.role == after.role == "static" or before.kind is not after.kind:
         return False
-    return before.kind in (bool, int, float, complex) or (
-        before.code is not None and before.code is after.code
-    )
-
-
-def describe(leaf: Any, role: str) -> str:
-    """A short description of a leaf: its aval if traced, else its value."""
-    if role == "traced":
-        aval = jax.typeof(leaf)
-        text = aval.str_short(short_dtypes=True)
-        return f"weak {text}" if getattr(aval, "weak_type", False) else text
-    if isinstance(leaf, np.ndarray | jax.Array) and leaf.size > 6:
-        return f"{type(leaf).__name__}({jax.typeof(leaf).str_short(short_dtypes=True)})"
-    return _short_repr.repr(leaf)
+    if before.code is not None and before.code is after.code:
+        return True
+    return before.kind in (bool, int, float, complex) and after.value not in seen
 
 
 def _hint(old: Row | None, new: Row | None) -> str:
@@ -240,12 +228,7 @@ class TraceLog:
         if self._previous is not None:
             changes = _changes(self._previous, current)
             if changes and all(
-                _avoidable(b, a)
-                and a is not None
-                # A value seen before is no trap; a re-made function is (its text
-                # may repeat, its address being reused).
-                and (a.code is not None or a.value not in self._seen[path])
-                for path, b, a in changes
+                _avoidable(b, a, self._seen.get(path, ())) for path, b, a in changes
             ):
                 self.in_a_row += 1
                 for path, before, after in changes:
@@ -260,13 +243,12 @@ class TraceLog:
                 logger.warning(self._retrace_message(changes))
         self._previous = current
         for path, now in current.items():
-            seen = self._seen[path]
-            if now.role == "static" and len(seen) <= _MAX_SEEN:
-                seen.add(now.value)
+            if now.role == "static" and len(self._seen[path]) <= _MAX_SEEN:
+                self._seen[path].add(now.value)
         module = self.module  # its threshold, or its package's, or the global one
-        while module and module not in _module_thresholds:
+        while module and module not in _thresholds:
             module = module.rpartition(".")[0]
-        threshold = _module_thresholds[module] if module else _retrace_warning_threshold
+        threshold = _thresholds[module or None]
         if not self._warned and threshold is not None and self.in_a_row > threshold:
             self._warned = True
             _warn_at_user_frame(self._warning_message(), RetraceWarning)
@@ -362,8 +344,7 @@ def key_error(
     name = function.name
     if partition is None:
         # No leaf failed, but a node's auxiliary data (a static field, say).
-        call = jtu.tree_unflatten(treedef, leaves)
-        _, args, kwargs = function.split_call(fun, call)
+        _, args, kwargs = function.split_call(fun, jtu.tree_unflatten(treedef, leaves))
         for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:
             label = name if where is None else function._parameter(where)[1]
             field = find_static_array_field(value, label)
@@ -383,10 +364,9 @@ def key_error(
                     "say), or make it a regular field so that it is traced."
                 )
     else:
-        leaf_parameters = function.leaf_parameters(treedef)
         for position, key in zip(partition.static_positions, partition.statics(leaves)):
             if _hash_and_eq_fail(key):
-                label = leaf_parameters[position][2]
+                label = function.leaf_parameters(treedef)[position][2]
                 kind = type(leaves[position]).__qualname__
                 return TypeError(
                     f"{name}(): argument `{label}` is a static value of type `{kind}` "

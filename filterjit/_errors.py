@@ -29,16 +29,6 @@ from ._partition import is_array
 _MARKER = "_EquinoxRuntimeError: "
 
 
-def _subjaxprs(value: Any) -> list[Any]:
-    if isinstance(value, jax.extend.core.ClosedJaxpr):
-        return [value.jaxpr]
-    if isinstance(value, jax.extend.core.Jaxpr):
-        return [value]
-    if isinstance(value, tuple | list):
-        return [jaxpr for item in value for jaxpr in _subjaxprs(item)]
-    return []
-
-
 def traced_a_check() -> bool:
     """Called at the end of a function's trace: whether it traced a runtime check, a
     `pure_callback` into Equinox, at any depth (`True` where that cannot be known,
@@ -46,16 +36,21 @@ def traced_a_check() -> bool:
     eqns = _trace.current_equations()
     if eqns is None:
         return True
-    stack = [list(eqns)]
+    stack = list(eqns)
     while stack:
-        for eqn in stack.pop():
-            if eqn.primitive.name == "pure_callback":
-                callback = eqn.params.get("callback")
-                function = getattr(callback, "callback_func", callback)
-                if getattr(function, "__module__", "").startswith("equinox"):
-                    return True
-            for value in eqn.params.values():
-                stack.extend(jaxpr.eqns for jaxpr in _subjaxprs(value))
+        eqn = stack.pop()
+        if eqn.primitive.name == "pure_callback":
+            callback = eqn.params.get("callback")
+            function = getattr(callback, "callback_func", callback)
+            if getattr(function, "__module__", "").startswith("equinox"):
+                return True
+        values = list(eqn.params.values())  # jaxprs, in tuples and lists at any depth
+        while values:
+            value = values.pop()
+            if isinstance(value, tuple | list):
+                values.extend(value)
+            elif isinstance(value, jax.extend.core.ClosedJaxpr | jax.extend.core.Jaxpr):
+                stack.extend(value.eqns)
     return False
 
 
@@ -121,10 +116,9 @@ def call_checked(
     _checked_calls.append(None)
     try:
         out = jitted(*dynamic)
-        if ready is not None:
-            arrays = ready(out)
-            if arrays:
-                _trace.block_leaves(arrays)
+        arrays = None if ready is None else ready(out)
+        if arrays:
+            _trace.block_leaves(arrays)
         return out
     except Exception as e:
         check_failed(e, name)
@@ -187,8 +181,4 @@ def note_recursion(error: RecursionError, name: str) -> None:
 
 def wait_checked(arrays: list[Any], name: str) -> None:
     """Waits for `arrays`, a failed check raised as `equinox.EquinoxRuntimeError`."""
-    call_checked(_identity, (arrays,), name, _identity)
-
-
-def _identity(x: Any) -> Any:
-    return x
+    call_checked(lambda: arrays, (), name, lambda _: arrays)

@@ -29,13 +29,9 @@ _NOT_GIVEN: Any = object()
 
 
 class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
-    """A function compiled with `filterjit.jit`. See `filterjit.jit`.
-
-    Its `__dict__` is what `jax.jit`'s object holds in its own (the function's
-    metadata and attributes, as `functools.wraps` copies them); its methods are on
-    its type, so that a transform that copies the `__dict__` (`jax.vmap`,
-    `jax.grad` and `jax.jit` all do) copies none of them.
-    """
+    """A function compiled with `filterjit.jit`. Its `__dict__` is what `jax.jit`'s
+    object holds in its own; its methods are on its type, so that a transform that
+    copies the `__dict__` (`jax.vmap`, `jax.grad` and `jax.jit` do) copies none."""
 
     # `_outside` (from `ByLevel`): the `jax.jit` object.
     __slots__ = (
@@ -141,10 +137,9 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         except (TypeError, ValueError):
             parameters = []
         positional = positional_names(parameters)
-        numbers = self._jit_kwargs.get("static_argnums", ())
-        names = self._jit_kwargs.get("static_argnames", ())
-        numbers = {n % len(args) if n < 0 else n for n in _as_tuple(numbers) if args}
-        names = set(_as_tuple(names))
+        numbers = _as_tuple(self._jit_kwargs.get("static_argnums", ()))
+        names = set(_as_tuple(self._jit_kwargs.get("static_argnames", ())))
+        numbers = {n % len(args) if n < 0 else n for n in numbers if args}
         numbers |= {positional.index(name) for name in names if name in positional}
         names |= {positional[n] for n in numbers if n < len(positional)}
         rows = []
@@ -206,9 +201,7 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     Takes exactly `jax.jit`'s arguments. At the top level and under eager
     transforms (`jax.grad`, `jax.vmap`, ... not inside a `jax.jit`), a call is a
     call of `jax.jit(fun, **jit_kwargs)`: the same tracing, caching, errors,
-    donation and shardings, behind only a check of the trace level. `.lower`,
-    `.trace`, `.eval_shape`, `.clear_cache`, the `repr` and the attributes are
-    `jax.jit`'s.
+    donation and shardings, behind only a check of the trace level.
 
     Inside a staged trace (an outer `jax.jit`, a `lax.scan` body, ...), a call is
     `filterjit.filter_jit`'s nested call: only leaves that are tracers already are

@@ -4,9 +4,7 @@ Each process compiles a top-level call itself: were a static argument to differ
 between them, they would compile different programs whose collectives wait on each
 other forever. So when a program that spans processes compiles, the processes
 compare digests of their static arguments (one small all-gather) and all raise the
-same `ValueError`, naming the argument, if they disagree. Values are compared
-through a text that keeps types apart and leaves out memory addresses and set
-order."""
+same `ValueError`, naming the argument, if they disagree."""
 
 import functools
 import hashlib
@@ -46,12 +44,9 @@ def _type_name(value: Any) -> str:
 
 def _safe_repr(value: Any) -> str:
     try:
-        text = repr(value)
+        return repr(value)  # a str: `repr` raises TypeError for any other result
     except Exception as error:  # a broken __repr__ must not break the call
         return f"<unrepresentable {_type_name(value)}: {_type_name(error)}>"
-    if not isinstance(text, str):
-        return f"<unrepresentable {_type_name(value)}>"
-    return text
 
 
 def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) -> str:
@@ -67,36 +62,29 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
         return f"PyTreeDef({canonical(node, _depth, _seen)}[{children}])"
     if _depth >= _MAX_DEPTH or id(value) in _seen:
         return f"{_type_name(value)}:..."
-    seen = _seen | {id(value)}
-    depth = _depth + 1
+    inner = functools.partial(canonical, _depth=_depth + 1, _seen=_seen | {id(value)})
     if isinstance(value, tuple | list):
-        items = ",".join(canonical(item, depth, seen) for item in value)
-        return f"{_type_name(value)}({items})"
+        return f"{_type_name(value)}({','.join(map(inner, value))})"
     if isinstance(value, set | frozenset):
         # Set order follows string hashes, which are salted per process.
-        items = ",".join(sorted(canonical(item, depth, seen) for item in value))
-        return f"{_type_name(value)}{{{items}}}"
+        return f"{_type_name(value)}{{{','.join(sorted(map(inner, value)))}}}"
     if isinstance(value, dict):
-        items = ",".join(
-            f"{canonical(k, depth, seen)}:{canonical(v, depth, seen)}"
-            for k, v in value.items()
-        )
+        items = ",".join(f"{inner(k)}:{inner(v)}" for k, v in value.items())
         return f"{_type_name(value)}{{{items}}}"
     if isinstance(value, type | types.ModuleType):
         return f"{_type_name(value)}:{_qualified_name(value)}"
     if isinstance(value, types.MethodType):
-        receiver = canonical(value.__self__, depth, seen)
-        return f"method:{_qualified_name(value.__func__)}@{receiver}"
+        return f"method:{_qualified_name(value.__func__)}@{inner(value.__self__)}"
     if isinstance(value, types.FunctionType | types.BuiltinFunctionType):
         return f"function:{_qualified_name(value)}"
     wrapped = getattr(value, "__wrapped__", None)
     if wrapped is not None and callable(value):  # jax.jit and functools.wraps
-        return f"{_type_name(value)}:{canonical(wrapped, depth, seen)}"
+        return f"{_type_name(value)}:{inner(wrapped)}"
     if type(value).__repr__ is object.__repr__:
         # The default repr is only the type and an address: compare the state.
         state = getattr(value, "__dict__", None)
         if isinstance(state, dict):
-            return f"{_type_name(value)}:{canonical(state, depth, seen)}"
+            return f"{_type_name(value)}:{inner(state)}"
         return f"{_type_name(value)}:<opaque>"
     return f"{_type_name(value)}:{_ADDRESS.sub('0x?', _safe_repr(value))}"
 
@@ -139,9 +127,8 @@ def _window(text: str, start: int, width: int = 72) -> str:
 @functools.cache
 def _gatherer() -> tuple[NamedSharding, Callable[[jax.Array], jax.Array]]:
     """A sharding with a row per process, and a function that replicates its rows."""
-    devices = jax.devices()
     rows = [
-        sorted((d for d in devices if d.process_index == p), key=lambda d: d.id)
+        sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
         for p in range(jax.process_count())
     ]
     width = min(len(row) for row in rows)
@@ -161,8 +148,7 @@ def _allgather(array: np.ndarray) -> np.ndarray:
         return np.asarray(replicate(rows).addressable_data(0))
 
 
-def _processes(indices: Sequence[int]) -> str:
-    indices = list(indices)
+def _processes(indices: list[int]) -> str:
     shown = ", ".join(str(i) for i in indices[:8])
     more = f" and {len(indices) - 8} more" if len(indices) > 8 else ""
     return f"process{'es' if len(indices) > 1 else ''} {shown}{more}"
@@ -190,8 +176,7 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     pairs = [(label, canonical(value)) for label, value in statics]
     per_argument = [_digest(label, text) for label, text in pairs]
     overall = _digest(*(f"{label}={text}" for label, text in pairs))
-    header = np.array([len(statics), *_digest(name), *overall], np.uint32)
-    headers = _allgather(header)
+    headers = _allgather(np.array([len(statics), *_digest(name), *overall], np.uint32))
     if (headers == headers[0]).all():
         return
     # Every process sees the same data from here: the same collectives and error.
@@ -221,11 +206,10 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     reprs = [_decode(row[_LABEL_BYTES:-1]) for row in gathered_texts]
     # Show each around the first character where they differ.
     start = len(os.path.commonprefix(reprs))
-    values = [_window(text, start) for text in reprs]
     label = next((text for text in labels if text), "?")
     groups: dict[str, list[int]] = {}
-    for process, text in enumerate(values):
-        groups.setdefault(text, []).append(process)
+    for process, text in enumerate(reprs):
+        groups.setdefault(_window(text, start), []).append(process)
     by_value = "; ".join(
         f"{text} on {_processes(group)}" for text, group in list(groups.items())[:4]
     )

@@ -7,7 +7,8 @@ import importlib
 import sys
 import types
 import warnings
-from typing import Any, NamedTuple
+from collections.abc import Iterator
+from typing import Any
 
 from ._jit import filter_jit
 from ._options import DonateOption
@@ -44,18 +45,16 @@ class EquinoxPatch:
     left: tuple[str, ...]
 
 
-class _Swap(NamedTuple):
-    owner: Any  # a module or a class
-    attribute: str
-    old: Any
-    new: Any
-
-
 class _State:
     """The patch in force: Equinox's `filter_jit`, and every attribute rewritten."""
 
     original: Any = None
-    swaps: list[_Swap] = []
+    swaps: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, old, new)
+
+
+def _unwrapped(value: Any) -> Any:
+    # By exact type: isinstance would run any object's `__class__` (a proxy's).
+    return value.__func__ if type(value) in (staticmethod, classmethod) else value
 
 
 def _name(wrapper: Any) -> str:
@@ -73,10 +72,9 @@ def _where(owner: Any, attribute: str) -> str:
     return f"{owner.__module__}.{owner.__qualname__}.{attribute}"
 
 
-def _attributes() -> list[tuple[Any, str, Any]]:
+def _attributes() -> Iterator[tuple[Any, str, Any]]:
     """`(owner, attribute, value)` for every attribute of every imported module but
     filterjit's, and of every class found in one (nested classes included)."""
-    found = []
     classes: dict[int, type] = {}
     for name, module in list(sys.modules.items()):
         if not issubclass(type(module), types.ModuleType) or (
@@ -87,11 +85,10 @@ def _attributes() -> list[tuple[Any, str, Any]]:
         while pending:
             owner = pending.pop()
             for attribute, value in list(vars(owner).items()):
-                found.append((owner, attribute, value))
+                yield owner, attribute, value
                 if issubclass(type(value), type) and id(value) not in classes:
                     classes[id(value)] = value
                     pending.append(value)
-    return found
 
 
 def _replacement(wrapper: Any, jit_module: types.ModuleType) -> Any:
@@ -177,40 +174,34 @@ def patch_equinox() -> EquinoxPatch:
     if _State.original is not None and _State.original not in originals:
         originals.append(_State.original)
     wrapper_type = getattr(jit_module, "_JitWrapper", None)
-    replacements: dict[int, Any] = {}  # id of Equinox's wrapper -> filterjit's
-    reasons: dict[int, str] = {}  # id of Equinox's wrapper -> why it is left
+    made: dict[int, Any] = {}  # id of Equinox's wrapper -> filterjit's, or why none
+    unset: dict[int, str] = {}  # id of Equinox's wrapper -> why it could not be set
     swapped: dict[int, str] = {}
     places = []
     for owner, attribute, value in _attributes():
-        # By exact type: isinstance would run any object's `__class__` (a proxy's).
-        wrapped = (
-            value.__func__ if type(value) in (staticmethod, classmethod) else value
-        )
-        new = None
+        wrapped = _unwrapped(value)
         if any(value is jit for jit in originals):
             new = filter_jit if isinstance(owner, types.ModuleType) else None
-        elif wrapper_type is not None and type(wrapped) is wrapper_type:
-            key = id(wrapped)
-            if key not in replacements and key not in reasons:
-                made = _replacement(wrapped, jit_module)
-                if isinstance(made, str):
-                    reasons[key] = made
-                else:
-                    replacements[key] = made
-            new = replacements.get(key)
-            if new is not None and wrapped is not value:
+        elif type(wrapped) is wrapper_type:  # never, where wrapper_type is None
+            if id(wrapped) not in made:
+                made[id(wrapped)] = _replacement(wrapped, jit_module)
+            new = made[id(wrapped)]
+            if not isinstance(new, str) and wrapped is not value:
                 new = type(value)(new)
-        if new is None:
+        else:
+            continue
+        if new is None or isinstance(new, str):
             continue
         try:
             setattr(owner, attribute, new)
         except (AttributeError, TypeError) as error:
-            reasons[id(wrapped)] = f"{_where(owner, attribute)} cannot be set ({error})"
+            unset[id(wrapped)] = f"{_where(owner, attribute)} cannot be set ({error})"
             continue
-        _State.swaps.append(_Swap(owner, attribute, value, new))
+        _State.swaps.append((owner, attribute, value, new))
         places.append(_where(owner, attribute))
-        if id(wrapped) in replacements:
+        if new is not filter_jit:
             swapped.setdefault(id(wrapped), _name(wrapped))
+    reasons = {k: v for k, v in made.items() if isinstance(v, str)} | unset
     left = _left(wrapper_type, reasons)
     if left:
         warnings.warn(
@@ -223,17 +214,14 @@ def patch_equinox() -> EquinoxPatch:
 
 def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
     """Every live Equinox wrapper that no rewritten attribute held, with why."""
-    replaced = {
-        id(s.old.__func__ if type(s.old) in (staticmethod, classmethod) else s.old)
-        for s in _State.swaps
-    }
+    replaced = {id(_unwrapped(old)) for _, _, old, _ in _State.swaps}
     gc.collect()  # not to report wrappers that are garbage already
-    left = []
-    for value in gc.get_objects():
-        if type(value) is wrapper_type and id(value) not in replaced:
-            reason = reasons.get(id(value), "not an attribute of a module or a class")
-            left.append(f"{_name(value)} ({reason})")
-    return sorted(left)
+    unreached = "not an attribute of a module or a class"
+    return sorted(
+        f"{_name(value)} ({reasons.get(id(value), unreached)})"
+        for value in gc.get_objects()
+        if type(value) is wrapper_type and id(value) not in replaced
+    )
 
 
 def unpatch_equinox() -> None:
@@ -242,8 +230,8 @@ def unpatch_equinox() -> None:
     there gets its Equinox wrapper back. Functions decorated while the patch was in
     force keep filterjit's wrapper: no Equinox one exists for them. Without a patch
     in force, it does nothing."""
-    for swap in reversed(_State.swaps):
-        if vars(swap.owner).get(swap.attribute) is swap.new:
-            setattr(swap.owner, swap.attribute, swap.old)
+    for owner, attribute, old, new in reversed(_State.swaps):
+        if vars(owner).get(attribute) is new:
+            setattr(owner, attribute, old)
     _State.swaps = []
     _State.original = None

@@ -207,7 +207,7 @@ def test_retrace_warning_can_be_silenced_per_library():
             for n in range(4):
                 g({"w": jnp.ones(1)}, n, {"mode": "a"})
     finally:
-        filterjit._diagnostics._module_thresholds.clear()
+        filterjit._diagnostics._thresholds.pop(__name__, None)
 
 
 class _Model(eqx.Module):

@@ -92,6 +92,8 @@ class Dispatcher:
         # Ahead-of-time stages share the top level's entries (see `abstract`).
         self.entries = (top, eager, staged, top)
         self._plain_arity = self.function.plain_arity
+        # Where a call of `_plain_arity` positional arguments binds them: in place.
+        self._plain_sources = ([("args", i) for i in range(self._plain_arity)], {})
         self._fun_is_leaf = self.function.fun_is_leaf
         self._partition_gets = tuple(cache.get for cache in self.partitions)
         # The latest call's partition, per level: at first one that no call has.
@@ -137,19 +139,16 @@ class Dispatcher:
         were), runs as `_call` would run it. Any other takes `_call` from the
         start."""
         partition = self._latest[level]
-        tree: Any = None
-        if kwargs or len(args) != self._plain_arity:
-            read_call = partition.call_readers.get((len(args), *kwargs))
-            found = None if read_call is None else read_call(fun, args, kwargs)
-        else:
-            tree = args if self._fun_is_leaf else (fun, args)
-            read = partition.read
-            found = None if read is None else read(tree)
+        read = partition.call_readers.get((len(args), *kwargs))
+        found = None if read is None else read(fun, args, kwargs)
         if found is None:
             return self._call(level, fun, args, kwargs)
         leaves, key, dynamic = found
-        if partition.orders is not None:
-            key = (key, partition.orders(tree))
+        tree: Any = None
+        if level == STAGED:  # a call without keywords (see `_partition`)
+            tree = args if self._fun_is_leaf else (fun, args)
+            if partition.orders is not None:
+                key = (key, partition.orders(tree))
         entry = partition.get(key)
         if entry is None:
             return self._call(level, fun, args, kwargs)
@@ -165,12 +164,8 @@ class Dispatcher:
                 # trace made just now: said in the user's terms, else as raised.
                 self._failed(partition, leaves, e)
                 raise
-            if type(out) is not Carried:
-                return out
-            spec, traced = out.args
-            if spec.plain:
-                return spec.build(traced, leaves)
-            out = self._finish(level, out, leaves)
+            if type(out) is Carried:
+                out = self._finish(level, out, leaves)
         if out is _BY_ALIAS or out is _UNSHARED:  # made again, as `_finish` says
             return self._call(
                 level, fun, args, kwargs, out is _BY_ALIAS, out is not _UNSHARED
@@ -313,8 +308,6 @@ class Dispatcher:
             partition.shares_top = (
                 level == STAGED and self._shares_top and not partition.array_positions
             )
-            if partition.shares_top and partition.orders is not None:
-                partition.read = None  # whether it shares depends on orders
             partition.get = self.entries[TOP if partition.shares_top else level].get
             if level == TOP and self._fast:
                 partition.top = top_caller(
@@ -332,14 +325,18 @@ class Dispatcher:
         elif shape is None:
             return partition
         readers = partition.call_readers
+        plain = shape == (self._plain_arity,)
         if (
             self._fast
-            and level != STAGED
-            and shape != (self._plain_arity,)
+            and (plain or level != STAGED)  # nested, `_run` wants the call's tree
             and shape not in readers
             and len(readers) < _MAX_CALL_READERS
+            # Whether it shares the top level's entries depends on its dicts' order.
+            and not (partition.shares_top and partition.orders is not None)
         ):
-            sources = self.function.bind.sources(shape)
+            sources = (
+                self._plain_sources if plain else self.function.bind.sources(shape)
+            )
             readers[shape] = sources and bound_call_reader(
                 partition.treedef,
                 partition.types,

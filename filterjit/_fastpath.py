@@ -1,18 +1,18 @@
 """The fast path: shortcuts for repeated calls, each giving exactly what the
 reference path gives (`Dispatcher._call`: bind with `inspect`, flatten with
 `jax.tree_util`, find the partition, key with `Partition.reference_key`), and all
-of them off when the environment sets `FILTERJIT_FASTPATH=0`.
+of them off when the environment sets `FILTERJIT_FASTPATH=0`. Each is generated
+code, one function:
 
-- `call_reader`, `bound_call_reader`: the leaves of a call with the structure and
-  leaf types of the latest call's partition, and its key, read from the call
-  without flattening it, in one generated function.
-- `top_caller`: a whole top-level call, read, keyed, looked up and run, in one
-  generated function.
+- `bound_call_reader`: the leaves, key and traced leaves of a call of one shape
+  with the structure and leaf types of a partition, read without binding or
+  flattening it (`call_reader`: a pytree's leaves);
+- `top_caller`: a whole top-level call, read, keyed, looked up and run;
 - `output_builder`: a static output built by one expression.
 
-A reader checks, on every call, everything that JAX's flatten and a comparison of
-structures would see, and takes the leaves in JAX's order; anything else gets
-`None`, and the reference path:
+A reader checks, on every call, all that JAX's flatten and a comparison of
+structures would see, and takes the leaves in JAX's order; else it gives `None`,
+and the reference path:
 
 - a leaf of the exact type recorded, where that type is always a pytree leaf;
 - an exact `list`, `tuple` or namedtuple of the recorded length, a `dict` with
@@ -20,9 +20,9 @@ structures would see, and takes the leaves in JAX's order; anything else gets
 - an `eqx.Module` of the exact class recorded, read from its `__dict__` on every
   call (frozen is not immutable), holding exactly its fields, its static fields
   equal to the recorded ones, and of the same types (see `_exact`);
-- a call that needs binding, each argument where it comes from: an immutable
-  default (a tuple of leaves) taken once, as constants; any other default read
-  on every call, as it may have been changed in place.
+- each bound argument where it comes from: an immutable default (a tuple of
+  leaves) taken once, as constants; any other read on every call, as it may
+  have been changed in place.
 
 How Equinox flattens a class, and that JAX flattens a namedtuple class as a
 namedtuple, are checked against JAX once per class, on a probe instance.
@@ -76,11 +76,8 @@ _LEAF_TYPES = frozenset(
     }
 )
 
-# `read(tree)`: the leaves of a call's pytree (its positional arguments, or a
-# `Keywords` for a call with keyword arguments), their key and the traced ones;
+# `read(fun, args, kwargs)`: the leaves of a call, their key and the traced ones;
 # or `None`.
-KeyedReader = Callable[[Any], tuple[list[Any], Any, Any] | None]
-# `read(fun, args, kwargs)`: the same, of a call as it was made.
 KeyedCallReader = Callable[
     [Any, tuple[Any, ...], dict[str, Any]], tuple[list[Any], Any, Any] | None
 ]
@@ -133,16 +130,14 @@ def output_builder(
     return compile_function("build", "o, i", [f"return {built}"], writer.namespace)
 
 
-def call_reader(treedef: Any, types: tuple[type, ...], keyed: Any = None) -> Any:
-    """The reader of calls flattened to `treedef` (the tuple of a call's positional
-    arguments) with leaves of `types`: their leaves, and with a partition
-    `keyed`, their key there (`Partition.reference_key`) and the traced leaves;
-    `None` where some part of it has no reader."""
+def call_reader(treedef: Any, types: tuple[type, ...]) -> Any:
+    """The reader of pytrees flattened to `treedef` with leaves of `types`: their
+    leaves; `None` where some part of it has no reader."""
     if not ENABLED:
         return None
     writer = _Writer()
     leaves = writer.node(treedef, types, "tree")
-    return writer.compile("read", "tree", leaves, keyed)
+    return writer.compile("read", "tree", leaves, None)
 
 
 def bound_call_reader(
@@ -152,9 +147,10 @@ def bound_call_reader(
     sources: Sources,
     keyed: Any = None,
 ) -> Any:
-    """The reader of calls of one shape as `call_reader` reads them bound, but
-    from the call itself, `read(fun, args, kwargs)`: each bound argument where it
-    comes from (`sources`)."""
+    """The reader of calls of one shape, `read(fun, args, kwargs)`, as
+    `call_reader` would read their pytree once bound, but from each bound argument
+    where it comes from (`sources`); with a partition `keyed`, also their key
+    there (`Partition.reference_key`) and the traced leaves."""
     if not ENABLED:
         return None
     writer = _Writer()
@@ -166,13 +162,14 @@ def top_caller(
     partition: Any, fun_is_leaf: bool, carried: type, failed: Any, finish: Any
 ) -> Any:
     """`top(wrapper, args, kwargs)`: a whole top-level call of `partition`'s
-    structure, in one function. The call is read and keyed as `partition.read`
-    reads and keys it, and its entry's jitted function run with the traced leaves;
-    an error is named by `failed(dispatcher, partition, leaves, error)` and
-    raised, an output of type `carried` built where its spec is plain, else
-    finished by `finish(dispatcher, fun, args, kwargs, out, leaves)`. A call with
-    keyword arguments, one it does not read, no entry or a guarded one (NumPy
-    constants to check): `wrapper._call`, as if there were no `top`."""
+    structure, in one function. The call is read and keyed as the partition's
+    reader of calls without keywords reads and keys it, and its entry's jitted
+    function run with the traced leaves; an error is named by `failed(dispatcher,
+    partition, leaves, error)` and raised, an output of type `carried` built where
+    its spec is plain, else finished by `finish(dispatcher, fun, args, kwargs, out,
+    leaves)`. A call with keyword arguments, one it does not read, no entry or a
+    guarded one (NumPy constants to check): `wrapper._call`, as if there were no
+    `top`."""
     if not ENABLED:
         return None
     writer = _Writer(miss="break")

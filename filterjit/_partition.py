@@ -10,7 +10,7 @@ import numpy as np
 from jax.core import Tracer
 
 from . import _exact
-from ._fastpath import call_reader, KeyedCallReader, KeyedReader
+from ._fastpath import KeyedCallReader
 from ._structure import dict_orders, has_sorted_dicts
 from ._trace import aux_data, STAGED
 
@@ -127,7 +127,6 @@ class Partition:
         "_take_static",
         "rekeys",
         "leaf_parameters",
-        "read",
         "call_readers",
         "exact",
         "_aux",
@@ -184,10 +183,9 @@ class Partition:
         self.rekeys = tuple(rekeys)
         # Each leaf's parameter, position and label (see `Dispatcher.leaf_parameters`).
         self.leaf_parameters: list[tuple[str, int | None, str]] | None = None
-        # `read(tree)`: a call's leaves, `reference_key` and traced leaves, read
-        # without flattening, if it has this structure and types (see `_fastpath`);
-        # `call_readers`, the same for calls that need binding, by shape of call.
-        self.read: KeyedReader | None = call_reader(treedef, types, self)
+        # `read(fun, args, kwargs)` by shape of call (see `_binding`): a call's
+        # leaves, `reference_key` and traced leaves, read without binding or
+        # flattening, if it has this structure and types (see `_fastpath`).
         self.call_readers: dict[tuple[Any, ...], KeyedCallReader | None] = {}
         # Set by the dispatcher: whether calls use the top level's entries; `get`.
         self.shares_top = False

@@ -82,21 +82,16 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
     of `Dispatcher.call` do), or `None` where it leaves the call to the reference
     path; `test_fastpath.py` checks that `call` does as this says."""
     partition = dispatcher._latest[level]
-    tree = None
-    if kwargs or len(args) != dispatcher._plain_arity:
-        read_call = partition.call_readers.get((len(args), *kwargs))
-        found = None if read_call is None else read_call(fun, args, kwargs)
-    else:
-        tree = args if dispatcher._fun_is_leaf else (fun, args)
-        read = partition.read
-        found = None if read is None else read(tree)
+    read = partition.call_readers.get((len(args), *kwargs))
+    found = None if read is None else read(fun, args, kwargs)
     if found is None:
         return None
     leaves, key, dynamic = found
     expected = partition.take_dynamic(leaves)
     assert len(dynamic) == len(expected)
     assert all(a is b for a, b in zip(dynamic, expected))
-    if partition.orders is not None:
+    if partition.orders is not None:  # nested, a call without keywords
+        tree = args if dispatcher._fun_is_leaf else (fun, args)
         key = (key, partition.orders(tree))
     return partition, leaves, key
 

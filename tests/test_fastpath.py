@@ -390,7 +390,6 @@ d = g._dispatcher
 assert not _fastpath.ENABLED and d.call == d._call
 for cache in d.partitions:
     for partition in cache._values.values():
-        assert partition.read is None
         assert not any(partition.call_readers.values())
 print("reference path only")
 """

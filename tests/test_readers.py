@@ -356,9 +356,9 @@ def _check(recorded: Any, call: Any) -> None:
 
 
 def _check_top(recorded: Any, call: Any) -> None:
-    """A partition's `top` reads and keys a call as its `read` does, and calls the
-    entry with the traced leaves `read` takes; else it declines, as for keyword
-    arguments."""
+    """A partition's `top` reads and keys a call as its reader of calls without
+    keywords does, and calls the entry with the traced leaves that reader takes;
+    else it declines, as for keyword arguments."""
     if type(recorded) is not tuple:  # a `Keywords`: the call of a `top` is a tuple
         return
     leaves, treedef = jtu.default_registry.flatten(recorded)
@@ -367,10 +367,12 @@ def _check_top(recorded: Any, call: Any) -> None:
     entry = types.SimpleNamespace(guarded=False, jitted=lambda *traced: traced)
     partition.get = lambda key: keys.append(key) or entry
     top = top_caller(partition, True, Carried, None, None)
-    assert top is not None and partition.read is not None
+    plain = ([("args", i) for i in range(len(recorded))], {})
+    read = bound_call_reader(treedef, partition.types, True, plain, partition)
+    assert top is not None and read is not None
     wrapper = types.SimpleNamespace(_fun=None, _call=lambda *_: "declined")
     assert top(wrapper, recorded, {"x": 1}) == "declined" and not keys
-    found = partition.read(call)
+    found = read(None, call, {}) if len(call) == len(recorded) else None
     out = top(wrapper, call, {})
     if found is None:
         assert out == "declined" and not keys

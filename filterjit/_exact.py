@@ -58,27 +58,6 @@ def set_key(value: Any) -> Any:
     return type(value), frozenset(zip(map(type, value), keys))
 
 
-def _none(value: Any) -> None:
-    return None
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _exact_scalar(kind: type, key: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: (kind, key(value))
-
-
-_SCALAR_KEYS: tuple[tuple[type, Callable[[Any], Any]], ...] = (
-    (np.generic, generic_key),
-    (np.ndarray, ndarray_key),
-    (float, float_key),
-    (complex, complex_key),
-    (numbers.Number, _same),
-)
-
-
 def _key_of(kind: type) -> Callable[[Any], Any]:
     """How `exact_key` keys instances of `kind`."""
     if kind is tuple or kind is list:
@@ -87,10 +66,16 @@ def _key_of(kind: type) -> Callable[[Any], Any]:
         return _dict_key
     if issubclass(kind, (frozenset, set)):
         return set_key
-    for base, key in _SCALAR_KEYS:
+    for base, key in (
+        (np.generic, generic_key),
+        (np.ndarray, ndarray_key),
+        (float, float_key),
+        (complex, complex_key),
+        (numbers.Number, lambda value: value),
+    ):
         if issubclass(kind, base):
-            return _exact_scalar(kind, key)
-    return _none
+            return lambda value: (kind, key(value))
+    return lambda value: None
 
 
 # The types most auxiliary data holds, looked up before anything else. (Other

@@ -37,16 +37,6 @@ def _signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
         return None
 
 
-def _plain_arity(signature: inspect.Signature | None) -> int:
-    """How many positional arguments a call may pass unbound (none defaulted), or -1."""
-    if signature is None:
-        return -1
-    parameters = signature.parameters.values()
-    if any(p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY) for p in parameters):
-        return -1
-    return len(positional_names(parameters))
-
-
 def in_call_tree(fun: Any) -> bool:
     """Whether a wrapped callable is part of each call's pytree: a pytree (a Module,
     a `jtu.Partial`) or a leaf compared by value, not by identity (a function)."""
@@ -99,16 +89,17 @@ class Function:
         # Calls bind to the function's own signature, not its `__wrapped__`'s (which
         # `eqx.filter_vmap(f)` advertises but may not accept).
         signature = _signature_of(fun, follow_wrapped=False)
-        # Calls of this many positional arguments and no keywords bind as they are.
-        self.plain_arity = _plain_arity(signature)
         self.bind = Binder(signature, self.name)
+        parameters = () if signature is None else signature.parameters.values()
+        self._bound_positional = positional_names(parameters)
+        # Calls of this many positional arguments and no keywords bind as they are
+        # (-1: none do, unbound).
+        plain = signature is not None and not any(
+            p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY) for p in parameters
+        )
+        self.plain_arity = len(self._bound_positional) if plain else -1
         # Whether a call may leave parameters to their defaults (not donated).
-        self.has_defaults = signature is not None and any(
-            p.default is not p.empty for p in signature.parameters.values()
-        )
-        self._bound_positional = positional_names(
-            () if signature is None else signature.parameters.values()
-        )
+        self.has_defaults = any(p.default is not p.empty for p in parameters)
         self.receiver = receiver_of(fun)
         # Names, for messages and `donate=(names...)`, may come from `__wrapped__`.
         named = _signature_of(fun, follow_wrapped=True) or signature

@@ -108,16 +108,8 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     owner = call if isinstance(call, types.FunctionType) else type(fun)
     # Its structure and static leaves, keyed as static arguments are (arrays aside).
     leaves, treedef = jtu.tree_flatten(fun)
-    keys: list[Any] = []
-    weak: list[Any] = []
-    for leaf in leaves:
-        if is_array(leaf):
-            keys.append(None)
-            continue
-        key = static_key(leaf)
-        if isinstance(key, weakref.ref):
-            weak.append(leaf)
-        keys.append((type(leaf), key))
+    keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
+    weak = [x for x, k in zip(leaves, keys) if k and isinstance(k[1], weakref.ref)]
     return owner, (treedef, tuple(keys)), weak
 
 

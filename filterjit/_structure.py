@@ -55,8 +55,8 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
         kind = type(node)
         if node is None or is_leaf_type(kind):
             continue
-        # Anything but a known leaf, an exact dict, list or tuple is asked of JAX.
-        if kind is dict:
+        # Anything but a known leaf, a sorted dict, list or tuple is asked of JAX.
+        if kind in _SORTED_DICTS:
             orders.append(tuple(node))
             pending += reversed(node.values())
         elif kind is list or kind is tuple:
@@ -64,9 +64,6 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
         else:
             found = _children(node)
             if found is not None:
-                if kind is collections.defaultdict:
-                    orders.append(tuple(node))
-                    found = list(node.values()), None
                 pending += reversed(found[0])
     return tuple(orders)
 

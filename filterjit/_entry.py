@@ -193,7 +193,8 @@ def make_entry(
     # So that JAX's messages point at the user's function and name its arguments.
     run.__name__ = function.name.rpartition(".")[2]
     run.__qualname__ = function.name
-    run.__signature__ = _signature([labels[p] for p in dynamic_positions])  # pyright: ignore[reportFunctionMemberAccess]
+    signature = _signature([labels[p] for p in dynamic_positions])
+    run.__signature__ = signature  # pyright: ignore[reportFunctionMemberAccess]
     source = _source_of(fun)
     if source is not None:
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]

@@ -1,20 +1,13 @@
-"""Outputs: what the jitted function returns, so that what a trace learned about
-its output is kept by JAX with the executable compiled from that trace.
+"""Outputs: what the jitted function returns, so that what a trace learned of its
+output is kept by JAX with the executable compiled from that trace, never in a table
+of filterjit's own beside it (JAX reuses executables for reasons filterjit cannot
+see: x64, context, shardings). JAX keeps an output's structure per executable, its
+nodes' auxiliary data included, and rebuilds it on its C++ fast path while it
+flattens to arrays alone. So:
 
-JAX keeps a jitted function's output structure per executable, the auxiliary data
-of its nodes included, and rebuilds the output from it on its C++ fast path (which
-it keeps only while the rebuilt output flattens to arrays alone). So every fact of
-a trace that the caller needs rides in the output itself, never in a table of
-filterjit's own beside it (JAX reuses executables for reasons filterjit cannot
-see: configuration such as x64, context, shardings):
-
-- an output whose leaves are all traced is returned as it is (not nested, every
-  array leaf is an output of the jit, as in `jax.jit`);
-- any other is `Carried`: its children are the traced leaves and its auxiliary
-  data the `OutputSpec` that finishes it (static leaves, inputs handed back, NumPy
-  arrays each call gets a copy of, whether the trace holds a runtime check).
-
-Only tracers are outputs of the jit; the rest is what the function returned.
+- an output whose leaves are all traced is returned as it is;
+- any other is `Carried`: its children the traced leaves (only tracers are outputs
+  of the jit), its auxiliary data the `OutputSpec` that finishes it.
 """
 
 import operator
@@ -71,9 +64,8 @@ def _builder(
     to_jax: tuple[int, ...] = (),
 ) -> Callable[[Any, list[Any]], Any]:
     """`build(out, inputs)`: the output's leaves taken at once from a pool of the
-    traced leaves `out`, this call's inputs handed back and the static leaves of
-    `template`; the NumPy arrays at `copies` copied, the arrays at `to_jax` made
-    JAX arrays."""
+    traced leaves `out`, this call's inputs handed back and `template`'s static
+    leaves; NumPy arrays at `copies` copied, arrays at `to_jax` made JAX arrays."""
     if not copies and not to_jax:
         sources: list[tuple[str, Any]] = [("constant", leaf) for leaf in template]
         for place, position in enumerate(dynamic_positions):
@@ -109,12 +101,9 @@ def _builder(
 
 
 class OutputSpec:
-    """The part of an output that is not traced, when the call must finish it: its
-    structure, its static leaves, which of them are inputs handed back or NumPy
-    arrays to copy, and whether the trace holds a runtime check.
-
-    Made during a trace and carried by JAX as the auxiliary data of `Carried`, so
-    that it is always that trace's. Compared by identity."""
+    """What of an output the call must finish: made during a trace and carried by
+    JAX as the auxiliary data of `Carried`, so that it is always that trace's.
+    Compared by identity."""
 
     __slots__ = (
         "aliases",
@@ -150,9 +139,8 @@ class OutputSpec:
             if position in dynamic:
                 continue
             if id(leaf) in input_positions:
-                # The call's own object comes back, not the traced call's, and the
-                # spec (which JAX keeps with the executable) does not hold it: an
-                # object keyed by identity is freed once no caller holds it.
+                # The call's own object, not the traced call's, nor held by the spec
+                # (JAX keeps it): an object keyed by identity is freed with its caller.
                 positions = input_positions[id(leaf)]
                 passthrough.append((position, positions[0]))
                 # Where `==` is identity, the key already tells aliases apart.
@@ -165,10 +153,9 @@ class OutputSpec:
         # came back: which one is known only while they are one object again.
         self.aliases = tuple(aliases)
         self.runtime_check = runtime_check
-        # Where the trace holds a check, the traced leaf that a top-level call
-        # waits for: one computed by the executable (not an input handed back),
-        # whose wait raises the error of a check that failed anywhere in it, as
-        # Equinox's one output waited for does. `None`: wait for them all.
+        # With a check, the traced leaf a top-level call waits for: one computed by
+        # the executable, whose wait raises a check failed anywhere in it (as in
+        # Equinox). `None`: wait for them all.
         handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
         computed = (
             place
@@ -182,10 +169,9 @@ class OutputSpec:
         self.neutral = neutral
         pooled = dynamic.union(position for position, _ in passthrough)
         template = [None if p in pooled else leaf for p, leaf in enumerate(leaves)]
-        # `build(out, inputs)`: the user's output from the traced leaves `out` and
-        # this call's leaves. `at_top`: the same for a top-level call of a trace
-        # made nested whose output is not neutral (`None` for any other): its
-        # concrete arrays come back as new JAX arrays, as `jax.jit` returns them.
+        # `build(out, inputs)`: the user's output from the traced leaves and this
+        # call's leaves. `at_top`: that of a top-level call of a trace made nested
+        # whose output is not neutral: concrete arrays made JAX arrays, as in jax.jit.
         self.build = _builder(treedef, template, dynamic_positions, passthrough, copies)
         self.at_top = None
         if nested and not neutral:
@@ -195,8 +181,7 @@ class OutputSpec:
             )
         # Whether a top-level call needs nothing but `build`.
         self.plain = not (aliases or runtime_check or self.at_top is not None)
-        # Nested: the insertion orders of the output's dicts, where JAX's rebuild
-        # (in sorted key order) would change them.
+        # Nested: dicts in their insertion order, which JAX's rebuild sorts.
         if orders is not None:
             build = self.build
             self.build = lambda out, inputs: restore_orders(build(out, inputs), orders)
@@ -257,12 +242,10 @@ def jit_output(
     boxed: bool = False,
 ) -> Any:
     """What the jitted function returns for the user's `output`, traced with
-    `inputs` (the call's leaves, traced ones as tracers). Not `nested`, every
-    array leaf is an output of the jit, as in `jax.jit`: a NumPy array or a
-    concrete `jax.Array` returned as it is comes back as a new JAX array. `boxed`:
-    keep the user's structure whatever it takes (for `out_shardings`, a prefix of
-    it); inputs handed back are then the traced call's (equal to this call's: they
-    are keyed by value)."""
+    `inputs` (the call's leaves, tracers for traced ones). Not `nested`, every array
+    leaf is an output of the jit, as in `jax.jit`. `boxed`: keep the user's
+    structure (for `out_shardings`, a prefix of it); inputs handed back are then the
+    traced call's (equal to this call's: they are keyed by value)."""
     traced = traced_types(STAGED if nested else TOP)
     leaves, treedef = jtu.tree_flatten(output)
     dynamic_positions = tuple(

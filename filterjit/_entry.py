@@ -213,7 +213,7 @@ def make_entry(
             if donated:
                 jitkwargs["donate_argnums"] = donated
     jitted = jax.jit(run, **jitkwargs)
-    if options.silence_donation and level == TOP:
+    if options.donate in ("all", "all-except-first") and level == TOP:
         jitted = _silencing(jitted)
     entry = Entry(jitted, captured, staged)
     entry_ref = weakref.ref(entry)

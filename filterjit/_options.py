@@ -62,19 +62,6 @@ class Options:
     out_shardings: Any = UNSPECIFIED
     jitkwargs: tuple[tuple[str, Any], ...] = ()  # every other jax.jit keyword
 
-    @property
-    def silence_donation(self) -> bool:
-        return self.donate in ("all", "all-except-first")
-
-    def key(self) -> Any:
-        """These options if hashable (not a `compiler_options` dict), else `None`:
-        wrappers with equal keys share their caches."""
-        try:
-            hash(self)
-        except TypeError:
-            return None
-        return self
-
 
 def make_options(**options: Any) -> Options:
     """`Options` from `filter_jit`'s keywords, each checked, saying what to do."""
@@ -97,14 +84,13 @@ def make_options(**options: Any) -> Options:
             )
         if name not in _JIT_PARAMETERS:
             raise TypeError(f"filter_jit() got an unexpected keyword argument {name!r}")
-    if isinstance(donate, tuple):
-        for name in donate:
-            if not isinstance(name, str):
-                raise ValueError(
-                    f"filter_jit: donate={donate!r} holds {name!r}, which is not a "
-                    "parameter name. Give parameter names as strings, such as "
-                    "donate=('state',)."
-                )
+    for name in donate if isinstance(donate, tuple) else ():
+        if not isinstance(name, str):
+            raise ValueError(
+                f"filter_jit: donate={donate!r} holds {name!r}, which is not a "
+                "parameter name. Give parameter names as strings, such as "
+                "donate=('state',)."
+            )
     inline_modes: Any = getattr(jax, "Inline", bool)  # jax >= 0.11
     if not isinstance(inline, bool | inline_modes):
         modes = "" if inline_modes is bool else ", or a member of jax.Inline"

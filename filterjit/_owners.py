@@ -115,15 +115,16 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
 
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     """The dispatcher shared by the wrappers of `fun` with `options`."""
-    options_key = options.key()
-    if options_key is None:  # options that cannot be compared: this wrapper's own
+    try:
+        hash(options)  # equal options share caches
+    except TypeError:  # a `compiler_options` dict: this wrapper's own
         return Dispatcher(fun, options)
     owner, key, weak = _owner(fun)
     holder = _holder(owner)
     if holder is None:
         return Dispatcher(fun, options)
     dispatchers = holder.dispatchers
-    key = (key, options_key)
+    key = (key, options)
     try:
         found = dispatchers.get(key)
     except TypeError:  # a static leaf that cannot be hashed: not shared

@@ -1,8 +1,7 @@
 """What a nested call's function sees of its arguments: the caller's own objects.
-
-JAX sorts a dict's keys and rebuilds every container anew; undecorated, a function
-sees dicts (and `**kwargs`) in insertion order and the caller's own containers. So
-a nested call is keyed also by its dicts' orders (`dict_orders`), and its function
+JAX sorts dicts' keys and rebuilds every container; undecorated, a function sees
+dicts (and `**kwargs`) in insertion order and the caller's own containers. So a
+nested call is keyed also by its dicts' orders (`dict_orders`), and its function
 gets the caller's arguments with only the traced leaves replaced (`replace_leaves`).
 """
 

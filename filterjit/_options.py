@@ -4,23 +4,21 @@ import dataclasses
 import inspect
 import types
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, get_args, Literal
 
 import jax
 
 from ._function import first_parameter, receiver_of
 
 
-DonateOption = (
-    Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
-    | tuple[str, ...]
-)
+_DonateString = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
+DonateOption = _DonateString | tuple[str, ...]
 """Which argument buffers `filter_jit` donates at the top level: `"none"`, `"all"`,
 `"all-except-first"` (these two silence JAX's warning about donations it cannot
 use), `"warn"`, `"warn-except-first"` (the same, warning), or a tuple of parameter
 names such as `("state",)`."""
 
-_DONATE_STRINGS = ("none", "all", "all-except-first", "warn", "warn-except-first")
+_DONATE_STRINGS = get_args(_DonateString)
 
 _STATIC_ADVICE = (
     "filter_jit makes every non-array leaf static already; pass the value as a "

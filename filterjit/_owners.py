@@ -66,18 +66,14 @@ def _holder(owner: Any) -> _Holder | None:
         holder = table.get(key)
         if type(holder) is _Holder and holder.owned_by(owner):
             return holder
-        if has_dict:
-            try:
-                holder = _Holder(weakref.ref(owner))
-            except TypeError:  # a cycle through its own `__dict__`: garbage
-                holder = _Holder(owner)
-        else:
-            try:
-                # Dropped with its owner, if still that owner's (ids are reused).
-                reference = weakref.ref(owner, lambda _: _forget(key, holder))
-            except TypeError:
+        # Without a `__dict__`: dropped with its owner, if still its (ids are reused).
+        forget = None if has_dict else lambda _: _forget(key, holder)
+        try:
+            holder = _Holder(weakref.ref(owner, forget))
+        except TypeError:
+            if not has_dict:
                 return None
-            holder = _Holder(reference)
+            holder = _Holder(owner)  # a cycle through its own `__dict__`: garbage
         table[key] = holder
         return holder
 

@@ -28,7 +28,8 @@ def _defined_in_python(fun: Any) -> bool:
     return hasattr(fun, "__code__") or hasattr(type(fun).__call__, "__code__")
 
 
-def _signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
+def signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
+    """`fun`'s signature, or `None` (also for C code, not following `__wrapped__`)."""
     if not follow_wrapped and not _defined_in_python(fun):
         return None
     try:
@@ -60,7 +61,7 @@ jtu.register_pytree_node(
 
 def first_parameter(fun: Any) -> str | None:
     """The first parameter of `fun`, if it takes an argument by position."""
-    signature = _signature_of(fun, follow_wrapped=True)
+    signature = signature_of(fun, follow_wrapped=True)
     names = [] if signature is None else positional_names(signature.parameters.values())
     return names[0] if names else None
 
@@ -88,7 +89,7 @@ class Function:
         self.fun_is_leaf = not in_call_tree(fun)
         # Calls bind to the function's own signature, not its `__wrapped__`'s (which
         # `eqx.filter_vmap(f)` advertises but may not accept).
-        signature = _signature_of(fun, follow_wrapped=False)
+        signature = signature_of(fun, follow_wrapped=False)
         self.bind = Binder(signature, self.name)
         parameters = () if signature is None else signature.parameters.values()
         self._bound_positional = positional_names(parameters)
@@ -102,14 +103,14 @@ class Function:
         self.has_defaults = any(p.default is not p.empty for p in parameters)
         self.receiver = receiver_of(fun)
         # Names, for messages and `donate=(names...)`, may come from `__wrapped__`.
-        named = _signature_of(fun, follow_wrapped=True) or signature
+        named = signature_of(fun, follow_wrapped=True) or signature
         self.parameters = () if named is None else tuple(named.parameters.values())
         # An `eqx.Module`'s fields, as its `__call__` names them: `self.weight`.
         self.fun_label = "self" if isinstance(fun, eqx.Module) else self.name
         # The parameters a `jtu.Partial` binds, to label its leaves: `self.w`.
         self.bound_names: tuple[str, ...] = ()
         if isinstance(fun, jtu.Partial):
-            inner = _signature_of(fun.func, follow_wrapped=True)
+            inner = signature_of(fun.func, follow_wrapped=True)
             if inner is not None:
                 self.bound_names = tuple(inner.parameters)[: len(fun.args)]
 

@@ -8,7 +8,7 @@ from typing import Any, get_args, Literal
 
 import jax
 
-from ._function import first_parameter, receiver_of
+from ._function import first_parameter, receiver_of, signature_of
 
 
 _DonateString = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
@@ -106,10 +106,8 @@ def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None
     `jax.jit`'s `donate_argnames`, a name is a parameter's, a keyword a `**kwargs`
     collects, or a method's receiver; not the `**kwargs` parameter's own name."""
     name_of_fun = getattr(fun, "__qualname__", fun)
-    try:
-        parameters = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        parameters = []
+    signature = signature_of(fun, follow_wrapped=True)
+    parameters = [] if signature is None else list(signature.parameters.values())
     known = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
     var_keyword = [p.name for p in parameters if p.kind is p.VAR_KEYWORD]
     method = isinstance(fun, types.MethodType)

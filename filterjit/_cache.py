@@ -52,10 +52,9 @@ class BoundedCache(Generic[_V]):
         """The value stored under `key`, storing `value` there first if none is."""
         with self._lock:
             existing = self._values.get(key)
-            if existing is not None:
-                return existing
-        self.put(key, value)
-        return value
+            if existing is None:
+                self.put(key, value)  # re-entrant
+            return value if existing is None else existing
 
     def clear(self) -> None:
         with self._lock:

@@ -50,8 +50,7 @@ def _dict_key(value: Any) -> Any:
 
 
 def set_key(value: Any) -> Any:
-    """What `==` does not see of a frozenset (or set): `frozenset({1})` and
-    `frozenset({1.0})` are equal, as their elements are."""
+    """What `==` does not see of a frozenset (or set): its elements' types and keys."""
     keys = [exact_key(element) for element in value]
     if keys.count(None) == len(keys):
         return None
@@ -87,9 +86,8 @@ _KEYS_OF = {
 
 
 def exact_key(value: Any) -> Any:
-    """What `==` does not see of `value`: for numbers (NumPy's included) and NumPy
-    arrays, their types and exact keys; through tuples, lists and dicts; `None`
-    where there is nothing of the kind (the rest is compared by `==` alone)."""
+    """What `==` does not see of `value` (numbers' and NumPy arrays' types and exact
+    keys, through containers); `None` where there is nothing of the kind."""
     kind = type(value)
     return (_KEYS_OF.get(kind) or _key_of(kind))(value)
 

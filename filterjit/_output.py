@@ -157,12 +157,8 @@ class OutputSpec:
         # the executable, whose wait raises a check failed anywhere in it (as in
         # Equinox). `None`: wait for them all.
         handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
-        computed = (
-            place
-            for place, position in enumerate(dynamic_positions)
-            if id(leaves[position]) not in handed_back
-        )
-        self.wait_on = next(computed, None)
+        computed = [id(leaves[p]) not in handed_back for p in dynamic_positions]
+        self.wait_on = computed.index(True) if True in computed else None
         # Whether the trace was made nested, and whether its output means the same
         # at every level (see `jit_output`).
         self.nested = nested
@@ -248,9 +244,7 @@ def jit_output(
     traced call's (equal to this call's: they are keyed by value)."""
     traced = traced_types(STAGED if nested else TOP)
     leaves, treedef = jtu.tree_flatten(output)
-    dynamic_positions = tuple(
-        position for position, leaf in enumerate(leaves) if isinstance(leaf, traced)
-    )
+    dynamic_positions = tuple(p for p, x in enumerate(leaves) if isinstance(x, traced))
     # A trace of a top-level entry may serve nested calls too, and the reverse
     # (see `Dispatcher._call`). Its output means the same at every level unless a
     # concrete array is in it (an output of the jit at the top level, kept as it is

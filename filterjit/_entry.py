@@ -149,11 +149,8 @@ def make_entry(
     log = trace_log if level in (TOP, EAGER) else None
     staged = level == STAGED
     boxed = not staged and options.out_shardings is not UNSPECIFIED
-    captured = [
-        (leaves[p], ndarray_key(leaves[p]))
-        for p in partition.array_positions
-        if isinstance(leaves[p], np.ndarray)
-    ]
+    arrays = [leaves[p] for p in partition.array_positions]
+    captured = [(a, ndarray_key(a)) for a in arrays if isinstance(a, np.ndarray)]
     # `run` keeps alive neither its entry (a cycle) nor a function (its caches').
     entry_ref: Callable[[], Entry | None]
     fun_ref: Callable[[], Any]
@@ -273,9 +270,8 @@ def _leaf_shardings(
     leaves: list[Any],
 ) -> tuple[Any, ...]:
     """`in_shardings`, a prefix of the positional arguments, for each traced leaf."""
-    _, args, kwargs = function.split_call(
-        fun, jtu.tree_unflatten(partition.treedef, leaves)
-    )
+    call = jtu.tree_unflatten(partition.treedef, leaves)
+    _, args, kwargs = function.split_call(fun, call)
     if isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
         # As in `jax.jit`, a prefix may leave out arguments left to defaults.
         skipped = function.parameters[len(in_shardings) : len(args)]

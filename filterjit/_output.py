@@ -121,12 +121,15 @@ class OutputSpec:
         treedef: Any,
         leaves: list[Any],
         inputs: list[Any],
-        dynamic_positions: tuple[int, ...],
+        traced: tuple[type, ...],
         runtime_check: bool,
         orders: tuple[tuple[Any, ...], ...] | None,
         nested: bool,
         neutral: bool,
     ):
+        dynamic_positions = tuple(
+            p for p, x in enumerate(leaves) if isinstance(x, traced)
+        )
         input_positions: dict[int, list[int]] = {}
         for position, leaf in enumerate(inputs):
             if not isinstance(leaf, Tracer):
@@ -244,7 +247,6 @@ def jit_output(
     traced call's (equal to this call's: they are keyed by value)."""
     traced = traced_types(STAGED if nested else TOP)
     leaves, treedef = jtu.tree_flatten(output)
-    dynamic_positions = tuple(p for p, x in enumerate(leaves) if isinstance(x, traced))
     # A trace of a top-level entry may serve nested calls too, and the reverse
     # (see `Dispatcher._call`). Its output means the same at every level unless a
     # concrete array is in it (an output of the jit at the top level, kept as it is
@@ -254,7 +256,7 @@ def jit_output(
     neutral = in_order and not any(
         is_array(leaf) and not isinstance(leaf, Tracer) for leaf in leaves
     )
-    if len(dynamic_positions) == len(leaves) and not runtime_check and neutral:
+    if not runtime_check and neutral and all(isinstance(x, traced) for x in leaves):
         return output
     if boxed:
         return treedef.unflatten(
@@ -262,13 +264,6 @@ def jit_output(
         )
     orders = None if in_order or not nested else found
     spec = OutputSpec(
-        treedef,
-        leaves,
-        inputs,
-        dynamic_positions,
-        runtime_check,
-        orders,
-        nested,
-        neutral,
+        treedef, leaves, inputs, traced, runtime_check, orders, nested, neutral
     )
-    return Carried(spec, [leaves[p] for p in dynamic_positions])
+    return Carried(spec, [x for x in leaves if isinstance(x, traced)])

@@ -22,9 +22,7 @@ _SORTED_DICTS = (dict, collections.defaultdict)
 
 def _children(node: Any) -> tuple[list[Any], Any] | None:
     """`node`'s children and the structure that rebuilds it, or `None` for a leaf."""
-    children, structure = jtu.tree_flatten(
-        node, is_leaf=lambda child: child is not node
-    )
+    children, structure = jtu.tree_flatten(node, is_leaf=lambda x: x is not node)
     if structure.num_nodes == 1 and structure.num_leaves == 1:
         return None
     return children, structure

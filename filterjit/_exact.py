@@ -103,11 +103,8 @@ def same_exact(treedef: Any, recorded: list[Any], recorded_key: Any) -> bool:
     its data holds the very same objects, which settles it at once."""
     data = aux_data(treedef)
     for value, known in zip(data, recorded):
-        if value is known or (
-            type(value) is tuple
-            and type(known) is tuple
-            and all(map(operator.is_, value, known))
+        if value is not known and not (
+            type(value) is type(known) is tuple and all(map(operator.is_, value, known))
         ):
-            continue
-        return exact_key(data) == recorded_key
+            return exact_key(data) == recorded_key
     return True

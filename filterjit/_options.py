@@ -41,8 +41,7 @@ class _Unspecified:
     def __repr__(self) -> str:
         return "UNSPECIFIED"
 
-    def __reduce__(self) -> str:
-        return "UNSPECIFIED"
+    __reduce__ = __repr__  # pickled as this module's `UNSPECIFIED`
 
 
 UNSPECIFIED: Any = _Unspecified()

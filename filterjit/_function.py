@@ -71,9 +71,7 @@ def receiver_of(fun: Any) -> str | None:
     leaves are its receiver's (a bound method, a callable Module), else `None`."""
     if type(fun) is Method:
         return first_parameter(fun.func) or "self"
-    if isinstance(fun, ft.partial) or not in_call_tree(fun):
-        return None
-    if jtu.tree_structure(fun).num_leaves == 0:
+    if isinstance(fun, ft.partial) or not in_call_tree(fun) or not jtu.tree_leaves(fun):
         return None
     func = getattr(fun, "__func__", None)
     if func is None:

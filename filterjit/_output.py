@@ -58,7 +58,7 @@ jtu.register_pytree_node(
 def _builder(
     treedef: Any,
     template: list[Any],
-    dynamic_positions: tuple[int, ...],
+    dynamic_positions: list[int],
     passthrough: list[tuple[int, int]],
     copies: list[int],
     to_jax: tuple[int, ...] = (),
@@ -127,21 +127,18 @@ class OutputSpec:
         nested: bool,
         neutral: bool,
     ):
-        dynamic_positions = tuple(
-            p for p, x in enumerate(leaves) if isinstance(x, traced)
-        )
         input_positions: dict[int, list[int]] = {}
         for position, leaf in enumerate(inputs):
             if not isinstance(leaf, Tracer):
                 input_positions.setdefault(id(leaf), []).append(position)
-        dynamic = set(dynamic_positions)
+        dynamic_positions: list[int] = []
         passthrough: list[tuple[int, int]] = []
         copies: list[int] = []
         aliases: set[tuple[int, ...]] = set()
         for position, leaf in enumerate(leaves):
-            if position in dynamic:
-                continue
-            if id(leaf) in input_positions:
+            if isinstance(leaf, traced):
+                dynamic_positions.append(position)
+            elif id(leaf) in input_positions:
                 # The call's own object, not the traced call's, nor held by the spec
                 # (JAX keeps it): an object keyed by identity is freed with its caller.
                 positions = input_positions[id(leaf)]
@@ -166,7 +163,7 @@ class OutputSpec:
         # at every level (see `jit_output`).
         self.nested = nested
         self.neutral = neutral
-        pooled = dynamic.union(position for position, _ in passthrough)
+        pooled = {*dynamic_positions, *(position for position, _ in passthrough)}
         template = [None if p in pooled else leaf for p, leaf in enumerate(leaves)]
         # `build(out, inputs)`: the user's output from the traced leaves and this
         # call's leaves. `at_top`: that of a top-level call of a trace made nested

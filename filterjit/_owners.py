@@ -93,8 +93,7 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     if not in_call_tree(fun):
         func = getattr(fun, "__func__", None)
         if func is not None:  # a method-like object other than a bound method
-            # Its receiver is not in the call tree: it keys the dispatcher, as a
-            # static argument is keyed.
+            # Its receiver, not in the call tree, keys the dispatcher as a static one.
             receiver = getattr(fun, "__self__", None)
             key = static_key(receiver)
             weak = [receiver] if isinstance(key, weakref.ref) else []

@@ -255,9 +255,8 @@ def _donated(
             parameter, index = receiver, 0
         elif receiver is not None and index is not None:
             index += 1
-        if parameter in defaulted or (spare_first and index == 0):
-            continue
-        if names is None or parameter in names:
+        donatable = parameter not in defaulted and not (spare_first and index == 0)
+        if donatable and (names is None or parameter in names):
             donated.append(i)
     return tuple(donated)
 

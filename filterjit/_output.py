@@ -30,12 +30,10 @@ _identity = object.__eq__
 
 def items_getter(keys: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
     """`get(x)`: the tuple of `x[key]` for `keys`."""
-    if len(keys) > 1:
-        return operator.itemgetter(*keys)
-    if keys:
-        (key,) = keys
-        return lambda x: (x[key],)
-    return lambda x: ()
+    if len(keys) != 1:
+        return operator.itemgetter(*keys) if keys else lambda x: ()
+    (key,) = keys
+    return lambda x: (x[key],)
 
 
 class _Static:

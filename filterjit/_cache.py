@@ -43,8 +43,7 @@ class BoundedCache(Generic[_V]):
     def discard(self, key: Hashable, value: _V) -> None:
         """Removes `key` if it still maps to `value`."""
         with self._lock:
-            existing = self._values.get(key)
-            if existing is not None and existing is value:
+            if value is not None and self._values.get(key) is value:
                 del self._values[key]
                 self._bytes -= self._sizes.pop(key)
 

@@ -25,9 +25,6 @@ from ._structure import dict_orders, restore_orders
 from ._trace import STAGED, TOP
 
 
-_identity = object.__eq__
-
-
 def items_getter(keys: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
     """`get(x)`: the tuple of `x[key]` for `keys`."""
     if len(keys) != 1:
@@ -142,7 +139,7 @@ class OutputSpec:
                 positions = input_positions[id(leaf)]
                 passthrough.append((position, positions[0]))
                 # Where `==` is identity, the key already tells aliases apart.
-                if len(positions) > 1 and type(leaf).__eq__ is not _identity:
+                if len(positions) > 1 and type(leaf).__eq__ is not object.__eq__:
                     aliases.add(tuple(positions))
             elif isinstance(leaf, np.ndarray):
                 # Nested, as without the decorator: a NumPy array, every call its own.

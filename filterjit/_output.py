@@ -148,9 +148,8 @@ class OutputSpec:
         # came back: which one is known only while they are one object again.
         self.aliases = tuple(aliases)
         self.runtime_check = runtime_check
-        # With a check, the traced leaf a top-level call waits for: one computed by
-        # the executable, whose wait raises a check failed anywhere in it (as in
-        # Equinox). `None`: wait for them all.
+        # With a check, the traced leaf a top-level call waits for (`None`: all): one
+        # the executable computes, whose wait raises any check failed in it.
         handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
         computed = [id(leaves[p]) not in handed_back for p in dynamic_positions]
         self.wait_on = computed.index(True) if True in computed else None

@@ -164,7 +164,8 @@ class Function:
     def leaf_parameters(self, treedef: Any) -> list[tuple[str, int | None, str]]:
         """For each leaf of a call with structure `treedef`: its parameter, its
         position if passed positionally, and its path in the user's terms."""
-        call = jtu.tree_unflatten(treedef, [object()] * treedef.num_leaves)
+        placeholders = [object() for _ in range(treedef.num_leaves)]
+        call = jtu.tree_unflatten(treedef, placeholders)
         found = []
         for path, _ in jtu.tree_flatten_with_path(call)[0]:
             if not self.fun_is_leaf:

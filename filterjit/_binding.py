@@ -59,6 +59,8 @@ class Binder:
         self._signature = signature
         self._name = name
         self._sources: dict[tuple[Any, ...], Sources] = {}
+        # `sources(shape)`: where the bound arguments of calls of `shape` come from.
+        self.sources = self._sources.get
         self._sorts = signature is not None and all(
             p.kind is not p.VAR_KEYWORD for p in signature.parameters.values()
         )
@@ -78,10 +80,6 @@ class Binder:
             self._sources[shape] = self.find_sources(len(args), tuple(kwargs))
         kwargs = bound.kwargs
         return bound.args, dict(sorted(kwargs.items())) if self._sorts else kwargs
-
-    def sources(self, shape: tuple[Any, ...]) -> Sources | None:
-        """Where the bound arguments of calls of `shape` come from, once bound."""
-        return self._sources.get(shape)
 
     def find_sources(self, count: int, names: tuple[str, ...]) -> Sources:
         """Where the bound arguments of a call with `count` positional arguments

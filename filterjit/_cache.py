@@ -43,8 +43,7 @@ class BoundedCache(Generic[_V]):
     def discard(self, key: Hashable, value: _V) -> None:
         """Removes `key` if it still maps to `value`."""
         with self._lock:
-            existing = self._values.get(key)
-            if existing is not None and existing is value:
+            if value is not None and self._values.get(key) is value:
                 del self._values[key]
                 self._bytes -= self._sizes.pop(key)
 
@@ -52,10 +51,9 @@ class BoundedCache(Generic[_V]):
         """The value stored under `key`, storing `value` there first if none is."""
         with self._lock:
             existing = self._values.get(key)
-            if existing is not None:
-                return existing
-        self.put(key, value)
-        return value
+            if existing is None:
+                self.put(key, value)  # re-entrant
+            return value if existing is None else existing
 
     def clear(self) -> None:
         with self._lock:

@@ -106,8 +106,9 @@ def _source_of(fun: Any) -> Any:
     return types.SimpleNamespace(__name__=name, __code__=code)
 
 
-def _parameter_names(labels: list[str]) -> list[str]:
-    """Unique identifiers from argument paths (`params['w']` -> `params_w`), for JAX."""
+def _signature(labels: list[str]) -> inspect.Signature:
+    """Positional parameters named after argument paths (`params['w']` ->
+    `params_w`), each a unique identifier, for JAX's messages."""
     names: list[str] = []
     for label in labels:
         name = re.sub(r"\W+", "_", label, flags=re.ASCII).strip("_") or "arg"
@@ -116,7 +117,8 @@ def _parameter_names(labels: list[str]) -> list[str]:
         while name in names:
             name += "_"
         names.append(name)
-    return names
+    kind = inspect.Parameter.POSITIONAL_ONLY
+    return inspect.Signature([inspect.Parameter(name, kind) for name in names])
 
 
 def make_entry(
@@ -147,11 +149,8 @@ def make_entry(
     log = trace_log if level in (TOP, EAGER) else None
     staged = level == STAGED
     boxed = not staged and options.out_shardings is not UNSPECIFIED
-    captured = [
-        (leaves[p], ndarray_key(leaves[p]))
-        for p in partition.array_positions
-        if isinstance(leaves[p], np.ndarray)
-    ]
+    arrays = [leaves[p] for p in partition.array_positions]
+    captured = [(a, ndarray_key(a)) for a in arrays if isinstance(a, np.ndarray)]
     # `run` keeps alive neither its entry (a cycle) nor a function (its caches').
     entry_ref: Callable[[], Entry | None]
     fun_ref: Callable[[], Any]
@@ -191,12 +190,8 @@ def make_entry(
     # So that JAX's messages point at the user's function and name its arguments.
     run.__name__ = function.name.rpartition(".")[2]
     run.__qualname__ = function.name
-    run.__signature__ = inspect.Signature(  # pyright: ignore[reportFunctionMemberAccess]
-        [
-            inspect.Parameter(name, inspect.Parameter.POSITIONAL_ONLY)
-            for name in _parameter_names([labels[p] for p in dynamic_positions])
-        ]
-    )
+    signature = _signature([labels[p] for p in dynamic_positions])
+    run.__signature__ = signature  # pyright: ignore[reportFunctionMemberAccess]
     source = _source_of(fun)
     if source is not None:
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
@@ -211,17 +206,11 @@ def make_entry(
                 function, fun, options.in_shardings, partition, leaves
             )
         if level in (TOP, ABSTRACT):
-            donated = _donated(
-                options,
-                leaf_parameters,
-                dynamic_positions,
-                function.receiver,
-                defaulted,
-            )
+            donated = _donated(options, function, leaf_parameters, partition, defaulted)
             if donated:
                 jitkwargs["donate_argnums"] = donated
     jitted = jax.jit(run, **jitkwargs)
-    if options.silence_donation and level == TOP:
+    if options.donate in ("all", "all-except-first") and level == TOP:
         jitted = _silencing(jitted)
     entry = Entry(jitted, captured, staged)
     entry_ref = weakref.ref(entry)
@@ -243,9 +232,9 @@ def _silencing(jitted: Any) -> Any:
 
 def _donated(
     options: Options,
+    function: Function,
     leaf_parameters: list[tuple[str, int | None, str]],
-    dynamic_positions: tuple[int, ...],
-    receiver: str | None,
+    partition: Partition,
     defaulted: tuple[str, ...],
 ) -> tuple[int, ...]:
     """Which traced leaves (as indices among them) are donated: those of arguments
@@ -256,8 +245,9 @@ def _donated(
         return ()
     spare_first = isinstance(donate, str) and donate.endswith("except-first")
     names = set(donate) if isinstance(donate, tuple) else None
+    receiver = function.receiver
     donated = []
-    for i, position in enumerate(dynamic_positions):
+    for i, position in enumerate(partition.dynamic_positions):
         parameter, index, _ = leaf_parameters[position]
         if parameter == "<function>":
             if receiver is None:  # bound in a partial: not an argument
@@ -265,9 +255,8 @@ def _donated(
             parameter, index = receiver, 0
         elif receiver is not None and index is not None:
             index += 1
-        if parameter in defaulted or (spare_first and index == 0):
-            continue
-        if names is None or parameter in names:
+        donatable = parameter not in defaulted and not (spare_first and index == 0)
+        if donatable and (names is None or parameter in names):
             donated.append(i)
     return tuple(donated)
 
@@ -280,9 +269,8 @@ def _leaf_shardings(
     leaves: list[Any],
 ) -> tuple[Any, ...]:
     """`in_shardings`, a prefix of the positional arguments, for each traced leaf."""
-    _, args, kwargs = function.split_call(
-        fun, jtu.tree_unflatten(partition.treedef, leaves)
-    )
+    call = jtu.tree_unflatten(partition.treedef, leaves)
+    _, args, kwargs = function.split_call(fun, call)
     if isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
         # As in `jax.jit`, a prefix may leave out arguments left to defaults.
         skipped = function.parameters[len(in_shardings) : len(args)]
@@ -302,9 +290,9 @@ def _leaf_shardings(
     per_leaf: list[Any] = (
         [] if function.fun_is_leaf else [None] * len(jtu.tree_leaves(fun))
     )
-    is_none = lambda x: x is None  # noqa: E731 - None is a sharding here
     for index, (sharding, arg) in enumerate(zip(in_shardings, args)):
-        prefix = jtu.tree_structure(sharding, is_leaf=is_none)
+        # None is a sharding here.
+        shardings, prefix = jtu.tree_flatten(sharding, is_leaf=lambda x: x is None)
         try:
             # Not jax.tree.broadcast, which takes a None in the argument for a leaf.
             subtrees = prefix.flatten_up_to(arg)
@@ -316,9 +304,7 @@ def _leaf_shardings(
                 "one sharding (or None) for the whole argument, or a pytree of them "
                 "with the argument's structure."
             ) from None
-        for leaf_sharding, subtree in zip(
-            jtu.tree_leaves(sharding, is_leaf=is_none), subtrees
-        ):
+        for leaf_sharding, subtree in zip(shardings, subtrees):
             per_leaf += [leaf_sharding] * len(jtu.tree_leaves(subtree))
     per_leaf += [None] * len(jtu.tree_leaves(kwargs))
     return tuple(per_leaf[position] for position in partition.dynamic_positions)

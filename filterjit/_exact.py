@@ -50,33 +50,11 @@ def _dict_key(value: Any) -> Any:
 
 
 def set_key(value: Any) -> Any:
-    """What `==` does not see of a frozenset (or set): `frozenset({1})` and
-    `frozenset({1.0})` are equal, as their elements are."""
+    """What `==` does not see of a frozenset (or set): its elements' types and keys."""
     keys = [exact_key(element) for element in value]
     if keys.count(None) == len(keys):
         return None
     return type(value), frozenset(zip(map(type, value), keys))
-
-
-def _none(value: Any) -> None:
-    return None
-
-
-def _same(value: Any) -> Any:
-    return value
-
-
-def _exact_scalar(kind: type, key: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: (kind, key(value))
-
-
-_SCALAR_KEYS: tuple[tuple[type, Callable[[Any], Any]], ...] = (
-    (np.generic, generic_key),
-    (np.ndarray, ndarray_key),
-    (float, float_key),
-    (complex, complex_key),
-    (numbers.Number, _same),
-)
 
 
 def _key_of(kind: type) -> Callable[[Any], Any]:
@@ -87,10 +65,16 @@ def _key_of(kind: type) -> Callable[[Any], Any]:
         return _dict_key
     if issubclass(kind, (frozenset, set)):
         return set_key
-    for base, key in _SCALAR_KEYS:
+    for base, key in (
+        (np.generic, generic_key),
+        (np.ndarray, ndarray_key),
+        (float, float_key),
+        (complex, complex_key),
+        (numbers.Number, lambda value: value),
+    ):
         if issubclass(kind, base):
-            return _exact_scalar(kind, key)
-    return _none
+            return lambda value: (kind, key(value))
+    return lambda value: None
 
 
 # The types most auxiliary data holds, looked up before anything else. (Other
@@ -102,9 +86,8 @@ _KEYS_OF = {
 
 
 def exact_key(value: Any) -> Any:
-    """What `==` does not see of `value`: for numbers (NumPy's included) and NumPy
-    arrays, their types and exact keys; through tuples, lists and dicts; `None`
-    where there is nothing of the kind (the rest is compared by `==` alone)."""
+    """What `==` does not see of `value` (numbers' and NumPy arrays' types and exact
+    keys, through containers); `None` where there is nothing of the kind."""
     kind = type(value)
     return (_KEYS_OF.get(kind) or _key_of(kind))(value)
 
@@ -120,11 +103,8 @@ def same_exact(treedef: Any, recorded: list[Any], recorded_key: Any) -> bool:
     its data holds the very same objects, which settles it at once."""
     data = aux_data(treedef)
     for value, known in zip(data, recorded):
-        if value is known or (
-            type(value) is tuple
-            and type(known) is tuple
-            and all(map(operator.is_, value, known))
+        if value is not known and not (
+            type(value) is type(known) is tuple and all(map(operator.is_, value, known))
         ):
-            continue
-        return exact_key(data) == recorded_key
+            return exact_key(data) == recorded_key
     return True

@@ -28,23 +28,14 @@ def _defined_in_python(fun: Any) -> bool:
     return hasattr(fun, "__code__") or hasattr(type(fun).__call__, "__code__")
 
 
-def _signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
+def signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
+    """`fun`'s signature, or `None` (also for C code, not following `__wrapped__`)."""
     if not follow_wrapped and not _defined_in_python(fun):
         return None
     try:
         return inspect.signature(fun, follow_wrapped=follow_wrapped)
     except (TypeError, ValueError):  # builtins and other callables without one
         return None
-
-
-def _plain_arity(signature: inspect.Signature | None) -> int:
-    """How many positional arguments a call may pass unbound (none defaulted), or -1."""
-    if signature is None:
-        return -1
-    parameters = signature.parameters.values()
-    if any(p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY) for p in parameters):
-        return -1
-    return len(positional_names(parameters))
 
 
 def in_call_tree(fun: Any) -> bool:
@@ -70,7 +61,7 @@ jtu.register_pytree_node(
 
 def first_parameter(fun: Any) -> str | None:
     """The first parameter of `fun`, if it takes an argument by position."""
-    signature = _signature_of(fun, follow_wrapped=True)
+    signature = signature_of(fun, follow_wrapped=True)
     names = [] if signature is None else positional_names(signature.parameters.values())
     return names[0] if names else None
 
@@ -80,9 +71,7 @@ def receiver_of(fun: Any) -> str | None:
     leaves are its receiver's (a bound method, a callable Module), else `None`."""
     if type(fun) is Method:
         return first_parameter(fun.func) or "self"
-    if isinstance(fun, ft.partial) or not in_call_tree(fun):
-        return None
-    if jtu.tree_structure(fun).num_leaves == 0:
+    if isinstance(fun, ft.partial) or not in_call_tree(fun) or not jtu.tree_leaves(fun):
         return None
     func = getattr(fun, "__func__", None)
     if func is None:
@@ -98,27 +87,28 @@ class Function:
         self.fun_is_leaf = not in_call_tree(fun)
         # Calls bind to the function's own signature, not its `__wrapped__`'s (which
         # `eqx.filter_vmap(f)` advertises but may not accept).
-        signature = _signature_of(fun, follow_wrapped=False)
-        # Calls of this many positional arguments and no keywords bind as they are.
-        self.plain_arity = _plain_arity(signature)
+        signature = signature_of(fun, follow_wrapped=False)
         self.bind = Binder(signature, self.name)
+        parameters = () if signature is None else signature.parameters.values()
+        self._bound_positional = positional_names(parameters)
+        # Calls of this many positional arguments and no keywords bind as they are
+        # (-1: none do, unbound).
+        plain = signature is not None and not any(
+            p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY) for p in parameters
+        )
+        self.plain_arity = len(self._bound_positional) if plain else -1
         # Whether a call may leave parameters to their defaults (not donated).
-        self.has_defaults = signature is not None and any(
-            p.default is not p.empty for p in signature.parameters.values()
-        )
-        self._bound_positional = positional_names(
-            () if signature is None else signature.parameters.values()
-        )
+        self.has_defaults = any(p.default is not p.empty for p in parameters)
         self.receiver = receiver_of(fun)
         # Names, for messages and `donate=(names...)`, may come from `__wrapped__`.
-        named = _signature_of(fun, follow_wrapped=True) or signature
+        named = signature_of(fun, follow_wrapped=True) or signature
         self.parameters = () if named is None else tuple(named.parameters.values())
         # An `eqx.Module`'s fields, as its `__call__` names them: `self.weight`.
         self.fun_label = "self" if isinstance(fun, eqx.Module) else self.name
         # The parameters a `jtu.Partial` binds, to label its leaves: `self.w`.
         self.bound_names: tuple[str, ...] = ()
         if isinstance(fun, jtu.Partial):
-            inner = _signature_of(fun.func, follow_wrapped=True)
+            inner = signature_of(fun.func, follow_wrapped=True)
             if inner is not None:
                 self.bound_names = tuple(inner.parameters)[: len(fun.args)]
 

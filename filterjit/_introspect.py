@@ -53,7 +53,7 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
         ```
     """
     fun, args = _unbind(fun, args)
-    if isinstance(fun, JitWrapper | FilterJitWrapper):
+    if isinstance(fun, _WRAPPERS):
         return fun._explain(args, kwargs)
     wrapper: FilterJitWrapper[..., Any] = _decorate(Options(), fun, caller="explain")
     explanation = wrapper._explain(args, kwargs)
@@ -64,13 +64,12 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
 
 
 _JAX_JIT_TYPE = type(jax.jit(lambda: None))
+_WRAPPERS = (FilterJitWrapper, JitWrapper)
 
 
 def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
     # A decorated method read from an instance: the wrapper, the instance first.
-    if isinstance(fun, types.MethodType) and isinstance(
-        fun.__func__, (FilterJitWrapper, JitWrapper)
-    ):
+    if isinstance(fun, types.MethodType) and isinstance(fun.__func__, _WRAPPERS):
         return fun.__func__, (fun.__self__, *args)
     return fun, args
 

@@ -4,23 +4,21 @@ import dataclasses
 import inspect
 import types
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, get_args, Literal
 
 import jax
 
-from ._function import first_parameter, receiver_of
+from ._function import first_parameter, receiver_of, signature_of
 
 
-DonateOption = (
-    Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
-    | tuple[str, ...]
-)
+_DonateString = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
+DonateOption = _DonateString | tuple[str, ...]
 """Which argument buffers `filter_jit` donates at the top level: `"none"`, `"all"`,
 `"all-except-first"` (these two silence JAX's warning about donations it cannot
 use), `"warn"`, `"warn-except-first"` (the same, warning), or a tuple of parameter
 names such as `("state",)`."""
 
-_DONATE_STRINGS = ("none", "all", "all-except-first", "warn", "warn-except-first")
+_DONATE_STRINGS = get_args(_DonateString)
 
 _STATIC_ADVICE = (
     "filter_jit makes every non-array leaf static already; pass the value as a "
@@ -43,8 +41,7 @@ class _Unspecified:
     def __repr__(self) -> str:
         return "UNSPECIFIED"
 
-    def __reduce__(self) -> str:
-        return "UNSPECIFIED"
+    __reduce__ = __repr__  # pickled as this module's `UNSPECIFIED`
 
 
 UNSPECIFIED: Any = _Unspecified()
@@ -61,19 +58,6 @@ class Options:
     in_shardings: Any = UNSPECIFIED
     out_shardings: Any = UNSPECIFIED
     jitkwargs: tuple[tuple[str, Any], ...] = ()  # every other jax.jit keyword
-
-    @property
-    def silence_donation(self) -> bool:
-        return self.donate in ("all", "all-except-first")
-
-    def key(self) -> Any:
-        """These options if hashable (not a `compiler_options` dict), else `None`:
-        wrappers with equal keys share their caches."""
-        try:
-            hash(self)
-        except TypeError:
-            return None
-        return self
 
 
 def make_options(**options: Any) -> Options:
@@ -97,14 +81,13 @@ def make_options(**options: Any) -> Options:
             )
         if name not in _JIT_PARAMETERS:
             raise TypeError(f"filter_jit() got an unexpected keyword argument {name!r}")
-    if isinstance(donate, tuple):
-        for name in donate:
-            if not isinstance(name, str):
-                raise ValueError(
-                    f"filter_jit: donate={donate!r} holds {name!r}, which is not a "
-                    "parameter name. Give parameter names as strings, such as "
-                    "donate=('state',)."
-                )
+    for name in donate if isinstance(donate, tuple) else ():
+        if not isinstance(name, str):
+            raise ValueError(
+                f"filter_jit: donate={donate!r} holds {name!r}, which is not a "
+                "parameter name. Give parameter names as strings, such as "
+                "donate=('state',)."
+            )
     inline_modes: Any = getattr(jax, "Inline", bool)  # jax >= 0.11
     if not isinstance(inline, bool | inline_modes):
         modes = "" if inline_modes is bool else ", or a member of jax.Inline"
@@ -122,10 +105,8 @@ def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None
     `jax.jit`'s `donate_argnames`, a name is a parameter's, a keyword a `**kwargs`
     collects, or a method's receiver; not the `**kwargs` parameter's own name."""
     name_of_fun = getattr(fun, "__qualname__", fun)
-    try:
-        parameters = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        parameters = []
+    signature = signature_of(fun, follow_wrapped=True)
+    parameters = [] if signature is None else list(signature.parameters.values())
     known = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
     var_keyword = [p.name for p in parameters if p.kind is p.VAR_KEYWORD]
     method = isinstance(fun, types.MethodType)

@@ -1,20 +1,13 @@
-"""Outputs: what the jitted function returns, so that what a trace learned about
-its output is kept by JAX with the executable compiled from that trace.
+"""Outputs: what the jitted function returns, so that what a trace learned of its
+output is kept by JAX with the executable compiled from that trace, never in a table
+of filterjit's own beside it (JAX reuses executables for reasons filterjit cannot
+see: x64, context, shardings). JAX keeps an output's structure per executable, its
+nodes' auxiliary data included, and rebuilds it on its C++ fast path while it
+flattens to arrays alone. So:
 
-JAX keeps a jitted function's output structure per executable, the auxiliary data
-of its nodes included, and rebuilds the output from it on its C++ fast path (which
-it keeps only while the rebuilt output flattens to arrays alone). So every fact of
-a trace that the caller needs rides in the output itself, never in a table of
-filterjit's own beside it (JAX reuses executables for reasons filterjit cannot
-see: configuration such as x64, context, shardings):
-
-- an output whose leaves are all traced is returned as it is (not nested, every
-  array leaf is an output of the jit, as in `jax.jit`);
-- any other is `Carried`: its children are the traced leaves and its auxiliary
-  data the `OutputSpec` that finishes it (static leaves, inputs handed back, NumPy
-  arrays each call gets a copy of, whether the trace holds a runtime check).
-
-Only tracers are outputs of the jit; the rest is what the function returned.
+- an output whose leaves are all traced is returned as it is;
+- any other is `Carried`: its children the traced leaves (only tracers are outputs
+  of the jit), its auxiliary data the `OutputSpec` that finishes it.
 """
 
 import operator
@@ -32,17 +25,12 @@ from ._structure import dict_orders, restore_orders
 from ._trace import STAGED, TOP
 
 
-_identity = object.__eq__
-
-
 def items_getter(keys: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
     """`get(x)`: the tuple of `x[key]` for `keys`."""
-    if len(keys) > 1:
-        return operator.itemgetter(*keys)
-    if keys:
-        (key,) = keys
-        return lambda x: (x[key],)
-    return lambda x: ()
+    if len(keys) != 1:
+        return operator.itemgetter(*keys) if keys else lambda x: ()
+    (key,) = keys
+    return lambda x: (x[key],)
 
 
 class _Static:
@@ -62,120 +50,131 @@ jtu.register_pytree_node(
 )
 
 
-class OutputSpec:
-    """The part of an output that is not traced, when the call must finish it: its
-    structure, its static leaves, which of them are inputs handed back or NumPy
-    arrays to copy, and whether the trace holds a runtime check.
+def _builder(
+    treedef: Any,
+    template: list[Any],
+    dynamic_positions: list[int],
+    passthrough: list[tuple[int, int]],
+    copies: list[int],
+    to_jax: tuple[int, ...] = (),
+) -> Callable[[Any, list[Any]], Any]:
+    """`build(out, inputs)`: the output's leaves taken at once from a pool of the
+    traced leaves `out`, this call's inputs handed back and `template`'s static
+    leaves; NumPy arrays at `copies` copied, arrays at `to_jax` made JAX arrays."""
+    if not copies and not to_jax:
+        sources: list[tuple[str, Any]] = [("constant", leaf) for leaf in template]
+        for place, position in enumerate(dynamic_positions):
+            sources[position] = ("out", place)
+        for position, input_position in passthrough:
+            sources[position] = ("input", input_position)
+        built = output_builder(treedef, sources)
+        if built is not None:
+            return built
+    unflatten = treedef.unflatten
+    from_pool = [*dynamic_positions, *(position for position, _ in passthrough)]
+    pooled = set(from_pool)
+    static = [p for p in range(len(template)) if p not in pooled]
+    constants = tuple(template[p] for p in static)
+    order = [*from_pool, *static]
+    # Each leaf's place in the pool: the inverse of `order`.
+    take = items_getter(sorted(range(len(order)), key=order.__getitem__))
+    if not passthrough and not copies and not to_jax:
+        return lambda out, inputs: unflatten(take((*out, *constants)))
+    take_inputs = items_getter([position for _, position in passthrough])
 
-    Made during a trace and carried by JAX as the auxiliary data of `Carried`, so
-    that it is always that trace's. Compared by identity."""
+    def build(out: Any, inputs: list[Any]) -> Any:
+        leaves = take((*out, *take_inputs(inputs), *constants))
+        if copies or to_jax:
+            leaves = list(leaves)
+            for position in copies:  # nested, as undecorated: each call its own
+                leaves[position] = leaves[position].copy()
+            for position in to_jax:
+                leaves[position] = jnp.array(leaves[position])
+        return unflatten(leaves)
+
+    return build
+
+
+class OutputSpec:
+    """What of an output the call must finish: made during a trace and carried by
+    JAX as the auxiliary data of `Carried`, so that it is always that trace's.
+    Compared by identity."""
 
     __slots__ = (
-        "treedef",
-        "dynamic_positions",
-        "passthrough",
-        "copies",
         "aliases",
         "runtime_check",
         "wait_on",
-        "plain",
-        "build",
-        "orders",
         "nested",
         "neutral",
+        "build",
         "at_top",
+        "plain",
     )
 
     def __init__(
         self,
         treedef: Any,
-        template: list[Any],
-        dynamic_positions: tuple[int, ...],
-        passthrough: tuple[tuple[int, int], ...],
-        copies: tuple[int, ...],
-        aliases: tuple[tuple[int, ...], ...],
+        leaves: list[Any],
+        inputs: list[Any],
+        traced: tuple[type, ...],
         runtime_check: bool,
         orders: tuple[tuple[Any, ...], ...] | None,
-        wait_on: int | None,
         nested: bool,
         neutral: bool,
     ):
-        self.treedef = treedef
-        self.dynamic_positions = dynamic_positions
-        self.passthrough = passthrough
-        self.copies = copies
+        input_positions: dict[int, list[int]] = {}
+        for position, leaf in enumerate(inputs):
+            if not isinstance(leaf, Tracer):
+                input_positions.setdefault(id(leaf), []).append(position)
+        dynamic_positions: list[int] = []
+        passthrough: list[tuple[int, int]] = []
+        copies: list[int] = []
+        aliases: set[tuple[int, ...]] = set()
+        for position, leaf in enumerate(leaves):
+            if isinstance(leaf, traced):
+                dynamic_positions.append(position)
+            elif id(leaf) in input_positions:
+                # The call's own object, not the traced call's, nor held by the spec
+                # (JAX keeps it): an object keyed by identity is freed with its caller.
+                positions = input_positions[id(leaf)]
+                passthrough.append((position, positions[0]))
+                # Where `==` is identity, the key already tells aliases apart.
+                if len(positions) > 1 and type(leaf).__eq__ is not object.__eq__:
+                    aliases.add(tuple(positions))
+            elif isinstance(leaf, np.ndarray):
+                # Nested, as without the decorator: a NumPy array, every call its own.
+                copies.append(position)
         # Groups of input positions that held one object when traced, of which one
         # came back: which one is known only while they are one object again.
-        self.aliases = aliases
+        self.aliases = tuple(aliases)
         self.runtime_check = runtime_check
-        # Where the trace holds a check, the traced leaf that a top-level call
-        # waits for: one computed by the executable (not an input handed back),
-        # whose wait raises the error of a check that failed anywhere in it, as
-        # Equinox's one output waited for does. `None`: wait for them all.
-        self.wait_on = wait_on
+        # With a check, the traced leaf a top-level call waits for (`None`: all): one
+        # the executable computes, whose wait raises any check failed in it.
+        handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
+        computed = [id(leaves[p]) not in handed_back for p in dynamic_positions]
+        self.wait_on = computed.index(True) if True in computed else None
         # Whether the trace was made nested, and whether its output means the same
         # at every level (see `jit_output`).
         self.nested = nested
         self.neutral = neutral
-        # `build(out, inputs)`: the user's output from the traced leaves `out` and
-        # this call's leaves. `at_top`: the same for a top-level call of a trace
-        # made nested whose output is not neutral (`None` for any other): its
-        # concrete arrays come back as new JAX arrays, as `jax.jit` returns them.
-        self.build = self._builder(template, ())
+        pooled = {*dynamic_positions, *(position for position, _ in passthrough)}
+        template = [None if p in pooled else leaf for p, leaf in enumerate(leaves)]
+        # `build(out, inputs)`: the user's output from the traced leaves and this
+        # call's leaves. `at_top`: that of a top-level call of a trace made nested
+        # whose output is not neutral: concrete arrays made JAX arrays, as in jax.jit.
+        self.build = _builder(treedef, template, dynamic_positions, passthrough, copies)
         self.at_top = None
         if nested and not neutral:
             arrays = tuple(p for p, leaf in enumerate(template) if is_array(leaf))
-            self.at_top = self._builder(template, arrays)
+            self.at_top = _builder(
+                treedef, template, dynamic_positions, passthrough, [], arrays
+            )
         # Whether a top-level call needs nothing but `build`.
         self.plain = not (aliases or runtime_check or self.at_top is not None)
-        # Nested: the insertion orders of the output's dicts, where JAX's rebuild
-        # (in sorted key order) would change them.
-        self.orders = orders
+        # Nested: dicts in their insertion order, which JAX's rebuild sorts.
         if orders is not None:
             build = self.build
             self.build = lambda out, inputs: restore_orders(build(out, inputs), orders)
-
-    def _builder(
-        self, template: list[Any], to_jax: tuple[int, ...]
-    ) -> Callable[[Any, list[Any]], Any]:
-        """`build`: the output's leaves taken at once from a pool of the traced
-        leaves, this call's inputs handed back and the trace's static leaves; the
-        arrays at `to_jax` made JAX arrays (else the NumPy arrays copied)."""
-        unflatten = self.treedef.unflatten
-        copies = () if to_jax else self.copies
-        handed_back = [position for position, _ in self.passthrough]
-        from_pool = [*self.dynamic_positions, *handed_back]
-        others = set(from_pool)
-        static = [p for p in range(len(template)) if p not in others]
-        constants = tuple(template[p] for p in static)
-        index = [0] * len(template)
-        for place, position in enumerate([*from_pool, *static]):
-            index[position] = place
-        take = items_getter(index)
-        if not copies and not to_jax:
-            sources: list[tuple[str, Any]] = [("constant", leaf) for leaf in template]
-            for place, position in enumerate(self.dynamic_positions):
-                sources[position] = ("out", place)
-            for position, input_position in self.passthrough:
-                sources[position] = ("input", input_position)
-            built = output_builder(self.treedef, sources)
-            if built is not None:
-                return built
-        if not self.passthrough and not copies and not to_jax:
-            return lambda out, inputs: unflatten(take((*out, *constants)))
-        take_inputs = items_getter([position for _, position in self.passthrough])
-
-        def build(out: Any, inputs: list[Any]) -> Any:
-            leaves = take((*out, *take_inputs(inputs), *constants))
-            if copies or to_jax:
-                leaves = list(leaves)
-                for position in copies:  # nested, as undecorated: each call its own
-                    leaves[position] = leaves[position].copy()
-                for position in to_jax:
-                    leaves[position] = jnp.array(leaves[position])
-            return unflatten(leaves)
-
-        return build
 
     def awaited(self, out: Any) -> Any:
         """What of the traced leaves `out` a top-level call waits for."""
@@ -233,78 +232,29 @@ def jit_output(
     boxed: bool = False,
 ) -> Any:
     """What the jitted function returns for the user's `output`, traced with
-    `inputs` (the call's leaves, traced ones as tracers). Not `nested`, every
-    array leaf is an output of the jit, as in `jax.jit`: a NumPy array or a
-    concrete `jax.Array` returned as it is comes back as a new JAX array. `boxed`:
-    keep the user's structure whatever it takes (for `out_shardings`, a prefix of
-    it); inputs handed back are then the traced call's (equal to this call's: they
-    are keyed by value)."""
+    `inputs` (the call's leaves, tracers for traced ones). Not `nested`, every array
+    leaf is an output of the jit, as in `jax.jit`. `boxed`: keep the user's
+    structure (for `out_shardings`, a prefix of it); inputs handed back are then the
+    traced call's (equal to this call's: they are keyed by value)."""
     traced = traced_types(STAGED if nested else TOP)
     leaves, treedef = jtu.tree_flatten(output)
-    input_positions: dict[int, list[int]] = {}
-    for position, leaf in enumerate(inputs):
-        if not isinstance(leaf, Tracer):
-            input_positions.setdefault(id(leaf), []).append(position)
-    dynamic_positions: list[int] = []
-    passthrough: list[tuple[int, int]] = []
-    copies: list[int] = []
-    aliases: set[tuple[int, ...]] = set()
-    for position, leaf in enumerate(leaves):
-        if isinstance(leaf, traced):
-            dynamic_positions.append(position)
-        elif id(leaf) in input_positions:
-            # The call's own object comes back, not the traced call's, and the
-            # spec (which JAX keeps with the executable) does not hold it: an
-            # object keyed by identity is freed once no caller holds it.
-            positions = input_positions[id(leaf)]
-            passthrough.append((position, positions[0]))
-            # Where `==` is identity, the key already tells aliases apart.
-            if len(positions) > 1 and type(leaf).__eq__ is not _identity:
-                aliases.add(tuple(positions))
-        elif isinstance(leaf, np.ndarray):
-            # Nested, as without the decorator: a NumPy array, every call its own.
-            copies.append(position)
     # A trace of a top-level entry may serve nested calls too, and the reverse
     # (see `Dispatcher._call`). Its output means the same at every level unless a
     # concrete array is in it (an output of the jit at the top level, kept as it is
     # nested) or a dict whose order JAX's rebuild changes (kept nested).
     found = dict_orders(output)
     in_order = not found or found == dict_orders(treedef.unflatten(leaves))
-    orders = None if in_order or not nested else found
     neutral = in_order and not any(
         is_array(leaf) and not isinstance(leaf, Tracer) for leaf in leaves
     )
-    if len(dynamic_positions) == len(leaves) and not runtime_check and neutral:
+    if not runtime_check and neutral and all(isinstance(x, traced) for x in leaves):
         return output
     if boxed:
-        dynamic = set(dynamic_positions)
         return treedef.unflatten(
-            [
-                leaf if position in dynamic else _Static(leaf)
-                for position, leaf in enumerate(leaves)
-            ]
+            [leaf if isinstance(leaf, traced) else _Static(leaf) for leaf in leaves]
         )
-    wait_on = None
-    if runtime_check:
-        handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
-        computed = [id(leaves[p]) not in handed_back for p in dynamic_positions]
-        wait_on = computed.index(True) if True in computed else None
-    template = list(leaves)
-    for position in dynamic_positions:
-        template[position] = None
-    for position, _ in passthrough:
-        template[position] = None  # filled from each call: pins nothing
+    orders = None if in_order or not nested else found
     spec = OutputSpec(
-        treedef,
-        template,
-        tuple(dynamic_positions),
-        tuple(passthrough),
-        tuple(copies),
-        tuple(aliases),
-        runtime_check,
-        orders,
-        wait_on,
-        nested,
-        neutral,
+        treedef, leaves, inputs, traced, runtime_check, orders, nested, neutral
     )
-    return Carried(spec, [leaves[p] for p in dynamic_positions])
+    return Carried(spec, [x for x in leaves if isinstance(x, traced)])

@@ -66,18 +66,14 @@ def _holder(owner: Any) -> _Holder | None:
         holder = table.get(key)
         if type(holder) is _Holder and holder.owned_by(owner):
             return holder
-        if has_dict:
-            try:
-                holder = _Holder(weakref.ref(owner))
-            except TypeError:  # a cycle through its own `__dict__`: garbage
-                holder = _Holder(owner)
-        else:
-            try:
-                # Dropped with its owner, if still that owner's (ids are reused).
-                reference = weakref.ref(owner, lambda _: _forget(key, holder))
-            except TypeError:
+        # Without a `__dict__`: dropped with its owner, if still its (ids are reused).
+        forget = None if has_dict else lambda _: _forget(key, holder)
+        try:
+            holder = _Holder(weakref.ref(owner, forget))
+        except TypeError:
+            if not has_dict:
                 return None
-            holder = _Holder(reference)
+            holder = _Holder(owner)  # a cycle through its own `__dict__`: garbage
         table[key] = holder
         return holder
 
@@ -97,8 +93,7 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     if not in_call_tree(fun):
         func = getattr(fun, "__func__", None)
         if func is not None:  # a method-like object other than a bound method
-            # Its receiver is not in the call tree: it keys the dispatcher, as a
-            # static argument is keyed.
+            # Its receiver, not in the call tree, keys the dispatcher as a static one.
             receiver = getattr(fun, "__self__", None)
             key = static_key(receiver)
             weak = [receiver] if isinstance(key, weakref.ref) else []
@@ -108,30 +103,23 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     owner = call if isinstance(call, types.FunctionType) else type(fun)
     # Its structure and static leaves, keyed as static arguments are (arrays aside).
     leaves, treedef = jtu.tree_flatten(fun)
-    keys: list[Any] = []
-    weak: list[Any] = []
-    for leaf in leaves:
-        if is_array(leaf):
-            keys.append(None)
-            continue
-        key = static_key(leaf)
-        if isinstance(key, weakref.ref):
-            weak.append(leaf)
-        keys.append((type(leaf), key))
+    keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
+    weak = [x for x, k in zip(leaves, keys) if k and isinstance(k[1], weakref.ref)]
     return owner, (treedef, tuple(keys)), weak
 
 
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     """The dispatcher shared by the wrappers of `fun` with `options`."""
-    options_key = options.key()
-    if options_key is None:  # options that cannot be compared: this wrapper's own
+    try:
+        hash(options)  # equal options share caches
+    except TypeError:  # a `compiler_options` dict: this wrapper's own
         return Dispatcher(fun, options)
     owner, key, weak = _owner(fun)
     holder = _holder(owner)
     if holder is None:
         return Dispatcher(fun, options)
     dispatchers = holder.dispatchers
-    key = (key, options_key)
+    key = (key, options)
     try:
         found = dispatchers.get(key)
     except TypeError:  # a static leaf that cannot be hashed: not shared

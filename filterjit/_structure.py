@@ -1,8 +1,7 @@
 """What a nested call's function sees of its arguments: the caller's own objects.
-
-JAX sorts a dict's keys and rebuilds every container anew; undecorated, a function
-sees dicts (and `**kwargs`) in insertion order and the caller's own containers. So
-a nested call is keyed also by its dicts' orders (`dict_orders`), and its function
+JAX sorts dicts' keys and rebuilds every container; undecorated, a function sees
+dicts (and `**kwargs`) in insertion order and the caller's own containers. So a
+nested call is keyed also by its dicts' orders (`dict_orders`), and its function
 gets the caller's arguments with only the traced leaves replaced (`replace_leaves`).
 """
 
@@ -23,9 +22,7 @@ _SORTED_DICTS = (dict, collections.defaultdict)
 
 def _children(node: Any) -> tuple[list[Any], Any] | None:
     """`node`'s children and the structure that rebuilds it, or `None` for a leaf."""
-    children, structure = jtu.tree_flatten(
-        node, is_leaf=lambda child: child is not node
-    )
+    children, structure = jtu.tree_flatten(node, is_leaf=lambda x: x is not node)
     if structure.num_nodes == 1 and structure.num_leaves == 1:
         return None
     return children, structure
@@ -55,8 +52,8 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
         kind = type(node)
         if node is None or is_leaf_type(kind):
             continue
-        # Anything but a known leaf, an exact dict, list or tuple is asked of JAX.
-        if kind is dict:
+        # Anything but a known leaf, a sorted dict, list or tuple is asked of JAX.
+        if kind in _SORTED_DICTS:
             orders.append(tuple(node))
             pending += reversed(node.values())
         elif kind is list or kind is tuple:
@@ -64,9 +61,6 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
         else:
             found = _children(node)
             if found is not None:
-                if kind is collections.defaultdict:
-                    orders.append(tuple(node))
-                    found = list(node.values()), None
                 pending += reversed(found[0])
     return tuple(orders)
 

@@ -1,8 +1,8 @@
 """The fast path: shortcuts for repeated calls, each giving exactly what the
 reference path gives (`Dispatcher._call`: bind with `inspect`, flatten with
 `jax.tree_util`, find the partition, key with `Partition.reference_key`), and all
-of them off when the environment sets `FILTERJIT_FASTPATH=0`. Each is generated
-code, one function:
+of them off when the environment sets `FILTERJIT_FASTPATH=0`. Each is one
+generated function (`_compile`: the package's only `exec`):
 
 - `bound_call_reader`: the leaves, key and traced leaves of a call of one shape
   with the structure and leaf types of a partition, read without binding or
@@ -32,6 +32,7 @@ namedtuple, are checked against JAX once per class, on a probe instance.
 
 import dataclasses
 import itertools
+import linecache
 import operator
 import os
 import types
@@ -45,7 +46,6 @@ import numpy as np
 from jax.core import Tracer
 
 from ._binding import Keywords, Source, Sources
-from ._codegen import compile_function
 from ._exact import exact_key, float_key
 from ._trace import TOP
 
@@ -84,6 +84,29 @@ KeyedCallReader = Callable[
 
 # Partitions with up to this many static leaves have their key written out.
 _WRITTEN_KEYS = 64
+
+
+# Generated code is filed under the package's directory, whose frames JAX leaves
+# out of tracebacks, each under a name of its own in `linecache`, so tracebacks
+# show its source.
+_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+_counter = itertools.count()
+
+
+def _compile(
+    name: str, parameters: str, body: list[str], namespace: dict[str, Any]
+) -> Any:
+    """The function `def name(parameters): body`, with globals `namespace` (a new
+    dict of its own). The source holds no user data: values are in `namespace`."""
+    source = f"def {name}({parameters}):\n" + "".join(f"    {line}\n" for line in body)
+    filename = os.path.join(_DIRECTORY, f"<generated {name} {next(_counter)}>")
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = dict(namespace)
+    exec(compile(source, filename, "exec"), namespace)
+    function = namespace[name]
+    # The source lives as long as the function: caches dropped, code gone.
+    weakref.finalize(function, linecache.cache.pop, filename, None)
+    return function
 
 
 def is_leaf_type(kind: type) -> bool:
@@ -127,7 +150,7 @@ def output_builder(
     built = expression(treedef)
     if built is None:
         return None
-    return compile_function("build", "o, i", [f"return {built}"], writer.namespace)
+    return _compile("build", "o, i", [f"return {built}"], writer.namespace)
 
 
 def call_reader(treedef: Any, types: tuple[type, ...]) -> Any:
@@ -215,7 +238,7 @@ def top_caller(
         f"    return _finish(w._dispatcher, w._fun, a, k, o, {whole})",
         f"return w._call({TOP}, w._fun, a, k)",
     ]
-    return compile_function("top", "w, a, k", body, writer.namespace)
+    return _compile("top", "w, a, k", body, writer.namespace)
 
 
 class _Writer:
@@ -256,7 +279,7 @@ class _Writer:
             "except Exception:",
             "    return None",
         ]
-        return compile_function(name, parameter, body, self.namespace)
+        return _compile(name, parameter, body, self.namespace)
 
     def traced(self, partition: Any, at: Callable[[int], str], whole: str) -> str:
         """The traced leaves, as `partition.take_dynamic` takes them from `whole`,

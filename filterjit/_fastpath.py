@@ -267,7 +267,8 @@ class _Writer:
         if keyed is None:
             result = [f"return [{', '.join(leaves)}]"]
         else:
-            at = lambda p: f"l[{p}]"  # noqa: E731
+            starred = any(leaf.startswith("*") for leaf in leaves)
+            at = (lambda p: f"l[{p}]") if starred else leaves.__getitem__
             result = [
                 f"l = [{', '.join(leaves)}]",
                 f"return l, {self.key(keyed, at, 'l')}, {self.traced(keyed, at, 'l')}",
@@ -293,7 +294,8 @@ class _Writer:
 
     def key(self, partition: Any, at: Callable[[int], str], whole: str) -> str:
         """`partition.reference_key(whole)` written out, such as `(program, l[0],
-        v.hex() if (v := l[3]) == 0.0 or v != v else v)`."""
+        v.hex() if (v := l[3]) == 0.0 or v != v else v)`, the leaf at position `p`
+        being `at(p)`."""
         static = partition.static_positions
         if not static:
             return self.constant(partition.program)
@@ -306,9 +308,11 @@ class _Writer:
             if rekey is None:
                 parts.append(at(position))
             elif rekey is float_key and partition.types[position] is float:
-                v, leaf = self.variable(), at(position)  # -0.0, nan: the slower key
-                slow = f"({v} := {leaf}) == 0.0 or {v} != {v}"
-                parts.append(f"{v}.hex() if {slow} else {v}")
+                v, test = at(position), f"{at(position)} == 0.0"  # -0.0, nan: slower
+                if not v.isidentifier():  # an item of `l`: taken once
+                    v = self.variable()
+                    test = f"({v} := {at(position)}) == 0.0"
+                parts.append(f"{v}.hex() if {test} or {v} != {v} else {v}")
             else:
                 parts.append(f"{self.constant(rekey)}({at(position)})")
         return f"({', '.join(parts)},)"

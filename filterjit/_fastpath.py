@@ -389,11 +389,15 @@ class _Writer:
             self.check(f"{statics} != {recorded}")
             # What `==` does not see of them: `scale=1` where `scale=1.0` was.
             exact = exact_key(data[1:])
-            if exact is not None:
-                self.check(
-                    f"not all(map(_is, {statics}, {recorded})) and "
-                    f"_exact_key({statics}) != {self.constant(exact)}"
-                )
+            if exact is not None:  # unless each is the very object recorded
+                same = f"all(map(_is, {statics}, {recorded}))"
+                if len(static) <= 4:
+                    values = map(self.constant, data[1:])
+                    same = " and ".join(
+                        f"{statics}[{i}] is {v}" for i, v in enumerate(values)
+                    )
+                exact_name = self.constant(exact)
+                self.check(f"not ({same}) and _exact_key({statics}) != {exact_name}")
         return self.values(treedef, types, self.items(fields, dynamic))
 
     def call(

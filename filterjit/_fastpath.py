@@ -331,6 +331,11 @@ class _Writer:
     def items(self, x: str, keys: Sequence[Any]) -> str:
         """A variable holding the tuple of `x[key]` for `keys`."""
         values = self.variable()
+        if len(keys) > 3:  # at C speed
+            self.lines.append(
+                f"{values} = {self.constant(operator.itemgetter(*keys))}({x})"
+            )
+            return values
         taken = "".join(f"{x}[{self.constant(key)}], " for key in keys)
         self.lines.append(f"{values} = ({taken})")
         return values

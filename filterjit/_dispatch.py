@@ -310,13 +310,7 @@ class Dispatcher:
             )
             partition.get = self.entries[TOP if partition.shares_top else level].get
             if level == TOP and self._fast:
-                partition.top = top_caller(
-                    partition,
-                    self._fun_is_leaf,
-                    Carried,
-                    Dispatcher._failed,
-                    Dispatcher._finish_top,
-                )
+                partition.top = top_caller(partition, self._fun_is_leaf, Carried)
             cache = self.partitions[level]
             if cache.get((treedef, types)) is None:
                 cache.put((treedef, types), partition)

@@ -181,18 +181,14 @@ def bound_call_reader(
     return writer.compile("read_call", "f, a, k", leaves, keyed)
 
 
-def top_caller(
-    partition: Any, fun_is_leaf: bool, carried: type, failed: Any, finish: Any
-) -> Any:
+def top_caller(partition: Any, fun_is_leaf: bool, carried: type) -> Any:
     """`top(wrapper, args, kwargs)`: a whole top-level call of `partition`'s
-    structure, in one function. The call is read and keyed as the partition's
-    reader of calls without keywords reads and keys it, and its entry's jitted
-    function run with the traced leaves; an error is named by `failed(dispatcher,
-    partition, leaves, error)` and raised, an output of type `carried` built where
-    its spec is plain, else finished by `finish(dispatcher, fun, args, kwargs, out,
-    leaves)`. A call with keyword arguments, one it does not read, no entry or a
-    guarded one (NumPy constants to check): `wrapper._call`, as if there were no
-    `top`."""
+    structure, in one function: read and keyed as the partition's reader of calls
+    without keywords reads and keys it, its entry's jitted function run with the
+    traced leaves, an output of type `carried` built where its spec is plain, else
+    finished by the dispatcher (`_finish_top`), an error named by it (`_failed`).
+    Keyword arguments, a call it does not read, no entry or a guarded one (NumPy
+    constants to check): `wrapper._call`, as if there were no `top`."""
     if not ENABLED:
         return None
     writer = _Writer(miss="break")
@@ -215,7 +211,7 @@ def top_caller(
         arguments = ", ".join(map(at, partition.dynamic_positions))
     key = writer.key(partition, at, whole)
     names = {"_get": partition.get, "_carried": carried, "_partition": partition}
-    writer.namespace.update(names, _failed=failed, _finish=finish)
+    writer.namespace.update(names)
     body = [
         "while not k:",
         "    try:",
@@ -228,14 +224,14 @@ def top_caller(
         "    try:",
         f"        o = e.jitted({arguments})",
         "    except Exception as x:",
-        f"        _failed(w._dispatcher, _partition, {whole}, x)",
+        f"        w._dispatcher._failed(_partition, {whole}, x)",
         "        raise",
         "    if type(o) is not _carried:",
         "        return o",
         "    s, d = o.args",
         "    if s.plain:",
         f"        return s.build(d, {whole})",
-        f"    return _finish(w._dispatcher, w._fun, a, k, o, {whole})",
+        f"    return w._dispatcher._finish_top(w._fun, a, k, o, {whole})",
         f"return w._call({TOP}, w._fun, a, k)",
     ]
     return _compile("top", "w, a, k", body, writer.namespace)

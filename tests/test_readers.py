@@ -366,7 +366,7 @@ def _check_top(recorded: Any, call: Any) -> None:
     keys = []
     entry = types.SimpleNamespace(guarded=False, jitted=lambda *traced: traced)
     partition.get = lambda key: keys.append(key) or entry
-    top = top_caller(partition, True, Carried, None, None)
+    top = top_caller(partition, True, Carried)
     plain = ([("args", i) for i in range(len(recorded))], {})
     read = bound_call_reader(treedef, partition.types, True, plain, partition)
     assert top is not None and read is not None

@@ -130,22 +130,6 @@ class FilterJitWrapper(Generic[_P, _R]):
         # The caches are found again from the function and options.
         return FilterJitWrapper, (self._fun, self._options)
 
-    def _specialise(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, Specialisation, Any]:
-        entry, partition, dynamic, leaves = self._dispatcher.abstract(
-            self._fun, args, kwargs
-        )
-        function = self._dispatcher.function
-        labels = lambda treedef: [  # noqa: E731
-            label for *_, label in function.leaf_parameters(treedef)
-        ]
-        specialisation = Specialisation(function.name, entry, partition, leaves, labels)
-        return entry.jitted, specialisation, dynamic
-
-    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self._dispatcher.abstract(self._fun, args, kwargs)[1:]
-
     def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Lowered:
         """Lowers the function for these arguments, as `jax.jit(...).lower`.
 
@@ -157,8 +141,8 @@ class FilterJitWrapper(Generic[_P, _R]):
 
         A `Lowered`, with `.as_text()` and `.compile()`.
         """
-        jitted, specialisation, dynamic = self._specialise(args, kwargs)
-        return Lowered(jitted.lower(*dynamic), specialisation, self._prepare)
+        called = Specialisation(self._dispatcher, self._fun, args, kwargs)
+        return Lowered(called.jitted.lower(*called.dynamic), called)
 
     def trace(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Traced:
         """Traces the function for these arguments, as `jax.jit(...).trace`.
@@ -167,14 +151,14 @@ class FilterJitWrapper(Generic[_P, _R]):
 
         A `Traced`, with `.jaxpr`, `.out_info` and `.lower()`.
         """
-        jitted, specialisation, dynamic = self._specialise(args, kwargs)
-        return Traced(jitted.trace(*dynamic), specialisation, self._prepare)
+        called = Specialisation(self._dispatcher, self._fun, args, kwargs)
+        return Traced(called.jitted.trace(*called.dynamic), called)
 
     def eval_shape(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Any:
         """The output's shapes and dtypes, as `jax.eval_shape`: traced output
         leaves as `jax.ShapeDtypeStruct`s, every other leaf unchanged."""
-        jitted, specialisation, dynamic = self._specialise(args, kwargs)
-        return finish(jitted.eval_shape(*dynamic), specialisation.leaves)
+        called = Specialisation(self._dispatcher, self._fun, args, kwargs)
+        return finish(called.jitted.eval_shape(*called.dynamic), called.leaves)
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
         return self._dispatcher.explain(_trace.trace_level(), self._fun, args, kwargs)

@@ -32,6 +32,7 @@ _P = ParamSpec("_P")
 _Q = ParamSpec("_Q")
 _R = TypeVar("_R")
 _S = TypeVar("_S")
+_W = TypeVar("_W", bound="Wrapper[Any, Any]")
 
 
 def _is_module_method(fun: Any) -> bool:
@@ -61,7 +62,29 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
     wrapper.__globals__ = namespace
 
 
-class FilterJitWrapper(Generic[_P, _R]):
+class Wrapper(Generic[_P, _R]):
+    """Typed as the function it wraps, and bound as a method: both wrappers are."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+
+        def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+
+    @overload
+    def __get__(self: "_W", instance: None, owner: Any = None) -> "_W": ...
+
+    @overload
+    def __get__(
+        self: "Wrapper[Concatenate[_S, _Q], _R]", instance: _S, owner: Any = None
+    ) -> Callable[_Q, _R]: ...
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        # Called as `self(instance, ...)`: `instance` is partitioned as an argument.
+        return self if instance is None else types.MethodType(self, instance)
+
+
+class FilterJitWrapper(Wrapper[_P, _R]):
     """A function compiled with `filter_jit`. See `filterjit.filter_jit`.
 
     A pytree whose leaves are the function's (an `eqx.Module`'s arrays, say), and a
@@ -97,31 +120,8 @@ class FilterJitWrapper(Generic[_P, _R]):
         self._call = self._dispatcher.call
         _copy_metadata(self, fun)
 
-    if TYPE_CHECKING:
-
-        def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
-
-    else:
-        # The level check inline, then the dispatcher's `call`.
+    if not TYPE_CHECKING:  # the level check inline, then the dispatcher's `call`
         __call__ = _trace.call_at_level
-
-    @overload
-    def __get__(
-        self, instance: None, owner: Any = None
-    ) -> "FilterJitWrapper[_P, _R]": ...
-
-    @overload
-    def __get__(
-        self: "FilterJitWrapper[Concatenate[_S, _Q], _R]",
-        instance: _S,
-        owner: Any = None,
-    ) -> Callable[_Q, _R]: ...
-
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is None:
-            return self
-        # Called as `self(instance, ...)`: `instance` is partitioned as an argument.
-        return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
         return f"<filter_jit-wrapped {name_of(self._fun)} at {id(self):#x}>"

@@ -146,17 +146,10 @@ class Partition:
     ):
         traced = traced_types(level)
         staged = level == STAGED
-        dynamic: list[int] = []
-        static: list[int] = []
-        rekeys: list[tuple[int, Callable[[Any], Any]]] = []
-        for position, kind in enumerate(types):
-            if issubclass(kind, traced):
-                dynamic.append(position)
-                continue
-            rekey = _key_function(kind, staged)
-            if rekey is not None:
-                rekeys.append((len(static), rekey))
-            static.append(position)
+        dynamic = [p for p, kind in enumerate(types) if issubclass(kind, traced)]
+        static = [p for p, kind in enumerate(types) if not issubclass(kind, traced)]
+        keyed = [(i, _key_function(types[p], staged)) for i, p in enumerate(static)]
+        rekeys = [(i, rekey) for i, rekey in keyed if rekey is not None]
         self.treedef = treedef
         self.types = types
         self.dynamic_positions = tuple(dynamic)
@@ -177,16 +170,14 @@ class Partition:
         static_types = tuple(types[p] for p in static)
         self.signature = (treedef, self.dynamic_positions, static_types, self.exact)
         self.program = program_of(self.signature)
-        # `take_dynamic(leaves)`: the traced leaves.
         self.take_dynamic = _taker(dynamic, len(types))
         self._take_static = _taker(static, len(types))
         # (index among the static leaves, its key function) where not the leaf.
         self.rekeys = tuple(rekeys)
         # Each leaf's parameter, position and label (see `Dispatcher.leaf_parameters`).
         self.leaf_parameters: list[tuple[str, int | None, str]] | None = None
-        # `read(tree)`: a call's leaves, `reference_key` and traced leaves, read
-        # without flattening, if it has this structure and types (see `_fastpath`);
-        # `call_readers`, the same for calls that need binding, by shape of call.
+        # `read(tree)`: a call's leaves, key and traced leaves if it has this structure
+        # and types (see `_fastpath`); `call_readers`, the same by shape of call.
         self.read: KeyedReader | None = call_reader(treedef, types, self)
         self.call_readers: dict[tuple[Any, ...], KeyedCallReader | None] = {}
         # Set by the dispatcher: whether calls use the top level's entries; `get`.
@@ -219,12 +210,11 @@ class Partition:
     def roles(self) -> list[str]:
         """What happens to each leaf: "traced", "concrete" (an array passed through
         unchanged inside a staged trace) or "static"."""
-        roles = ["static"] * len(self.types)
-        for position in self.dynamic_positions:
-            roles[position] = "traced"
-        for position in self.array_positions:
-            roles[position] = "concrete"
-        return roles
+        dynamic, arrays = set(self.dynamic_positions), set(self.array_positions)
+        return [
+            "traced" if p in dynamic else "concrete" if p in arrays else "static"
+            for p in range(len(self.types))
+        ]
 
     def captured_bytes(self, leaves: list[Any]) -> int:
         """Bytes of the concrete arrays that an entry for these leaves pins."""

@@ -1,5 +1,6 @@
 """Ahead-of-time compilation: `wrapped.trace(...)`, `.lower(...)`, `.compile()`."""
 
+import functools as ft
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,30 +12,18 @@ class Specialisation:
     """The call an ahead-of-time object was made for: its entry's `jax.jit`, traced
     leaves and leaves, and what its static part was, to check other calls against."""
 
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        fun: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ):
-        self._dispatcher = dispatcher
-        self._fun = fun
-        entry, self.partition, self.dynamic, self.leaves = dispatcher.abstract(
-            fun, args, kwargs
-        )
+    def __init__(self, dispatcher: Dispatcher, fun: Any, /, *args: Any, **kwargs: Any):
+        self._abstract = ft.partial(dispatcher.abstract, fun)
+        self._function = dispatcher.function
+        entry, self.partition, self.dynamic, self.leaves = self._abstract(args, kwargs)
         self.jitted: Any = entry.jitted  # a `jax.jit` object
         self.statics = list(self.partition.statics(self.leaves))
 
-    def check(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Sequence[Any], list[Any]]:
+    def check(self, /, *args: Any, **kwargs: Any) -> tuple[Sequence[Any], list[Any]]:
         """A call's traced leaves and leaves; raises if it differs in anything but its
         traced leaves' values."""
-        _, partition, dynamic, leaves = self._dispatcher.abstract(
-            self._fun, args, kwargs
-        )
-        lowered, function = self.partition, self._dispatcher.function
+        _, partition, dynamic, leaves = self._abstract(args, kwargs)
+        lowered, function = self.partition, self._function
         name = function.name
         if partition.treedef != lowered.treedef or partition.exact != lowered.exact:
             raise TypeError(
@@ -77,7 +66,7 @@ class Compiled:
         self._specialisation = specialisation
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        dynamic, leaves = self._specialisation.check(args, kwargs)
+        dynamic, leaves = self._specialisation.check(*args, **kwargs)
         return finish(self.compiled(*dynamic), leaves)
 
     def as_text(self) -> str | None:

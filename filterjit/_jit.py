@@ -141,7 +141,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
 
         A `Lowered`, with `.as_text()` and `.compile()`.
         """
-        called = Specialisation(self._dispatcher, self._fun, args, kwargs)
+        called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
         return Lowered(called.jitted.lower(*called.dynamic), called)
 
     def trace(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Traced:
@@ -151,13 +151,13 @@ class FilterJitWrapper(Wrapper[_P, _R]):
 
         A `Traced`, with `.jaxpr`, `.out_info` and `.lower()`.
         """
-        called = Specialisation(self._dispatcher, self._fun, args, kwargs)
+        called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
         return Traced(called.jitted.trace(*called.dynamic), called)
 
     def eval_shape(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Any:
         """The output's shapes and dtypes, as `jax.eval_shape`: traced output
         leaves as `jax.ShapeDtypeStruct`s, every other leaf unchanged."""
-        called = Specialisation(self._dispatcher, self._fun, args, kwargs)
+        called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
         return finish(called.jitted.eval_shape(*called.dynamic), called.leaves)
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:

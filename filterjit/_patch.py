@@ -164,15 +164,10 @@ def patch_equinox() -> EquinoxPatch:
             f"equinox.filter_jit, but Equinox cannot be imported ({error}). Install "
             "it (`pip install equinox`), or use filterjit.filter_jit directly."
         ) from error
-    originals = [
-        jit
-        for jit in (getattr(jit_module, "filter_jit", None), equinox.filter_jit)
-        if jit is not None and jit is not filter_jit
-    ]
+    jits = getattr(jit_module, "filter_jit", None), equinox.filter_jit, _State.original
+    originals = [jit for jit in jits if jit is not None and jit is not filter_jit]
     if _State.original is None and originals:
         _State.original = originals[0]
-    if _State.original is not None and _State.original not in originals:
-        originals.append(_State.original)
     wrapper_type = getattr(jit_module, "_JitWrapper", None)
     made: dict[int, Any] = {}  # id of Equinox's wrapper -> filterjit's, or why none
     unset: dict[int, str] = {}  # id of Equinox's wrapper -> why it could not be set

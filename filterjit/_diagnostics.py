@@ -286,7 +286,6 @@ class TraceLog:
         )
 
 
-# How an explanation names the level of the call it explains.
 LEVEL_NAMES = {
     TOP: "at the top level",
     EAGER: "under eager transforms",

@@ -102,9 +102,8 @@ def _replacement(wrapper: Any, jit_module: types.ModuleType) -> Any:
     donate = _DONATE.get(flags)
     if donate is None:
         return f"its donation flags {flags} are not one of Equinox's options"
-    # Equinox keeps the other keywords only inside the jax.jit it built, which it
-    # caches per function and keywords: so whether there were any is asked of
-    # that cache. (Where there were, this adds one unused jax.jit to it.)
+    # Equinox keeps other jax.jit keywords only in the jax.jit it caches per function
+    # and keywords: asking that cache tells (where there were, it adds an unused one).
     if jit_module._filter_jit_cache(fun, {}) is not cached:
         return (
             "it was decorated with jax.jit keywords (`eqx.filter_jit(f, "

@@ -305,10 +305,9 @@ class Explanation:
     decorator: str = "filter_jit"
 
     def __str__(self) -> str:
+        hit = "would hit the cache" if self.cache_hit else "would trace"
         if self.cache_hit is None:
             hit = "jax.jit's cache decides whether it traces"
-        else:
-            hit = "would hit the cache" if self.cache_hit else "would trace"
         header = ("argument", "role", "value")
         lines = [tuple(row[:3]) for row in self.rows]
         widths = [max(len(line[i]) for line in [header, *lines]) for i in range(3)]

@@ -24,9 +24,8 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 def is_array(element: Any) -> bool:
     """Whether `filter_jit` traces `element` when called outside any staged trace.
 
-    This is the leaf predicate of the top level (and of eager transforms): JAX
-    arrays, NumPy arrays and NumPy scalars are traced; everything else, Python
-    scalars included, is static.
+    This is the leaf predicate of the top level (and of eager transforms): every
+    leaf it rejects, Python scalars included, is static.
 
     **Arguments:**
 
@@ -80,8 +79,7 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     if staged and issubclass(kind, np.generic):
         return _exact.generic_key
     if staged and issubclass(kind, jax.Array):
-        # Immutable and held by the entry: its id is not reused while keyed.
-        return id
+        return id  # immutable and held by the entry: its id is not reused while keyed
     if issubclass(kind, float):
         return _exact.float_key
     if issubclass(kind, complex):

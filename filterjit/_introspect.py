@@ -8,7 +8,7 @@ import jax
 from ._diagnostics import Explanation
 from ._dispatch import clear_all
 from ._jax_jit import JitWrapper
-from ._jit import _decorate, FilterJitWrapper, Wrapper
+from ._jit import _decorate, FilterJitWrapper
 from ._options import Options
 
 
@@ -68,7 +68,9 @@ _JAX_JIT_TYPE = type(jax.jit(lambda: None))
 
 def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
     # A decorated method read from an instance: the wrapper, the instance first.
-    if isinstance(fun, types.MethodType) and isinstance(fun.__func__, Wrapper):
+    if isinstance(fun, types.MethodType) and isinstance(
+        fun.__func__, (FilterJitWrapper, JitWrapper)
+    ):
         return fun.__func__, (fun.__self__, *args)
     return fun, args
 

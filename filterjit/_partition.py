@@ -174,8 +174,9 @@ class Partition:
         self.rekeys = tuple(rekeys)
         # Each leaf's parameter, position and label (see `Dispatcher.leaf_parameters`).
         self.leaf_parameters: list[tuple[str, int | None, str]] | None = None
-        # `read(tree)`: a call's leaves, key and traced leaves if it has this structure
-        # and types (see `_fastpath`); `call_readers`, the same by shape of call.
+        # `read(tree)`: a call's leaves, `reference_key` and traced leaves, read
+        # without flattening, if it has this structure and types (see `_fastpath`);
+        # `call_readers`, the same for calls that need binding, by shape of call.
         self.read: KeyedReader | None = call_reader(treedef, types, self)
         self.call_readers: dict[tuple[Any, ...], KeyedCallReader | None] = {}
         # Set by the dispatcher: whether calls use the top level's entries; `get`.

@@ -126,12 +126,10 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
         numbers = {n % len(args) if n < 0 else n for n in numbers if args}
         numbers |= {positional.index(name) for name in names if name in positional}
         names |= {positional[n] for n in numbers if n < len(positional)}
-        rows = []
-        arguments = [
-            (positional[i] if i < len(positional) else f"args[{i}]", i in numbers, arg)
-            for i, arg in enumerate(args)
-        ]
+        labels = positional + [f"args[{i}]" for i in range(len(positional), len(args))]
+        arguments = [(labels[i], i in numbers, arg) for i, arg in enumerate(args)]
         arguments += [(name, name in names, arg) for name, arg in kwargs.items()]
+        rows = []
         for label, static, arg in arguments:
             if static:
                 rows.append(row(label, "static", arg))

@@ -1,6 +1,7 @@
 """The `filter_jit` wrapper: a value holding a function and its options, which
 hands each call to the dispatcher shared by every wrapper of that function."""
 
+import contextlib
 import functools as ft
 import sys
 import types
@@ -170,11 +171,9 @@ def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:
     (fun,) = children
     wrapper.__dict__.update(_fun=fun, _options=options)
     _copy_metadata(wrapper, fun)
-    try:
+    with contextlib.suppress(Exception):  # a placeholder rather than a function
         wrapper._dispatcher = dispatcher_for(fun, options)
         wrapper._call = wrapper._dispatcher.call
-    except Exception:  # a placeholder rather than a function
-        pass
     return wrapper
 
 

@@ -9,8 +9,7 @@ from ._output import finish
 
 
 class Specialisation:
-    """The call an ahead-of-time object was made for: its entry's `jax.jit`, traced
-    leaves and leaves, and what its static part was, to check other calls against."""
+    """The call an ahead-of-time object was made for, to check other calls against."""
 
     def __init__(self, dispatcher: Dispatcher, fun: Any, /, *args: Any, **kwargs: Any):
         self._abstract = ft.partial(dispatcher.abstract, fun)
@@ -23,8 +22,7 @@ class Specialisation:
         """A call's traced leaves and leaves; raises if it differs in anything but its
         traced leaves' values."""
         _, partition, dynamic, leaves = self._abstract(args, kwargs)
-        lowered, function = self.partition, self._function
-        name = function.name
+        lowered, function, name = self.partition, self._function, self._function.name
         if partition.treedef != lowered.treedef or partition.exact != lowered.exact:
             raise TypeError(
                 f"{name}: called with arguments whose structure differs from the one "
@@ -83,8 +81,7 @@ class Compiled:
 
 
 class Lowered:
-    """A `filter_jit` function lowered ahead of time. `.compile()` gives a
-    `Compiled`; `.as_text()` the program."""
+    """A `filter_jit` function lowered ahead of time."""
 
     def __init__(self, lowered: Any, specialisation: Specialisation):
         self.lowered = lowered

@@ -144,15 +144,6 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
         name = name_of(self._function)
         return Explanation(name, LEVEL_NAMES[level], rows, None, decorator="jit")
 
-    def _num_traces(self) -> int:
-        size = _trace.jit_cache_size(self._outside)
-        if size is None:
-            raise TypeError(
-                "num_traces: this version of JAX does not say how many times "
-                f"jax.jit traced {name_of(self._function)}."
-            )
-        return size
-
     # jax.jit's private methods, which JAX's tests and some libraries call.
     def _cache_size(self) -> int:
         return self._outside._cache_size()

@@ -1,82 +1,70 @@
 """Ahead-of-time compilation: `wrapped.trace(...)`, `.lower(...)`, `.compile()`."""
 
-from collections.abc import Callable, Sequence
+import functools as ft
+from collections.abc import Sequence
 from typing import Any
 
-from ._entry import Entry
+from ._dispatch import Dispatcher
 from ._output import finish
-from ._partition import Partition
-
-
-# `prepare(args, kwargs)`: the partition, traced leaves and leaves of a call.
-Prepare = Callable[..., tuple[Partition, Sequence[Any], list[Any]]]
 
 
 class Specialisation:
-    """The static part of the call an ahead-of-time object was made for."""
+    """The call an ahead-of-time object was made for, to check other calls against."""
 
-    def __init__(
-        self,
-        name: str,
-        entry: Entry,
-        partition: Partition,
-        leaves: list[Any],
-        labels: Callable[[Any], list[str]],
-    ):
-        self.name = name
-        self.entry = entry
-        self.partition = partition
-        self.statics = list(partition.statics(leaves))
-        self.leaves = leaves
-        self._labels = labels
+    def __init__(self, dispatcher: Dispatcher, fun: Any, /, *args: Any, **kwargs: Any):
+        self._abstract = ft.partial(dispatcher.abstract, fun)
+        self._function = dispatcher.function
+        entry, self.partition, self.dynamic, self.leaves = self._abstract(args, kwargs)
+        self.jitted: Any = entry.jitted  # a `jax.jit` object
+        self.statics = list(self.partition.statics(self.leaves))
 
-    def check(self, partition: Partition, leaves: list[Any]) -> None:
-        """Raises if a call differs in anything but its traced leaves' values."""
-        lowered = self.partition
+    def check(self, /, *args: Any, **kwargs: Any) -> tuple[Sequence[Any], list[Any]]:
+        """A call's traced leaves and leaves; raises if it differs in anything but its
+        traced leaves' values."""
+        _, partition, dynamic, leaves = self._abstract(args, kwargs)
+        lowered, function, name = self.partition, self._function, self._function.name
         if partition.treedef != lowered.treedef or partition.exact != lowered.exact:
             raise TypeError(
-                f"{self.name}: called with arguments whose structure differs from "
-                f"the one it was lowered with.\n  lowered with: {lowered.treedef}\n"
-                f"  called with:  {partition.treedef}\nLower again for the new "
-                "structure."
+                f"{name}: called with arguments whose structure differs from the one "
+                f"it was lowered with.\n  lowered with: {lowered.treedef}\n  called "
+                f"with:  {partition.treedef}\nLower again for the new structure."
             )
-        labels = self._labels(partition.treedef)
+        labels = [label for *_, label in function.leaf_parameters(partition.treedef)]
         traced = set(lowered.dynamic_positions)
         for position in set(partition.dynamic_positions) ^ traced:
             was = "traced" if position in traced else "static"
             now = "static" if position in traced else "traced"
             raise TypeError(
-                f"{self.name}: argument `{labels[position]}` was {was} when lowered "
+                f"{name}: argument `{labels[position]}` was {was} when lowered "
                 f"and is {now} now (it is a `{type(leaves[position]).__name__}`). "
                 "Pass the same kind of value, or lower again."
             )
         statics = list(partition.statics(leaves))
         if partition.signature[2] == lowered.signature[2] and statics == self.statics:
-            return
+            return dynamic, leaves
         for index, position in enumerate(partition.static_positions):
             before, now = self.leaves[position], leaves[position]
             if type(before) is not type(now) or self.statics[index] != statics[index]:
                 raise ValueError(
-                    f"{self.name}: static argument `{labels[position]}` was "
+                    f"{name}: static argument `{labels[position]}` was "
                     f"{before!r} when lowered and is {now!r} now. Static values "
                     "are compiled in: lower again with the new value, or make it "
                     "an array so that it is traced."
                 )
+        return dynamic, leaves
 
 
 class Compiled:
     """A `filter_jit` function compiled ahead of time. Call it like the wrapped
     function; it checks that the static arguments are those it was lowered with."""
 
-    def __init__(self, compiled: Any, specialisation: Specialisation, prepare: Prepare):
+    def __init__(self, compiled: Any, specialisation: Specialisation):
         self.compiled = compiled
         """The underlying `jax.stages.Compiled`."""
         self._specialisation = specialisation
-        self._prepare = prepare
 
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
-        partition, dynamic, leaves = self._prepare(args, kwargs)
-        self._specialisation.check(partition, leaves)
+        dynamic, leaves = self._specialisation.check(*args, **kwargs)
         return finish(self.compiled(*dynamic), leaves)
 
     def as_text(self) -> str | None:
@@ -93,14 +81,12 @@ class Compiled:
 
 
 class Lowered:
-    """A `filter_jit` function lowered ahead of time. `.compile()` gives a
-    `Compiled`; `.as_text()` the program."""
+    """A `filter_jit` function lowered ahead of time."""
 
-    def __init__(self, lowered: Any, specialisation: Specialisation, prepare: Prepare):
+    def __init__(self, lowered: Any, specialisation: Specialisation):
         self.lowered = lowered
         """The underlying `jax.stages.Lowered`."""
         self._specialisation = specialisation
-        self._prepare = prepare
 
     def as_text(self, dialect: str | None = None) -> str:
         """The lowered program's text, as `jax.stages.Lowered.as_text`."""
@@ -112,18 +98,16 @@ class Lowered:
 
     def compile(self, compiler_options: dict[str, Any] | None = None) -> Compiled:
         """Compiles the program. The result is called like the wrapped function."""
-        compiled = self.lowered.compile(compiler_options)
-        return Compiled(compiled, self._specialisation, self._prepare)
+        return Compiled(self.lowered.compile(compiler_options), self._specialisation)
 
 
 class Traced:
     """A `filter_jit` function traced ahead of time, as `jax.stages.Traced`."""
 
-    def __init__(self, traced: Any, specialisation: Specialisation, prepare: Prepare):
+    def __init__(self, traced: Any, specialisation: Specialisation):
         self.traced = traced
         """The underlying `jax.stages.Traced`."""
         self._specialisation = specialisation
-        self._prepare = prepare
 
     @property
     def jaxpr(self) -> Any:
@@ -138,4 +122,4 @@ class Traced:
 
     def lower(self) -> Lowered:
         """Lowers the traced program; see `Lowered`."""
-        return Lowered(self.traced.lower(), self._specialisation, self._prepare)
+        return Lowered(self.traced.lower(), self._specialisation)

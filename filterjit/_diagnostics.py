@@ -123,6 +123,9 @@ class Row(NamedTuple):
     ref: Any = None  # a weakref to a static leaf keyed by identity (text may repeat)
 
 
+Change = tuple[str, Row | None, Row | None]  # a leaf's path, its rows before and after
+
+
 def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
     if role == "traced":
         aval = jax.typeof(leaf)
@@ -189,9 +192,7 @@ def _hint(old: Row | None, new: Row | None) -> str:
     return f"a {kind} is static: every new value is traced anew"
 
 
-def _changes(
-    old: dict[str, Row], new: dict[str, Row]
-) -> list[tuple[str, Row | None, Row | None]]:
+def _changes(old: dict[str, Row], new: dict[str, Row]) -> list[Change]:
     return [
         (path, old.get(path), new.get(path))
         for path in dict.fromkeys([*old, *new])
@@ -253,9 +254,7 @@ class TraceLog:
             self._warned = True
             _warn_at_user_frame(self._warning_message(), RetraceWarning)
 
-    def _retrace_message(
-        self, changes: list[tuple[str, Row | None, Row | None]]
-    ) -> str:
+    def _retrace_message(self, changes: list[Change]) -> str:
         if not changes:
             return (
                 f"filter_jit: {self.name} traced again (trace {self.count}) with "
@@ -286,7 +285,6 @@ class TraceLog:
         )
 
 
-# How an explanation names the level of the call it explains.
 LEVEL_NAMES = {
     TOP: "at the top level",
     EAGER: "under eager transforms",
@@ -306,10 +304,9 @@ class Explanation:
     decorator: str = "filter_jit"
 
     def __str__(self) -> str:
+        hit = "would hit the cache" if self.cache_hit else "would trace"
         if self.cache_hit is None:
             hit = "jax.jit's cache decides whether it traces"
-        else:
-            hit = "would hit the cache" if self.cache_hit else "would trace"
         header = ("argument", "role", "value")
         lines = [tuple(row[:3]) for row in self.rows]
         widths = [max(len(line[i]) for line in [header, *lines]) for i in range(3)]
@@ -347,8 +344,7 @@ def key_error(
         _, args, kwargs = function.split_call(fun, jtu.tree_unflatten(treedef, leaves))
         for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:
             label = name if where is None else function._parameter(where)[1]
-            field = find_static_array_field(value, label)
-            if field is not None:
+            if (field := find_static_array_field(value, label)) is not None:
                 return TypeError(
                     f"{name}(): `{field}` is a static field (`eqx.field(static=True)`) "
                     "holding an array. Static fields are compared with `==` to find "

@@ -7,9 +7,11 @@ import jax
 
 from ._diagnostics import Explanation
 from ._dispatch import clear_all
+from ._function import name_of
 from ._jax_jit import JitWrapper
 from ._jit import _decorate, FilterJitWrapper
 from ._options import Options
+from ._trace import jit_cache_size
 
 
 def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked below
@@ -94,7 +96,13 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """
     fun, _ = _unbind(fun, ())
     if isinstance(fun, JitWrapper):
-        return fun._num_traces()
+        size = jit_cache_size(fun._outside)
+        if size is None:
+            raise TypeError(
+                "num_traces: this version of JAX does not say how many times "
+                f"jax.jit traced {name_of(fun._function)}."
+            )
+        return size
     if not isinstance(fun, FilterJitWrapper):
         raise TypeError(
             "num_traces expects a filter_jit-wrapped function (or a filterjit.jit "

@@ -4,9 +4,8 @@ no-op of `filter_jit`."""
 import functools as ft
 import inspect
 import sys
-import types
 from collections.abc import Callable
-from typing import Any, Concatenate, Generic, overload, TYPE_CHECKING
+from typing import Any, overload
 
 import jax
 import jax.tree_util as jtu
@@ -15,7 +14,7 @@ from jax.core import Tracer
 from . import _trace
 from ._diagnostics import Explanation, LEVEL_NAMES, Row, row
 from ._function import name_of, positional_names
-from ._jit import _P, _Q, _R, _S, FilterJitWrapper
+from ._jit import _P, _R, FilterJitWrapper, Wrapper
 from ._options import make_options, Options
 
 
@@ -28,7 +27,7 @@ _NESTED_KEYWORDS = frozenset(
 _NOT_GIVEN: Any = object()
 
 
-class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
+class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
     """A function compiled with `filterjit.jit`. Its `__dict__` is what `jax.jit`'s
     object holds in its own; its methods are on its type, so that a transform that
     copies the `__dict__` (`jax.vmap`, `jax.grad` and `jax.jit` do) copies none."""
@@ -46,10 +45,6 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
     _jit_kwargs: dict[str, Any]
     _nested_options: Options
     _nested: FilterJitWrapper[_P, _R] | None  # made on first use: most never nest
-
-    if TYPE_CHECKING:
-
-        def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 
     # `fun: Any`: jax.jit checks it, and no runtime type checker must pre-empt it.
     def __init__(self, fun: Any, jit_kwargs: dict[str, Any]):
@@ -80,17 +75,6 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         if self._nested is None:
             self._nested = FilterJitWrapper(self._function, self._nested_options)
         return self._nested
-
-    @overload
-    def __get__(self, instance: None, owner: Any = None) -> "JitWrapper[_P, _R]": ...
-
-    @overload
-    def __get__(
-        self: "JitWrapper[Concatenate[_S, _Q], _R]", instance: _S, owner: Any = None
-    ) -> Callable[_Q, _R]: ...
-
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        return self if instance is None else types.MethodType(self, instance)
 
     def __repr__(self) -> str:
         return repr(self._outside)
@@ -142,12 +126,10 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
         numbers = {n % len(args) if n < 0 else n for n in numbers if args}
         numbers |= {positional.index(name) for name in names if name in positional}
         names |= {positional[n] for n in numbers if n < len(positional)}
-        rows = []
-        arguments = [
-            (positional[i] if i < len(positional) else f"args[{i}]", i in numbers, arg)
-            for i, arg in enumerate(args)
-        ]
+        labels = positional + [f"args[{i}]" for i in range(len(positional), len(args))]
+        arguments = [(labels[i], i in numbers, arg) for i, arg in enumerate(args)]
         arguments += [(name, name in names, arg) for name, arg in kwargs.items()]
+        rows = []
         for label, static, arg in arguments:
             if static:
                 rows.append(row(label, "static", arg))
@@ -161,15 +143,6 @@ class JitWrapper(_trace.ByLevel, Generic[_P, _R]):
                     rows.append(Row(where, "traced", text, type(leaf)))
         name = name_of(self._function)
         return Explanation(name, LEVEL_NAMES[level], rows, None, decorator="jit")
-
-    def _num_traces(self) -> int:
-        size = _trace.jit_cache_size(self._outside)
-        if size is None:
-            raise TypeError(
-                "num_traces: this version of JAX does not say how many times "
-                f"jax.jit traced {name_of(self._function)}."
-            )
-        return size
 
     # jax.jit's private methods, which JAX's tests and some libraries call.
     def _cache_size(self) -> int:

@@ -1,6 +1,7 @@
 """The `filter_jit` wrapper: a value holding a function and its options, which
 hands each call to the dispatcher shared by every wrapper of that function."""
 
+import contextlib
 import functools as ft
 import sys
 import types
@@ -32,6 +33,7 @@ _P = ParamSpec("_P")
 _Q = ParamSpec("_Q")
 _R = TypeVar("_R")
 _S = TypeVar("_S")
+_W = TypeVar("_W", bound="Wrapper[Any, Any]")
 
 
 def _is_module_method(fun: Any) -> bool:
@@ -61,7 +63,29 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
     wrapper.__globals__ = namespace
 
 
-class FilterJitWrapper(Generic[_P, _R]):
+class Wrapper(Generic[_P, _R]):
+    """Typed as the function it wraps, and bound as a method: both wrappers are."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:
+
+        def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
+
+    @overload
+    def __get__(self: "_W", instance: None, owner: Any = None) -> "_W": ...
+
+    @overload
+    def __get__(
+        self: "Wrapper[Concatenate[_S, _Q], _R]", instance: _S, owner: Any = None
+    ) -> Callable[_Q, _R]: ...
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        # Called as `self(instance, ...)`: `instance` is partitioned as an argument.
+        return self if instance is None else types.MethodType(self, instance)
+
+
+class FilterJitWrapper(Wrapper[_P, _R]):
     """A function compiled with `filter_jit`. See `filterjit.filter_jit`.
 
     A pytree whose leaves are the function's (an `eqx.Module`'s arrays, say), and a
@@ -97,31 +121,8 @@ class FilterJitWrapper(Generic[_P, _R]):
         self._call = self._dispatcher.call
         _copy_metadata(self, fun)
 
-    if TYPE_CHECKING:
-
-        def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
-
-    else:
-        # The level check inline, then the dispatcher's `call`.
+    if not TYPE_CHECKING:  # the level check inline, then the dispatcher's `call`
         __call__ = _trace.call_at_level
-
-    @overload
-    def __get__(
-        self, instance: None, owner: Any = None
-    ) -> "FilterJitWrapper[_P, _R]": ...
-
-    @overload
-    def __get__(
-        self: "FilterJitWrapper[Concatenate[_S, _Q], _R]",
-        instance: _S,
-        owner: Any = None,
-    ) -> Callable[_Q, _R]: ...
-
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is None:
-            return self
-        # Called as `self(instance, ...)`: `instance` is partitioned as an argument.
-        return types.MethodType(self, instance)
 
     def __repr__(self) -> str:
         return f"<filter_jit-wrapped {name_of(self._fun)} at {id(self):#x}>"
@@ -129,22 +130,6 @@ class FilterJitWrapper(Generic[_P, _R]):
     def __reduce__(self) -> tuple[Any, ...]:
         # The caches are found again from the function and options.
         return FilterJitWrapper, (self._fun, self._options)
-
-    def _specialise(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Any, Specialisation, Any]:
-        entry, partition, dynamic, leaves = self._dispatcher.abstract(
-            self._fun, args, kwargs
-        )
-        function = self._dispatcher.function
-        labels = lambda treedef: [  # noqa: E731
-            label for *_, label in function.leaf_parameters(treedef)
-        ]
-        specialisation = Specialisation(function.name, entry, partition, leaves, labels)
-        return entry.jitted, specialisation, dynamic
-
-    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self._dispatcher.abstract(self._fun, args, kwargs)[1:]
 
     def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Lowered:
         """Lowers the function for these arguments, as `jax.jit(...).lower`.
@@ -157,8 +142,8 @@ class FilterJitWrapper(Generic[_P, _R]):
 
         A `Lowered`, with `.as_text()` and `.compile()`.
         """
-        jitted, specialisation, dynamic = self._specialise(args, kwargs)
-        return Lowered(jitted.lower(*dynamic), specialisation, self._prepare)
+        called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
+        return Lowered(called.jitted.lower(*called.dynamic), called)
 
     def trace(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Traced:
         """Traces the function for these arguments, as `jax.jit(...).trace`.
@@ -167,14 +152,14 @@ class FilterJitWrapper(Generic[_P, _R]):
 
         A `Traced`, with `.jaxpr`, `.out_info` and `.lower()`.
         """
-        jitted, specialisation, dynamic = self._specialise(args, kwargs)
-        return Traced(jitted.trace(*dynamic), specialisation, self._prepare)
+        called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
+        return Traced(called.jitted.trace(*called.dynamic), called)
 
     def eval_shape(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Any:
         """The output's shapes and dtypes, as `jax.eval_shape`: traced output
         leaves as `jax.ShapeDtypeStruct`s, every other leaf unchanged."""
-        jitted, specialisation, dynamic = self._specialise(args, kwargs)
-        return finish(jitted.eval_shape(*dynamic), specialisation.leaves)
+        called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
+        return finish(called.jitted.eval_shape(*called.dynamic), called.leaves)
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
         return self._dispatcher.explain(_trace.trace_level(), self._fun, args, kwargs)
@@ -186,11 +171,9 @@ def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:
     (fun,) = children
     wrapper.__dict__.update(_fun=fun, _options=options)
     _copy_metadata(wrapper, fun)
-    try:
+    with contextlib.suppress(Exception):  # a placeholder rather than a function
         wrapper._dispatcher = dispatcher_for(fun, options)
         wrapper._call = wrapper._dispatcher.call
-    except Exception:  # a placeholder rather than a function
-        pass
     return wrapper
 
 

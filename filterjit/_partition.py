@@ -24,9 +24,8 @@ _ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 def is_array(element: Any) -> bool:
     """Whether `filter_jit` traces `element` when called outside any staged trace.
 
-    This is the leaf predicate of the top level (and of eager transforms): JAX
-    arrays, NumPy arrays and NumPy scalars are traced; everything else, Python
-    scalars included, is static.
+    This is the leaf predicate of the top level (and of eager transforms): every
+    leaf it rejects, Python scalars included, is static.
 
     **Arguments:**
 
@@ -80,8 +79,7 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     if staged and issubclass(kind, np.generic):
         return _exact.generic_key
     if staged and issubclass(kind, jax.Array):
-        # Immutable and held by the entry: its id is not reused while keyed.
-        return id
+        return id  # immutable and held by the entry: its id is not reused while keyed
     if issubclass(kind, float):
         return _exact.float_key
     if issubclass(kind, complex):
@@ -145,17 +143,10 @@ class Partition:
     ):
         traced = traced_types(level)
         staged = level == STAGED
-        dynamic: list[int] = []
-        static: list[int] = []
-        rekeys: list[tuple[int, Callable[[Any], Any]]] = []
-        for position, kind in enumerate(types):
-            if issubclass(kind, traced):
-                dynamic.append(position)
-                continue
-            rekey = _key_function(kind, staged)
-            if rekey is not None:
-                rekeys.append((len(static), rekey))
-            static.append(position)
+        dynamic = [p for p, kind in enumerate(types) if issubclass(kind, traced)]
+        static = [p for p, kind in enumerate(types) if not issubclass(kind, traced)]
+        keyed = [(i, _key_function(types[p], staged)) for i, p in enumerate(static)]
+        rekeys = [(i, rekey) for i, rekey in keyed if rekey is not None]
         self.treedef = treedef
         self.types = types
         self.dynamic_positions = tuple(dynamic)
@@ -176,7 +167,6 @@ class Partition:
         static_types = tuple(types[p] for p in static)
         self.signature = (treedef, self.dynamic_positions, static_types, self.exact)
         self.program = program_of(self.signature)
-        # `take_dynamic(leaves)`: the traced leaves.
         self.take_dynamic = _taker(dynamic, len(types))
         self._take_static = _taker(static, len(types))
         # (index among the static leaves, its key function) where not the leaf.
@@ -217,12 +207,11 @@ class Partition:
     def roles(self) -> list[str]:
         """What happens to each leaf: "traced", "concrete" (an array passed through
         unchanged inside a staged trace) or "static"."""
-        roles = ["static"] * len(self.types)
-        for position in self.dynamic_positions:
-            roles[position] = "traced"
-        for position in self.array_positions:
-            roles[position] = "concrete"
-        return roles
+        dynamic, arrays = set(self.dynamic_positions), set(self.array_positions)
+        return [
+            "traced" if p in dynamic else "concrete" if p in arrays else "static"
+            for p in range(len(self.types))
+        ]
 
     def captured_bytes(self, leaves: list[Any]) -> int:
         """Bytes of the concrete arrays that an entry for these leaves pins."""

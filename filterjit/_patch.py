@@ -102,9 +102,8 @@ def _replacement(wrapper: Any, jit_module: types.ModuleType) -> Any:
     donate = _DONATE.get(flags)
     if donate is None:
         return f"its donation flags {flags} are not one of Equinox's options"
-    # Equinox keeps the other keywords only inside the jax.jit it built, which it
-    # caches per function and keywords: so whether there were any is asked of
-    # that cache. (Where there were, this adds one unused jax.jit to it.)
+    # Equinox keeps other jax.jit keywords only in the jax.jit it caches per function
+    # and keywords: asking that cache tells (where there were, it adds an unused one).
     if jit_module._filter_jit_cache(fun, {}) is not cached:
         return (
             "it was decorated with jax.jit keywords (`eqx.filter_jit(f, "
@@ -164,15 +163,10 @@ def patch_equinox() -> EquinoxPatch:
             f"equinox.filter_jit, but Equinox cannot be imported ({error}). Install "
             "it (`pip install equinox`), or use filterjit.filter_jit directly."
         ) from error
-    originals = [
-        jit
-        for jit in (getattr(jit_module, "filter_jit", None), equinox.filter_jit)
-        if jit is not None and jit is not filter_jit
-    ]
+    jits = getattr(jit_module, "filter_jit", None), equinox.filter_jit, _State.original
+    originals = [jit for jit in jits if jit is not None and jit is not filter_jit]
     if _State.original is None and originals:
         _State.original = originals[0]
-    if _State.original is not None and _State.original not in originals:
-        originals.append(_State.original)
     wrapper_type = getattr(jit_module, "_JitWrapper", None)
     made: dict[int, Any] = {}  # id of Equinox's wrapper -> filterjit's, or why none
     unset: dict[int, str] = {}  # id of Equinox's wrapper -> why it could not be set

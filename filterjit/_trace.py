@@ -96,10 +96,7 @@ else:
         return level
 
     def _trace_level_private() -> int:
-        trace = _current_trace.value
-        if type(trace) is _EvalTrace:  # the common case: no trace at all
-            return TOP
-        return _walk(trace)
+        return _walk(_current_trace.value)
 
     def _call_by_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         # Most calls: positional, at the top level.

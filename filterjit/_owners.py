@@ -110,10 +110,6 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
 
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     """The dispatcher shared by the wrappers of `fun` with `options`."""
-    try:
-        hash(options)  # equal options share caches
-    except TypeError:  # a `compiler_options` dict: this wrapper's own
-        return Dispatcher(fun, options)
     owner, key, weak = _owner(fun)
     holder = _holder(owner)
     if holder is None:
@@ -122,7 +118,7 @@ def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     key = (key, options)
     try:
         found = dispatchers.get(key)
-    except TypeError:  # a static leaf that cannot be hashed: not shared
+    except TypeError:  # a static leaf or a `compiler_options` dict: not shared
         return Dispatcher(fun, options)
     if found is not None:
         return found

@@ -40,9 +40,7 @@ def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     return self._outside(*args, **kwargs)
 
 
-# The `__call__` of filter_jit's wrapper: at the top level `self._dispatcher.top(
-# self, args, kwargs)`, elsewhere `self._call(level, self._fun, args, kwargs)`,
-# and `self._fun(*args, **kwargs)` inside `jax.disable_jit()`.
+# The `__call__` of filter_jit's wrapper.
 def _call_at_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     if jax.config.jax_disable_jit:  # pyright: ignore[reportAttributeAccessIssue]
         return self._fun(*args, **kwargs)
@@ -135,9 +133,7 @@ class ByLevel:
 
     __slots__ = ("_outside",)
     _outside: Any  # a callable
-
-    def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
+    _staged: Any  # the subclass's method
 
     __call__ = call_by_level
 

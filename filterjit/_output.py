@@ -1,14 +1,11 @@
-"""Outputs: what the jitted function returns, so that what a trace learned of its
-output is kept by JAX with the executable compiled from that trace, never in a table
-of filterjit's own beside it (JAX reuses executables for reasons filterjit cannot
-see: x64, context, shardings). JAX keeps an output's structure per executable, its
-nodes' auxiliary data included, and rebuilds it on its C++ fast path while it
-flattens to arrays alone. So:
-
-- an output whose leaves are all traced is returned as it is;
-- any other is `Carried`: its children the traced leaves (only tracers are outputs
-  of the jit), its auxiliary data the `OutputSpec` that finishes it.
-"""
+"""Outputs: what the jitted function returns. What a trace learned of its output is
+kept by JAX with the executable compiled from that trace, never in a table of
+filterjit's own (JAX reuses executables for reasons filterjit cannot see: x64,
+context, shardings): JAX keeps an output's structure per executable, its nodes'
+auxiliary data included, and rebuilds it on its C++ fast path. So an output whose
+leaves are all traced is returned as it is; any other is `Carried`: its children the
+traced leaves (only tracers are outputs of the jit), its auxiliary data the
+`OutputSpec` that finishes it."""
 
 import operator
 from collections.abc import Callable, Sequence
@@ -96,9 +93,8 @@ def _builder(
 
 
 class OutputSpec:
-    """What of an output the call must finish: made during a trace and carried by
-    JAX as the auxiliary data of `Carried`, so that it is always that trace's.
-    Compared by identity."""
+    """What of an output the call must finish, made by a trace and carried with it
+    as `Carried`'s auxiliary data. Compared by identity."""
 
     __slots__ = (
         "aliases",
@@ -153,8 +149,7 @@ class OutputSpec:
         handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
         computed = [id(leaves[p]) not in handed_back for p in dynamic_positions]
         self.wait_on = computed.index(True) if True in computed else None
-        # Whether the trace was made nested, and whether its output means the same
-        # at every level (see `jit_output`).
+        # Made nested; meaning the same at every level (see `jit_output`).
         self.nested = nested
         self.neutral = neutral
         pooled = {*dynamic_positions, *(position for position, _ in passthrough)}
@@ -192,10 +187,9 @@ class OutputSpec:
 
 
 class Carried(Exception):
-    """An output finished by the caller, `Carried(spec, leaves)`: the spec of the
-    trace that made it (JAX's auxiliary data, so kept per executable) and the
-    traced leaves. Never raised: an `Exception` for its constructor alone, which is
-    C code, as JAX calls it on every call (the node's unflatten)."""
+    """An output finished by the caller, `Carried(spec, traced leaves)`. Never
+    raised: an `Exception` for its constructor alone, C code, which JAX calls on
+    every call (the node's unflatten)."""
 
     __slots__ = ()
 

@@ -2,9 +2,8 @@
 see it, and per set of options. A function (any callable compared by identity) owns
 its own; a bound method or a partial, the function it wraps; any other callable (a
 callable `eqx.Module`, a frozen dataclass), its class's `__call__`, keyed by its
-structure and static leaves. Dispatchers live in the owner's own `__dict__`, not
-globally: dropping a function frees its caches, and a cycle through them is garbage.
-"""
+structure and static leaves. Dispatchers live in the owner's own `__dict__`: dropping
+a function frees its caches, and a cycle through them is garbage."""
 
 import inspect
 import threading

@@ -2,8 +2,7 @@
 JAX sorts dicts' keys and rebuilds every container; undecorated, a function sees
 dicts (and `**kwargs`) in insertion order and the caller's own containers. So a
 nested call is keyed also by its dicts' orders (`dict_orders`), and its function
-gets the caller's arguments with only the traced leaves replaced (`replace_leaves`).
-"""
+gets the caller's arguments, only traced leaves replaced (`replace_leaves`)."""
 
 import collections
 import itertools

@@ -60,7 +60,6 @@ class Entry:
         self.traced_avals: set[tuple[Any, ...]] = set()
         # Whether calls take the checked path (`Dispatcher._run`); nested, always.
         self.guarded = bool(captured) or staged
-        # Weak references that drop this entry when an object it is keyed by dies.
         self._lifelines: list[Any] = []
 
     def valid(self) -> bool:

@@ -166,9 +166,7 @@ _RECURSION_NOTE = "filter_jit: the recursion"
 
 def note_recursion(error: RecursionError, name: str) -> None:
     """Notes on a RecursionError through `name` how such a recursion ends."""
-    if any(
-        note.startswith(_RECURSION_NOTE) for note in getattr(error, "__notes__", ())
-    ):
+    if any(n.startswith(_RECURSION_NOTE) for n in getattr(error, "__notes__", ())):
         return
     error.add_note(
         f"{_RECURSION_NOTE} went through the filter_jit-compiled function `{name}`. "

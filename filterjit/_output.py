@@ -213,8 +213,7 @@ def finish(out: Any, inputs: list[Any]) -> Any:
     """The user's output from what the jitted function returned (or its shapes,
     from `eval_shape`), for a call with leaves `inputs`."""
     if type(out) is Carried:
-        spec = out.spec
-        return (spec.at_top or spec.build)(out.leaves, inputs)
+        return (out.spec.at_top or out.spec.build)(out.leaves, inputs)
     return out
 
 

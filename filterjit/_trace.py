@@ -1,7 +1,6 @@
-"""Where in JAX's trace stack a call happens, which frames JAX shows, what a
-pytree structure holds, and waiting for arrays: the only module that touches
-private JAX API, each access with a public fallback and a canary test in
-`tests/test_trace.py`."""
+"""The only module that touches private JAX API, each access with a public fallback
+and a canary test in `tests/test_trace.py`: where in JAX's trace stack a call
+happens, which frames JAX shows, what a pytree structure holds, waiting for arrays."""
 
 import os
 from typing import Any

@@ -1,9 +1,8 @@
 """Runtime checks (`eqx.error_if`, `eqx.branched_error_if`): a failed check raises
-`equinox.EquinoxRuntimeError` at the call, worded as inside `equinox.filter_jit`.
-Only calls whose trace holds a check block until their result is ready.
-
-The only module that reads Equinox's private state (the latest failed check's
-message and frames, and its error's wording), with a fallback to JAX's error."""
+`equinox.EquinoxRuntimeError` at the call, worded as inside `equinox.filter_jit`;
+only calls whose trace holds a check block until their result is ready. The only
+module that reads Equinox's private state (the latest failed check's message and
+frames, its error's wording), with a fallback to JAX's error."""
 
 import inspect
 import logging

@@ -58,16 +58,6 @@ def _builder(
     """`build(out, inputs)`: the output's leaves taken at once from a pool of the
     traced leaves `out`, this call's inputs handed back and `template`'s static
     leaves; NumPy arrays at `copies` copied, arrays at `to_jax` made JAX arrays."""
-    if not copies and not to_jax:
-        sources: list[tuple[str, Any]] = [("constant", leaf) for leaf in template]
-        for place, position in enumerate(dynamic_positions):
-            sources[position] = ("out", place)
-        for position, input_position in passthrough:
-            sources[position] = ("input", input_position)
-        built = output_builder(treedef, sources)
-        if built is not None:
-            return built
-    unflatten = treedef.unflatten
     from_pool = [*dynamic_positions, *(position for position, _ in passthrough)]
     pooled = set(from_pool)
     static = [p for p in range(len(template)) if p not in pooled]
@@ -75,6 +65,15 @@ def _builder(
     order = [*from_pool, *static]
     # Each leaf's place in the pool: the inverse of `order`.
     take = items_getter(sorted(range(len(order)), key=order.__getitem__))
+    if not copies and not to_jax:
+        # The same pool, as `output_builder`'s sources.
+        pool: list[Any] = [("out", i) for i in range(len(dynamic_positions))]
+        pool += [("input", position) for _, position in passthrough]
+        pool += [("constant", constant) for constant in constants]
+        built = output_builder(treedef, list(take(pool)))
+        if built is not None:
+            return built
+    unflatten = treedef.unflatten
     if not passthrough and not copies and not to_jax:
         return lambda out, inputs: unflatten(take((*out, *constants)))
     take_inputs = items_getter([position for _, position in passthrough])

@@ -144,7 +144,6 @@ def jit_cache_size(jitted: Any) -> int | None:
 
 
 def _aux_data_public(treedef: Any) -> list[Any]:
-    # Node by node, children first, as the structure lists its nodes.
     found: list[Any] = []
     data = treedef.node_data()
     if data is not None:
@@ -189,10 +188,9 @@ def _choose_block_leaves() -> Any:
     # filterjit must not start JAX's backends; tests/test_trace.py tries it.
     try:
         from jax._src.lib import xla_client  # pyright: ignore[reportPrivateImportUsage]
-
-        batched = xla_client.batched_block_until_ready
     except Exception:
         return _block_leaves_public
+    batched = getattr(xla_client, "batched_block_until_ready", None)
     return batched if callable(batched) else _block_leaves_public
 
 

@@ -32,10 +32,9 @@ def traced_a_check() -> bool:
     """Called at the end of a function's trace: whether it traced a runtime check, a
     `pure_callback` into Equinox, at any depth (`True` where that cannot be known,
     so that errors are never lost)."""
-    eqns = _trace.current_equations()
-    if eqns is None:
+    stack = _trace.current_equations()  # a list of its own, emptied here
+    if stack is None:
         return True
-    stack = list(eqns)
     while stack:
         eqn = stack.pop()
         if eqn.primitive.name == "pure_callback":

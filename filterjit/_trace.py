@@ -99,8 +99,7 @@ else:
         # Most calls: positional, at the top level.
         if not kwargs and type(_current_trace.value) is _EvalTrace:
             return self._outside(*args)
-        trace = _current_trace.value
-        if type(trace) is not _EvalTrace and _walk(trace) == STAGED:
+        if _walk(_current_trace.value) == STAGED:
             return self._staged(*args, **kwargs)
         return self._outside(*args, **kwargs)
 

@@ -51,7 +51,6 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
         kind = type(node)
         if node is None or is_leaf_type(kind):
             continue
-        # Anything but a known leaf, a sorted dict, list or tuple is asked of JAX.
         if kind in _SORTED_DICTS:
             orders.append(tuple(node))
             pending += reversed(node.values())

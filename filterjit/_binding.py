@@ -59,7 +59,6 @@ class Binder:
         self._signature = signature
         self._name = name
         self._sources: dict[tuple[Any, ...], Sources] = {}
-        # `sources(shape)`: where the bound arguments of calls of `shape` come from.
         self.sources = self._sources.get
         self._sorts = signature is not None and all(
             p.kind is not p.VAR_KEYWORD for p in signature.parameters.values()

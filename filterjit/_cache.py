@@ -48,7 +48,6 @@ class BoundedCache(Generic[_V]):
                 self._bytes -= self._sizes.pop(key)
 
     def setdefault(self, key: Hashable, value: _V) -> _V:
-        """The value stored under `key`, storing `value` there first if none is."""
         with self._lock:
             existing = self._values.get(key)
             if existing is None:

@@ -60,7 +60,6 @@ class Entry:
         self.traced_avals: set[tuple[Any, ...]] = set()
         # Whether calls take the checked path (`Dispatcher._run`); nested, always.
         self.guarded = bool(captured) or staged
-        # Weak references that drop this entry when an object it is keyed by dies.
         self._lifelines: list[Any] = []
 
     def valid(self) -> bool:
@@ -196,19 +195,18 @@ def make_entry(
     if source is not None:
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)
-    if level == STAGED:
+    if staged:
         jitkwargs["inline"] = _INLINE if options.inline is True else options.inline
-    else:
-        if boxed:
-            jitkwargs["out_shardings"] = options.out_shardings
-        if options.in_shardings is not UNSPECIFIED:
-            jitkwargs["in_shardings"] = _leaf_shardings(
-                function, fun, options.in_shardings, partition, leaves
-            )
-        if level in (TOP, ABSTRACT):
-            donated = _donated(options, function, leaf_parameters, partition, defaulted)
-            if donated:
-                jitkwargs["donate_argnums"] = donated
+    if boxed:  # never staged
+        jitkwargs["out_shardings"] = options.out_shardings
+    if options.in_shardings is not UNSPECIFIED and not staged:
+        jitkwargs["in_shardings"] = _leaf_shardings(
+            function, fun, options.in_shardings, partition, leaves
+        )
+    if level in (TOP, ABSTRACT):
+        donated = _donated(options, function, leaf_parameters, partition, defaulted)
+        if donated:
+            jitkwargs["donate_argnums"] = donated
     jitted = jax.jit(run, **jitkwargs)
     if options.donate in ("all", "all-except-first") and level == TOP:
         jitted = _silencing(jitted)
@@ -287,9 +285,7 @@ def _leaf_shardings(
             f"None, or a pytree of them that is a prefix of the argument; got "
             f"{in_shardings!r}."
         )
-    per_leaf: list[Any] = (
-        [] if function.fun_is_leaf else [None] * len(jtu.tree_leaves(fun))
-    )
+    per_leaf: list[Any] = []
     for index, (sharding, arg) in enumerate(zip(in_shardings, args)):
         # None is a sharding here.
         shardings, prefix = jtu.tree_flatten(sharding, is_leaf=lambda x: x is None)
@@ -307,4 +303,5 @@ def _leaf_shardings(
         for leaf_sharding, subtree in zip(shardings, subtrees):
             per_leaf += [leaf_sharding] * len(jtu.tree_leaves(subtree))
     per_leaf += [None] * len(jtu.tree_leaves(kwargs))
+    per_leaf[:0] = [None] * (len(leaves) - len(per_leaf))  # the function's own
     return tuple(per_leaf[position] for position in partition.dynamic_positions)

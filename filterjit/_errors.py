@@ -1,9 +1,8 @@
 """Runtime checks (`eqx.error_if`, `eqx.branched_error_if`): a failed check raises
-`equinox.EquinoxRuntimeError` at the call, worded as inside `equinox.filter_jit`.
-Only calls whose trace holds a check block until their result is ready.
-
-The only module that reads Equinox's private state (the latest failed check's
-message and frames, and its error's wording), with a fallback to JAX's error."""
+`equinox.EquinoxRuntimeError` at the call, worded as inside `equinox.filter_jit`;
+only calls whose trace holds a check block until their result is ready. The only
+module that reads Equinox's private state (the latest failed check's message and
+frames, its error's wording), with a fallback to JAX's error."""
 
 import inspect
 import logging
@@ -33,10 +32,9 @@ def traced_a_check() -> bool:
     """Called at the end of a function's trace: whether it traced a runtime check, a
     `pure_callback` into Equinox, at any depth (`True` where that cannot be known,
     so that errors are never lost)."""
-    eqns = _trace.current_equations()
-    if eqns is None:
+    stack = _trace.current_equations()  # a list of its own, emptied here
+    if stack is None:
         return True
-    stack = list(eqns)
     while stack:
         eqn = stack.pop()
         if eqn.primitive.name == "pure_callback":
@@ -166,9 +164,7 @@ _RECURSION_NOTE = "filter_jit: the recursion"
 
 def note_recursion(error: RecursionError, name: str) -> None:
     """Notes on a RecursionError through `name` how such a recursion ends."""
-    if any(
-        note.startswith(_RECURSION_NOTE) for note in getattr(error, "__notes__", ())
-    ):
+    if any(n.startswith(_RECURSION_NOTE) for n in getattr(error, "__notes__", ())):
         return
     error.add_note(
         f"{_RECURSION_NOTE} went through the filter_jit-compiled function `{name}`. "

@@ -73,9 +73,7 @@ def receiver_of(fun: Any) -> str | None:
         return first_parameter(fun.func) or "self"
     if isinstance(fun, ft.partial) or not in_call_tree(fun) or not jtu.tree_leaves(fun):
         return None
-    func = getattr(fun, "__func__", None)
-    if func is None:
-        func = getattr(type(fun), "__call__", None)
+    func = getattr(fun, "__func__", None) or getattr(type(fun), "__call__", None)
     return first_parameter(func) or "self"
 
 

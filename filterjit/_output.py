@@ -1,14 +1,11 @@
-"""Outputs: what the jitted function returns, so that what a trace learned of its
-output is kept by JAX with the executable compiled from that trace, never in a table
-of filterjit's own beside it (JAX reuses executables for reasons filterjit cannot
-see: x64, context, shardings). JAX keeps an output's structure per executable, its
-nodes' auxiliary data included, and rebuilds it on its C++ fast path while it
-flattens to arrays alone. So:
-
-- an output whose leaves are all traced is returned as it is;
-- any other is `Carried`: its children the traced leaves (only tracers are outputs
-  of the jit), its auxiliary data the `OutputSpec` that finishes it.
-"""
+"""Outputs: what the jitted function returns. What a trace learned of its output is
+kept by JAX with the executable compiled from that trace, never in a table of
+filterjit's own (JAX reuses executables for reasons filterjit cannot see: x64,
+context, shardings): JAX keeps an output's structure per executable, its nodes'
+auxiliary data included, and rebuilds it on its C++ fast path. So an output whose
+leaves are all traced is returned as it is; any other is `Carried`: its children the
+traced leaves (only tracers are outputs of the jit), its auxiliary data the
+`OutputSpec` that finishes it."""
 
 import operator
 from collections.abc import Callable, Sequence
@@ -61,16 +58,6 @@ def _builder(
     """`build(out, inputs)`: the output's leaves taken at once from a pool of the
     traced leaves `out`, this call's inputs handed back and `template`'s static
     leaves; NumPy arrays at `copies` copied, arrays at `to_jax` made JAX arrays."""
-    if not copies and not to_jax:
-        sources: list[tuple[str, Any]] = [("constant", leaf) for leaf in template]
-        for place, position in enumerate(dynamic_positions):
-            sources[position] = ("out", place)
-        for position, input_position in passthrough:
-            sources[position] = ("input", input_position)
-        built = output_builder(treedef, sources)
-        if built is not None:
-            return built
-    unflatten = treedef.unflatten
     from_pool = [*dynamic_positions, *(position for position, _ in passthrough)]
     pooled = set(from_pool)
     static = [p for p in range(len(template)) if p not in pooled]
@@ -78,6 +65,15 @@ def _builder(
     order = [*from_pool, *static]
     # Each leaf's place in the pool: the inverse of `order`.
     take = items_getter(sorted(range(len(order)), key=order.__getitem__))
+    if not copies and not to_jax:
+        # The same pool, as `output_builder`'s sources.
+        pool: list[Any] = [("out", i) for i in range(len(dynamic_positions))]
+        pool += [("input", position) for _, position in passthrough]
+        pool += [("constant", constant) for constant in constants]
+        built = output_builder(treedef, list(take(pool)))
+        if built is not None:
+            return built
+    unflatten = treedef.unflatten
     if not passthrough and not copies and not to_jax:
         return lambda out, inputs: unflatten(take((*out, *constants)))
     take_inputs = items_getter([position for _, position in passthrough])
@@ -96,9 +92,8 @@ def _builder(
 
 
 class OutputSpec:
-    """What of an output the call must finish: made during a trace and carried by
-    JAX as the auxiliary data of `Carried`, so that it is always that trace's.
-    Compared by identity."""
+    """What of an output the call must finish, made by a trace and carried with it
+    as `Carried`'s auxiliary data. Compared by identity."""
 
     __slots__ = (
         "aliases",
@@ -153,8 +148,7 @@ class OutputSpec:
         handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
         computed = [id(leaves[p]) not in handed_back for p in dynamic_positions]
         self.wait_on = computed.index(True) if True in computed else None
-        # Whether the trace was made nested, and whether its output means the same
-        # at every level (see `jit_output`).
+        # Made nested; meaning the same at every level (see `jit_output`).
         self.nested = nested
         self.neutral = neutral
         pooled = {*dynamic_positions, *(position for position, _ in passthrough)}
@@ -192,10 +186,9 @@ class OutputSpec:
 
 
 class Carried(Exception):
-    """An output finished by the caller, `Carried(spec, leaves)`: the spec of the
-    trace that made it (JAX's auxiliary data, so kept per executable) and the
-    traced leaves. Never raised: an `Exception` for its constructor alone, which is
-    C code, as JAX calls it on every call (the node's unflatten)."""
+    """An output finished by the caller, `Carried(spec, traced leaves)`. Never
+    raised: an `Exception` for its constructor alone, C code, which JAX calls on
+    every call (the node's unflatten)."""
 
     __slots__ = ()
 
@@ -219,8 +212,7 @@ def finish(out: Any, inputs: list[Any]) -> Any:
     """The user's output from what the jitted function returned (or its shapes,
     from `eval_shape`), for a call with leaves `inputs`."""
     if type(out) is Carried:
-        spec = out.spec
-        return (spec.at_top or spec.build)(out.leaves, inputs)
+        return (out.spec.at_top or out.spec.build)(out.leaves, inputs)
     return out
 
 

@@ -2,9 +2,8 @@
 see it, and per set of options. A function (any callable compared by identity) owns
 its own; a bound method or a partial, the function it wraps; any other callable (a
 callable `eqx.Module`, a frozen dataclass), its class's `__call__`, keyed by its
-structure and static leaves. Dispatchers live in the owner's own `__dict__`, not
-globally: dropping a function frees its caches, and a cycle through them is garbage.
-"""
+structure and static leaves. Dispatchers live in the owner's own `__dict__`: dropping
+a function frees its caches, and a cycle through them is garbage."""
 
 import inspect
 import threading
@@ -110,10 +109,6 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
 
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     """The dispatcher shared by the wrappers of `fun` with `options`."""
-    try:
-        hash(options)  # equal options share caches
-    except TypeError:  # a `compiler_options` dict: this wrapper's own
-        return Dispatcher(fun, options)
     owner, key, weak = _owner(fun)
     holder = _holder(owner)
     if holder is None:
@@ -122,7 +117,7 @@ def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     key = (key, options)
     try:
         found = dispatchers.get(key)
-    except TypeError:  # a static leaf that cannot be hashed: not shared
+    except TypeError:  # a static leaf or a `compiler_options` dict: not shared
         return Dispatcher(fun, options)
     if found is not None:
         return found

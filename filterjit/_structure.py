@@ -2,13 +2,12 @@
 JAX sorts dicts' keys and rebuilds every container; undecorated, a function sees
 dicts (and `**kwargs`) in insertion order and the caller's own containers. So a
 nested call is keyed also by its dicts' orders (`dict_orders`), and its function
-gets the caller's arguments with only the traced leaves replaced (`replace_leaves`).
-"""
+gets the caller's arguments, only traced leaves replaced (`replace_leaves`)."""
 
 import collections
 import itertools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax.tree_util as jtu
@@ -52,7 +51,6 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
         kind = type(node)
         if node is None or is_leaf_type(kind):
             continue
-        # Anything but a known leaf, a sorted dict, list or tuple is asked of JAX.
         if kind in _SORTED_DICTS:
             orders.append(tuple(node))
             pending += reversed(node.values())
@@ -65,49 +63,42 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
     return tuple(orders)
 
 
-def restore_orders(tree: Any, orders: tuple[tuple[Any, ...], ...]) -> Any:
+def restore_orders(tree: Any, orders: Iterable[tuple[Any, ...]]) -> Any:
     """`tree`, rebuilt by JAX from one whose `dict_orders` were `orders`, so ordered."""
-    return _restore(tree, iter(orders))
-
-
-def _restore(node: Any, orders: Any) -> Any:
-    kind = type(node)
-    if node is None or is_leaf_type(kind):
-        return node
+    orders = iter(orders)  # one iterator through the recursion (`iter` of it is it)
+    kind = type(tree)
+    if tree is None or is_leaf_type(kind):
+        return tree
     if kind in _SORTED_DICTS:
-        return _like(node, {key: _restore(node[key], orders) for key in next(orders)})
+        keys = next(orders)
+        return _like(tree, {key: restore_orders(tree[key], orders) for key in keys})
     if kind is list or kind is tuple:
-        return kind(_restore(child, orders) for child in node)
-    found = _children(node)
+        return kind(restore_orders(child, orders) for child in tree)
+    found = _children(tree)
     if found is None:
-        return node
+        return tree
     children, structure = found
-    return structure.unflatten([_restore(child, orders) for child in children])
+    return structure.unflatten([restore_orders(child, orders) for child in children])
 
 
-def replace_leaves(tree: Any, replace: Callable[[int, Any], Any]) -> Any:
+def replace_leaves(
+    tree: Any, replace: Callable[[int, Any], Any], count: Iterator[int] | None = None
+) -> Any:
     """`tree` with each leaf replaced by `replace(position, leaf)`, in JAX's order:
-    an unchanged node (`is`) is `tree`'s own; a changed dict keeps its order."""
-    # Not a recursive closure, whose cycle would keep the leaves alive.
-    return _rebuild(tree, replace, itertools.count())
-
-
-def _rebuild(node: Any, replace: Callable[[int, Any], Any], count: Any) -> Any:
-    if node is None:
+    an unchanged node (`is`) is `tree`'s own; a changed dict keeps its order.
+    (`count`: the positions, through the recursion.)"""
+    count = itertools.count() if count is None else count
+    if tree is None:
         return None
-    if not is_leaf_type(type(node)):  # else asked of JAX
-        found = _children(node)
+    if not is_leaf_type(type(tree)):  # else asked of JAX
+        found = _children(tree)
         if found is not None:
             children, structure = found
-            new = [_rebuild(child, replace, count) for child in children]
+            new = [replace_leaves(child, replace, count) for child in children]
             if all(map(operator.is_, new, children)):
-                return node
-            if type(node) in _SORTED_DICTS:
-                # `children` are the values in the order of the sorted keys.
-                _, keys = structure.node_data()
-                if type(node) is collections.defaultdict:
-                    keys = keys[1]
-                values = dict(zip(keys, new))
-                return _like(node, {key: values[key] for key in node})
-            return structure.unflatten(new)
-    return replace(next(count), node)
+                return tree
+            rebuilt = structure.unflatten(new)
+            if type(tree) in _SORTED_DICTS:  # rebuilt sorted: in `tree`'s order
+                return _like(tree, {key: rebuilt[key] for key in tree})
+            return rebuilt
+    return replace(next(count), tree)

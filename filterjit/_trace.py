@@ -1,7 +1,6 @@
-"""Where in JAX's trace stack a call happens, which frames JAX shows, what a
-pytree structure holds, and waiting for arrays: the only module that touches
-private JAX API, each access with a public fallback and a canary test in
-`tests/test_trace.py`."""
+"""The only module that touches private JAX API, each access with a public fallback
+and a canary test in `tests/test_trace.py`: where in JAX's trace stack a call
+happens, which frames JAX shows, what a pytree structure holds, waiting for arrays."""
 
 import os
 from typing import Any
@@ -40,9 +39,7 @@ def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     return self._outside(*args, **kwargs)
 
 
-# The `__call__` of filter_jit's wrapper: at the top level `self._dispatcher.top(
-# self, args, kwargs)`, elsewhere `self._call(level, self._fun, args, kwargs)`,
-# and `self._fun(*args, **kwargs)` inside `jax.disable_jit()`.
+# The `__call__` of filter_jit's wrapper.
 def _call_at_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     if jax.config.jax_disable_jit:  # pyright: ignore[reportAttributeAccessIssue]
         return self._fun(*args, **kwargs)
@@ -96,17 +93,13 @@ else:
         return level
 
     def _trace_level_private() -> int:
-        trace = _current_trace.value
-        if type(trace) is _EvalTrace:  # the common case: no trace at all
-            return TOP
-        return _walk(trace)
+        return _walk(_current_trace.value)
 
     def _call_by_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         # Most calls: positional, at the top level.
         if not kwargs and type(_current_trace.value) is _EvalTrace:
             return self._outside(*args)
-        trace = _current_trace.value
-        if type(trace) is not _EvalTrace and _walk(trace) == STAGED:
+        if _walk(_current_trace.value) == STAGED:
             return self._staged(*args, **kwargs)
         return self._outside(*args, **kwargs)
 
@@ -138,9 +131,7 @@ class ByLevel:
 
     __slots__ = ("_outside",)
     _outside: Any  # a callable
-
-    def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError
+    _staged: Any  # the subclass's method
 
     __call__ = call_by_level
 
@@ -152,7 +143,6 @@ def jit_cache_size(jitted: Any) -> int | None:
 
 
 def _aux_data_public(treedef: Any) -> list[Any]:
-    # Node by node, children first, as the structure lists its nodes.
     found: list[Any] = []
     data = treedef.node_data()
     if data is not None:
@@ -197,10 +187,9 @@ def _choose_block_leaves() -> Any:
     # filterjit must not start JAX's backends; tests/test_trace.py tries it.
     try:
         from jax._src.lib import xla_client  # pyright: ignore[reportPrivateImportUsage]
-
-        batched = xla_client.batched_block_until_ready
     except Exception:
         return _block_leaves_public
+    batched = getattr(xla_client, "batched_block_until_ready", None)
     return batched if callable(batched) else _block_leaves_public
 
 

@@ -95,7 +95,6 @@ class Dispatcher:
         # Where a call of `_plain_arity` positional arguments binds them: in place.
         self._plain_sources = ([("args", i) for i in range(self._plain_arity)], {})
         self._fun_is_leaf = self.function.fun_is_leaf
-        self._partition_gets = tuple(cache.get for cache in self.partitions)
         # The latest call's partition, per level: at first one that no call has.
         self._latest = [_NO_CALL] * 4
         # The wrapper's `__call__` at the top level: the latest top-level
@@ -194,9 +193,7 @@ class Dispatcher:
         dynamic = partition.take_dynamic(leaves)
         made = entry is None
         if entry is None:
-            entry = self._make(
-                level, fun, partition, leaves, dynamic, called, cache, key
-            )
+            entry = self._make(level, fun, partition, leaves, called, cache, key)
         try:
             out = self._run(level, entry, tree, leaves, dynamic)
         except BaseException as error:
@@ -348,16 +345,11 @@ class Dispatcher:
         that are equal by `==` but not exactly (see `_exact`) have partitions of
         their own: the first recorded is found by (structure, types), the others
         also by their exact keys."""
-        partition = self._partition_gets[level]((treedef, types))
-        if (
-            partition is not None
-            and partition.exact is not None
-            and not partition.exactly(treedef)
-        ):
-            partition = self._partition_gets[level](
-                (treedef, types, exact_aux(treedef))
-            )
-        return partition
+        get = self.partitions[level].get
+        partition = get((treedef, types))
+        if partition is None or partition.exact is None or partition.exactly(treedef):
+            return partition
+        return get((treedef, types, exact_aux(treedef)))
 
     def _defaulted(self, called: tuple[Any, ...]) -> tuple[str, ...]:
         """The parameters holding arrays that calls of this shape leave to their
@@ -426,7 +418,6 @@ class Dispatcher:
         fun: Any,
         partition: Partition,
         leaves: list[Any],
-        dynamic: Sequence[Any],
         called: tuple[Any, ...] | None,
         cache: BoundedCache[Entry],
         key: Any,
@@ -437,7 +428,7 @@ class Dispatcher:
         thread stored first."""
         self._check_traceable(partition, leaves)
         if level in (TOP, EAGER) and jax.process_count() > 1:
-            self._check_processes_agree(partition, leaves, dynamic)
+            self._check_processes_agree(partition, leaves)
         defaulted = () if called is None else self._defaulted(called)
         top = level == ABSTRACT or (level == STAGED and cache is self.entries[TOP])
         entry = make_entry(
@@ -474,13 +465,11 @@ class Dispatcher:
         positions = partition.dynamic_positions
         check_traceable(self.function.name, labels, leaves, positions)
 
-    def _check_processes_agree(
-        self, partition: Partition, leaves: list[Any], dynamic: Sequence[Any]
-    ) -> None:
+    def _check_processes_agree(self, partition: Partition, leaves: list[Any]) -> None:
         """Before compiling a program that spans processes: that every process
         compiles it with the same static values (else a clear error, not a hang).
         A program on this process's devices alone waits for no other process."""
-        options = self.options
+        options, dynamic = self.options, partition.take_dynamic(leaves)
         if not spans_processes(dynamic, options.in_shardings, options.out_shardings):
             return
         leaf_parameters = self.leaf_parameters(partition)
@@ -530,9 +519,7 @@ class Dispatcher:
         )
         dynamic = partition.take_dynamic(leaves)
         if entry is None:
-            entry = self._make(
-                ABSTRACT, fun, partition, leaves, dynamic, called, cache, key
-            )
+            entry = self._make(ABSTRACT, fun, partition, leaves, called, cache, key)
         return entry, partition, dynamic, leaves
 
     def clear(self) -> None:

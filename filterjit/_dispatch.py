@@ -132,11 +132,10 @@ class Dispatcher:
     def call(
         self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        """Calls `fun(*args, **kwargs)` at trace level `level`, on the
-        fast path: a call that the latest partition at its level reads and keys
-        (see `_fastpath`), whose entry is cached (and its NumPy constants as they
-        were), runs as `_call` would run it. Any other takes `_call` from the
-        start."""
+        """Calls `fun(*args, **kwargs)` at trace level `level` on the fast path: a
+        call that the latest partition at its level reads and keys (see
+        `_fastpath`), whose entry is cached (its NumPy constants as they were),
+        runs as `_call` would run it. Any other takes `_call` from the start."""
         partition = self._latest[level]
         read = partition.call_readers.get((len(args), *kwargs))
         found = None if read is None else read(fun, args, kwargs)
@@ -158,9 +157,7 @@ class Dispatcher:
         else:
             try:
                 out = entry.jitted(*dynamic)
-            except Exception as e:
-                # A leaf JAX cannot trace, or a runtime check that failed in a
-                # trace made just now: said in the user's terms, else as raised.
+            except Exception as e:  # in the user's terms where it can be
                 self._failed(partition, leaves, e)
                 raise
             if type(out) is Carried:
@@ -408,6 +405,8 @@ class Dispatcher:
     def _failed(
         self, partition: Partition, leaves: list[Any], error: Exception
     ) -> None:
+        """Names a leaf JAX cannot trace, or raises a runtime check that failed in a
+        trace made just now in the user's terms; else `error` is raised as it is."""
         if isinstance(error, TypeError):
             self._check_traceable(partition, leaves)
         check_failed(error, self.function.name)

@@ -86,9 +86,8 @@ KeyedCallReader = Callable[
 _WRITTEN_KEYS = 64
 
 
-# Generated code is filed under the package's directory, whose frames JAX leaves
-# out of tracebacks, each under a name of its own in `linecache`, so tracebacks
-# show its source.
+# Generated code is filed under the package's directory (JAX leaves its frames out
+# of tracebacks), each function under a name of its own in `linecache`.
 _DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 _counter = itertools.count()
 

@@ -5,16 +5,9 @@ import contextlib
 import functools as ft
 import sys
 import types
+import typing
 from collections.abc import Callable
-from typing import (
-    Any,
-    Concatenate,
-    Generic,
-    overload,
-    ParamSpec,
-    TYPE_CHECKING,
-    TypeVar,
-)
+from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
 import equinox as eqx
 import jax.tree_util as jtu
@@ -68,7 +61,7 @@ class Wrapper(Generic[_P, _R]):
 
     __slots__ = ()
 
-    if TYPE_CHECKING:
+    if typing.TYPE_CHECKING:
 
         def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 
@@ -121,7 +114,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         self._call = self._dispatcher.call
         _copy_metadata(self, fun)
 
-    if not TYPE_CHECKING:  # the level check inline, then the dispatcher's `call`
+    if not typing.TYPE_CHECKING:  # the level check inline, then dispatcher.call
         __call__ = _trace.call_at_level
 
     def __repr__(self) -> str:

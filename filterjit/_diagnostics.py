@@ -307,16 +307,12 @@ class Explanation:
         hit = "would hit the cache" if self.cache_hit else "would trace"
         if self.cache_hit is None:
             hit = "jax.jit's cache decides whether it traces"
-        header = ("argument", "role", "value")
-        lines = [tuple(row[:3]) for row in self.rows]
-        widths = [max(len(line[i]) for line in [header, *lines]) for i in range(3)]
-
-        def fmt(line: tuple[str, ...]) -> str:
-            return "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
-
+        cells = [("argument", "role", "value"), *(row[:3] for row in self.rows)]
+        widths = [max(map(len, column)) for column in zip(*cells)]
+        lines = ["  ".join(map(str.ljust, line, widths)).rstrip() for line in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
         title = f"{self.decorator}({self.name}), called {self.level}: {hit}"
-        dashes = tuple("-" * w for w in widths)
-        return "\n".join([title, *map(fmt, [header, dashes, *lines])])
+        return "\n".join([title, *lines])
 
     __repr__ = __str__
 

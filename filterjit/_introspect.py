@@ -59,8 +59,7 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
         return fun._explain(args, kwargs)
     wrapper: FilterJitWrapper[..., Any] = _decorate(Options(), fun, caller="explain")
     explanation = wrapper._explain(args, kwargs)
-    if type(fun) is _JAX_JIT_TYPE:
-        # What is explained is `filter_jit(jax.jit(f))`: name the jax.jit too.
+    if type(fun) is _JAX_JIT_TYPE:  # explained as `filter_jit(jax.jit(f))`
         explanation.name = f"jax.jit({explanation.name})"
     return explanation
 

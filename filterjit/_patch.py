@@ -180,12 +180,11 @@ def patch_equinox() -> EquinoxPatch:
             if id(wrapped) not in made:
                 made[id(wrapped)] = _replacement(wrapped, jit_module)
             new = made[id(wrapped)]
-            if not isinstance(new, str) and wrapped is not value:
-                new = type(value)(new)
         else:
             continue
         if new is None or isinstance(new, str):
             continue
+        new = new if wrapped is value else type(value)(new)
         try:
             setattr(owner, attribute, new)
         except (AttributeError, TypeError) as error:

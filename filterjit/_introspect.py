@@ -95,8 +95,7 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """
     fun, _ = _unbind(fun, ())
     if isinstance(fun, JitWrapper):
-        size = jit_cache_size(fun._outside)
-        if size is None:
+        if (size := jit_cache_size(fun._outside)) is None:
             raise TypeError(
                 "num_traces: this version of JAX does not say how many times "
                 f"jax.jit traced {name_of(fun._function)}."

@@ -49,8 +49,7 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
     # Where the annotations' names resolve (for jaxtyping's `jaxtyped`).
     while isinstance(fun, ft.partial):
         fun = fun.func
-    namespace = getattr(fun, "__globals__", None)
-    if namespace is None:
+    if (namespace := getattr(fun, "__globals__", None)) is None:
         module = sys.modules.get(getattr(type(fun), "__module__", ""), None)
         namespace = vars(module) if module is not None else {}
     wrapper.__globals__ = namespace

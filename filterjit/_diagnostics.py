@@ -24,8 +24,7 @@ from ._trace import EAGER, STAGED, TOP
 logger = logging.getLogger("filterjit")
 
 _short_repr = reprlib.Repr()
-_short_repr.maxstring = 40
-_short_repr.maxother = 40
+_short_repr.maxstring = _short_repr.maxother = 40
 _short_repr.maxlist = _short_repr.maxtuple = _short_repr.maxdict = 6
 
 # Retrace-warning thresholds by module (and submodules); `None`'s for all others.
@@ -78,10 +77,7 @@ def set_retrace_warning_threshold(
     _thresholds[module] = threshold
 
 
-_INTERNAL = (
-    os.path.dirname(os.path.abspath(__file__)),
-    os.path.dirname(os.path.abspath(jax.__file__)),
-)
+_INTERNAL = tuple(os.path.dirname(os.path.abspath(f)) for f in (__file__, jax.__file__))
 
 
 def _warn_at_user_frame(message: str, category: type[Warning]) -> None:
@@ -238,9 +234,8 @@ class TraceLog:
             else:
                 self.in_a_row = 0
                 self._change_counts.clear()
-            if os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1" or bool(
-                jax.config.jax_explain_cache_misses  # pyright: ignore[reportAttributeAccessIssue]
-            ):
+            explain = os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1"
+            if explain or getattr(jax.config, "jax_explain_cache_misses"):  # untyped
                 logger.warning(self._retrace_message(changes))
         self._previous = current
         for path, now in current.items():
@@ -307,16 +302,12 @@ class Explanation:
         hit = "would hit the cache" if self.cache_hit else "would trace"
         if self.cache_hit is None:
             hit = "jax.jit's cache decides whether it traces"
-        header = ("argument", "role", "value")
-        lines = [tuple(row[:3]) for row in self.rows]
-        widths = [max(len(line[i]) for line in [header, *lines]) for i in range(3)]
-
-        def fmt(line: tuple[str, ...]) -> str:
-            return "  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
-
+        cells = [("argument", "role", "value"), *(row[:3] for row in self.rows)]
+        widths = [max(map(len, column)) for column in zip(*cells)]
+        lines = ["  ".join(map(str.ljust, line, widths)).rstrip() for line in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
         title = f"{self.decorator}({self.name}), called {self.level}: {hit}"
-        dashes = tuple("-" * w for w in widths)
-        return "\n".join([title, *map(fmt, [header, dashes, *lines])])
+        return "\n".join([title, *lines])
 
     __repr__ = __str__
 

@@ -59,8 +59,7 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
         return fun._explain(args, kwargs)
     wrapper: FilterJitWrapper[..., Any] = _decorate(Options(), fun, caller="explain")
     explanation = wrapper._explain(args, kwargs)
-    if type(fun) is _JAX_JIT_TYPE:
-        # What is explained is `filter_jit(jax.jit(f))`: name the jax.jit too.
+    if type(fun) is _JAX_JIT_TYPE:  # explained as `filter_jit(jax.jit(f))`
         explanation.name = f"jax.jit({explanation.name})"
     return explanation
 
@@ -96,8 +95,7 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """
     fun, _ = _unbind(fun, ())
     if isinstance(fun, JitWrapper):
-        size = jit_cache_size(fun._outside)
-        if size is None:
+        if (size := jit_cache_size(fun._outside)) is None:
             raise TypeError(
                 "num_traces: this version of JAX does not say how many times "
                 f"jax.jit traced {name_of(fun._function)}."

@@ -2,7 +2,6 @@
 no-op of `filter_jit`."""
 
 import functools as ft
-import inspect
 import sys
 from collections.abc import Callable
 from typing import Any, overload
@@ -13,7 +12,7 @@ from jax.core import Tracer
 
 from . import _trace
 from ._diagnostics import Explanation, LEVEL_NAMES, Row, row
-from ._function import name_of, positional_names
+from ._function import name_of, positional_names, signature_of
 from ._jit import _P, _R, FilterJitWrapper, Wrapper
 from ._options import make_options, Options
 
@@ -116,10 +115,8 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
         if level == _trace.STAGED and not self._nested_is_jax_jits(args, kwargs):
             return self._nested_wrapper()._explain(args, kwargs)
         # jax.jit's roles: an argument is static as a whole, or its leaves traced.
-        try:
-            parameters = list(inspect.signature(self._function).parameters.values())
-        except (TypeError, ValueError):
-            parameters = []
+        signature = signature_of(self._function, follow_wrapped=True)
+        parameters = signature.parameters.values() if signature is not None else ()
         positional = positional_names(parameters)
         numbers = _as_tuple(self._jit_kwargs.get("static_argnums", ()))
         names = set(_as_tuple(self._jit_kwargs.get("static_argnames", ())))

@@ -5,16 +5,9 @@ import contextlib
 import functools as ft
 import sys
 import types
+import typing
 from collections.abc import Callable
-from typing import (
-    Any,
-    Concatenate,
-    Generic,
-    overload,
-    ParamSpec,
-    TYPE_CHECKING,
-    TypeVar,
-)
+from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
 import equinox as eqx
 import jax.tree_util as jtu
@@ -56,8 +49,7 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
     # Where the annotations' names resolve (for jaxtyping's `jaxtyped`).
     while isinstance(fun, ft.partial):
         fun = fun.func
-    namespace = getattr(fun, "__globals__", None)
-    if namespace is None:
+    if (namespace := getattr(fun, "__globals__", None)) is None:
         module = sys.modules.get(getattr(type(fun), "__module__", ""), None)
         namespace = vars(module) if module is not None else {}
     wrapper.__globals__ = namespace
@@ -68,7 +60,7 @@ class Wrapper(Generic[_P, _R]):
 
     __slots__ = ()
 
-    if TYPE_CHECKING:
+    if typing.TYPE_CHECKING:
 
         def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 
@@ -121,7 +113,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         self._call = self._dispatcher.call
         _copy_metadata(self, fun)
 
-    if not TYPE_CHECKING:  # the level check inline, then the dispatcher's `call`
+    if not typing.TYPE_CHECKING:  # the level check inline, then dispatcher.call
         __call__ = _trace.call_at_level
 
     def __repr__(self) -> str:

@@ -82,8 +82,7 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
         return f"{_type_name(value)}:{inner(wrapped)}"
     if type(value).__repr__ is object.__repr__:
         # The default repr is only the type and an address: compare the state.
-        state = getattr(value, "__dict__", None)
-        if isinstance(state, dict):
+        if isinstance(state := getattr(value, "__dict__", None), dict):
             return f"{_type_name(value)}:{inner(state)}"
         return f"{_type_name(value)}:<opaque>"
     return f"{_type_name(value)}:{_ADDRESS.sub('0x?', _safe_repr(value))}"

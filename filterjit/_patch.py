@@ -77,9 +77,8 @@ def _attributes() -> Iterator[tuple[Any, str, Any]]:
     filterjit's, and of every class found in one (nested classes included)."""
     classes: dict[int, type] = {}
     for name, module in list(sys.modules.items()):
-        if not issubclass(type(module), types.ModuleType) or (
-            name == "filterjit" or name.startswith("filterjit.")
-        ):
+        is_module = issubclass(type(module), types.ModuleType)
+        if not is_module or name.partition(".")[0] == "filterjit":
             continue
         pending: list[Any] = [module]
         while pending:
@@ -163,10 +162,9 @@ def patch_equinox() -> EquinoxPatch:
             f"equinox.filter_jit, but Equinox cannot be imported ({error}). Install "
             "it (`pip install equinox`), or use filterjit.filter_jit directly."
         ) from error
-    jits = getattr(jit_module, "filter_jit", None), equinox.filter_jit, _State.original
+    jits = _State.original, getattr(jit_module, "filter_jit", None), equinox.filter_jit
     originals = [jit for jit in jits if jit is not None and jit is not filter_jit]
-    if _State.original is None and originals:
-        _State.original = originals[0]
+    _State.original = originals[0] if originals else None
     wrapper_type = getattr(jit_module, "_JitWrapper", None)
     made: dict[int, Any] = {}  # id of Equinox's wrapper -> filterjit's, or why none
     unset: dict[int, str] = {}  # id of Equinox's wrapper -> why it could not be set
@@ -180,12 +178,11 @@ def patch_equinox() -> EquinoxPatch:
             if id(wrapped) not in made:
                 made[id(wrapped)] = _replacement(wrapped, jit_module)
             new = made[id(wrapped)]
-            if not isinstance(new, str) and wrapped is not value:
-                new = type(value)(new)
         else:
             continue
         if new is None or isinstance(new, str):
             continue
+        new = new if wrapped is value else type(value)(new)
         try:
             setattr(owner, attribute, new)
         except (AttributeError, TypeError) as error:
@@ -196,8 +193,7 @@ def patch_equinox() -> EquinoxPatch:
         if new is not filter_jit:
             swapped.setdefault(id(wrapped), _name(wrapped))
     reasons = {k: v for k, v in made.items() if isinstance(v, str)} | unset
-    left = _left(wrapper_type, reasons)
-    if left:
+    if left := _left(wrapper_type, reasons):
         warnings.warn(
             f"filterjit.patch_equinox(): {len(left)} function(s) compiled with "
             "Equinox's filter_jit keep it: " + "; ".join(left),

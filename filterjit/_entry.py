@@ -201,7 +201,7 @@ def make_entry(
         jitkwargs["out_shardings"] = options.out_shardings
     if options.in_shardings is not UNSPECIFIED and not staged:
         jitkwargs["in_shardings"] = _leaf_shardings(
-            function, fun, options.in_shardings, partition, leaves
+            function, options.in_shardings, partition, leaves
         )
     if level in (TOP, ABSTRACT):
         donated = _donated(options, function, leaf_parameters, partition, defaulted)
@@ -260,15 +260,11 @@ def _donated(
 
 
 def _leaf_shardings(
-    function: Function,
-    fun: Any,
-    in_shardings: Any,
-    partition: Partition,
-    leaves: list[Any],
+    function: Function, in_shardings: Any, partition: Partition, leaves: list[Any]
 ) -> tuple[Any, ...]:
     """`in_shardings`, a prefix of the positional arguments, for each traced leaf."""
     call = jtu.tree_unflatten(partition.treedef, leaves)
-    _, args, kwargs = function.split_call(fun, call)
+    _, args, kwargs = function.split_call(None, call)
     if isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
         # As in `jax.jit`, a prefix may leave out arguments left to defaults.
         skipped = function.parameters[len(in_shardings) : len(args)]

@@ -1,11 +1,10 @@
 """Outputs: what the jitted function returns. What a trace learned of its output is
-kept by JAX with the executable compiled from that trace, never in a table of
-filterjit's own (JAX reuses executables for reasons filterjit cannot see: x64,
-context, shardings): JAX keeps an output's structure per executable, its nodes'
-auxiliary data included, and rebuilds it on its C++ fast path. So an output whose
-leaves are all traced is returned as it is; any other is `Carried`: its children the
-traced leaves (only tracers are outputs of the jit), its auxiliary data the
-`OutputSpec` that finishes it."""
+kept by JAX with the executable compiled from that trace, in the output's structure
+(its nodes' auxiliary data included, rebuilt on JAX's C++ fast path), never in a table
+of filterjit's own: JAX reuses executables for reasons filterjit cannot see (x64,
+context, shardings). So an output whose leaves are all traced is returned as it is;
+any other is `Carried`: its children the traced leaves (only tracers are outputs of
+the jit), its auxiliary data the `OutputSpec` that finishes it."""
 
 import operator
 from collections.abc import Callable, Sequence

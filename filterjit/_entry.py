@@ -14,6 +14,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from ._binding import positional_names
 from ._cache import lifelines
 from ._diagnostics import row, TraceLog
 from ._errors import traced_a_check
@@ -268,10 +269,8 @@ def _leaf_shardings(
     if isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
         # As in `jax.jit`, a prefix may leave out arguments left to defaults.
         skipped = function.parameters[len(in_shardings) : len(args)]
-        if len(skipped) == len(args) - len(in_shardings) and all(
-            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-            and p.default is not p.empty
-            for p in skipped
+        if len(positional_names(skipped)) == len(args) - len(in_shardings) and all(
+            p.default is not p.empty for p in skipped
         ):
             in_shardings += (None,) * len(skipped)
     if not isinstance(in_shardings, tuple) or len(in_shardings) != len(args):

@@ -204,10 +204,10 @@ def make_entry(
         jitkwargs["in_shardings"] = _leaf_shardings(
             function, options.in_shardings, partition, leaves
         )
-    if level in (TOP, ABSTRACT):
-        donated = _donated(options, function, leaf_parameters, partition, defaulted)
-        if donated:
-            jitkwargs["donate_argnums"] = donated
+    if level in (TOP, ABSTRACT) and options.donate != "none":
+        jitkwargs["donate_argnums"] = _donated(
+            options, function, leaf_parameters, partition, defaulted
+        )
     jitted = jax.jit(run, **jitkwargs)
     if options.donate in ("all", "all-except-first") and level == TOP:
         jitted = _silencing(jitted)
@@ -240,8 +240,6 @@ def _donated(
     the caller passed, by name (`**kwargs` by keyword, as `donate_argnames`); never
     a default nor what a partial binds; a method's receiver as its first argument."""
     donate = options.donate
-    if donate == "none":
-        return ()
     spare_first = isinstance(donate, str) and donate.endswith("except-first")
     names = set(donate) if isinstance(donate, tuple) else None
     receiver = function.receiver

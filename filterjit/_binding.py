@@ -41,11 +41,8 @@ jtu.register_pytree_with_keys(
 
 def positional_names(parameters: Any) -> list[str]:
     """The names of the `inspect.Parameter`s that take arguments by position."""
-    return [
-        p.name
-        for p in parameters
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in parameters if p.kind in kinds]
 
 
 class Binder:

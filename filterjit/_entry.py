@@ -14,6 +14,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from ._binding import positional_names
 from ._cache import lifelines
 from ._diagnostics import row, TraceLog
 from ._errors import traced_a_check
@@ -201,12 +202,12 @@ def make_entry(
         jitkwargs["out_shardings"] = options.out_shardings
     if options.in_shardings is not UNSPECIFIED and not staged:
         jitkwargs["in_shardings"] = _leaf_shardings(
-            function, fun, options.in_shardings, partition, leaves
+            function, options.in_shardings, partition, leaves
         )
-    if level in (TOP, ABSTRACT):
-        donated = _donated(options, function, leaf_parameters, partition, defaulted)
-        if donated:
-            jitkwargs["donate_argnums"] = donated
+    if level in (TOP, ABSTRACT) and options.donate != "none":
+        jitkwargs["donate_argnums"] = _donated(
+            options, function, leaf_parameters, partition, defaulted
+        )
     jitted = jax.jit(run, **jitkwargs)
     if options.donate in ("all", "all-except-first") and level == TOP:
         jitted = _silencing(jitted)
@@ -239,8 +240,6 @@ def _donated(
     the caller passed, by name (`**kwargs` by keyword, as `donate_argnames`); never
     a default nor what a partial binds; a method's receiver as its first argument."""
     donate = options.donate
-    if donate == "none":
-        return ()
     spare_first = isinstance(donate, str) and donate.endswith("except-first")
     names = set(donate) if isinstance(donate, tuple) else None
     receiver = function.receiver
@@ -260,22 +259,16 @@ def _donated(
 
 
 def _leaf_shardings(
-    function: Function,
-    fun: Any,
-    in_shardings: Any,
-    partition: Partition,
-    leaves: list[Any],
+    function: Function, in_shardings: Any, partition: Partition, leaves: list[Any]
 ) -> tuple[Any, ...]:
     """`in_shardings`, a prefix of the positional arguments, for each traced leaf."""
     call = jtu.tree_unflatten(partition.treedef, leaves)
-    _, args, kwargs = function.split_call(fun, call)
+    _, args, kwargs = function.split_call(None, call)
     if isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
         # As in `jax.jit`, a prefix may leave out arguments left to defaults.
         skipped = function.parameters[len(in_shardings) : len(args)]
-        if len(skipped) == len(args) - len(in_shardings) and all(
-            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-            and p.default is not p.empty
-            for p in skipped
+        if len(positional_names(skipped)) == len(args) - len(in_shardings) and all(
+            p.default is not p.empty for p in skipped
         ):
             in_shardings += (None,) * len(skipped)
     if not isinstance(in_shardings, tuple) or len(in_shardings) != len(args):

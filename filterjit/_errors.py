@@ -4,6 +4,7 @@ only calls whose trace holds a check block until their result is ready. The only
 module that reads Equinox's private state (the latest failed check's message and
 frames, its error's wording), with a fallback to JAX's error."""
 
+import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -80,10 +81,8 @@ def _message(error: Exception, name: str) -> str:
         # The frames inside the jit, innermost last (Equinox records them from
         # the check outwards, with markers for its own jit calls between).
         frames = "".join(reversed([piece for piece in stack if type(piece) is str]))
-        try:
+        with contextlib.suppress(KeyError, IndexError, ValueError):
             return template.format(msg=message, stack=frames)
-        except (KeyError, IndexError, ValueError):
-            pass
     # Fallback: the check's message follows the marker in JAX's error.
     text = str(error)
     message = text[text.index(_MARKER) + len(_MARKER) :].split("\n\n\n")[0].strip()

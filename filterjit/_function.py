@@ -23,9 +23,8 @@ def _defined_in_python(fun: Any) -> bool:
     while isinstance(fun, ft.partial):
         fun = fun.func
     fun = getattr(fun, "__func__", fun)  # a bound method
-    if isinstance(fun, type):
-        return True
-    return hasattr(fun, "__code__") or hasattr(type(fun).__call__, "__code__")
+    python = hasattr(fun, "__code__") or hasattr(type(fun).__call__, "__code__")
+    return isinstance(fun, type) or python
 
 
 def signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
@@ -42,9 +41,8 @@ def in_call_tree(fun: Any) -> bool:
     """Whether a wrapped callable is part of each call's pytree: a pytree (a Module,
     a `jtu.Partial`) or a leaf compared by value, not by identity (a function)."""
     treedef = jtu.tree_structure(fun)
-    if treedef.num_nodes != 1 or treedef.num_leaves != 1:
-        return True
-    return type(fun).__eq__ is not object.__eq__
+    leaf = treedef.num_nodes == 1 and treedef.num_leaves == 1
+    return not leaf or type(fun).__eq__ is not object.__eq__
 
 
 class Method(jtu.Partial):
@@ -162,8 +160,7 @@ class Function:
     def leaf_parameters(self, treedef: Any) -> list[tuple[str, int | None, str]]:
         """For each leaf of a call with structure `treedef`: its parameter, its
         position if passed positionally, and its path in the user's terms."""
-        placeholders = [object() for _ in range(treedef.num_leaves)]
-        call = jtu.tree_unflatten(treedef, placeholders)
+        call = treedef.unflatten([object() for _ in range(treedef.num_leaves)])
         found = []
         for path, _ in jtu.tree_flatten_with_path(call)[0]:
             if not self.fun_is_leaf:

@@ -1,11 +1,10 @@
 """Outputs: what the jitted function returns. What a trace learned of its output is
-kept by JAX with the executable compiled from that trace, never in a table of
-filterjit's own (JAX reuses executables for reasons filterjit cannot see: x64,
-context, shardings): JAX keeps an output's structure per executable, its nodes'
-auxiliary data included, and rebuilds it on its C++ fast path. So an output whose
-leaves are all traced is returned as it is; any other is `Carried`: its children the
-traced leaves (only tracers are outputs of the jit), its auxiliary data the
-`OutputSpec` that finishes it."""
+kept by JAX with the executable compiled from that trace, in the output's structure
+(its nodes' auxiliary data included, rebuilt on JAX's C++ fast path), never in a table
+of filterjit's own: JAX reuses executables for reasons filterjit cannot see (x64,
+context, shardings). So an output whose leaves are all traced is returned as it is;
+any other is `Carried`: its children the traced leaves (only tracers are outputs of
+the jit), its auxiliary data the `OutputSpec` that finishes it."""
 
 import operator
 from collections.abc import Callable, Sequence
@@ -121,13 +120,13 @@ class OutputSpec:
         for position, leaf in enumerate(inputs):
             if not isinstance(leaf, Tracer):
                 input_positions.setdefault(id(leaf), []).append(position)
-        dynamic_positions: list[int] = []
+        dynamic: list[int] = []
         passthrough: list[tuple[int, int]] = []
         copies: list[int] = []
         aliases: set[tuple[int, ...]] = set()
         for position, leaf in enumerate(leaves):
             if isinstance(leaf, traced):
-                dynamic_positions.append(position)
+                dynamic.append(position)
             elif id(leaf) in input_positions:
                 # The call's own object, not the traced call's, nor held by the spec
                 # (JAX keeps it): an object keyed by identity is freed with its caller.
@@ -146,23 +145,21 @@ class OutputSpec:
         # With a check, the traced leaf a top-level call waits for (`None`: all): one
         # the executable computes, whose wait raises any check failed in it.
         handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
-        computed = [id(leaves[p]) not in handed_back for p in dynamic_positions]
+        computed = [id(leaves[p]) not in handed_back for p in dynamic]
         self.wait_on = computed.index(True) if True in computed else None
         # Made nested; meaning the same at every level (see `jit_output`).
         self.nested = nested
         self.neutral = neutral
-        pooled = {*dynamic_positions, *(position for position, _ in passthrough)}
+        pooled = {*dynamic, *(position for position, _ in passthrough)}
         template = [None if p in pooled else leaf for p, leaf in enumerate(leaves)]
         # `build(out, inputs)`: the user's output from the traced leaves and this
         # call's leaves. `at_top`: that of a top-level call of a trace made nested
         # whose output is not neutral: concrete arrays made JAX arrays, as in jax.jit.
-        self.build = _builder(treedef, template, dynamic_positions, passthrough, copies)
+        self.build = _builder(treedef, template, dynamic, passthrough, copies)
         self.at_top = None
         if nested and not neutral:
             arrays = tuple(p for p, leaf in enumerate(template) if is_array(leaf))
-            self.at_top = _builder(
-                treedef, template, dynamic_positions, passthrough, [], arrays
-            )
+            self.at_top = _builder(treedef, template, dynamic, passthrough, [], arrays)
         # Whether a top-level call needs nothing but `build`.
         self.plain = not (aliases or runtime_check or self.at_top is not None)
         # Nested: dicts in their insertion order, which JAX's rebuild sorts.
@@ -217,11 +214,7 @@ def finish(out: Any, inputs: list[Any]) -> Any:
 
 
 def jit_output(
-    output: Any,
-    inputs: list[Any],
-    runtime_check: bool,
-    nested: bool,
-    boxed: bool = False,
+    output: Any, inputs: list[Any], runtime_check: bool, nested: bool, boxed: bool
 ) -> Any:
     """What the jitted function returns for the user's `output`, traced with
     `inputs` (the call's leaves, tracers for traced ones). Not `nested`, every array

@@ -66,10 +66,6 @@ def weakly_keyed(kind: type) -> bool:
     )
 
 
-def _frozenset_key(x: frozenset[Any]) -> Any:
-    return x, _exact.set_key(x)
-
-
 def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     """How a static leaf of type `kind` is keyed, where `==` is not enough (the
     partition keys the types, so `1`, `1.0` and `True` differ); `None`: itself."""
@@ -85,7 +81,7 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     if issubclass(kind, complex):
         return _exact.complex_key
     if issubclass(kind, frozenset):  # optimistix's `tags`: {1} and {1.0} differ
-        return _frozenset_key
+        return lambda x: (x, _exact.set_key(x))
     return weakref.ref if weakly_keyed(kind) else None
 
 
@@ -173,9 +169,8 @@ class Partition:
         self.rekeys = tuple(rekeys)
         # Each leaf's parameter, position and label (see `Dispatcher.leaf_parameters`).
         self.leaf_parameters: list[tuple[str, int | None, str]] | None = None
-        # `read(fun, args, kwargs)` by shape of call (see `_binding`): a call's
-        # leaves, `reference_key` and traced leaves, read without binding or
-        # flattening, if it has this structure and types (see `_fastpath`).
+        # By shape of call: `read(fun, args, kwargs)`, the leaves, `reference_key` and
+        # traced leaves of a call of this structure and types (see `_fastpath`).
         self.call_readers: dict[tuple[Any, ...], KeyedCallReader | None] = {}
         # Set by the dispatcher: whether calls use the top level's entries; `get`.
         self.shares_top = False

@@ -36,10 +36,9 @@ def _like(node: Any, values: dict[Any, Any]) -> Any:
 
 def has_sorted_dicts(treedef: Any) -> bool:
     """Whether a structure holds a dict whose flatten sorts its keys."""
-    data = treedef.node_data()
-    if data is None:
-        return False
-    return data[0] in _SORTED_DICTS or any(map(has_sorted_dicts, treedef.children()))
+    data = treedef.node_data()  # `None` for a leaf, which has no children
+    sorted_here = data is not None and data[0] in _SORTED_DICTS
+    return sorted_here or any(map(has_sorted_dicts, treedef.children()))
 
 
 def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:

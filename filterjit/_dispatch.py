@@ -160,8 +160,12 @@ class Dispatcher:
             except Exception as e:  # in the user's terms where it can be
                 self._failed(partition, leaves, e)
                 raise
-            if type(out) is Carried:
-                out = self._finish(level, out, leaves)
+            if type(out) is not Carried:
+                return out
+            spec, traced = out.args
+            if spec.plain:  # as `_finish` would build it, a frame sooner
+                return spec.build(traced, leaves)
+            out = self._finish(level, out, leaves)
         if out is _BY_ALIAS or out is _UNSHARED:  # made again, as `_finish` says
             return self._call(
                 level, fun, args, kwargs, out is _BY_ALIAS, out is not _UNSHARED

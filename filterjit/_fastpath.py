@@ -303,10 +303,10 @@ class _Writer:
             if rekey is None:
                 parts.append(at(position))
             elif rekey is float_key and partition.types[position] is float:
-                v, test = at(position), f"{at(position)} == 0.0"  # -0.0, nan: slower
-                if not v.isidentifier():  # an item of `l`: taken once
+                v = leaf = at(position)  # only -0.0 and nan need the slower key
+                if not leaf.isidentifier():  # an item of `l`: taken once
                     v = self.variable()
-                    test = f"({v} := {at(position)}) == 0.0"
+                test = f"{v} == 0.0" if v is leaf else f"({v} := {leaf}) == 0.0"
                 parts.append(f"{v}.hex() if {test} or {v} != {v} else {v}")
             else:
                 parts.append(f"{self.constant(rekey)}({at(position)})")

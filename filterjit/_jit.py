@@ -113,7 +113,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         self._call = self._dispatcher.call
         _copy_metadata(self, fun)
 
-    if not typing.TYPE_CHECKING:  # the level check inline, then dispatcher.call
+    if not typing.TYPE_CHECKING:  # the level check, then the dispatcher's `top`/`call`
         __call__ = _trace.call_at_level
 
     def __repr__(self) -> str:

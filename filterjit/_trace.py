@@ -39,7 +39,8 @@ def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     return self._outside(*args, **kwargs)
 
 
-# The `__call__` of filter_jit's wrapper.
+# The `__call__` of filter_jit's wrapper: at the top level the dispatcher's `top`,
+# elsewhere its `call`, inside `jax.disable_jit()` the function itself.
 def _call_at_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
     if jax.config.jax_disable_jit:  # pyright: ignore[reportAttributeAccessIssue]
         return self._fun(*args, **kwargs)

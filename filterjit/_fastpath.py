@@ -118,8 +118,9 @@ def output_builder(
 ) -> Callable[[Any, list[Any]], Any] | None:
     """`build(out, inputs)`, `treedef.unflatten` of an output's leaves as one
     expression, each leaf `("out", i)`, the traced leaf `out[i]`; `("input", p)`,
-    the call's leaf `inputs[p]`; or `("constant", value)`. For a structure of
-    tuples, lists, `None` and dicts with string keys; else `None`."""
+    the call's leaf `inputs[p]`; or `("constant", value)` (`inputs` optional
+    without an input). For a structure of tuples, lists, `None` and dicts with
+    string keys; else `None`."""
     if not ENABLED:
         return None
     writer = _Writer()
@@ -149,7 +150,9 @@ def output_builder(
     built = expression(treedef)
     if built is None:
         return None
-    return _compile("build", "o, i", [f"return {built}"], writer.namespace)
+    reads_inputs = any(kind == "input" for kind, _ in sources)
+    parameters = "o, i" if reads_inputs else "o, i=None"
+    return _compile("build", parameters, [f"return {built}"], writer.namespace)
 
 
 def call_reader(treedef: Any, types: tuple[type, ...]) -> Any:
@@ -228,6 +231,8 @@ def top_caller(partition: Any, fun_is_leaf: bool, carried: type) -> Any:
         "    if type(o) is not _carried:",
         "        return o",
         "    s, d = o.args",
+        "    if s.from_traced is not None:",
+        "        return s.from_traced(d)",
         "    if s.plain:",
         f"        return s.build(d, {whole})",
         f"    return w._dispatcher._finish_top(w._fun, a, k, o, {whole})",

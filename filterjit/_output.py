@@ -74,7 +74,7 @@ def _builder(
             return built
     unflatten = treedef.unflatten
     if not passthrough and not copies and not to_jax:
-        return lambda out, inputs: unflatten(take((*out, *constants)))
+        return lambda out, inputs=None: unflatten(take((*out, *constants)))
     take_inputs = items_getter([position for _, position in passthrough])
 
     def build(out: Any, inputs: list[Any]) -> Any:
@@ -103,6 +103,7 @@ class OutputSpec:
         "build",
         "at_top",
         "plain",
+        "from_traced",
     )
 
     def __init__(
@@ -160,12 +161,17 @@ class OutputSpec:
         if nested and not neutral:
             arrays = tuple(p for p, leaf in enumerate(template) if is_array(leaf))
             self.at_top = _builder(treedef, template, dynamic, passthrough, [], arrays)
-        # Whether a top-level call needs nothing but `build`.
+        # Whether a top-level call needs nothing but `build`; `from_traced`, where
+        # it needs not even the call's leaves: `build` of the traced leaves alone.
         self.plain = not (aliases or runtime_check or self.at_top is not None)
+        self.from_traced = None
+        if self.plain and not passthrough and not copies:
+            self.from_traced = self.build
         # Nested: dicts in their insertion order, which JAX's rebuild sorts.
         if orders is not None:
             build = self.build
             self.build = lambda out, inputs: restore_orders(build(out, inputs), orders)
+            self.from_traced = None
 
     def awaited(self, out: Any) -> Any:
         """What of the traced leaves `out` a top-level call waits for."""

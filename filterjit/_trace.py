@@ -2,6 +2,8 @@
 and a canary test in `tests/test_trace.py`: where in JAX's trace stack a call
 happens, which frames JAX shows, what a pytree structure holds, waiting for arrays."""
 
+import inspect
+import operator
 import os
 from typing import Any
 
@@ -71,6 +73,17 @@ try:
                 return _trace_ctx.trace
 
         _current_trace = _TraceAttribute()
+
+    def _getter(state: object) -> Any:
+        # `state.value`'s getter, where `value` is a property: called directly, it
+        # skips the property's own call (about 20 ns a read, two reads a call).
+        found = inspect.getattr_static(type(state), "value", None)
+        if isinstance(found, property) and found.fget is not None:
+            return found.fget
+        return operator.attrgetter("value")
+
+    _disable_jit_value = _getter(_disable_jit_state)
+    _current_trace_value = _getter(_current_trace)
 except ImportError:  # pragma: no cover - the tests simulate this by monkeypatching
     private_api_available = False
     trace_level = _trace_level_public
@@ -98,18 +111,19 @@ else:
 
     def _call_by_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         # Most calls: positional, at the top level.
-        if not kwargs and type(_current_trace.value) is _EvalTrace:
+        trace = _current_trace_value(_current_trace)
+        if not kwargs and type(trace) is _EvalTrace:
             return self._outside(*args)
-        if _walk(_current_trace.value) == STAGED:
+        if _walk(trace) == STAGED:
             return self._staged(*args, **kwargs)
         return self._outside(*args, **kwargs)
 
     def _call_at_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         # The level found inline: the hot path's first function is this one.
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
-        if _disable_jit_state.value:
+        if _disable_jit_value(_disable_jit_state):
             return self._fun(*args, **kwargs)
-        trace = _current_trace.value
+        trace = _current_trace_value(_current_trace)
         if type(trace) is _EvalTrace:
             return self._dispatcher.top(self, args, kwargs)
         return self._call(_walk(trace), self._fun, args, kwargs)

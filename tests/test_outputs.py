@@ -1,13 +1,27 @@
 """Outputs: traced leaves leave the jitted function, everything else is known from
 the trace, and a call whose output holds static leaves keeps JAX's fast path."""
 
+import collections
+import operator
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.tree_util as jtu
 import numpy as np
-from helpers import cpp_cache_size, TraceCounter
+import pytest
+from helpers import cpp_cache_size, property_settings, TraceCounter
+from hypothesis import given, strategies as st
 
-from filterjit import filter_jit
+from filterjit import _fastpath, filter_jit
+from filterjit._fastpath import output_builder
+from filterjit._trace import TOP
+
+
+needs_fast_path = pytest.mark.skipif(
+    not _fastpath.ENABLED, reason="the fast path is off (FILTERJIT_FASTPATH=0)"
+)
 
 
 def test_static_output_leaves_keep_the_cpp_fast_path():
@@ -132,3 +146,128 @@ def test_nested_array_outputs_stay_what_the_function_returns():
     (table,) = seen
     assert type(table) is np.ndarray and table.dtype == np.float64
     np.testing.assert_array_equal(table, _TABLE)
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class Holder(eqx.Module):
+    a: Any
+    b: Any
+
+
+_output_leaves = st.sampled_from(
+    [jnp.ones(2), np.ones(1), 1, 1.0, True, "s", (1, 2), frozenset({1}), None]
+)
+_outputs = st.recursive(
+    _output_leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.sampled_from("ba"), inner, max_size=2),
+        st.dictionaries(st.sampled_from([2, 1]), inner, max_size=2),
+        st.tuples(inner, inner).map(lambda t: Point(*t)),
+        st.tuples(inner, inner).map(lambda t: Holder(*t)),
+    ),
+    max_leaves=8,
+)
+
+
+@needs_fast_path
+@property_settings()
+@given(_outputs, st.data())
+def test_output_builders_rebuild_what_jax_unflattens(output, data):
+    # `output_builder` writes `treedef.unflatten` out as one expression: where it
+    # writes one, it must give JAX's output, leaf for leaf, from wherever each
+    # leaf comes (a traced leaf, an input handed back, a constant).
+    leaves, treedef = jtu.tree_flatten(output)
+    kinds = data.draw(
+        st.lists(
+            st.sampled_from(["out", "input", "constant"]),
+            min_size=len(leaves),
+            max_size=len(leaves),
+        )
+    )
+    out, inputs, sources = [], [object()], []
+    for kind, leaf in zip(kinds, leaves):
+        if kind == "out":
+            sources.append(("out", len(out)))
+            out.append(leaf)
+        elif kind == "input":
+            sources.append(("input", len(inputs)))
+            inputs.append(leaf)
+        else:
+            sources.append(("constant", leaf))
+    build = output_builder(treedef, sources)
+    written = {tuple, list, type(None), dict}
+    nodes = _node_types(treedef)
+    string_keys = all(
+        all(type(key) is str for key in data_)
+        for kind, data_ in _node_data(treedef)
+        if kind is dict
+    )
+    assert (build is None) == (not nodes <= written or not string_keys)
+    if build is None:
+        return
+    built = build(tuple(out), inputs)
+    assert jtu.tree_structure(built) == treedef
+    assert all(map(operator.is_, jtu.tree_leaves(built), leaves))
+    if "input" not in kinds:  # then the inputs may be left out
+        again = build(tuple(out))
+        assert all(map(operator.is_, jtu.tree_leaves(again), leaves))
+
+
+def _node_data(treedef: Any) -> list[Any]:
+    data = treedef.node_data()
+    if data is None:
+        return []
+    return [data, *(d for child in treedef.children() for d in _node_data(child))]
+
+
+def _node_types(treedef: Any) -> set[type]:
+    return {kind for kind, _ in _node_data(treedef)}
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        lambda x: (x + 1, 3),
+        lambda x: {"a": 3, "b": [x, None]},
+        lambda x: Point(2, x),
+        lambda x: (x, 3, x),  # one traced leaf twice
+        lambda x: (x, "s", 1.0),
+    ],
+)
+def test_a_top_level_call_builds_its_static_output_from_the_traced_leaves(output):
+    # An output that takes nothing from the call's leaves is built from the traced
+    # leaves alone at the top level (`OutputSpec.from_traced`), as `build` builds it.
+    f = filter_jit(output)
+    x = jnp.ones(2)
+    expected = output(x)
+    for _ in range(3):
+        got = f(x)
+        assert jtu.tree_structure(got) == jtu.tree_structure(expected)
+        for a, b in zip(jtu.tree_leaves(got), jtu.tree_leaves(expected)):
+            assert type(a) is type(b)
+            np.testing.assert_array_equal(a, b)
+    (entry,) = _entries(f)
+    carried = entry.jitted(x)
+    spec, traced = carried.spec, carried.leaves
+    assert spec.from_traced is not None  # (used by `top`: not with the fast path off)
+    by_itself, built = spec.from_traced(traced), spec.build(traced, [x])
+    assert jtu.tree_structure(by_itself) == jtu.tree_structure(built)
+    assert all(map(operator.is_, jtu.tree_leaves(by_itself), jtu.tree_leaves(built)))
+
+
+def test_an_output_handed_back_is_not_built_from_the_traced_leaves_alone():
+    f = filter_jit(lambda x, tag: (x + 1, tag))
+    tag = object()
+    assert f(jnp.ones(2), tag)[1] is tag
+    other = object()
+    assert f(jnp.ones(2), other)[1] is other  # this call's object
+    for entry in _entries(f):  # one for each tag: they are keyed by identity
+        assert entry.jitted(jnp.ones(2)).spec.from_traced is None
+
+
+def _entries(wrapper: Any) -> list[Any]:
+    return list(wrapper._dispatcher.entries[TOP]._values.values())

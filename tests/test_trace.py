@@ -45,6 +45,30 @@ def test_private_api_is_available():
     assert _trace._current_trace.value is _trace._trace_ctx.trace
 
 
+def test_the_states_are_read_by_their_getters():
+    # If this fails, JAX's states no longer keep `value` in a property: the hot path
+    # then reads `.value` (`operator.attrgetter`), a little more slowly.
+    disable_jit, current_trace = _trace._disable_jit_state, _trace._current_trace
+    assert _trace._disable_jit_value is type(disable_jit).value.fget
+    assert _trace._current_trace_value is type(current_trace).value.fget
+    reads = []
+
+    @jax.jit
+    def f(x):
+        reads.append(_trace._current_trace_value(current_trace) is current_trace.value)
+        return x
+
+    f(1.0)
+    for disabled in (False, True, False):
+        with jax.disable_jit(disabled):
+            value = _trace._disable_jit_value(disable_jit)
+            assert value is disable_jit.value is disabled
+            reads.append(
+                _trace._current_trace_value(current_trace) is current_trace.value
+            )
+    assert reads == [True] * 4
+
+
 def test_jit_cache_size_reads_jax_jits_cache():
     # If this fails, JAX's jitted object no longer has `_cache_size`: then
     # `num_traces` of a filterjit.jit function raises (the fallback).

@@ -115,7 +115,7 @@ def is_leaf_type(kind: type) -> bool:
 
 def output_builder(
     treedef: Any, sources: list[tuple[str, Any]]
-) -> Callable[[Any, list[Any]], Any] | None:
+) -> Callable[..., Any] | None:
     """`build(out, inputs)`, `treedef.unflatten` of an output's leaves as one
     expression, each leaf `("out", i)`, the traced leaf `out[i]`; `("input", p)`,
     the call's leaf `inputs[p]`; or `("constant", value)` (`inputs` optional

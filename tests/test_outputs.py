@@ -3,6 +3,7 @@ the trace, and a call whose output holds static leaves keeps JAX's fast path."""
 
 import collections
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -238,7 +239,9 @@ def _node_types(treedef: Any) -> set[type]:
         lambda x: (x, "s", 1.0),
     ],
 )
-def test_a_top_level_call_builds_its_static_output_from_the_traced_leaves(output):
+def test_a_top_level_call_builds_its_static_output_from_the_traced_leaves(
+    output: Callable[[jax.Array], Any],
+):
     # An output that takes nothing from the call's leaves is built from the traced
     # leaves alone at the top level (`OutputSpec.from_traced`), as `build` builds it.
     f = filter_jit(output)

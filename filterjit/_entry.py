@@ -99,8 +99,7 @@ def _source_of(fun: Any) -> Any:
     fun = getattr(fun, "__func__", fun)
     if getattr(fun, "__code__", None) is None:  # a callable object (a Module)
         fun = getattr(type(fun), "__call__", None)
-    code = getattr(fun, "__code__", None)
-    if code is None:
+    if (code := getattr(fun, "__code__", None)) is None:
         return None
     name = getattr(fun, "__name__", code.co_name)
     return types.SimpleNamespace(__name__=name, __code__=code)
@@ -166,12 +165,11 @@ def make_entry(
             under_way = None  # another entry's call
         nested = under_way is not None
         inputs = list(template if under_way is None else under_way[2])
-        if under_way is None:
-            for position in weak_positions:
-                inputs[position] = inputs[position]()
         for position, leaf in zip(dynamic_positions, dynamic):
             inputs[position] = leaf
         if under_way is None:
+            for position in weak_positions:
+                inputs[position] = inputs[position]()
             call = jtu.tree_unflatten(treedef, inputs)
         else:  # the caller's own arguments, traced leaves replaced
             call = replace_leaves(under_way[1], lambda position, _: inputs[position])
@@ -192,8 +190,7 @@ def make_entry(
     run.__qualname__ = function.name
     signature = _signature([labels[p] for p in dynamic_positions])
     run.__signature__ = signature  # pyright: ignore[reportFunctionMemberAccess]
-    source = _source_of(fun)
-    if source is not None:
+    if (source := _source_of(fun)) is not None:
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)
     if staged:

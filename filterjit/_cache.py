@@ -49,8 +49,7 @@ class BoundedCache(Generic[_V]):
 
     def setdefault(self, key: Hashable, value: _V) -> _V:
         with self._lock:
-            existing = self._values.get(key)
-            if existing is None:
+            if (existing := self._values.get(key)) is None:
                 self.put(key, value)  # re-entrant
             return value if existing is None else existing
 

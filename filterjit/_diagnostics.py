@@ -189,8 +189,7 @@ def _changes(old: dict[str, Row], new: dict[str, Row]) -> list[Change]:
     ]
 
 
-# Values remembered per static argument, for the RetraceWarning.
-_MAX_SEEN = 64
+_MAX_SEEN = 64  # values remembered per static argument, for the RetraceWarning
 
 
 class TraceLog:

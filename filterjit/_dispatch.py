@@ -111,8 +111,7 @@ class Dispatcher:
         # so that concurrent first calls of one key share one entry. Re-entrant:
         # an eviction may run a finalizer that calls the function.
         self._lock = threading.RLock()
-        # Whether donation depends on which arguments a call passed, rather than
-        # left to their defaults (see `_defaulted`).
+        # Whether donation depends on which arguments a call passed (see `_defaulted`).
         self._donates_by_call = options.donate != "none" and self.function.has_defaults
         self._defaulted_by_shape: dict[tuple[Any, ...], tuple[str, ...]] = {}
         # Weak references that drop this dispatcher from its owner's caches when

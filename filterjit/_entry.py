@@ -55,10 +55,8 @@ class Entry:
         self.jitted = jitted
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
-        # Whether some trace held a runtime check (see `awaited`).
-        self.has_checks = False
-        # The avals traced, for `explain`.
-        self.traced_avals: set[tuple[Any, ...]] = set()
+        self.has_checks = False  # whether some trace held a runtime check (`awaited`)
+        self.traced_avals: set[tuple[Any, ...]] = set()  # for `explain`
         # Whether calls take the checked path (`Dispatcher._run`); nested, always.
         self.guarded = bool(captured) or staged
         self._lifelines: list[Any] = []
@@ -133,8 +131,7 @@ def make_entry(
 ) -> Entry:
     """The entry for a call with these leaves, not yet traced. `defaulted`: the
     parameters the call left to their defaults (not donated)."""
-    treedef = partition.treedef
-    dynamic_positions = partition.dynamic_positions
+    treedef, dynamic_positions = partition.treedef, partition.dynamic_positions
     labels = [label for _, _, label in leaf_parameters]
     # Keep no traced leaf alive, and objects keyed by identity only weakly.
     template: list[Any] = list(leaves)

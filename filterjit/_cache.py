@@ -40,7 +40,7 @@ class BoundedCache(Generic[_V]):
                 del self._values[oldest]
                 self._bytes -= self._sizes.pop(oldest)
 
-    def discard(self, key: Hashable, value: _V) -> None:
+    def discard(self, key: Hashable, value: _V | None) -> None:
         """Removes `key` if it still maps to `value`."""
         with self._lock:
             if value is not None and self._values.get(key) is value:
@@ -49,8 +49,7 @@ class BoundedCache(Generic[_V]):
 
     def setdefault(self, key: Hashable, value: _V) -> _V:
         with self._lock:
-            existing = self._values.get(key)
-            if existing is None:
+            if (existing := self._values.get(key)) is None:
                 self.put(key, value)  # re-entrant
             return value if existing is None else existing
 

@@ -80,16 +80,6 @@ def set_retrace_warning_threshold(
 _INTERNAL = tuple(os.path.dirname(os.path.abspath(f)) for f in (__file__, jax.__file__))
 
 
-def _warn_at_user_frame(message: str, category: type[Warning]) -> None:
-    # At the first frame outside filterjit and JAX: the user's call that traced.
-    frame = sys._getframe(1)
-    stacklevel = 2
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_INTERNAL):
-        frame = frame.f_back
-        stacklevel += 1
-    warnings.warn(message, category, stacklevel=stacklevel)
-
-
 def find_static_array_field(value: Any, label: str) -> str | None:
     """The path to the first static field of an `eqx.Module` inside `value` that
     holds an array (the structure cannot compare: `==` gives arrays), or `None`."""
@@ -199,8 +189,7 @@ def _changes(old: dict[str, Row], new: dict[str, Row]) -> list[Change]:
     ]
 
 
-# Values remembered per static argument, for the RetraceWarning.
-_MAX_SEEN = 64
+_MAX_SEEN = 64  # values remembered per static argument, for the RetraceWarning
 
 
 class TraceLog:
@@ -247,7 +236,11 @@ class TraceLog:
         threshold = _thresholds[module or None]
         if not self._warned and threshold is not None and self.in_a_row > threshold:
             self._warned = True
-            _warn_at_user_frame(self._warning_message(), RetraceWarning)
+            # At the first frame outside filterjit and JAX: the user's call that traced.
+            frame, depth = sys._getframe(), 1
+            while frame.f_back and frame.f_code.co_filename.startswith(_INTERNAL):
+                frame, depth = frame.f_back, depth + 1
+            warnings.warn(self._warning_message(), RetraceWarning, stacklevel=depth)
 
     def _retrace_message(self, changes: list[Change]) -> str:
         if not changes:

@@ -33,9 +33,8 @@ from ._partition import ABSTRACT, Partition
 from ._trace import EAGER, STAGED, TOP
 
 
-# Bounds on the caches of one function. A top-level entry pins only static Python
-# values; a nested entry pins the concrete arrays it was traced with, so its cache
-# is also bounded in bytes.
+# Bounds on one function's caches. A nested entry pins the concrete arrays it was
+# traced with (a top-level one, static values only): their cache counts bytes too.
 TOP_MAXSIZE = 4096
 STAGED_MAXSIZE = 256
 STAGED_MAXBYTES = 16 * 2**20
@@ -44,12 +43,10 @@ _flatten = jtu.default_registry.flatten
 
 # Bound on the shapes of call (see `_binding`) read as made, per partition.
 _MAX_CALL_READERS = 64
-# What `_run` returns for a call whose static inputs that were one object when
-# traced are not one now: it is made again, keyed by alias.
-_BY_ALIAS = object()
-# What `_run` returns for a nested call that found a top-level trace whose output
-# is not the same nested (see `jit_output`): it is made again, nested.
-_UNSHARED = object()
+# What `_run` returns for a call to make again: `_BY_ALIAS`, keyed by alias (static
+# inputs one object when traced are not one now); `_UNSHARED`, nested (it found a
+# top-level trace whose output is not the same nested: see `jit_output`).
+_BY_ALIAS, _UNSHARED = object(), object()
 
 # The partition of a structure that no call has (a `Keywords` node is made only for
 # keyword arguments), so that the latest partition is never `None`.
@@ -76,10 +73,9 @@ class Dispatcher:
     def __init__(self, fun: Any, options: Options, fast: bool | None = None):
         # `fast`: whether calls take the fast path (by default, unless the
         # environment sets FILTERJIT_FASTPATH=0); else `call` is `_call`.
-        fast = _fastpath.ENABLED if fast is None else fast
-        if not fast:
+        self._fast = _fastpath.ENABLED if fast is None else fast
+        if not self._fast:
             self.call = self._call
-        self._fast = fast
         self.function = Function(fun)
         self.options = options
         self.trace_log = TraceLog(self.function.name, _module_of(fun))
@@ -100,9 +96,8 @@ class Dispatcher:
         # The wrapper's `__call__` at the top level: the latest top-level
         # partition's `top` (see `_fastpath.top_caller`), else `call`'s.
         self.top = _declined
-        # Partitions with one signature share a program, and so their entries.
-        # Bounded as the partitions are: a program forgotten only costs a partition
-        # made afresh its own entries.
+        # Partitions with one signature share a program, and so their entries. Bounded
+        # as partitions are: a program forgotten costs a new partition its own entries.
         self._programs: BoundedCache[object] = BoundedCache(TOP_MAXSIZE)
         # Whether a nested call may use the top level's entries: where the options
         # mean the same at every level (see `_lookup`).
@@ -116,8 +111,7 @@ class Dispatcher:
         # so that concurrent first calls of one key share one entry. Re-entrant:
         # an eviction may run a finalizer that calls the function.
         self._lock = threading.RLock()
-        # Whether donation depends on which arguments a call passed, rather than
-        # left to their defaults (see `_defaulted`).
+        # Whether donation depends on which arguments a call passed (see `_defaulted`).
         self._donates_by_call = options.donate != "none" and self.function.has_defaults
         self._defaulted_by_shape: dict[tuple[Any, ...], tuple[str, ...]] = {}
         # Weak references that drop this dispatcher from its owner's caches when
@@ -452,21 +446,18 @@ class Dispatcher:
             cache.put(key, entry, partition.captured_bytes(leaves))
         weak = [leaves[p] for p in partition.weak_positions]
         if weak:
-            cache_ref = weakref.ref(cache)
+            cache_ref, entry_ref = weakref.ref(cache), weakref.ref(entry)
 
-            def drop() -> None:
-                cache, dropped = cache_ref(), entry_ref()
-                if cache is not None and dropped is not None:
-                    cache.discard(key, dropped)
+            def drop() -> None:  # `discard` ignores an entry that died first
+                if (alive := cache_ref()) is not None:
+                    alive.discard(key, entry_ref())
 
-            entry_ref = weakref.ref(entry)
             entry.drop_with(weak, drop)
         return entry
 
     def _check_traceable(self, partition: Partition, leaves: list[Any]) -> None:
         labels = [label for _, _, label in self.leaf_parameters(partition)]
-        positions = partition.dynamic_positions
-        check_traceable(self.function.name, labels, leaves, positions)
+        check_traceable(self.function.name, labels, leaves, partition.dynamic_positions)
 
     def _check_processes_agree(self, partition: Partition, leaves: list[Any]) -> None:
         """Before compiling a program that spans processes: that every process
@@ -475,10 +466,8 @@ class Dispatcher:
         options, dynamic = self.options, partition.take_dynamic(leaves)
         if not spans_processes(dynamic, options.in_shardings, options.out_shardings):
             return
-        leaf_parameters = self.leaf_parameters(partition)
-        statics = [
-            (leaf_parameters[p][2], leaves[p]) for p in partition.static_positions
-        ]
+        labels = [label for _, _, label in self.leaf_parameters(partition)]
+        statics = [(labels[p], leaves[p]) for p in partition.static_positions]
         statics.append(("(the structure of the arguments)", partition.treedef))
         check_statics_agree(self.function.name, statics)
 
@@ -497,12 +486,10 @@ class Dispatcher:
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
         partition, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
         dynamic = partition.take_dynamic(leaves)
-        cache_hit = (
-            entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
-        )
+        hit = entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
         labels = [label for _, _, label in self.function.leaf_parameters(treedef)]
         rows = list(map(row, labels, partition.roles(), leaves))
-        return Explanation(self.function.name, LEVEL_NAMES[level], rows, cache_hit)
+        return Explanation(self.function.name, LEVEL_NAMES[level], rows, hit)
 
     def abstract(
         self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -520,10 +507,9 @@ class Dispatcher:
         partition, cache, key, entry = self._lookup(
             ABSTRACT, fun, tree, leaves, treedef, shape, False, called
         )
-        dynamic = partition.take_dynamic(leaves)
         if entry is None:
             entry = self._make(ABSTRACT, fun, partition, leaves, called, cache, key)
-        return entry, partition, dynamic, leaves
+        return entry, partition, partition.take_dynamic(leaves), leaves
 
     def clear(self) -> None:
         self._latest = [_NO_CALL] * 4

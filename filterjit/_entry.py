@@ -55,10 +55,8 @@ class Entry:
         self.jitted = jitted
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
-        # Whether some trace held a runtime check (see `awaited`).
-        self.has_checks = False
-        # The avals traced, for `explain`.
-        self.traced_avals: set[tuple[Any, ...]] = set()
+        self.has_checks = False  # whether some trace held a runtime check (`awaited`)
+        self.traced_avals: set[tuple[Any, ...]] = set()  # for `explain`
         # Whether calls take the checked path (`Dispatcher._run`); nested, always.
         self.guarded = bool(captured) or staged
         self._lifelines: list[Any] = []
@@ -99,8 +97,7 @@ def _source_of(fun: Any) -> Any:
     fun = getattr(fun, "__func__", fun)
     if getattr(fun, "__code__", None) is None:  # a callable object (a Module)
         fun = getattr(type(fun), "__call__", None)
-    code = getattr(fun, "__code__", None)
-    if code is None:
+    if (code := getattr(fun, "__code__", None)) is None:
         return None
     name = getattr(fun, "__name__", code.co_name)
     return types.SimpleNamespace(__name__=name, __code__=code)
@@ -134,8 +131,7 @@ def make_entry(
 ) -> Entry:
     """The entry for a call with these leaves, not yet traced. `defaulted`: the
     parameters the call left to their defaults (not donated)."""
-    treedef = partition.treedef
-    dynamic_positions = partition.dynamic_positions
+    treedef, dynamic_positions = partition.treedef, partition.dynamic_positions
     labels = [label for _, _, label in leaf_parameters]
     # Keep no traced leaf alive, and objects keyed by identity only weakly.
     template: list[Any] = list(leaves)
@@ -166,12 +162,11 @@ def make_entry(
             under_way = None  # another entry's call
         nested = under_way is not None
         inputs = list(template if under_way is None else under_way[2])
-        if under_way is None:
-            for position in weak_positions:
-                inputs[position] = inputs[position]()
         for position, leaf in zip(dynamic_positions, dynamic):
             inputs[position] = leaf
         if under_way is None:
+            for position in weak_positions:
+                inputs[position] = inputs[position]()
             call = jtu.tree_unflatten(treedef, inputs)
         else:  # the caller's own arguments, traced leaves replaced
             call = replace_leaves(under_way[1], lambda position, _: inputs[position])
@@ -192,8 +187,7 @@ def make_entry(
     run.__qualname__ = function.name
     signature = _signature([labels[p] for p in dynamic_positions])
     run.__signature__ = signature  # pyright: ignore[reportFunctionMemberAccess]
-    source = _source_of(fun)
-    if source is not None:
+    if (source := _source_of(fun)) is not None:
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)
     if staged:

@@ -9,8 +9,7 @@ import jax.tree_util as jtu
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
 
-# Shapes of call (positional count, keyword names) whose sources are kept: a
-# function taking `**kwargs` may be called with endless names.
+# Shapes of call whose sources are kept (`**kwargs` may be given endless names).
 _MAX_SHAPES = 64
 
 # Where a bound argument comes from: `("args", i)`, `("kwargs", name)` or

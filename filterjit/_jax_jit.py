@@ -63,8 +63,7 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
     def _nested_is_jax_jits(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> bool:
-        # Nothing concrete to keep, and no keyword that means something else
-        # nested: jax.jit's own call, sharing its traces with the top level.
+        # Only tracers, no keyword that differs nested: jax.jit's call, traces shared.
         if not self._jit_kwargs.keys() <= _NESTED_KEYWORDS:
             return False
         leaves = jtu.tree_leaves((args, kwargs))

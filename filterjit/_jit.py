@@ -29,6 +29,15 @@ _S = TypeVar("_S")
 _W = TypeVar("_W", bound="Wrapper[Any, Any]")
 
 
+def _is_module_method(fun: Any) -> bool:
+    # `module.method`: a Module holding the function and the instance.
+    return (
+        isinstance(fun, eqx.Module)
+        and isinstance(getattr(fun, "__func__", None), types.FunctionType)
+        and isinstance(getattr(fun, "__self__", None), eqx.Module)
+    )
+
+
 def _copy_metadata(wrapper: Any, fun: Any) -> None:
     # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
     wrapper.__wrapped__ = fun
@@ -93,13 +102,9 @@ class FilterJitWrapper(Wrapper[_P, _R]):
             if isinstance(func, types.MethodType):
                 func, args = func.__func__, (func.__self__, *args)
             fun = jtu.Partial(func, *args, **fun.keywords)
-        elif isinstance(fun, types.MethodType) or (
-            isinstance(fun, eqx.Module)
-            and isinstance(getattr(fun, "__func__", None), types.FunctionType)
-            and isinstance(getattr(fun, "__self__", None), eqx.Module)
-        ):
-            # Likewise a bound method (an `eqx.Module`'s `module.method` too): its
-            # `self` is partitioned, and is its first argument (donation).
+        elif isinstance(fun, types.MethodType) or _is_module_method(fun):
+            # Likewise a bound method (an `eqx.Module`'s too): its `self` is
+            # partitioned, and is its first argument (donation).
             method: Any = fun
             fun = Method(method.__func__, method.__self__)
         self._fun = fun

@@ -197,7 +197,7 @@ def filter_jit(
 
 
 def filter_jit(
-    # `Any`: checked below, saying what to do; no runtime type checker may pre-empt it.
+    # `Any`: checked below, saying what to do; no runtime type checker may pre-empt.
     fun: Any = None,
     *,
     donate: Any = "none",

@@ -9,13 +9,11 @@ import jax.tree_util as jtu
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
 
-# Shapes of call (positional count, keyword names) whose sources are kept: a
-# function taking `**kwargs` may be called with endless names.
+# Shapes of call whose sources are kept (`**kwargs` may be given endless names).
 _MAX_SHAPES = 64
 
-# Where a bound argument comes from: `("args", i)`, `("kwargs", name)` or
-# `("default", value)`; and those of a call's bound positional and keyword arguments.
-Source = tuple[str, Any]
+# Where a bound argument comes from; those of a call's bound positional and keywords.
+Source = tuple[str, Any]  # `("args", i)`, `("kwargs", name)` or `("default", value)`
 Sources = tuple[list[Source], dict[str, Source]]
 
 

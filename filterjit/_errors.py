@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
-import jax
 import jax.extend.core
 import numpy as np
 from jax.core import Tracer
@@ -84,8 +83,7 @@ def _message(error: Exception, name: str) -> str:
         with contextlib.suppress(KeyError, IndexError, ValueError):
             return template.format(msg=message, stack=frames)
     # Fallback: the check's message follows the marker in JAX's error.
-    text = str(error)
-    message = text[text.index(_MARKER) + len(_MARKER) :].split("\n\n\n")[0].strip()
+    message = str(error).partition(_MARKER)[2].split("\n\n\n")[0].strip()
     return (
         f"{message}\n\n(A runtime check failed inside the filter_jit-compiled "
         f"function `{name}`. Setting EQX_ON_ERROR=breakpoint opens a debugger where "
@@ -157,8 +155,7 @@ def _note_traced_scalars(
         )
 
 
-# Named in the note on a RecursionError, so that it is added once.
-_RECURSION_NOTE = "filter_jit: the recursion"
+_RECURSION_NOTE = "filter_jit: the recursion"  # begins the note, which is added once
 
 
 def note_recursion(error: RecursionError, name: str) -> None:

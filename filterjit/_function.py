@@ -87,8 +87,7 @@ class Function:
         self.bind = Binder(signature, self.name)
         parameters = () if signature is None else signature.parameters.values()
         self._bound_positional = positional_names(parameters)
-        # Calls of this many positional arguments and no keywords bind as they are
-        # (-1: none do, unbound).
+        # Calls of this many positional args and no keywords bind as given (-1: none).
         plain = signature is not None and not any(
             p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY) for p in parameters
         )

@@ -56,15 +56,12 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
         self.__dict__.update(vars(self._outside))
 
     def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
-        if self._nested_is_jax_jits(args, kwargs):
+        if self._is_jax_jits(args, kwargs):
             return self._outside(*args, **kwargs)
         return self._nested_wrapper()(*args, **kwargs)
 
-    def _nested_is_jax_jits(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> bool:
-        # Nothing concrete to keep, and no keyword that means something else
-        # nested: jax.jit's own call, sharing its traces with the top level.
+    def _is_jax_jits(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        # Only tracers, no keyword that differs nested: jax.jit's call, traces shared.
         if not self._jit_kwargs.keys() <= _NESTED_KEYWORDS:
             return False
         leaves = jtu.tree_leaves((args, kwargs))
@@ -112,7 +109,7 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
         level = _trace.trace_level()
-        if level == _trace.STAGED and not self._nested_is_jax_jits(args, kwargs):
+        if level == _trace.STAGED and not self._is_jax_jits(args, kwargs):
             return self._nested_wrapper()._explain(args, kwargs)
         # jax.jit's roles: an argument is static as a whole, or its leaves traced.
         signature = signature_of(self._function, follow_wrapped=True)

@@ -197,8 +197,7 @@ def filter_jit(
 
 
 def filter_jit(
-    # Checked below with messages that say what to do; a runtime type checker
-    # (jaxtyping's import hook, say) must not pre-empt them.
+    # `Any`: checked below, saying what to do; no runtime type checker may pre-empt.
     fun: Any = None,
     *,
     donate: Any = "none",

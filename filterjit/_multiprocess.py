@@ -57,9 +57,8 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
         return f"{_type_name(value)}:{text}"
     if isinstance(value, PyTreeDef):
         # Its repr shows functions in static fields only as addresses.
-        node = value.node_data()
         children = ",".join(canonical(c, _depth, _seen) for c in value.children())
-        return f"PyTreeDef({canonical(node, _depth, _seen)}[{children}])"
+        return f"PyTreeDef({canonical(value.node_data(), _depth, _seen)}[{children}])"
     if _depth >= _MAX_DEPTH or id(value) in _seen:
         return f"{_type_name(value)}:..."
     inner = functools.partial(canonical, _depth=_depth + 1, _seen=_seen | {id(value)})

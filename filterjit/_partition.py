@@ -169,8 +169,7 @@ class Partition:
         self.rekeys = tuple(rekeys)
         # Each leaf's parameter, position and label (see `Dispatcher.leaf_parameters`).
         self.leaf_parameters: list[tuple[str, int | None, str]] | None = None
-        # By shape of call: `read(fun, args, kwargs)`, the leaves, `reference_key` and
-        # traced leaves of a call of this structure and types (see `_fastpath`).
+        # By shape of call, what reads such calls' leaves and key (see `_fastpath`).
         self.call_readers: dict[tuple[Any, ...], KeyedCallReader | None] = {}
         # Set by the dispatcher: whether calls use the top level's entries; `get`.
         self.shares_top = False

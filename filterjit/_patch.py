@@ -98,8 +98,7 @@ def _replacement(wrapper: Any, jit_module: types.ModuleType) -> Any:
         cached = wrapper._cached
     except AttributeError:
         return "this version of Equinox's wrapper does not have the expected fields"
-    donate = _DONATE.get(flags)
-    if donate is None:
+    if (donate := _DONATE.get(flags)) is None:
         return f"its donation flags {flags} are not one of Equinox's options"
     # Equinox keeps other jax.jit keywords only in the jax.jit it caches per function
     # and keywords: asking that cache tells (where there were, it adds an unused one).
@@ -192,26 +191,23 @@ def patch_equinox() -> EquinoxPatch:
         places.append(_where(owner, attribute))
         if new is not filter_jit:
             swapped.setdefault(id(wrapped), _name(wrapped))
+    # Every live Equinox wrapper that no rewritten attribute held, with why.
     reasons = {k: v for k, v in made.items() if isinstance(v, str)} | unset
-    if left := _left(wrapper_type, reasons):
+    replaced = {id(_unwrapped(old)) for _, _, old, _ in _State.swaps}
+    gc.collect()  # not to report wrappers that are garbage already
+    unreached = "not an attribute of a module or a class"
+    left = sorted(
+        f"{_name(value)} ({reasons.get(id(value), unreached)})"
+        for value in gc.get_objects()
+        if type(value) is wrapper_type and id(value) not in replaced
+    )
+    if left:
         warnings.warn(
             f"filterjit.patch_equinox(): {len(left)} function(s) compiled with "
             "Equinox's filter_jit keep it: " + "; ".join(left),
             stacklevel=2,
         )
     return EquinoxPatch(tuple(swapped.values()), tuple(places), tuple(left))
-
-
-def _left(wrapper_type: Any, reasons: dict[int, str]) -> list[str]:
-    """Every live Equinox wrapper that no rewritten attribute held, with why."""
-    replaced = {id(_unwrapped(old)) for _, _, old, _ in _State.swaps}
-    gc.collect()  # not to report wrappers that are garbage already
-    unreached = "not an attribute of a module or a class"
-    return sorted(
-        f"{_name(value)} ({reasons.get(id(value), unreached)})"
-        for value in gc.get_objects()
-        if type(value) is wrapper_type and id(value) not in replaced
-    )
 
 
 def unpatch_equinox() -> None:

@@ -204,14 +204,27 @@ def top_caller(partition: Any, fun_is_leaf: bool, carried: type) -> Any:
         return None  # keyword arguments
     if leaves is None:
         return None
+    # Each leaf by itself (`v3`, or `v2[4]` of a sequence `*v2` of leaves), and the
+    # traced ones as read: a sequence of them all as it is (not copied).
+    items: list[str] = []
+    arguments: list[str] = []
+    dynamic = set(partition.dynamic_positions)
+    for leaf in leaves:
+        group = [leaf]
+        if leaf.startswith("*"):
+            group = [f"{leaf[1:]}[{i}]" for i in range(writer.counts[leaf])]
+        traced = [p for p in range(len(items), len(items) + len(group)) if p in dynamic]
+        items += group
+        if leaf.startswith("*") and len(traced) == len(group):
+            arguments.append(leaf)
+        else:
+            arguments += map(items.__getitem__, traced)
+    # All the leaves, for the output and errors: a sequence's, as they were read.
+    whole = f"[{', '.join(leaves)}]"
     if any(leaf.startswith("*") for leaf in leaves):
-        writer.lines.append(f"l = [{', '.join(leaves)}]")
-        at, whole = (lambda p: f"l[{p}]"), "l"
-        arguments = f"*{writer.traced(partition, at, whole)}"
-    else:
-        at, whole = leaves.__getitem__, f"[{', '.join(leaves)}]"
-        arguments = ", ".join(map(at, partition.dynamic_positions))
-    key = writer.key(partition, at, whole)
+        writer.lines.append(f"l = {whole}")
+        whole = "l"
+    key = writer.key(partition, items.__getitem__, whole)
     names = {"_get": partition.get, "_carried": carried, "_partition": partition}
     writer.namespace.update(names)
     body = [
@@ -224,7 +237,7 @@ def top_caller(partition: Any, fun_is_leaf: bool, carried: type) -> Any:
         "    except Exception:",
         "        break",
         "    try:",
-        f"        o = e.jitted({arguments})",
+        f"        o = e.jitted({', '.join(arguments)})",
         "    except Exception as x:",
         f"        w._dispatcher._failed(_partition, {whole}, x)",
         "        raise",
@@ -258,6 +271,7 @@ class _Writer:
             "_is": operator.is_,
         }
         self.names = itertools.count()
+        self.counts: dict[str, int] = {}  # how many leaves each `*values` has
 
     def compile(
         self, name: str, parameter: str, leaves: list[str] | None, keyed: Any
@@ -321,6 +335,11 @@ class _Writer:
         name = f"c{next(self.names)}"
         self.namespace[name] = value
         return name
+
+    def starred(self, values: str, count: int) -> str:
+        """The leaves of a sequence of `count` of them, `*values`."""
+        self.counts[f"*{values}"] = count
+        return f"*{values}"
 
     def variable(self) -> str:
         return f"v{next(self.names)}"
@@ -482,7 +501,7 @@ class _Writer:
             # The same leaves every call.
             if len(taken) == 1:
                 return [self.constant(taken[0])]
-            return [f"*{self.constant(tuple(taken))}"] if taken else []
+            return [self.starred(self.constant(tuple(taken)), len(taken))]
         x = self.variable()
         where = f"a[{value}]" if kind == "args" else f"k[{self.constant(value)}]"
         self.lines.append(f"{x} = {where}")
@@ -507,7 +526,7 @@ class _Writer:
                 )
             else:
                 self.check(f"tuple(map(type, {values})) != {self.constant(types)}")
-            return [f"*{values}"]
+            return [self.starred(values, len(children))]
         if not children:
             self.check(f"len({values})")
             return []

@@ -210,18 +210,18 @@ def top_caller(partition: Any, fun_is_leaf: bool, carried: type) -> Any:
     arguments: list[str] = []
     dynamic = set(partition.dynamic_positions)
     for leaf in leaves:
-        group = [leaf]
-        if leaf.startswith("*"):
-            group = [f"{leaf[1:]}[{i}]" for i in range(writer.counts[leaf])]
+        count = writer.counts.get(leaf)  # of a sequence `*values`
+        group = [leaf] if count is None else [f"{leaf[1:]}[{i}]" for i in range(count)]
         traced = [p for p in range(len(items), len(items) + len(group)) if p in dynamic]
         items += group
-        if leaf.startswith("*") and len(traced) == len(group):
+        if count is not None and len(traced) == count:
             arguments.append(leaf)
         else:
             arguments += map(items.__getitem__, traced)
-    # All the leaves, for the output and errors: a sequence's, as they were read.
+    # All the leaves, for the output and errors: a list's copied as they were read,
+    # before the call (other sequences are tuples).
     whole = f"[{', '.join(leaves)}]"
-    if any(leaf.startswith("*") for leaf in leaves):
+    if any(leaf[1:] in writer.lists for leaf in leaves if leaf.startswith("*")):
         writer.lines.append(f"l = {whole}")
         whole = "l"
     key = writer.key(partition, items.__getitem__, whole)
@@ -272,6 +272,7 @@ class _Writer:
         }
         self.names = itertools.count()
         self.counts: dict[str, int] = {}  # how many leaves each `*values` has
+        self.lists: set[str] = set()  # the values that are lists (the user's)
 
     def compile(
         self, name: str, parameter: str, leaves: list[str] | None, keyed: Any
@@ -374,6 +375,8 @@ class _Writer:
         count = len(treedef.children())
         if kind is list or kind is tuple or _is_namedtuple(kind):
             self.check(f"type({x}) is not {self.constant(kind)}")  # length: `values`
+            if kind is list:
+                self.lists.add(x)
             return self.values(treedef, types, x)
         if kind is dict and all(type(key) is str for key in data):
             # JAX takes the values in the order of the sorted keys; keys of one
@@ -408,20 +411,24 @@ class _Writer:
         self.lines.append(f"{fields} = _dict_of({x}, '__dict__')")
         self.check(f"len({fields}) != {len(dynamic) + len(static)}")
         if static:
-            statics = self.items(fields, static)
+            # Each the very object recorded (then `==` of the tuples is true), else
+            # equal, and exactly: `scale=1` is not the `scale=1.0` recorded.
             recorded = self.constant(data[1:])
-            self.check(f"{statics} != {recorded}")
-            # What `==` does not see of them: `scale=1` where `scale=1.0` was.
-            exact = exact_key(data[1:])
-            if exact is not None:  # unless each is the very object recorded
+            if len(static) <= 4:
+                taken = [f"{fields}[{self.constant(key)}]" for key in static]
+                same = " and ".join(
+                    f"{value} is {self.constant(known)}"
+                    for value, known in zip(taken, data[1:])
+                )
+                statics = f"({''.join(f'{value}, ' for value in taken)})"
+            else:
+                statics = self.items(fields, static)
                 same = f"all(map(_is, {statics}, {recorded}))"
-                if len(static) <= 4:
-                    values = map(self.constant, data[1:])
-                    same = " and ".join(
-                        f"{statics}[{i}] is {v}" for i, v in enumerate(values)
-                    )
-                exact_name = self.constant(exact)
-                self.check(f"not ({same}) and _exact_key({statics}) != {exact_name}")
+            differs = f"{statics} != {recorded}"
+            exact = exact_key(data[1:])
+            if exact is not None:
+                differs += f" or _exact_key({statics}) != {self.constant(exact)}"
+            self.check(f"not ({same}) and ({differs})")
         return self.values(treedef, types, self.items(fields, dynamic))
 
     def call(
@@ -499,8 +506,8 @@ class _Writer:
             if not _immutable(treedef):  # a list, dict or Module: read every call
                 return self.node(treedef, types, self.constant(value))
             # The same leaves every call.
-            if len(taken) == 1:
-                return [self.constant(taken[0])]
+            if len(taken) < 2:
+                return list(map(self.constant, taken))
             return [self.starred(self.constant(tuple(taken)), len(taken))]
         x = self.variable()
         where = f"a[{value}]" if kind == "args" else f"k[{self.constant(value)}]"

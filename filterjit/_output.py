@@ -164,9 +164,9 @@ class OutputSpec:
         # Whether a top-level call needs nothing but `build`; `from_traced`, where
         # it needs not even the call's leaves: `build` of the traced leaves alone.
         self.plain = not (aliases or runtime_check or self.at_top is not None)
-        self.from_traced = None
-        if self.plain and not passthrough and not copies:
-            self.from_traced = self.build
+        self.from_traced = (
+            None if passthrough or copies or not self.plain else self.build
+        )
         # Nested: dicts in their insertion order, which JAX's rebuild sorts.
         if orders is not None:
             build = self.build

@@ -78,9 +78,8 @@ try:
         # `state.value`'s getter, where `value` is a property: called directly, it
         # skips the property's own call (about 20 ns a read, two reads a call).
         found = inspect.getattr_static(type(state), "value", None)
-        if isinstance(found, property) and found.fget is not None:
-            return found.fget
-        return operator.attrgetter("value")
+        fget = found.fget if isinstance(found, property) else None
+        return fget or operator.attrgetter("value")
 
     _disable_jit_value = _getter(_disable_jit_state)
     _current_trace_value = _getter(_current_trace)

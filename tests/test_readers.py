@@ -382,6 +382,32 @@ def _check_top(recorded: Any, call: Any) -> None:
     assert len(out) == len(dynamic) and all(map(operator.is_, out, dynamic))
 
 
+@needs_readers
+@pytest.mark.parametrize("sequence", [list, tuple])
+def test_top_finishes_the_output_with_the_leaves_the_call_was_read_with(sequence):
+    # The leaves `top` gives the output's spec are those read before the call: a
+    # list (which the call could change, a host callback say) is copied first.
+    x = jnp.ones(2)
+    recorded = (sequence([x, x, x, x, x, "tag"]), 2.0)
+    leaves, treedef = jtu.default_registry.flatten(recorded)
+    partition = Partition(treedef, tuple(map(type, leaves)), TOP, lambda _: object())
+    spec = types.SimpleNamespace(from_traced=None, plain=True)
+    spec.build = lambda traced, inputs: (traced, inputs)
+
+    def jitted(*traced):
+        if sequence is list:
+            recorded[0].insert(0, "changed")
+        return Carried(spec, traced)
+
+    entry = types.SimpleNamespace(guarded=False, jitted=jitted)
+    partition.get = lambda key: entry
+    top = top_caller(partition, True, Carried)
+    wrapper = types.SimpleNamespace(_fun=None, _call=lambda *_: "declined")
+    traced, inputs = top(wrapper, recorded, {})
+    assert all(map(operator.is_, traced, leaves[:5]))
+    assert len(inputs) == len(leaves) and all(map(operator.is_, inputs, leaves))
+
+
 @property_settings()
 @given(_calls, _calls)
 def test_accepts_only_what_jax_flattens_alike(recorded, call):

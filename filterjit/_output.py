@@ -164,14 +164,12 @@ class OutputSpec:
         # Whether a top-level call needs nothing but `build`; `from_traced`, where
         # it needs not even the call's leaves: `build` of the traced leaves alone.
         self.plain = not (aliases or runtime_check or self.at_top is not None)
-        self.from_traced = (
-            None if passthrough or copies or not self.plain else self.build
-        )
+        more = passthrough or copies or orders is not None  # than the traced leaves
+        self.from_traced = None if more or not self.plain else self.build
         # Nested: dicts in their insertion order, which JAX's rebuild sorts.
         if orders is not None:
             build = self.build
             self.build = lambda out, inputs: restore_orders(build(out, inputs), orders)
-            self.from_traced = None
 
     def awaited(self, out: Any) -> Any:
         """What of the traced leaves `out` a top-level call waits for."""

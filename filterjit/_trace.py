@@ -113,7 +113,7 @@ else:
         trace = _current_trace_value(_current_trace)
         if not kwargs and type(trace) is _EvalTrace:
             return self._outside(*args)
-        if _walk(trace) == STAGED:
+        if type(trace) is not _EvalTrace and _walk(trace) == STAGED:
             return self._staged(*args, **kwargs)
         return self._outside(*args, **kwargs)
 

@@ -218,6 +218,14 @@ class Dispatcher:
         out = self._finish(TOP, out, leaves)
         return self._call(TOP, fun, args, kwargs, True) if out is _BY_ALIAS else out
 
+    def _specialise(self, partition: Partition, spec: Any) -> None:
+        """Makes `partition`'s `top` again, once, building the static output of
+        `spec` (an `OutputSpec` with `from_traced`) inline (see `top_caller`)."""
+        top = top_caller(partition, self._fun_is_leaf, Carried, spec)
+        if self.top is partition.top:
+            self.top = top or _declined
+        partition.top = top
+
     def _flattened(
         self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Any, list[Any], Any]:

@@ -124,30 +124,7 @@ def output_builder(
     if not ENABLED:
         return None
     writer = _Writer()
-    leaves = iter(sources)
-
-    def expression(node: Any) -> str | None:
-        if node.num_nodes == 1 and node.num_leaves == 1:
-            kind, value = next(leaves)
-            if kind == "out":
-                return f"o[{value}]"
-            return f"i[{value}]" if kind == "input" else writer.constant(value)
-        kind, data = node.node_data()
-        items = [expression(child) for child in node.children()]
-        if None in items:
-            return None
-        if kind is type(None):
-            return "None"
-        if kind is tuple:
-            return f"({''.join(f'{item}, ' for item in items)})"
-        if kind is list:
-            return f"[{', '.join(items)}]"  # pyright: ignore[reportCallIssue, reportArgumentType]
-        if kind is dict and all(type(key) is str for key in data):
-            pairs = zip(map(writer.constant, data), items)
-            return f"{{{', '.join(f'{key}: {item}' for key, item in pairs)}}}"
-        return None
-
-    built = expression(treedef)
+    built = writer.output(treedef, sources, "o")
     if built is None:
         return None
     reads_inputs = any(kind == "input" for kind, _ in sources)
@@ -183,14 +160,20 @@ def bound_call_reader(
     return writer.compile("read_call", "f, a, k", leaves, keyed)
 
 
-def top_caller(partition: Any, fun_is_leaf: bool, carried: type) -> Any:
+def top_caller(
+    partition: Any, fun_is_leaf: bool, carried: type, learned: Any = None
+) -> Any:
     """`top(wrapper, args, kwargs)`: a whole top-level call of `partition`'s
     structure, in one function: read and keyed as the partition's reader of calls
     without keywords reads and keys it, its entry's jitted function run with the
     traced leaves, an output of type `carried` built where its spec is plain, else
     finished by the dispatcher (`_finish_top`), an error named by it (`_failed`).
     Keyword arguments, a call it does not read, no entry or a guarded one (NumPy
-    constants to check): `wrapper._call`, as if there were no `top`."""
+    constants to check): `wrapper._call`, as if there were no `top`.
+
+    The first static output built from the traced leaves alone has the dispatcher
+    make `top` again (`_specialise`), once, with that output's spec as `learned`:
+    an output carrying that very spec is then built inline, a call fewer."""
     if not ENABLED:
         return None
     writer = _Writer(miss="break")
@@ -227,6 +210,14 @@ def top_caller(partition: Any, fun_is_leaf: bool, carried: type) -> Any:
     key = writer.key(partition, items.__getitem__, whole)
     names = {"_get": partition.get, "_carried": carried, "_partition": partition}
     writer.namespace.update(names)
+    if learned is None:  # not yet: the first from-traced output has `top` made again
+        inline, learn = [], ["        w._dispatcher._specialise(_partition, s)"]
+    else:  # `s is learned`: the output that trace made, as `learned.from_traced`
+        sources = learned.leaf_sources  # `None`: not from the traced leaves alone
+        from_traced = sources and all(kind != "input" for kind, _ in sources[1])
+        built = from_traced and writer.output(*sources, "d")
+        inline = [f"    if s is {writer.constant(learned)}:", f"        return {built}"]
+        inline, learn = (inline if built else []), []
     body = [
         "while not k:",
         "    try:",
@@ -244,7 +235,9 @@ def top_caller(partition: Any, fun_is_leaf: bool, carried: type) -> Any:
         "    if type(o) is not _carried:",
         "        return o",
         "    s, d = o.args",
+        *inline,
         "    if s.from_traced is not None:",
+        *learn,
         "        return s.from_traced(d)",
         "    if s.plain:",
         f"        return s.build(d, {whole})",
@@ -331,6 +324,37 @@ class _Writer:
             else:
                 parts.append(f"{self.constant(rekey)}({at(position)})")
         return f"({', '.join(parts)},)"
+
+    def output(
+        self, treedef: Any, sources: list[tuple[str, Any]], out: str
+    ) -> str | None:
+        """`treedef.unflatten` of an output's leaves as one expression (see
+        `output_builder`), the traced leaf `i` being `{out}[i]`; `None` where a
+        node is of another kind."""
+        leaves = iter(sources)
+
+        def expression(node: Any) -> str | None:
+            if node.num_nodes == 1 and node.num_leaves == 1:
+                kind, value = next(leaves)
+                if kind == "out":
+                    return f"{out}[{value}]"
+                return f"i[{value}]" if kind == "input" else self.constant(value)
+            kind, data = node.node_data()
+            items = [expression(child) for child in node.children()]
+            if None in items:
+                return None
+            if kind is type(None):
+                return "None"
+            if kind is tuple:
+                return f"({''.join(f'{item}, ' for item in items)})"
+            if kind is list:
+                return f"[{', '.join(items)}]"  # pyright: ignore[reportCallIssue, reportArgumentType]
+            if kind is dict and all(type(key) is str for key in data):
+                pairs = zip(map(self.constant, data), items)
+                return f"{{{', '.join(f'{key}: {item}' for key, item in pairs)}}}"
+            return None
+
+        return expression(treedef)
 
     def constant(self, value: Any) -> str:
         name = f"c{next(self.names)}"

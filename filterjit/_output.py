@@ -46,6 +46,22 @@ jtu.register_pytree_node(
 )
 
 
+def leaf_sources(
+    template: list[Any],
+    dynamic_positions: list[int],
+    passthrough: list[tuple[int, int]],
+) -> list[tuple[str, Any]]:
+    """Where each leaf of an output comes from, in order, as `output_builder` takes
+    them: `("out", i)`, the traced leaf `i`; `("input", p)`, the call's leaf `p`;
+    `("constant", value)`, `template`'s."""
+    sources: list[tuple[str, Any]] = [("constant", leaf) for leaf in template]
+    for i, position in enumerate(dynamic_positions):
+        sources[position] = ("out", i)
+    for position, input_position in passthrough:
+        sources[position] = ("input", input_position)
+    return sources
+
+
 def _builder(
     treedef: Any,
     template: list[Any],
@@ -57,6 +73,11 @@ def _builder(
     """`build(out, inputs)`: the output's leaves taken at once from a pool of the
     traced leaves `out`, this call's inputs handed back and `template`'s static
     leaves; NumPy arrays at `copies` copied, arrays at `to_jax` made JAX arrays."""
+    if not copies and not to_jax:
+        sources = leaf_sources(template, dynamic_positions, passthrough)
+        built = output_builder(treedef, sources)
+        if built is not None:
+            return built
     from_pool = [*dynamic_positions, *(position for position, _ in passthrough)]
     pooled = set(from_pool)
     static = [p for p in range(len(template)) if p not in pooled]
@@ -64,14 +85,6 @@ def _builder(
     order = [*from_pool, *static]
     # Each leaf's place in the pool: the inverse of `order`.
     take = items_getter(sorted(range(len(order)), key=order.__getitem__))
-    if not copies and not to_jax:
-        # The same pool, as `output_builder`'s sources.
-        pool: list[Any] = [("out", i) for i in range(len(dynamic_positions))]
-        pool += [("input", position) for _, position in passthrough]
-        pool += [("constant", constant) for constant in constants]
-        built = output_builder(treedef, list(take(pool)))
-        if built is not None:
-            return built
     unflatten = treedef.unflatten
     if not passthrough and not copies and not to_jax:
         return lambda out, inputs=None: unflatten(take((*out, *constants)))
@@ -104,6 +117,7 @@ class OutputSpec:
         "at_top",
         "plain",
         "from_traced",
+        "leaf_sources",
     )
 
     def __init__(
@@ -166,6 +180,11 @@ class OutputSpec:
         self.plain = not (aliases or runtime_check or self.at_top is not None)
         more = passthrough or copies or orders is not None  # than the traced leaves
         self.from_traced = None if more or not self.plain else self.build
+        # For `from_traced`, the output's structure and where its leaves come from,
+        # so that `top` may build it inline (see `_fastpath.top_caller`).
+        self.leaf_sources = None
+        if self.from_traced is not None:
+            self.leaf_sources = treedef, leaf_sources(template, dynamic, passthrough)
         # Nested: dicts in their insertion order, which JAX's rebuild sorts.
         if orders is not None:
             build = self.build

@@ -12,6 +12,7 @@ each other and with the undecorated function.
 `FILTERJIT_SOAK=N` runs N random examples (see `helpers.property_settings`).
 """
 
+import collections
 import os
 import subprocess
 import sys
@@ -49,6 +50,7 @@ class Affine(eqx.Module):
         return self.w * x * n + self.b * self.k
 
 
+Pair = collections.namedtuple("Pair", "n x")
 SCALE = [2.0]  # a mutable default, changed in place by the state machine
 
 
@@ -348,10 +350,13 @@ def test_a_warm_hit_runs_few_of_filterjits_functions():
     g = filter_jit(raises)  # `x + n`: arrays out
     plain_hit = _hit_functions(lambda: g(x, 2))
     assert len(plain_hit) <= 4, plain_hit
-    # A static output adds its builder alone.
+    # A static output handed back adds its builder alone; one made from the traced
+    # leaves alone is built inside `top` (see the test below).
     static = filter_jit(plain)
     static_hit = _hit_functions(lambda: static(x, 2))
     assert len(static_hit) <= 5 and static_hit[-1] == "build", static_hit
+    made = filter_jit(lambda x, n: (x * n, "made"))
+    assert _hit_functions(lambda: made(x, 2)) == plain_hit
 
     class Scaled(eqx.Module):
         w: jax.Array
@@ -375,6 +380,49 @@ def test_a_warm_hit_runs_few_of_filterjits_functions():
     assert len(set(plain_hit + method_hit + nested_hit)) == len(
         set(plain_hit) | set(method_hit) | set(nested_hit)
     )
+
+
+def _inline_or_built(x, n):
+    # Static outputs made by the trace from the traced leaves alone (none is `n`
+    # itself): a tuple and a dict, which `top` may build inline, and a namedtuple,
+    # which it may not.
+    if n == 2:
+        return x * n, "two"
+    if n == 3:
+        return {"y": x * n, "n": ["three", None]}
+    return Pair("four", x)
+
+
+@pytest.mark.skipif(not _trace.private_api_available, reason="the public fallback")
+def test_top_builds_inline_only_the_output_of_the_trace_it_learned():
+    # `top` is made again once, on the first hit whose output is built from the
+    # traced leaves alone, and builds that very trace's output inline (`s is`
+    # its spec); every other trace of the partition is built by its own spec.
+    g = filter_jit(_inline_or_built)
+    dispatcher = g._dispatcher
+    x = jnp.arange(2.0)
+    for n in [4, 4, 4, 2, 2, 3, 3, 2, 4, 3, 2, 4]:
+        assert_tree_equal(g(x, n), _inline_or_built(x, n))
+    first = dispatcher.top
+    # The first hit built from the traced leaves (n=4) had it made again; the
+    # namedtuple is not written inline, so every output is built by its spec.
+    assert first is dispatcher._latest[_trace.TOP].top
+    assert "build" in _hit_functions(lambda: g(x, 3))
+    assert "<lambda>" in _hit_functions(lambda: g(x, 4))  # its spec's `unflatten`
+    assert "_specialise" not in _hit_functions(lambda: g(x, 2))
+    assert dispatcher.top is first
+
+    g = filter_jit(_inline_or_built)  # the same dispatcher, specialised again
+    filterjit.clear_caches()
+    for n in [2, 2, 3, 3, 4, 4, 3, 2]:
+        assert_tree_equal(g(x, n), _inline_or_built(x, n))
+    learned = dispatcher.top
+    assert learned is not first
+    assert _hit_functions(lambda: g(x, 2)) == ["_call_at_level_private", "top"]
+    assert "build" in _hit_functions(lambda: g(x, 3))  # its own spec
+    for n in [3, 2, 4, 2, 3]:
+        assert_tree_equal(g(x, n), _inline_or_built(x, n))
+    assert dispatcher.top is learned  # once
 
 
 def test_the_environment_turns_the_fast_path_off():

@@ -7,7 +7,8 @@ generated function (`_compile`: the package's only `exec`):
 - `bound_call_reader`: the leaves, key and traced leaves of a call of one shape
   with the structure and leaf types of a partition, read without binding or
   flattening it (`call_reader`: a pytree's leaves);
-- `top_caller`: a whole top-level call, read, keyed, looked up and run;
+- `top_caller`: a whole top-level call, read, keyed, looked up and run (the
+  static output of the trace it learned built inline);
 - `output_builder`: a static output built by one expression.
 
 A reader checks, on every call, all that JAX's flatten and a comparison of

@@ -87,8 +87,14 @@ def raises(x, n):
     return x + n
 
 
+def made(x, n):
+    # A static output the trace makes, not `n` itself: `top` builds one inline.
+    return x * n, f"{type(n).__name__} {n!r} {x.dtype}"
+
+
 FUNCTIONS = {
     "plain": plain,
+    "made": made,
     "defaults": defaults,
     "module": module,
     "tree": tree,

@@ -214,9 +214,8 @@ def top_caller(
     if learned is None:  # not yet: the first from-traced output has `top` made again
         inline, learn = [], ["        w._dispatcher._specialise(_partition, s)"]
     else:  # `s is learned`: the output that trace made, as `learned.from_traced`
-        sources = learned.leaf_sources  # `None`: not from the traced leaves alone
-        from_traced = sources and all(kind != "input" for kind, _ in sources[1])
-        built = from_traced and writer.output(*sources, "d")
+        sources = learned.leaf_sources  # traced leaves and constants (no input)
+        built = sources and writer.output(*sources, "d")
         inline = [f"    if s is {writer.constant(learned)}:", f"        return {built}"]
         inline, learn = (inline if built else []), []
     body = [

@@ -215,7 +215,7 @@ def top_caller(
         inline, learn = [], ["        w._dispatcher._specialise(_partition, s)"]
     else:  # `s is learned`: the output that trace made, as `learned.from_traced`
         sources = learned.leaf_sources  # traced leaves and constants (no input)
-        built = sources and writer.output(*sources, "d")
+        built = sources and writer.output(sources[0], sources[1], "d")
         inline = [f"    if s is {writer.constant(learned)}:", f"        return {built}"]
         inline, learn = (inline if built else []), []
     body = [

@@ -77,8 +77,7 @@ def _key_of(kind: type) -> Callable[[Any], Any]:
     return lambda value: None
 
 
-# The types most auxiliary data holds, looked up before anything else. (Other
-# types are not cached: a cache would keep its classes alive.)
+# Most auxiliary data's types, looked up first (caching others would keep them alive).
 _KEYS_OF = {
     kind: _key_of(kind)
     for kind in (int, bool, float, complex, tuple, list, dict, str, type(None))

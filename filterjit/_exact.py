@@ -58,7 +58,6 @@ def set_key(value: Any) -> Any:
 
 
 def _key_of(kind: type) -> Callable[[Any], Any]:
-    """How `exact_key` keys instances of `kind`."""
     if kind is tuple or kind is list:
         return _sequence_key
     if kind is dict:

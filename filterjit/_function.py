@@ -125,7 +125,6 @@ class Function:
     def split_call(
         self, fun: Any, call: Any
     ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-        """(fun, args, kwargs) from the pytree of a call."""
         if not self.fun_is_leaf:
             fun, call = call
         if type(call) is Keywords:

@@ -41,7 +41,6 @@ class BoundedCache(Generic[_V]):
                 self._bytes -= self._sizes.pop(oldest)
 
     def discard(self, key: Hashable, value: _V | None) -> None:
-        """Removes `key` if it still maps to `value`."""
         with self._lock:
             if value is not None and self._values.get(key) is value:
                 del self._values[key]

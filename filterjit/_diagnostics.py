@@ -179,14 +179,9 @@ def _hint(old: Row | None, new: Row | None) -> str:
 
 
 def _changes(old: dict[str, Row], new: dict[str, Row]) -> list[Change]:
-    return [
-        (path, old.get(path), new.get(path))
-        for path in dict.fromkeys([*old, *new])
-        if path not in old
-        or path not in new
-        or (old[path].role, old[path].value, old[path].ref)
-        != (new[path].role, new[path].value, new[path].ref)
-    ]
+    compared = lambda row: row and (row.role, row.value, row.ref)  # noqa: E731
+    pairs = [(p, old.get(p), new.get(p)) for p in dict.fromkeys([*old, *new])]
+    return [(path, a, b) for path, a, b in pairs if compared(a) != compared(b)]
 
 
 _MAX_SEEN = 64  # values remembered per static argument, for the RetraceWarning

@@ -32,8 +32,7 @@ def traced_a_check() -> bool:
     """Called at the end of a function's trace: whether it traced a runtime check, a
     `pure_callback` into Equinox, at any depth (`True` where that cannot be known,
     so that errors are never lost)."""
-    stack = _trace.current_equations()  # a list of its own, emptied here
-    if stack is None:
+    if (stack := _trace.current_equations()) is None:  # its own list, emptied here
         return True
     while stack:
         eqn = stack.pop()
@@ -77,8 +76,7 @@ def _message(error: Exception, name: str) -> str:
     readable = isinstance(info, tuple) and len(info) == 2 and isinstance(info[0], str)
     if readable and isinstance(template, str):
         message, stack = info
-        # The frames inside the jit, innermost last (Equinox records them from
-        # the check outwards, with markers for its own jit calls between).
+        # Innermost frame last: Equinox records them outwards, non-str markers between.
         frames = "".join(reversed([piece for piece in stack if type(piece) is str]))
         with contextlib.suppress(KeyError, IndexError, ValueError):
             return template.format(msg=message, stack=frames)
@@ -111,8 +109,7 @@ def call_checked(
     _checked_calls.append(None)
     try:
         out = jitted(*dynamic)
-        arrays = None if ready is None else ready(out)
-        if arrays:
+        if ready is not None and (arrays := ready(out)):
             _trace.block_leaves(arrays)
         return out
     except Exception as e:

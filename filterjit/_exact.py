@@ -58,7 +58,6 @@ def set_key(value: Any) -> Any:
 
 
 def _key_of(kind: type) -> Callable[[Any], Any]:
-    """How `exact_key` keys instances of `kind`."""
     if kind is tuple or kind is list:
         return _sequence_key
     if kind is dict:
@@ -77,8 +76,7 @@ def _key_of(kind: type) -> Callable[[Any], Any]:
     return lambda value: None
 
 
-# The types most auxiliary data holds, looked up before anything else. (Other
-# types are not cached: a cache would keep its classes alive.)
+# Most auxiliary data's types, looked up first (caching others would keep them alive).
 _KEYS_OF = {
     kind: _key_of(kind)
     for kind in (int, bool, float, complex, tuple, list, dict, str, type(None))

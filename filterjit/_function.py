@@ -103,8 +103,7 @@ class Function:
         # The parameters a `jtu.Partial` binds, to label its leaves: `self.w`.
         self.bound_names: tuple[str, ...] = ()
         if isinstance(fun, jtu.Partial):
-            inner = signature_of(fun.func, follow_wrapped=True)
-            if inner is not None:
+            if (inner := signature_of(fun.func, follow_wrapped=True)) is not None:
                 self.bound_names = tuple(inner.parameters)[: len(fun.args)]
 
     def defaulted(self, shape: tuple[Any, ...]) -> tuple[str, ...]:
@@ -126,7 +125,6 @@ class Function:
     def split_call(
         self, fun: Any, call: Any
     ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-        """(fun, args, kwargs) from the pytree of a call."""
         if not self.fun_is_leaf:
             fun, call = call
         if type(call) is Keywords:

@@ -58,12 +58,10 @@ def _holder(owner: Any) -> _Holder | None:
     has_dict = table is namespace
     key = _ATTRIBUTE if has_dict else id(owner)
     # `functools.wraps` copies `__dict__`, holder included: that one is another's.
-    holder = table.get(key)
-    if type(holder) is _Holder and holder.owned_by(owner):
+    if type(holder := table.get(key)) is _Holder and holder.owned_by(owner):
         return holder
     with _lock:
-        holder = table.get(key)
-        if type(holder) is _Holder and holder.owned_by(owner):
+        if type(holder := table.get(key)) is _Holder and holder.owned_by(owner):
             return holder
         # Without a `__dict__`: dropped with its owner, if still its (ids are reused).
         forget = None if has_dict else lambda _: _forget(key, holder)
@@ -90,8 +88,7 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
         # A bound method (`Method`) apart from a partial (for donation).
         return owner, (type(fun), key, len(fun.args), tuple(fun.keywords)), weak
     if not in_call_tree(fun):
-        func = getattr(fun, "__func__", None)
-        if func is not None:  # a method-like object other than a bound method
+        if (func := getattr(fun, "__func__", None)) is not None:  # method-like
             # Its receiver, not in the call tree, keys the dispatcher as a static one.
             receiver = getattr(fun, "__self__", None)
             key = static_key(receiver)
@@ -110,8 +107,7 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     """The dispatcher shared by the wrappers of `fun` with `options`."""
     owner, key, weak = _owner(fun)
-    holder = _holder(owner)
-    if holder is None:
+    if (holder := _holder(owner)) is None:
         return Dispatcher(fun, options)
     dispatchers = holder.dispatchers
     key = (key, options)
@@ -122,8 +118,7 @@ def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     if found is not None:
         return found
     with _lock:
-        found = dispatchers.get(key)
-        if found is None:
+        if (found := dispatchers.get(key)) is None:
             found = Dispatcher(fun, options)
             dispatchers.put(key, found)
             if weak:

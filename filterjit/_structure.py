@@ -55,10 +55,8 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
             pending += reversed(node.values())
         elif kind is list or kind is tuple:
             pending += reversed(node)
-        else:
-            found = _children(node)
-            if found is not None:
-                pending += reversed(found[0])
+        elif (found := _children(node)) is not None:
+            pending += reversed(found[0])
     return tuple(orders)
 
 
@@ -73,8 +71,7 @@ def restore_orders(tree: Any, orders: Iterable[tuple[Any, ...]]) -> Any:
         return _like(tree, {key: restore_orders(tree[key], orders) for key in keys})
     if kind is list or kind is tuple:
         return kind(restore_orders(child, orders) for child in tree)
-    found = _children(tree)
-    if found is None:
+    if (found := _children(tree)) is None:
         return tree
     children, structure = found
     return structure.unflatten([restore_orders(child, orders) for child in children])

@@ -294,8 +294,15 @@ class Dispatcher:
         given, it is recorded (made if new) as the latest at its level, with a
         reader of calls of that shape; else only looked at."""
         types = tuple(map(type, leaves))
+        cache = self.partitions[level]
         try:
-            partition = self._find(level, treedef, types)
+            # Structures equal by `==` but not exactly (see `_exact`) have partitions
+            # of their own: the first recorded is found by (structure, types), the
+            # others also by their exact keys.
+            partition = cache.get((treedef, types))
+            if partition is not None and partition.exact is not None:
+                if not partition.exactly(treedef):
+                    partition = cache.get((treedef, types, exact_aux(treedef)))
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, None, e) from e
         if partition is None:
@@ -311,7 +318,6 @@ class Dispatcher:
             partition.get = self.entries[TOP if partition.shares_top else level].get
             if level == TOP and self._fast:
                 partition.top = top_caller(partition, self._fun_is_leaf, Carried)
-            cache = self.partitions[level]
             if cache.get((treedef, types)) is None:
                 cache.put((treedef, types), partition)
             else:  # equal by `==` to the one recorded, but not exactly
@@ -342,17 +348,6 @@ class Dispatcher:
         if level == TOP:
             self.top = partition.top or _declined
         return partition
-
-    def _find(self, level: int, treedef: Any, types: tuple[type, ...]) -> Any:
-        """The partition of a structure and leaf types, if recorded. Structures
-        that are equal by `==` but not exactly (see `_exact`) have partitions of
-        their own: the first recorded is found by (structure, types), the others
-        also by their exact keys."""
-        get = self.partitions[level].get
-        partition = get((treedef, types))
-        if partition is None or partition.exact is None or partition.exactly(treedef):
-            return partition
-        return get((treedef, types, exact_aux(treedef)))
 
     def _defaulted(self, called: tuple[Any, ...]) -> tuple[str, ...]:
         """The parameters holding arrays that calls of this shape leave to their

@@ -71,8 +71,7 @@ class Dispatcher:
     partitions by (structure, leaf types) and the entries by key."""
 
     def __init__(self, fun: Any, options: Options, fast: bool | None = None):
-        # `fast`: whether calls take the fast path (by default, unless the
-        # environment sets FILTERJIT_FASTPATH=0); else `call` is `_call`.
+        # `fast`: whether calls take the fast path (unless FILTERJIT_FASTPATH=0).
         self._fast = _fastpath.ENABLED if fast is None else fast
         if not self._fast:
             self.call = self._call
@@ -91,8 +90,7 @@ class Dispatcher:
         # Where a call of `_plain_arity` positional arguments binds them: in place.
         self._plain_sources = ([("args", i) for i in range(self._plain_arity)], {})
         self._fun_is_leaf = self.function.fun_is_leaf
-        # The latest call's partition, per level: at first one that no call has.
-        self._latest = [_NO_CALL] * 4
+        self._latest = [_NO_CALL] * 4  # the latest call's partition, per level
         # The wrapper's `__call__` at the top level: the latest top-level
         # partition's `top` (see `_fastpath.top_caller`), else `call`'s.
         self.top = _declined
@@ -447,8 +445,7 @@ class Dispatcher:
             if found is not None and not (found.captured and not found.valid()):
                 return found
             cache.put(key, entry, partition.captured_bytes(leaves))
-        weak = [leaves[p] for p in partition.weak_positions]
-        if weak:
+        if weak := [leaves[p] for p in partition.weak_positions]:
             cache_ref, entry_ref = weakref.ref(cache), weakref.ref(entry)
 
             def drop() -> None:  # `discard` ignores an entry that died first
@@ -533,7 +530,5 @@ def clear_all() -> None:
 
 def _module_of(fun: Any) -> str:
     fun = getattr(fun, "func", getattr(fun, "__func__", fun))  # jtu.Partial, methods
-    module = getattr(fun, "__module__", None)
-    if not isinstance(module, str):  # a callable object: its class's module
-        module = type(fun).__module__
-    return module
+    module = getattr(fun, "__module__", None)  # else a callable object: its class's
+    return module if isinstance(module, str) else type(fun).__module__

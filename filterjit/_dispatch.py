@@ -514,9 +514,8 @@ class Dispatcher:
     def clear(self) -> None:
         self._latest = [_NO_CALL] * 4
         self.top = _declined
-        for cache in (*self.partitions, *self.entries):
+        for cache in (*self.partitions, *self.entries, self._programs):
             cache.clear()
-        self._programs.clear()
 
 
 # Every live dispatcher, for `clear_caches`.

@@ -8,6 +8,7 @@ import jax.tree_util as jtu
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
+Shape = tuple[Any, ...]  # a shape of call: `(len(args), *kwargs)`
 
 # Shapes of call whose sources are kept (`**kwargs` may be given endless names).
 _MAX_SHAPES = 64
@@ -53,7 +54,7 @@ class Binder:
     def __init__(self, signature: inspect.Signature | None, name: str):
         self._signature = signature
         self._name = name
-        self._sources: dict[tuple[Any, ...], Sources] = {}
+        self._sources: dict[Shape, Sources] = {}
         self.sources = self._sources.get
         self._sorts = signature is not None and all(
             p.kind is not p.VAR_KEYWORD for p in signature.parameters.values()

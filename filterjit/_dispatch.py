@@ -11,7 +11,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _fastpath
-from ._binding import Keywords
+from ._binding import Args, Keywords, Kwargs, Shape
 from ._cache import BoundedCache, lifelines
 from ._diagnostics import (
     check_traceable,
@@ -53,7 +53,7 @@ _BY_ALIAS, _UNSHARED = object(), object()
 _NO_CALL = Partition(_flatten(Keywords((), {}))[1], (), TOP, lambda _: object())
 
 
-def _declined(wrapper: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _declined(wrapper: Any, args: Args, kwargs: Kwargs) -> Any:
     """A top-level call without a `top`: the dispatcher's `call`."""
     return wrapper._call(TOP, wrapper._fun, args, kwargs)
 
@@ -71,8 +71,7 @@ class Dispatcher:
     partitions by (structure, leaf types) and the entries by key."""
 
     def __init__(self, fun: Any, options: Options, fast: bool | None = None):
-        # `fast`: whether calls take the fast path (by default, unless the
-        # environment sets FILTERJIT_FASTPATH=0); else `call` is `_call`.
+        # `fast`: whether calls take the fast path (unless FILTERJIT_FASTPATH=0).
         self._fast = _fastpath.ENABLED if fast is None else fast
         if not self._fast:
             self.call = self._call
@@ -91,10 +90,8 @@ class Dispatcher:
         # Where a call of `_plain_arity` positional arguments binds them: in place.
         self._plain_sources = ([("args", i) for i in range(self._plain_arity)], {})
         self._fun_is_leaf = self.function.fun_is_leaf
-        # The latest call's partition, per level: at first one that no call has.
-        self._latest = [_NO_CALL] * 4
-        # The wrapper's `__call__` at the top level: the latest top-level
-        # partition's `top` (see `_fastpath.top_caller`), else `call`'s.
+        self._latest = [_NO_CALL] * 4  # the latest call's partition, per level
+        # The wrapper's top-level `__call__`: the latest top-level partition's `top`.
         self.top = _declined
         # Partitions with one signature share a program, and so their entries. Bounded
         # as partitions are: a program forgotten costs a new partition its own entries.
@@ -113,9 +110,8 @@ class Dispatcher:
         self._lock = threading.RLock()
         # Whether donation depends on which arguments a call passed (see `_defaulted`).
         self._donates_by_call = options.donate != "none" and self.function.has_defaults
-        self._defaulted_by_shape: dict[tuple[Any, ...], tuple[str, ...]] = {}
-        # Weak references that drop this dispatcher from its owner's caches when
-        # an object its key holds weakly dies (see `_owners`).
+        self._defaulted_by_shape: dict[Shape, tuple[str, ...]] = {}
+        # Drop it from its owner's caches when its key's weak objects die (`_owners`).
         self._lifelines: list[Any] = []
         _dispatchers.add(self)
 
@@ -123,9 +119,7 @@ class Dispatcher:
         """Calls `drop()` when any of `objects` dies."""
         self._lifelines = lifelines(objects, drop)
 
-    def call(
-        self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
+    def call(self, level: int, fun: Any, args: Args, kwargs: Kwargs) -> Any:
         """Calls `fun(*args, **kwargs)` at trace level `level` on the fast path: a
         call that the latest partition at its level reads and keys (see
         `_fastpath`), whose entry is cached (its NumPy constants as they were),
@@ -170,8 +164,8 @@ class Dispatcher:
         self,
         level: int,
         fun: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        args: Args,
+        kwargs: Kwargs,
         by_alias: bool = False,
         share: bool = True,
     ) -> Any:
@@ -227,7 +221,7 @@ class Dispatcher:
         partition.top = top
 
     def _flattened(
-        self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, fun: Any, args: Args, kwargs: Kwargs
     ) -> tuple[Any, list[Any], Any]:
         """The pytree of a call, bound, and its leaves and structure."""
         tree = self.function.call_tree(fun, *self.function.bind(args, kwargs))
@@ -240,9 +234,9 @@ class Dispatcher:
         tree: Any,
         leaves: list[Any],
         treedef: Any,
-        shape: tuple[Any, ...] | None,
+        shape: Shape | None,
         by_alias: bool = False,
-        called: tuple[Any, ...] | None = None,
+        called: Shape | None = None,
         share: bool = True,
     ) -> tuple[Partition, BoundedCache[Entry], Any, Entry | None]:
         """The partition of a flattened call, the cache it looks in, its key there
@@ -283,19 +277,21 @@ class Dispatcher:
         return partition, cache, key, entry
 
     def _partition(
-        self,
-        level: int,
-        fun: Any,
-        leaves: list[Any],
-        treedef: Any,
-        shape: tuple[Any, ...] | None,
+        self, level: int, fun: Any, leaves: list[Any], treedef: Any, shape: Shape | None
     ) -> Partition:
         """The partition of a structure and leaf types at `level`. Where `shape` is
         given, it is recorded (made if new) as the latest at its level, with a
         reader of calls of that shape; else only looked at."""
         types = tuple(map(type, leaves))
+        cache = self.partitions[level]
         try:
-            partition = self._find(level, treedef, types)
+            # Structures equal by `==` but not exactly (see `_exact`) have partitions
+            # of their own: the first recorded is found by (structure, types), the
+            # others also by their exact keys.
+            partition = cache.get((treedef, types))
+            if partition is not None and partition.exact is not None:
+                if not partition.exactly(treedef):
+                    partition = cache.get((treedef, types, exact_aux(treedef)))
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, None, e) from e
         if partition is None:
@@ -311,7 +307,6 @@ class Dispatcher:
             partition.get = self.entries[TOP if partition.shares_top else level].get
             if level == TOP and self._fast:
                 partition.top = top_caller(partition, self._fun_is_leaf, Carried)
-            cache = self.partitions[level]
             if cache.get((treedef, types)) is None:
                 cache.put((treedef, types), partition)
             else:  # equal by `==` to the one recorded, but not exactly
@@ -343,18 +338,7 @@ class Dispatcher:
             self.top = partition.top or _declined
         return partition
 
-    def _find(self, level: int, treedef: Any, types: tuple[type, ...]) -> Any:
-        """The partition of a structure and leaf types, if recorded. Structures
-        that are equal by `==` but not exactly (see `_exact`) have partitions of
-        their own: the first recorded is found by (structure, types), the others
-        also by their exact keys."""
-        get = self.partitions[level].get
-        partition = get((treedef, types))
-        if partition is None or partition.exact is None or partition.exactly(treedef):
-            return partition
-        return get((treedef, types, exact_aux(treedef)))
-
-    def _defaulted(self, called: tuple[Any, ...]) -> tuple[str, ...]:
+    def _defaulted(self, called: Shape) -> tuple[str, ...]:
         """The parameters holding arrays that calls of this shape leave to their
         defaults (which are not donated: the caller did not pass them)."""
         found = self._defaulted_by_shape.get(called)
@@ -423,7 +407,7 @@ class Dispatcher:
         fun: Any,
         partition: Partition,
         leaves: list[Any],
-        called: tuple[Any, ...] | None,
+        called: Shape | None,
         cache: BoundedCache[Entry],
         key: Any,
     ) -> Entry:
@@ -452,8 +436,7 @@ class Dispatcher:
             if found is not None and not (found.captured and not found.valid()):
                 return found
             cache.put(key, entry, partition.captured_bytes(leaves))
-        weak = [leaves[p] for p in partition.weak_positions]
-        if weak:
+        if weak := [leaves[p] for p in partition.weak_positions]:
             cache_ref, entry_ref = weakref.ref(cache), weakref.ref(entry)
 
             def drop() -> None:  # `discard` ignores an entry that died first
@@ -487,9 +470,7 @@ class Dispatcher:
             partition.leaf_parameters = self.function.leaf_parameters(partition.treedef)
         return partition.leaf_parameters
 
-    def explain(
-        self, level: int, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Explanation:
+    def explain(self, level: int, fun: Any, args: Args, kwargs: Kwargs) -> Explanation:
         """What a call would do at `level`, changing nothing."""
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
         partition, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
@@ -500,7 +481,7 @@ class Dispatcher:
         return Explanation(self.function.name, LEVEL_NAMES[level], rows, hit)
 
     def abstract(
-        self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, fun: Any, args: Args, kwargs: Kwargs
     ) -> tuple[Entry, Partition, Sequence[Any], list[Any]]:
         """The entry for an ahead-of-time call (arrays may be ShapeDtypeStructs),
         made if new: with its partition, traced leaves and leaves.
@@ -522,9 +503,8 @@ class Dispatcher:
     def clear(self) -> None:
         self._latest = [_NO_CALL] * 4
         self.top = _declined
-        for cache in (*self.partitions, *self.entries):
+        for cache in (*self.partitions, *self.entries, self._programs):
             cache.clear()
-        self._programs.clear()
 
 
 # Every live dispatcher, for `clear_caches`.
@@ -538,7 +518,5 @@ def clear_all() -> None:
 
 def _module_of(fun: Any) -> str:
     fun = getattr(fun, "func", getattr(fun, "__func__", fun))  # jtu.Partial, methods
-    module = getattr(fun, "__module__", None)
-    if not isinstance(module, str):  # a callable object: its class's module
-        module = type(fun).__module__
-    return module
+    module = getattr(fun, "__module__", None)  # else a callable object: its class's
+    return module if isinstance(module, str) else type(fun).__module__

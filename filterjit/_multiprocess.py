@@ -76,9 +76,8 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
         return f"method:{_qualified_name(value.__func__)}@{inner(value.__self__)}"
     if isinstance(value, types.FunctionType | types.BuiltinFunctionType):
         return f"function:{_qualified_name(value)}"
-    wrapped = getattr(value, "__wrapped__", None)
-    if wrapped is not None and callable(value):  # jax.jit and functools.wraps
-        return f"{_type_name(value)}:{inner(wrapped)}"
+    if (wrapped := getattr(value, "__wrapped__", None)) is not None and callable(value):
+        return f"{_type_name(value)}:{inner(wrapped)}"  # jax.jit, functools.wraps
     if type(value).__repr__ is object.__repr__:
         # The default repr is only the type and an address: compare the state.
         if isinstance(state := getattr(value, "__dict__", None), dict):

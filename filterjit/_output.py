@@ -75,8 +75,7 @@ def _builder(
     leaves; NumPy arrays at `copies` copied, arrays at `to_jax` made JAX arrays."""
     if not copies and not to_jax:
         sources = leaf_sources(template, dynamic_positions, passthrough)
-        built = output_builder(treedef, sources)
-        if built is not None:
+        if (built := output_builder(treedef, sources)) is not None:
             return built
     from_pool = [*dynamic_positions, *(position for position, _ in passthrough)]
     pooled = set(from_pool)

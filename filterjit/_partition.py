@@ -48,7 +48,6 @@ def is_array(element: Any) -> bool:
 
 
 def traced_types(level: int) -> tuple[type, ...]:
-    """The leaf types that are traced at `level`."""
     if level == STAGED:
         return (Tracer,)
     if level == ABSTRACT:

@@ -1,7 +1,7 @@
 """Binding a call's arguments to the function's parameters, defaults filled in."""
 
 import inspect
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.tree_util as jtu
 
@@ -16,6 +16,29 @@ _MAX_SHAPES = 64
 # Where a bound argument comes from; those of a call's bound positional and keywords.
 Source = tuple[str, Any]  # `("args", i)`, `("kwargs", name)` or `("default", value)`
 Sources = tuple[list[Source], dict[str, Source]]
+
+
+class DefaultsGuard(NamedTuple):
+    """What a reader of calls that take defaults checks on every call: that the
+    function reached from the callable `f` by the expression `path` still has the
+    `defaults` and `kwdefaults` objects read (they may be reassigned)."""
+
+    path: str
+    defaults: Any
+    kwdefaults: Any
+
+
+class _Bound:
+    """The default a signature gives a parameter that the callable binds itself (a
+    partial's keyword): the callable passes its own value, so the call passes none."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<bound by the callable>"
+
+
+BOUND: Any = _Bound()
 
 
 class Keywords:
@@ -56,9 +79,11 @@ class Binder:
         self._name = name
         self._sources: dict[Shape, Sources] = {}
         self.sources = self._sources.get
+        parameters = () if signature is None else signature.parameters.values()
         self._sorts = signature is not None and all(
-            p.kind is not p.VAR_KEYWORD for p in signature.parameters.values()
+            p.kind is not p.VAR_KEYWORD for p in parameters
         )
+        self._has_bound = any(p.default is BOUND for p in parameters)
 
     def __call__(self, args: Args, kwargs: Kwargs) -> tuple[Args, Kwargs]:
         if self._signature is None:
@@ -74,6 +99,8 @@ class Binder:
         if shape not in self._sources and len(self._sources) < _MAX_SHAPES:
             self._sources[shape] = self.find_sources(len(args), tuple(kwargs))
         kwargs = bound.kwargs
+        if self._has_bound:
+            kwargs = {name: v for name, v in kwargs.items() if v is not BOUND}
         return bound.args, dict(sorted(kwargs.items())) if self._sorts else kwargs
 
     def find_sources(self, count: int, names: tuple[str, ...]) -> Sources:
@@ -89,7 +116,8 @@ class Binder:
         # A default: the very object that `apply_defaults` would pass.
         source = lambda value: found.get(id(value), ("default", value))  # noqa: E731
         items = sorted(bound.kwargs.items()) if self._sorts else bound.kwargs.items()
-        return [source(v) for v in bound.args], {name: source(v) for name, v in items}
+        kwargs = {name: source(v) for name, v in items if v is not BOUND}
+        return [source(v) for v in bound.args], kwargs
 
 
 def _bind_error(

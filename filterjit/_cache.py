@@ -58,6 +58,9 @@ class BoundedCache(Generic[_V]):
             self._sizes.clear()
             self._bytes = 0
 
+    def values(self) -> list[_V]:
+        return list(self._values.values())
+
     def __len__(self) -> int:
         return len(self._values)
 

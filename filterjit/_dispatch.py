@@ -43,10 +43,6 @@ _flatten = jtu.default_registry.flatten
 
 # Bound on the shapes of call (see `_binding`) read as made, per partition.
 _MAX_CALL_READERS = 64
-# What `_run` returns for a call to make again: `_BY_ALIAS`, keyed by alias (static
-# inputs one object when traced are not one now); `_UNSHARED`, nested (it found a
-# top-level trace whose output is not the same nested: see `jit_output`).
-_BY_ALIAS, _UNSHARED = object(), object()
 
 # The partition of a structure that no call has (a `Keywords` node is made only for
 # keyword arguments), so that the latest partition is never `None`.
@@ -110,6 +106,10 @@ class Dispatcher:
         self._lock = threading.RLock()
         # Whether donation depends on which arguments a call passed (see `_defaulted`).
         self._donates_by_call = options.donate != "none" and self.function.has_defaults
+        # Whether keys say which static leaves are one object: from the first trace
+        # that handed back one of several static inputs that were one object (see
+        # `OutputSpec.aliases`), decided before each call runs; the fast path off.
+        self._keys_aliases = False
         self._defaulted_by_shape: dict[Shape, tuple[str, ...]] = {}
         # Drop it from its owner's caches when its key's weak objects die (`_owners`).
         self._lifelines: list[Any] = []
@@ -141,34 +141,20 @@ class Dispatcher:
         if entry.guarded or level == STAGED:
             if entry.captured and not entry.valid():  # a NumPy constant changed
                 return self._call(level, fun, args, kwargs)
-            out = self._run(level, entry, tree, leaves, dynamic)
-        else:
-            try:
-                out = entry.jitted(*dynamic)
-            except Exception as e:  # in the user's terms where it can be
-                self._failed(partition, leaves, e)
-                raise
-            if type(out) is not Carried:
-                return out
-            spec, traced = out.args
-            if spec.plain:  # as `_finish` would build it, a frame sooner
-                return spec.build(traced, leaves)
-            out = self._finish(level, out, leaves)
-        if out is _BY_ALIAS or out is _UNSHARED:  # made again, as `_finish` says
-            return self._call(
-                level, fun, args, kwargs, out is _BY_ALIAS, out is not _UNSHARED
-            )
-        return out
+            return self._run(level, entry, tree, leaves, dynamic)
+        try:
+            out = entry.jitted(*dynamic)
+        except Exception as e:  # in the user's terms where it can be
+            self._failed(partition, leaves, e)
+            raise
+        if type(out) is not Carried:
+            return out
+        spec, traced = out.args
+        if spec.plain:  # as `_finish` would build it, a frame sooner
+            return spec.build(traced, leaves)
+        return self._finish(level, out, leaves)
 
-    def _call(
-        self,
-        level: int,
-        fun: Any,
-        args: Args,
-        kwargs: Kwargs,
-        by_alias: bool = False,
-        share: bool = True,
-    ) -> Any:
+    def _call(self, level: int, fun: Any, args: Args, kwargs: Kwargs) -> Any:
         """The reference path: binds, flattens with `jax.tree_util`, looks up (see
         `_lookup`), makes the entry if there is none, runs it, finishes its output.
         No lock is held while the function is traced, compiled or run: it may call
@@ -177,7 +163,7 @@ class Dispatcher:
         called = shape if self._donates_by_call and level == TOP else None
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
         partition, cache, key, entry = self._lookup(
-            level, fun, tree, leaves, treedef, shape, by_alias, called, share
+            level, fun, tree, leaves, treedef, shape, called
         )
         dynamic = partition.take_dynamic(leaves)
         made = entry is None
@@ -199,22 +185,13 @@ class Dispatcher:
             if isinstance(error, TypeError):  # a leaf JAX cannot trace, named
                 self._check_traceable(partition, leaves)
             raise
-        if out is _BY_ALIAS or out is _UNSHARED:
-            by_alias = by_alias or out is _BY_ALIAS
-            share = share and out is not _UNSHARED
-            return self._call(level, fun, args, kwargs, by_alias, share)
         return out
-
-    def _finish_top(
-        self, fun: Any, args: Any, kwargs: Any, out: Carried, leaves: list[Any]
-    ) -> Any:
-        """A `top` call's output that is not plain (see `_fastpath.top_caller`)."""
-        out = self._finish(TOP, out, leaves)
-        return self._call(TOP, fun, args, kwargs, True) if out is _BY_ALIAS else out
 
     def _specialise(self, partition: Partition, spec: Any) -> None:
         """Makes `partition`'s `top` again, once, building the static output of
         `spec` (an `OutputSpec` with `from_traced`) inline (see `top_caller`)."""
+        if self._keys_aliases:
+            return
         top = top_caller(partition, self._fun_is_leaf, Carried, spec)
         if self.top is partition.top:
             self.top = top or _declined
@@ -224,6 +201,8 @@ class Dispatcher:
         self, fun: Any, args: Args, kwargs: Kwargs
     ) -> tuple[Any, list[Any], Any]:
         """The pytree of a call, bound, and its leaves and structure."""
+        if self.function.defaults_changed():
+            self._read_defaults_again(fun)
         tree = self.function.call_tree(fun, *self.function.bind(args, kwargs))
         return tree, *_flatten(tree)
 
@@ -235,34 +214,26 @@ class Dispatcher:
         leaves: list[Any],
         treedef: Any,
         shape: Shape | None,
-        by_alias: bool = False,
         called: Shape | None = None,
-        share: bool = True,
     ) -> tuple[Partition, BoundedCache[Entry], Any, Entry | None]:
         """The partition of a flattened call, the cache it looks in, its key there
         and its entry (`None` where there is none, or a stale one). The key is made
         here and nowhere else: the partition's key of the leaves; nested, the
-        insertion order of the call's dicts; `by_alias`, which static leaves are
-        one object (see `OutputSpec.aliases`); `called`, the call's shape, where
-        donation depends on it (see `_defaulted`). A nested call whose leaves of
-        array types are all tracers, its dicts in JAX's order, is the program a
-        top-level call is: it uses the top level's entries (`share`). `shape`
-        records the partition as the latest at its level (`None`: looked at)."""
+        insertion order of the call's dicts; which static leaves are one object,
+        once a trace has needed it (see `OutputSpec.aliases`); `called`, the
+        call's shape, where donation depends on it (see `_defaulted`). A nested
+        call whose leaves of array types are all tracers, its dicts in JAX's order,
+        is the program a top-level call is: it uses the top level's entries.
+        `shape` records the partition as the latest at its level (`None`: looked
+        at)."""
         partition = self._partition(level, fun, leaves, treedef, shape)
-        if not share and partition.shares_top and shape is not None:
-            # A top-level trace whose output means something else nested: this
-            # structure's nested calls keep entries of their own from now on.
-            partition.shares_top = False
-            partition.get = self.entries[level].get
-        shared = (
-            share
-            and partition.shares_top
-            and (partition.orders is None or _in_jax_order(partition.orders(tree)))
+        shared = partition.shares_top and (
+            partition.orders is None or _in_jax_order(partition.orders(tree))
         )
         key = partition.reference_key(leaves)
         if partition.orders is not None and not shared:
             key = (key, partition.orders(tree))
-        if by_alias:
+        if self._keys_aliases:
             ids = [id(leaves[position]) for position in partition.static_positions]
             key = (key, tuple(map(ids.index, ids)))
         if called is not None:
@@ -305,7 +276,7 @@ class Dispatcher:
                 level == STAGED and self._shares_top and not partition.array_positions
             )
             partition.get = self.entries[TOP if partition.shares_top else level].get
-            if level == TOP and self._fast:
+            if level == TOP and self._fast and not self._donates_by_call:
                 partition.top = top_caller(partition, self._fun_is_leaf, Carried)
             if cache.get((treedef, types)) is None:
                 cache.put((treedef, types), partition)
@@ -317,6 +288,7 @@ class Dispatcher:
         plain = shape == (self._plain_arity,)
         if (
             self._fast
+            and not self._keys_aliases
             and (plain or level != STAGED)  # nested, `_run` wants the call's tree
             and shape not in readers
             and len(readers) < _MAX_CALL_READERS
@@ -326,12 +298,16 @@ class Dispatcher:
             sources = (
                 self._plain_sources if plain else self.function.bind.sources(shape)
             )
+            # Where donation depends on the call's shape, so does its key.
+            by_call = self._donates_by_call and level == TOP
             readers[shape] = sources and bound_call_reader(
                 partition.treedef,
                 partition.types,
                 self._fun_is_leaf,
                 sources,
                 partition,
+                self._defaulted(shape) if by_call else None,
+                self.function.defaults_guard(),
             )
         self._latest[level] = partition
         if level == TOP:
@@ -378,19 +354,42 @@ class Dispatcher:
         self, level: int, out: Carried, leaves: list[Any], waited: bool = False
     ) -> Any:
         """The user's output from a `Carried` one: the trace's own spec finishes
-        it with this call's leaves, or says to make the call again (`_BY_ALIAS`,
-        `_UNSHARED`). At the top level, a trace that holds a runtime check waits,
-        to raise a failed check at the call."""
+        it with this call's leaves. At the top level, a trace that holds a runtime
+        check waits, to raise a failed check at the call."""
         spec = out.spec
-        if spec.aliases and not spec.aliases_hold(leaves):
-            return _BY_ALIAS
+        if spec.aliases and not self._keys_aliases:
+            self._key_aliases()
         if level == STAGED:
-            if not (spec.nested or spec.neutral):
-                return _UNSHARED
-            return spec.build(out.leaves, leaves)
+            return spec.build_nested(out.leaves, leaves)
         if spec.runtime_check and level == TOP and not waited:
             wait_checked(spec.awaited(out.leaves), self.function.name)
-        return (spec.at_top or spec.build)(out.leaves, leaves)
+        return spec.build(out.leaves, leaves)
+
+    def _read_defaults_again(self, fun: Any) -> None:
+        """After the function's defaults were reassigned: calls bind to the new
+        ones (a call's defaults are leaves of its pytree, and so of its key), and
+        the readers of the old ones are dropped."""
+        with self._lock:
+            self.function = Function(fun)
+            self._defaulted_by_shape = {}
+            for partitions in self.partitions:
+                for partition in partitions.values():
+                    partition.call_readers.clear()
+
+    def _key_aliases(self) -> None:
+        """Keys calls by which static leaves are one object from now on: a trace
+        handed back one of several that were one object, and so the same program
+        serves only calls in which they are one object again. This call's were
+        (its trace saw them: at the top level an entry is traced with the leaves
+        of the call that made it, nested with the call's own). The fast path,
+        whose keys do not say it, is turned off for this function."""
+        with self._lock:
+            self._keys_aliases = True
+            self.top = _declined
+            for partitions in self.partitions:
+                for partition in partitions.values():
+                    partition.call_readers.clear()
+                    partition.top = None
 
     def _failed(
         self, partition: Partition, leaves: list[Any], error: Exception
@@ -494,7 +493,7 @@ class Dispatcher:
         called = shape if self._donates_by_call else None  # as a top-level call
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
         partition, cache, key, entry = self._lookup(
-            ABSTRACT, fun, tree, leaves, treedef, shape, False, called
+            ABSTRACT, fun, tree, leaves, treedef, shape, called
         )
         if entry is None:
             entry = self._make(ABSTRACT, fun, partition, leaves, called, cache, key)

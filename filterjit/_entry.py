@@ -180,7 +180,7 @@ def make_entry(
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None and not nested:  # traced at the top level
             log.record(list(map(row, labels, roles, inputs, arguments)))
-        return jit_output(output, inputs, runtime_check, nested, boxed)
+        return jit_output(output, inputs, runtime_check, boxed)
 
     # So that JAX's messages point at the user's function and name its arguments.
     run.__name__ = function.name.rpartition(".")[2]

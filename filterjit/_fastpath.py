@@ -46,7 +46,7 @@ import jax
 import numpy as np
 from jax.core import Tracer
 
-from ._binding import Keywords, Source, Sources
+from ._binding import DefaultsGuard, Keywords, Source, Sources
 from ._exact import exact_key, float_key
 from ._trace import TOP
 
@@ -149,16 +149,30 @@ def bound_call_reader(
     fun_is_leaf: bool,
     sources: Sources,
     keyed: Any = None,
+    key_suffix: Any = None,
+    defaults: DefaultsGuard | None = None,
 ) -> Any:
     """The reader of calls of one shape, `read(fun, args, kwargs)`, as
     `call_reader` would read their pytree once bound, but from each bound argument
     where it comes from (`sources`); with a partition `keyed`, also their key
-    there (`Partition.reference_key`) and the traced leaves."""
+    there (`Partition.reference_key`, paired with `key_suffix` unless `None`: what
+    the key of calls of this shape adds) and the traced leaves. A call that takes
+    a default is read only while the function's defaults are those read
+    (`defaults`; without it, such calls are not read)."""
     if not ENABLED:
         return None
     writer = _Writer()
+    args, kwargs = sources
+    if any(kind == "default" for kind, _ in [*args, *kwargs.values()]):
+        if defaults is None:
+            return None
+        path, read, read_kw = defaults
+        writer.check(
+            f"{path}.__defaults__ is not {writer.constant(read)} or "
+            f"{path}.__kwdefaults__ is not {writer.constant(read_kw)}"
+        )
     leaves = writer.call(treedef, types, fun_is_leaf, sources)
-    return writer.compile("read_call", "f, a, k", leaves, keyed)
+    return writer.compile("read_call", "f, a, k", leaves, keyed, key_suffix)
 
 
 def top_caller(
@@ -168,7 +182,7 @@ def top_caller(
     structure, in one function: read and keyed as the partition's reader of calls
     without keywords reads and keys it, its entry's jitted function run with the
     traced leaves, an output of type `carried` built where its spec is plain, else
-    finished by the dispatcher (`_finish_top`), an error named by it (`_failed`).
+    finished by the dispatcher (`_finish`), an error named by it (`_failed`).
     Keyword arguments, a call it does not read, no entry or a guarded one (NumPy
     constants to check): `wrapper._call`, as if there were no `top`.
 
@@ -241,7 +255,7 @@ def top_caller(
         "        return s.from_traced(d)",
         "    if s.plain:",
         f"        return s.build(d, {whole})",
-        f"    return w._dispatcher._finish_top(w._fun, a, k, o, {whole})",
+        f"    return w._dispatcher._finish({TOP}, o, {whole})",
         f"return w._call({TOP}, w._fun, a, k)",
     ]
     return _compile("top", "w, a, k", body, writer.namespace)
@@ -268,7 +282,12 @@ class _Writer:
         self.lists: set[str] = set()  # the values that are lists (the user's)
 
     def compile(
-        self, name: str, parameter: str, leaves: list[str] | None, keyed: Any
+        self,
+        name: str,
+        parameter: str,
+        leaves: list[str] | None,
+        keyed: Any,
+        key_suffix: Any = None,
     ) -> Any:
         if leaves is None:
             return None
@@ -277,9 +296,12 @@ class _Writer:
         else:
             starred = any(leaf.startswith("*") for leaf in leaves)
             at = (lambda p: f"l[{p}]") if starred else leaves.__getitem__
+            key = self.key(keyed, at, "l")
+            if key_suffix is not None:
+                key = f"({key}, {self.constant(key_suffix)})"
             result = [
                 f"l = [{', '.join(leaves)}]",
-                f"return l, {self.key(keyed, at, 'l')}, {self.traced(keyed, at, 'l')}",
+                f"return l, {key}, {self.traced(keyed, at, 'l')}",
             ]
         body = [
             "try:",

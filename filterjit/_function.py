@@ -2,12 +2,14 @@
 
 import functools as ft
 import inspect
-from typing import Any
+import types
+import weakref
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._binding import Binder, Keywords, positional_names
+from ._binding import Binder, BOUND, DefaultsGuard, Keywords, positional_names
 from ._partition import is_array
 
 
@@ -35,6 +37,54 @@ def signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
         return inspect.signature(fun, follow_wrapped=follow_wrapped)
     except (TypeError, ValueError):  # builtins and other callables without one
         return None
+
+
+def call_signature(fun: Any) -> inspect.Signature | None:
+    """The signature a call of `fun` binds to: its own (not its `__wrapped__`'s,
+    which `eqx.filter_vmap(f)` advertises but may not accept), in which what a
+    partial binds by keyword is `BOUND`, not a default: the partial passes its own
+    value, so that partials of one function with other keywords bind alike."""
+    return _bound_by(fun, signature_of(fun, follow_wrapped=False))
+
+
+def _bound_by(fun: Any, signature: inspect.Signature | None) -> Any:
+    """`signature`, what the partial `fun` binds by keyword made `BOUND` (so that
+    no signature keeps a partial's values alive)."""
+    if signature is None or not isinstance(fun, ft.partial) or not fun.keywords:
+        return signature
+    parameters = [
+        p.replace(default=BOUND) if p.name in fun.keywords else p
+        for p in signature.parameters.values()
+    ]
+    return signature.replace(parameters=parameters)
+
+
+class DefaultsSource(NamedTuple):
+    """Where a call of a function finds its defaults: `holder.__defaults__` and
+    `holder.__kwdefaults__`, `holder` being the function reached from the callable
+    `f` by the expression `path` (`"f"`, `"f.func"`, `"type(f).__call__"`)."""
+
+    holder: weakref.ref[types.FunctionType]
+    path: str
+
+
+def defaults_source(fun: Any) -> DefaultsSource | None:
+    """Where calls of `fun` find their defaults, which may be reassigned at any
+    time (`f.__defaults__ = ...`); `None` for a callable without Python defaults."""
+    path = "f"
+    for _ in range(8):  # partials of methods of callable objects
+        if isinstance(fun, types.FunctionType):
+            return DefaultsSource(weakref.ref(fun), path)
+        if isinstance(fun, ft.partial):
+            fun, path = fun.func, f"{path}.func"
+        elif isinstance(fun, types.MethodType):
+            fun, path = fun.__func__, f"{path}.__func__"
+        else:
+            call = getattr(type(fun), "__call__", None)
+            if not isinstance(call, types.FunctionType):
+                return None
+            fun, path = call, f"type({path}).__call__"
+    return None
 
 
 def in_call_tree(fun: Any) -> bool:
@@ -81,10 +131,11 @@ class Function:
     def __init__(self, fun: Any):
         self.name = name_of(fun)
         self.fun_is_leaf = not in_call_tree(fun)
-        # Calls bind to the function's own signature, not its `__wrapped__`'s (which
-        # `eqx.filter_vmap(f)` advertises but may not accept).
-        signature = signature_of(fun, follow_wrapped=False)
+        signature = call_signature(fun)
         self.bind = Binder(signature, self.name)
+        # The defaults the signature holds, as they were when it was read.
+        self.defaults_source = defaults_source(fun)
+        self.defaults = self._read_defaults()
         parameters = () if signature is None else signature.parameters.values()
         self._bound_positional = positional_names(parameters)
         # Calls of this many positional args and no keywords bind as given (-1: none).
@@ -93,10 +144,12 @@ class Function:
         )
         self.plain_arity = len(self._bound_positional) if plain else -1
         # Whether a call may leave parameters to their defaults (not donated).
-        self.has_defaults = any(p.default is not p.empty for p in parameters)
+        self.has_defaults = any(
+            p.default is not p.empty and p.default is not BOUND for p in parameters
+        )
         self.receiver = receiver_of(fun)
         # Names, for messages and `donate=(names...)`, may come from `__wrapped__`.
-        named = signature_of(fun, follow_wrapped=True) or signature
+        named = _bound_by(fun, signature_of(fun, follow_wrapped=True)) or signature
         self.parameters = () if named is None else tuple(named.parameters.values())
         # An `eqx.Module`'s fields, as its `__call__` names them: `self.weight`.
         self.fun_label = "self" if isinstance(fun, eqx.Module) else self.name
@@ -105,6 +158,23 @@ class Function:
         if isinstance(fun, jtu.Partial):
             if (inner := signature_of(fun.func, follow_wrapped=True)) is not None:
                 self.bound_names = tuple(inner.parameters)[: len(fun.args)]
+
+    def _read_defaults(self) -> tuple[Any, Any]:
+        holder = None if self.defaults_source is None else self.defaults_source.holder()
+        if holder is None:
+            return None, None
+        return holder.__defaults__, holder.__kwdefaults__
+
+    def defaults_guard(self) -> DefaultsGuard | None:
+        """What a reader of calls taking defaults checks (`None`: nothing can)."""
+        if self.defaults_source is None:
+            return None
+        return DefaultsGuard(self.defaults_source.path, *self.defaults)
+
+    def defaults_changed(self) -> bool:
+        """Whether the function's defaults were reassigned since it was read."""
+        now = self._read_defaults()
+        return now[0] is not self.defaults[0] or now[1] is not self.defaults[1]
 
     def defaulted(self, shape: tuple[Any, ...]) -> tuple[str, ...]:
         """The parameters that calls of `shape` (the number of positional arguments,

@@ -10,15 +10,13 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
 from ._fastpath import output_builder
-from ._partition import is_array, traced_types
+from ._partition import is_array
 from ._structure import dict_orders, restore_orders
-from ._trace import STAGED, TOP
 
 
 def items_getter(keys: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
@@ -68,12 +66,11 @@ def _builder(
     dynamic_positions: list[int],
     passthrough: list[tuple[int, int]],
     copies: list[int],
-    to_jax: tuple[int, ...] = (),
 ) -> Callable[[Any, list[Any]], Any]:
     """`build(out, inputs)`: the output's leaves taken at once from a pool of the
     traced leaves `out`, this call's inputs handed back and `template`'s static
-    leaves; NumPy arrays at `copies` copied, arrays at `to_jax` made JAX arrays."""
-    if not copies and not to_jax:
+    leaves; NumPy arrays at `copies` copied."""
+    if not copies:
         sources = leaf_sources(template, dynamic_positions, passthrough)
         if (built := output_builder(treedef, sources)) is not None:
             return built
@@ -85,18 +82,16 @@ def _builder(
     # Each leaf's place in the pool: the inverse of `order`.
     take = items_getter(sorted(range(len(order)), key=order.__getitem__))
     unflatten = treedef.unflatten
-    if not passthrough and not copies and not to_jax:
+    if not passthrough and not copies:
         return lambda out, inputs=None: unflatten(take((*out, *constants)))
     take_inputs = items_getter([position for _, position in passthrough])
 
     def build(out: Any, inputs: list[Any]) -> Any:
         leaves = take((*out, *take_inputs(inputs), *constants))
-        if copies or to_jax:
+        if copies:
             leaves = list(leaves)
             for position in copies:  # nested, as undecorated: each call its own
                 leaves[position] = leaves[position].copy()
-            for position in to_jax:
-                leaves[position] = jnp.array(leaves[position])
         return unflatten(leaves)
 
     return build
@@ -104,16 +99,19 @@ def _builder(
 
 class OutputSpec:
     """What of an output the call must finish, made by a trace and carried with it
-    as `Carried`'s auxiliary data. Compared by identity."""
+    as `Carried`'s auxiliary data; compared by identity. One spec serves calls at
+    every level, as JAX may reuse a trace made at one level for a call at another:
+    a concrete array the function returns is an output of the jit (what a top-level
+    call returns, as under `jax.jit`) and kept as it is (what a nested call returns,
+    as without the decorator)."""
 
     __slots__ = (
         "aliases",
         "runtime_check",
         "wait_on",
-        "nested",
-        "neutral",
+        "dynamic_positions",
         "build",
-        "at_top",
+        "build_nested",
         "plain",
         "from_traced",
         "leaf_sources",
@@ -124,11 +122,8 @@ class OutputSpec:
         treedef: Any,
         leaves: list[Any],
         inputs: list[Any],
-        traced: tuple[type, ...],
         runtime_check: bool,
         orders: tuple[tuple[Any, ...], ...] | None,
-        nested: bool,
-        neutral: bool,
     ):
         input_positions: dict[int, list[int]] = {}
         for position, leaf in enumerate(inputs):
@@ -136,10 +131,10 @@ class OutputSpec:
                 input_positions.setdefault(id(leaf), []).append(position)
         dynamic: list[int] = []
         passthrough: list[tuple[int, int]] = []
-        copies: list[int] = []
+        concrete: dict[int, Any] = {}  # by position: a concrete array, kept nested
         aliases: set[tuple[int, ...]] = set()
         for position, leaf in enumerate(leaves):
-            if isinstance(leaf, traced):
+            if isinstance(leaf, Tracer):
                 dynamic.append(position)
             elif id(leaf) in input_positions:
                 # The call's own object, not the traced call's, nor held by the spec
@@ -149,11 +144,12 @@ class OutputSpec:
                 # Where `==` is identity, the key already tells aliases apart.
                 if len(positions) > 1 and type(leaf).__eq__ is not object.__eq__:
                     aliases.add(tuple(positions))
-            elif isinstance(leaf, np.ndarray):
-                # Nested, as without the decorator: a NumPy array, every call its own.
-                copies.append(position)
+            elif is_array(leaf):
+                dynamic.append(position)
+                concrete[position] = leaf
         # Groups of input positions that held one object when traced, of which one
-        # came back: which one is known only while they are one object again.
+        # came back: the dispatcher keys calls by which inputs are one object from
+        # then on (`Dispatcher._key_aliases`), so that the group holds one object.
         self.aliases = tuple(aliases)
         self.runtime_check = runtime_check
         # With a check, the traced leaf a top-level call waits for (`None`: all): one
@@ -161,47 +157,47 @@ class OutputSpec:
         handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
         computed = [id(leaves[p]) not in handed_back for p in dynamic]
         self.wait_on = computed.index(True) if True in computed else None
-        # Made nested; meaning the same at every level (see `jit_output`).
-        self.nested = nested
-        self.neutral = neutral
+        self.dynamic_positions = tuple(dynamic)
         pooled = {*dynamic, *(position for position, _ in passthrough)}
         template = [None if p in pooled else leaf for p, leaf in enumerate(leaves)]
-        # `build(out, inputs)`: the user's output from the traced leaves and this
-        # call's leaves. `at_top`: that of a top-level call of a trace made nested
-        # whose output is not neutral: concrete arrays made JAX arrays, as in jax.jit.
-        self.build = _builder(treedef, template, dynamic, passthrough, copies)
-        self.at_top = None
-        if nested and not neutral:
-            arrays = tuple(p for p, leaf in enumerate(template) if is_array(leaf))
-            self.at_top = _builder(treedef, template, dynamic, passthrough, [], arrays)
+        # `build(out, inputs)`: a top-level call's output from the traced leaves and
+        # the call's leaves.
+        self.build = _builder(treedef, template, dynamic, passthrough, [])
+        # `build_nested(out, inputs)`: a nested call's, whose concrete arrays are the
+        # function's own (a NumPy array copied, each call its own, as undecorated)
+        # and whose dicts are in their insertion order, which JAX's rebuild sorts.
+        self.build_nested = self.build
+        if concrete:
+            kept = [i for i, p in enumerate(dynamic) if p not in concrete]
+            nested = _builder(
+                treedef,
+                [concrete.get(p, leaf) for p, leaf in enumerate(template)],
+                [dynamic[i] for i in kept],
+                passthrough,
+                [p for p, leaf in concrete.items() if isinstance(leaf, np.ndarray)],
+            )
+            take = items_getter(kept)
+            self.build_nested = lambda out, inputs: nested(take(out), inputs)
+        if orders is not None:
+            unordered = self.build_nested
+            self.build_nested = lambda out, inputs: restore_orders(
+                unordered(out, inputs), orders
+            )
         # Whether a top-level call needs nothing but `build`; `from_traced`, where
         # it needs not even the call's leaves: `build` of the traced leaves alone.
-        self.plain = not (aliases or runtime_check or self.at_top is not None)
-        more = passthrough or copies or orders is not None  # than the traced leaves
-        self.from_traced = None if more or not self.plain else self.build
+        self.plain = not (aliases or runtime_check)
+        self.from_traced = None if passthrough or not self.plain else self.build
         # For `from_traced`, the output's structure and where its leaves come from,
         # so that `top` may build it inline (see `_fastpath.top_caller`).
         self.leaf_sources = None
         if self.from_traced is not None:
             self.leaf_sources = treedef, leaf_sources(template, dynamic, passthrough)
-        # Nested: dicts in their insertion order, which JAX's rebuild sorts.
-        if orders is not None:
-            build = self.build
-            self.build = lambda out, inputs: restore_orders(build(out, inputs), orders)
 
     def awaited(self, out: Any) -> Any:
         """What of the traced leaves `out` a top-level call waits for."""
         if not self.runtime_check:
             return None
         return out if self.wait_on is None else [out[self.wait_on]]
-
-    def aliases_hold(self, inputs: list[Any]) -> bool:
-        """Whether the inputs that were one object when traced are one now."""
-        return all(
-            inputs[position] is inputs[group[0]]
-            for group in self.aliases
-            for position in group[1:]
-        )
 
 
 class Carried(Exception):
@@ -229,39 +225,29 @@ jtu.register_pytree_node(
 
 def finish(out: Any, inputs: list[Any]) -> Any:
     """The user's output from what the jitted function returned (or its shapes,
-    from `eval_shape`), for a call with leaves `inputs`."""
+    from `eval_shape`), for a top-level call with leaves `inputs`."""
     if type(out) is Carried:
-        return (out.spec.at_top or out.spec.build)(out.leaves, inputs)
+        return out.spec.build(out.leaves, inputs)
     return out
 
 
-def jit_output(
-    output: Any, inputs: list[Any], runtime_check: bool, nested: bool, boxed: bool
-) -> Any:
+def jit_output(output: Any, inputs: list[Any], runtime_check: bool, boxed: bool) -> Any:
     """What the jitted function returns for the user's `output`, traced with
-    `inputs` (the call's leaves, tracers for traced ones). Not `nested`, every array
-    leaf is an output of the jit, as in `jax.jit`. `boxed`: keep the user's
-    structure (for `out_shardings`, a prefix of it); inputs handed back are then the
-    traced call's (equal to this call's: they are keyed by value)."""
-    traced = traced_types(STAGED if nested else TOP)
+    `inputs` (the call's leaves, tracers for traced ones): every array leaf is an
+    output of the jit, as in `jax.jit`. `boxed`: keep the user's structure (for
+    `out_shardings`, a prefix of it); inputs handed back are then the traced
+    call's (equal to this call's: they are keyed by value)."""
     leaves, treedef = jtu.tree_flatten(output)
-    # A trace of a top-level entry may serve nested calls too, and the reverse
-    # (see `Dispatcher._call`). Its output means the same at every level unless a
-    # concrete array is in it (an output of the jit at the top level, kept as it is
-    # nested) or a dict whose order JAX's rebuild changes (kept nested).
+    # Dicts whose order JAX's rebuild changes: restored for nested calls.
     found = dict_orders(output)
     in_order = not found or found == dict_orders(treedef.unflatten(leaves))
-    neutral = in_order and not any(
-        is_array(leaf) and not isinstance(leaf, Tracer) for leaf in leaves
-    )
-    if not runtime_check and neutral and all(isinstance(x, traced) for x in leaves):
+    if not runtime_check and in_order and all(isinstance(x, Tracer) for x in leaves):
         return output
     if boxed:
         return treedef.unflatten(
-            [leaf if isinstance(leaf, traced) else _Static(leaf) for leaf in leaves]
+            [leaf if is_array(leaf) else _Static(leaf) for leaf in leaves]
         )
-    orders = None if in_order or not nested else found
     spec = OutputSpec(
-        treedef, leaves, inputs, traced, runtime_check, orders, nested, neutral
+        treedef, leaves, inputs, runtime_check, None if in_order else found
     )
-    return Carried(spec, [x for x in leaves if isinstance(x, traced)])
+    return Carried(spec, [leaves[p] for p in spec.dynamic_positions])

@@ -88,12 +88,8 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
         # A bound method (`Method`) apart from a partial (for donation).
         return owner, (type(fun), key, len(fun.args), tuple(fun.keywords)), weak
     if not in_call_tree(fun):
-        if (func := getattr(fun, "__func__", None)) is not None:  # method-like
-            # Its receiver, not in the call tree, keys the dispatcher as a static one.
-            receiver = getattr(fun, "__self__", None)
-            key = static_key(receiver)
-            weak = [receiver] if isinstance(key, weakref.ref) else []
-            return func, (type(fun), type(receiver), key), weak
+        # Compared by identity, and so called as itself: the owner of its own caches
+        # (a method-like object made anew on each access is a function of its own).
         return fun, None, []
     call = inspect.getattr_static(type(fun), "__call__", None)
     owner = call if isinstance(call, types.FunctionType) else type(fun)

@@ -59,6 +59,23 @@ def check_outputs_keep_input_shardings():
     assert y.sharding.is_equivalent_to(x.sharding, 2), y.sharding
 
 
+_CONSTANT = jnp.arange(2.0)
+
+
+def _with_a_constant(x):
+    return x + 1, _CONSTANT
+
+
+def check_a_constant_output_is_placed_as_jax_jit_places_it_after_a_nested_call():
+    g = filter_jit(_with_a_constant)
+    x = jax.device_put(jnp.ones(2), jax.devices()[1])
+    jax.jit(lambda x: g(x)[0])(x)  # the trace is made nested
+    _, constant = g(x)
+    _, expected = jax.jit(_with_a_constant)(x)
+    assert constant.committed == expected.committed, constant
+    assert constant.devices() == expected.devices() == {jax.devices()[1]}, constant
+
+
 def check_out_shardings_prefix():
     f = filter_jit(
         lambda x: {"a": x * 2, "b": x + 1, "tag": "t"},

@@ -19,6 +19,7 @@ def test_shardings_on_eight_devices():
         "check_in_shardings_prefix_skips_statics",
         "check_in_shardings_prefix_over_an_argument_holding_none",
         "check_outputs_keep_input_shardings",
+        "check_a_constant_output_is_placed_as_jax_jit_places_it_after_a_nested_call",
         "check_out_shardings_prefix",
         "check_nested_in_shard_map_and_in_a_jit_over_a_mesh",
         "check_jit_shardings_are_jax_jits",

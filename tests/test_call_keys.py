@@ -1,0 +1,307 @@
+"""Every call is keyed by everything its callable binds, and runs once: partials,
+method-like objects, defaults as they are now, static inputs that alias, and a
+trace that one level made serving the other. Each test runs on both paths (the
+fast path, and the reference path alone) and, where it applies, at the top level
+and nested; the reference is the undecorated function."""
+
+import functools as ft
+import gc
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+from helpers import assert_tree_equal
+
+import filterjit
+from filterjit import _fastpath, filter_jit
+
+
+@pytest.fixture(params=["fast", "reference"], autouse=True)
+def path(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """Dispatchers made in the test take this path (read when each is made)."""
+    if request.param == "fast" and not _fastpath.ENABLED:
+        pytest.skip("the fast path is off (FILTERJIT_FASTPATH=0)")
+    monkeypatch.setattr(_fastpath, "ENABLED", request.param == "fast")
+    filterjit.clear_caches()
+    yield request.param
+    filterjit.clear_caches()
+
+
+def _levels() -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """A call at the top level, and the same call nested in a `jax.jit` of a new
+    function (which JAX traces anew: the nested call is made on every call)."""
+    return [lambda call: call, lambda call: jax.jit(lambda *a, **k: call(*a, **k))]
+
+
+LEVELS = pytest.mark.parametrize("level", _levels(), ids=["top", "nested"])
+
+
+def _scale(x, k: Any = 1.0):
+    return x * k
+
+
+@LEVELS
+def test_partials_of_one_function_compute_with_their_own_keywords(level):
+    x = jnp.ones(2)
+    for k in (2.0, 3.0, 2.0, 5):
+        for bind in (ft.partial, jtu.Partial):
+            wrapped = filter_jit(bind(_scale, k=k))
+            assert_tree_equal(level(wrapped)(x), level(bind(_scale, k=k))(x))
+
+
+@LEVELS
+def test_partials_binding_arrays_of_other_shapes_by_keyword(level):
+    for n in (2, 3, 2):
+        x, k = jnp.ones(n), jnp.arange(float(n))
+        wrapped = filter_jit(ft.partial(_scale, k=k))
+        assert_tree_equal(level(wrapped)(x), x * k)
+
+
+def test_a_call_may_override_a_partials_keyword():
+    x = jnp.ones(2)
+    wrapped = filter_jit(ft.partial(_scale, k=2.0))
+    assert_tree_equal(wrapped(x), x * 2.0)
+    assert_tree_equal(wrapped(x, k=7.0), x * 7.0)
+    assert_tree_equal(filter_jit(ft.partial(_scale, k=3.0))(x), x * 3.0)
+
+
+def test_grad_through_a_partial_binding_its_tracer_again_and_again():
+    x = jnp.arange(3.0)
+
+    def loss(k):
+        return filter_jit(jtu.Partial(_scale, k=k))(x).sum()
+
+    for k in (2.0, 3.0, 4.0):
+        assert jax.grad(loss)(k) == x.sum()
+        assert jax.jit(jax.grad(loss))(k) == x.sum()
+
+
+def _scale_by(x, k: Any = 1.0):  # partials of it made by one test alone
+    return x * k
+
+
+def test_a_partials_keyword_array_dies_with_the_partial():
+    def make() -> weakref.ref[Any]:
+        k = jnp.arange(4.0)
+        filter_jit(ft.partial(_scale_by, k=k))(jnp.ones(4))
+        return weakref.ref(k)
+
+    dead = make()
+    gc.collect()
+    assert dead() is None
+    # A later partial of the function computes with its own keyword.
+    x = jnp.ones(4)
+    assert_tree_equal(filter_jit(ft.partial(_scale_by, k=2.0))(x), 2 * x)
+
+
+class _MethodLike:
+    """A method-like object that is not a `types.MethodType`."""
+
+    def __init__(self, func: Callable[..., Any], receiver: Any):
+        self.__func__ = func
+        self.__self__ = receiver
+
+    def __call__(self, *args: Any) -> Any:
+        return self.__func__(self.__self__, *args)
+
+
+class _Bound:
+    """A descriptor returning a new method-like object on every access."""
+
+    def __init__(self, func: Callable[..., Any]):
+        self.func = func
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        return _MethodLike(self.func, instance)
+
+
+class _Scaler:
+    def __init__(self, factor: float):
+        self.factor = factor
+
+    def _scale(self, x):
+        return x * self.factor
+
+    scale = _Bound(_scale)
+
+
+class _ScalerByValue(_Scaler):
+    """A receiver compared by value: two equal ones are two objects."""
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.factor == self.factor  # pyright: ignore
+
+    def __hash__(self) -> int:
+        return hash(self.factor)
+
+
+@LEVELS
+@pytest.mark.parametrize("kind", [_Scaler, _ScalerByValue])
+def test_a_method_like_object_made_anew_on_each_access_calls_itself(level, kind):
+    scaler = kind(2.0)
+    for n in (2, 3, 2):
+        x = jnp.ones(n)
+        assert_tree_equal(level(filter_jit(scaler.scale))(x), x * 2.0)
+        gc.collect()  # the first method-like object is gone
+    other = kind(2.0)  # equal receiver, another object
+    other.factor = 5.0  # and now unequal: its own value is used
+    assert_tree_equal(level(filter_jit(other.scale))(jnp.ones(2)), jnp.ones(2) * 5.0)
+
+
+def _counting(body: Callable[..., Any]) -> tuple[Callable[..., Any], list[None]]:
+    """`body` with a host callback that counts its runs (not its traces)."""
+    runs: list[None] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        jax.debug.callback(lambda: runs.append(None))
+        return body(*args, **kwargs)
+
+    return counted, runs
+
+
+def _hand_back_first(x, a, b):
+    return x * a, a
+
+
+def test_static_inputs_that_stop_aliasing_run_each_call_once():
+    counted, runs = _counting(_hand_back_first)
+    g = filter_jit(counted)
+    x = jnp.ones(2)
+    lr = float("0.1")
+    a, b = float("0.1"), float("0.1")
+    assert a is not b
+    calls = [(lr, lr), (a, b), (a, b), (lr, lr), (b, a), (a, b)]
+    for first, second in calls:
+        y, back = g(x, first, second)
+        assert back is first
+        assert_tree_equal(y, x * first)
+    jax.effects_barrier()
+    assert len(runs) == len(calls)
+
+
+def test_static_inputs_that_stop_aliasing_with_donation():
+    g = filter_jit(_hand_back_first, donate="all")
+    lr = float("0.5")
+    a, b = float("0.5"), float("0.5")
+    for first, second in [(lr, lr), (a, b), (a, b), (lr, lr)]:
+        x = jnp.ones(3)
+        y, back = g(x, first, second)
+        assert back is first
+        assert_tree_equal(y, jnp.ones(3) * 0.5)
+
+
+def test_nested_static_inputs_that_stop_aliasing_bind_one_call():
+    counted, runs = _counting(_hand_back_first)
+    g = filter_jit(counted)
+    lr = float("0.25")
+    a, b = float("0.25"), float("0.25")
+
+    def outer(x):
+        y, back = g(x, lr, lr)
+        assert back is lr
+        z, back = g(y, a, b)
+        assert back is a
+        return z
+
+    x = jnp.ones(2)
+    assert_tree_equal(jax.jit(outer)(x), x * 0.25 * 0.25)
+    jax.effects_barrier()
+    assert len(runs) == 2
+    jaxpr = jax.make_jaxpr(outer)(x)
+    assert sum(e.primitive.name in ("pjit", "jit") for e in jaxpr.eqns) == 2
+
+
+_GLOBAL = jnp.arange(3.0)
+
+
+def _with_a_global(x):
+    return x + 1, _GLOBAL
+
+
+def test_a_nested_call_after_a_top_level_trace_binds_one_call():
+    counted, runs = _counting(_with_a_global)
+    g = filter_jit(counted)
+    x = jnp.ones(3)
+    top = g(x)  # the top-level trace
+    jax.effects_barrier()
+    runs.clear()
+
+    def outer(x):
+        first, constant = g(x)
+        assert constant is _GLOBAL  # as undecorated: the global itself
+        return first + g(x)[1]
+
+    undecorated, undecorated_runs = _counting(_with_a_global)
+    expected = jax.jit(lambda x: undecorated(x)[0] + undecorated(x)[1])(x)
+    jax.effects_barrier()
+    assert_tree_equal(jax.jit(outer)(x), expected)
+    jax.effects_barrier()
+    assert len(runs) == len(undecorated_runs) == 2
+    assert_tree_equal(top, (x + 1, _GLOBAL))
+
+
+def test_a_numpy_constant_returned_nested_is_each_calls_own():
+    g = filter_jit(lambda x: (x + 1, np.arange(3.0)))
+    g(jnp.ones(3))  # a top-level trace, whose constant is an output of the jit
+
+    def outer(x):
+        _, first = g(x)
+        _, second = g(x)
+        assert type(first) is np.ndarray and first is not second
+        first[0] = 10.0  # each call's own, as undecorated
+        assert second[0] == 0.0
+        return x
+
+    jax.jit(outer)(jnp.ones(3))
+
+
+def _with_default(x, n=2.0):
+    return x * n
+
+
+def test_donation_with_defaults_takes_the_fast_path(path, monkeypatch):
+    g = filter_jit(_with_default, donate="all")
+    assert_tree_equal(g(jnp.ones(2)), jnp.ones(2) * 2.0)
+    reference_calls: list[None] = []
+    dispatcher = g._dispatcher
+    reference = dispatcher._call
+    monkeypatch.setattr(
+        dispatcher,
+        "_call",
+        lambda *a: (
+            reference_calls.append(None) or type(dispatcher)._call(dispatcher, *a)
+        ),
+    )
+    for _ in range(10):
+        x = jnp.ones(2)
+        assert_tree_equal(g(x), jnp.ones(2) * 2.0)
+        assert x.is_deleted()
+    assert len(reference_calls) == (0 if path == "fast" else 10)
+
+
+@LEVELS
+def test_calls_bind_the_defaults_as_they_are_now(level):
+    def f(x, n=2.0):
+        return x * n
+
+    def h(x, *, n=2.0):
+        return x * n
+
+    x = jnp.ones(2)
+    for fun in (f, h):
+        g = filter_jit(fun)
+        assert_tree_equal(level(g)(x), x * 2.0)
+        if fun is f:
+            f.__defaults__ = (3.0,)
+        else:
+            h.__kwdefaults__ = {"n": 3.0}
+        assert_tree_equal(level(g)(x), x * 3.0)
+        assert_tree_equal(level(filter_jit(fun))(x), x * 3.0)  # wrapped again
+        assert_tree_equal(level(g)(x, n=4.0), x * 4.0)

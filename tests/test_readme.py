@@ -10,24 +10,64 @@ import pytest
 README = pathlib.Path(__file__).parent.parent / "README.md"
 
 
+def _python_blocks(text: str) -> list[tuple[str, str | None]]:
+    """The README's `python` blocks, each with the `text` block right after it
+    (what it prints), or `None`."""
+    pattern = r"```python\n(.*?)```(?:\n\n```text\n(.*?)```)?"
+    return [(code, shown or None) for code, shown in re.findall(pattern, text, re.S)]
+
+
 def test_readme_code_blocks(capsys):
-    text = README.read_text()
-    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 3
+    blocks = _python_blocks(README.read_text())
+    assert len(blocks) == 4
+    # The last block patches Equinox for the whole process: it runs in a process
+    # of its own (test_readme_patch_equinox_block).
+    assert "patch_equinox()" in blocks[-1][0]
     namespace: dict = {}
     # The first block is the problem, before and after: it prints what is shown.
-    exec(blocks[0], namespace)
-    shown = re.search(r"```python\n.*?```\n\n```text\n(.*?)```", text, re.S)
+    code, shown = blocks[0]
+    exec(code, namespace)
     assert shown is not None
-    assert capsys.readouterr().out == shown[1]
-    for block in blocks[1:]:
-        exec(block, namespace)
+    assert capsys.readouterr().out == shown
+    for code, _ in blocks[1:-1]:
+        exec(code, namespace)
     assert namespace["filterjit"].num_traces(namespace["step"]) == 1
     info = namespace["info"]
     assert info == {"steps": 2}
     jax = namespace["jax"]
     assert namespace["power"](2.0, 3) == 8.0
     assert jax.jit(jax.grad(lambda x: namespace["power"](x, 3)))(2.0) == 12.0
+
+
+def test_readme_patch_equinox_block():
+    """The `patch_equinox()` example, in a fresh process: a helper decorated with
+    `eqx.filter_jit` differentiates inside `jax.jit`, and prints what is shown."""
+    import subprocess
+    import sys
+
+    code, shown = _python_blocks(README.read_text())[-1]
+    assert shown is not None
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code],
+        cwd=README.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == shown
+    # Unpatched, the same program fails: the example shows what the patch does.
+    unpatched = code.replace("filterjit.patch_equinox()", "pass")
+    assert unpatched != code
+    result = subprocess.run(
+        [sys.executable, "-c", unpatched],
+        cwd=README.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert "Reverse-mode differentiation does not work" in result.stderr
 
 
 def test_readme_says_how_to_install_to_use_and_to_develop():
@@ -47,14 +87,39 @@ def test_readme_says_how_to_install_to_use_and_to_develop():
         "python -m filterjit",
         "python -m pytest",
     ]
+    # Use: the three entry points and the demo, each shown.
+    use = text.split("## Use", 1)[1].split("\n## ", 1)[0]
+    for shown in ("@filter_jit", "@filterjit.jit", "filterjit.patch_equinox()"):
+        assert shown in use, shown
+    assert "```bash\npython -m filterjit\n```" in use
+    # JAX for a GPU: one command, with filterjit, so that pip keeps JAX in range.
+    assert '`python -m pip install . "jax[cuda13]"`' in install
     # No invented addresses: every link is a file of this repository or a real
     # page that the docs cite too.
+    cited = "".join(page.read_text() for page in (README.parent / "docs").rglob("*.md"))
     for target in re.findall(r"\]\(([^)]+)\)", text):
         if target.startswith("https://"):
-            assert target in (README.parent / "docs" / "index.md").read_text()
+            assert target in cited, target
         else:
             assert (README.parent / target).exists(), target
     assert "<its URL>" not in text
+
+
+def test_readme_states_version_license_and_supported_versions():
+    """The README's facts line says what pyproject.toml and the package say."""
+    import tomllib
+
+    import filterjit
+
+    text = README.read_text()
+    facts = text.split("\n## ", 1)[0]
+    project = tomllib.loads((README.parent / "pyproject.toml").read_text())["project"]
+    assert f"filterjit {filterjit.__version__}" in facts
+    assert project["license"] in facts
+    assert "Python 3.11 to 3.13" in facts
+    (jax,) = [d for d in project["dependencies"] if d.startswith("jax>")]
+    assert f"`{jax}`" in facts
+    assert "JAX 0.9.2\nto 0.12.x" in facts
 
 
 def test_ci_runs_the_readme_commands():
@@ -138,17 +203,49 @@ def test_one_version_source_and_classifiers():
     assert (README.parent / "filterjit" / "py.typed").exists()
     pythons = [c.rsplit(" ", 1)[1] for c in classifiers if re.search(r":: 3\.\d+$", c)]
     assert pythons == ["3.11", "3.12", "3.13"]
-    assert project["requires-python"] == ">=3.11"
+    # requires-python allows exactly the versions the classifiers name.
+    from packaging.specifiers import SpecifierSet
+
+    requires = SpecifierSet(project["requires-python"])
+    allowed = [f"3.{minor}" for minor in range(8, 16) if f"3.{minor}" in requires]
+    assert allowed == pythons, project["requires-python"]
 
 
 def test_changelog_has_a_released_section_for_this_version():
+    """Keep a Changelog's form: `## [VERSION] - DATE` per release, the newest
+    first and this version, under it only Keep a Changelog's kinds of change."""
     import filterjit
 
     changelog = (README.parent / "CHANGELOG.md").read_text()
-    releases = re.findall(r"^## (\S+) \((\d{4}-\d{2}-\d{2})\)$", changelog, re.M)
+    releases = re.findall(r"^## \[(\S+)\] - (\d{4}-\d{2}-\d{2})$", changelog, re.M)
     assert releases, "no released section"
     assert releases[0][0] == filterjit.__version__
-    assert "## Unreleased" not in changelog
+    assert "## [Unreleased]" not in changelog
+    assert re.findall(r"^## .*$", changelog, re.M) == [
+        f"## [{version}] - {date}" for version, date in releases
+    ]
+    kinds = set(re.findall(r"^### (.*)$", changelog, re.M))
+    assert kinds <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
+
+
+def _user_pages() -> list[pathlib.Path]:
+    docs = sorted((README.parent / "docs").rglob("*.md"))
+    return [README, README.parent / "CHANGELOG.md", *docs]
+
+
+def test_user_pages_tell_no_history():
+    """README, CHANGELOG and the docs speak of filterjit as it is: no commit named
+    (the recorded benchmark run names its own, in `benchmarks/results.md`), no
+    issue numbers, no sessions of work; the CHANGELOG names no private module."""
+    commit = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+    history = re.compile(r"\bissues? \d+|\bsessions?\b|\bround \d+", re.I)
+    for page in _user_pages():
+        text = page.read_text()
+        assert not commit.findall(text), (page.name, commit.findall(text))
+        assert not history.findall(text), (page.name, history.findall(text))
+    changelog = (README.parent / "CHANGELOG.md").read_text()
+    internal = re.compile(r"\b_\w+\.py\b|\bDispatcher\b|tests/|benchmarks/")
+    assert not internal.findall(changelog), internal.findall(changelog)
 
 
 def test_api_signatures_are_readable(tmp_path):
@@ -225,9 +322,9 @@ def test_quoted_ratios_are_the_recorded_runs():
                 assert figure in cells, f"{page.name}: {figure}× is not the run's"
                 quoted += 1
     assert quoted >= 3
+    # The page shows the run with its header, which names the commit.
     performance = (README.parent / "docs" / "performance.md").read_text()
     assert '--8<-- "benchmarks/results.md"' in performance
-    assert f"The recorded run is of commit {commit}," in performance
 
 
 def test_the_chart_is_the_recorded_run():

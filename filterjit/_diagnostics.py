@@ -7,6 +7,7 @@ import logging
 import os
 import reprlib
 import sys
+import types
 import warnings
 import weakref
 from collections.abc import Collection
@@ -112,6 +113,35 @@ class Row(NamedTuple):
 Change = tuple[str, Row | None, Row | None]  # a leaf's path, its rows before and after
 
 
+def _qualified_name(value: Any) -> str | None:
+    """`module.qualname` of a function or class (`jax.nn.relu`'s is
+    `jax._src.nn.functions.relu`), or `None` for other values."""
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", None)
+    if not (callable(value) and isinstance(qualname, str)):
+        return None
+    return f"{module}.{qualname}" if isinstance(module, str) else qualname
+
+
+def _function_text(value: Any) -> str | None:
+    """A static function as a table shows it: its whole qualified name (a partial's
+    and a bound method's, with what they bind shortened); `None` for other values."""
+    if isinstance(value, ft.partial):
+        inner = _function_text(value.func) or _short_repr.repr(value.func)
+        bound = [_short_repr.repr(a) for a in value.args]
+        bound += [f"{k}={_short_repr.repr(v)}" for k, v in value.keywords.items()]
+        return f"functools.partial({', '.join([inner, *bound])})"
+    receiver = getattr(value, "__self__", None)
+    if isinstance(value, types.MethodType) or not (
+        receiver is None or isinstance(receiver, types.ModuleType)
+    ):  # a bound method, of Python or of a builtin type
+        function = getattr(value, "__func__", value)
+        name = _qualified_name(function)
+        if name is not None:
+            return f"{name} of {_short_repr.repr(receiver)}"
+    return _qualified_name(value)
+
+
 def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
     if role == "traced":
         aval = jax.typeof(leaf)
@@ -120,7 +150,7 @@ def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
     elif isinstance(leaf, np.ndarray | jax.Array) and leaf.size > 6:
         text = f"{type(leaf).__name__}({jax.typeof(leaf).str_short(short_dtypes=True)})"
     else:
-        text = _short_repr.repr(leaf)
+        text = _function_text(leaf) or _short_repr.repr(leaf)
     code = ref = None
     if role == "static":
         # A functools.partial compares by identity: one re-made is a trap too.

@@ -22,7 +22,13 @@ from ._diagnostics import (
     TraceLog,
 )
 from ._entry import aval_key, Entry, make_entry, pending
-from ._errors import call_checked, check_failed, note_recursion, wait_checked
+from ._errors import (
+    call_checked,
+    check_failed,
+    explain_failure,
+    note_recursion,
+    wait_checked,
+)
 from ._exact import exact_aux
 from ._fastpath import bound_call_reader, top_caller
 from ._function import Function
@@ -369,7 +375,8 @@ class Dispatcher:
                 pending.call = previous
         else:
             ready = entry.awaited if level == TOP else None
-            out = call_checked(entry.jitted, dynamic, self.function.name, ready)
+            name = self.function.name
+            out = call_checked(entry.jitted, dynamic, name, ready, entry.labels)
         if type(out) is Carried:
             return self._finish(level, out, leaves, waited=True)
         return out
@@ -400,6 +407,11 @@ class Dispatcher:
         if isinstance(error, TypeError):
             self._check_traceable(partition, leaves)
         check_failed(error, self.function.name)
+        labels = [label for _, _, label in self.leaf_parameters(partition)]
+        dynamic_labels = partition.take_dynamic(labels)
+        explain_failure(
+            error, self.function.name, dynamic_labels, partition.take_dynamic(leaves)
+        )
 
     def _make(
         self,

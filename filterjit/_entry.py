@@ -17,6 +17,7 @@ import numpy as np
 from ._binding import positional_names
 from ._cache import lifelines
 from ._diagnostics import row, TraceLog
+from ._donated import record
 from ._errors import traced_a_check
 from ._exact import ndarray_key
 from ._function import Function
@@ -43,6 +44,7 @@ class Entry:
 
     __slots__ = (
         "jitted",
+        "labels",
         "captured",
         "has_checks",
         "traced_avals",
@@ -51,8 +53,15 @@ class Entry:
         "__weakref__",
     )
 
-    def __init__(self, jitted: Callable[..., Any], captured: list[Any], staged: bool):
+    def __init__(
+        self,
+        jitted: Callable[..., Any],
+        captured: list[Any],
+        staged: bool,
+        labels: list[str] | None = None,
+    ):
         self.jitted = jitted
+        self.labels = labels or []  # of the traced leaves, for errors
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
         self.has_checks = False  # whether some trace held a runtime check (`awaited`)
@@ -198,16 +207,36 @@ def make_entry(
         jitkwargs["in_shardings"] = _leaf_shardings(
             function, options.in_shardings, partition, leaves
         )
+    donated: tuple[int, ...] = ()
     if level in (TOP, ABSTRACT) and options.donate != "none":
-        jitkwargs["donate_argnums"] = _donated(
-            options, function, leaf_parameters, partition, defaulted
-        )
+        donated = _donated(options, function, leaf_parameters, partition, defaulted)
+        jitkwargs["donate_argnums"] = donated
     jitted = jax.jit(run, **jitkwargs)
+    traced_labels = [labels[p] for p in dynamic_positions]
     if options.donate in ("all", "all-except-first") and level == TOP:
         jitted = _silencing(jitted)
-    entry = Entry(jitted, captured, staged)
+    if donated:
+        jitted = _recording(jitted, donated, function.name, traced_labels)
+    entry = Entry(jitted, captured, staged, traced_labels)
     entry_ref = weakref.ref(entry)
     return entry
+
+
+def _recording(
+    jitted: Any, donated: tuple[int, ...], name: str, labels: list[str]
+) -> Any:
+    """`jitted`, noting (weakly) which arrays each call donated, for the error that
+    passing one again raises (see `_donated`)."""
+    donated_labels = [labels[i] for i in donated]
+
+    def call(*dynamic: Any) -> Any:
+        out = jitted(*dynamic)
+        record([dynamic[i] for i in donated], name, donated_labels)
+        return out
+
+    for method in ("lower", "trace", "eval_shape"):
+        setattr(call, method, getattr(jitted, method))
+    return call
 
 
 def _silencing(jitted: Any) -> Any:

@@ -490,7 +490,9 @@ class Dispatcher:
         hit = entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
         labels = [label for _, _, label in self.function.leaf_parameters(treedef)]
         rows = list(map(row, labels, partition.roles(), leaves))
-        return Explanation(self.function.name, LEVEL_NAMES[level], rows, hit)
+        nearest = None if hit or level == STAGED else self.trace_log.nearest(rows)
+        name, level_name = self.function.name, LEVEL_NAMES[level]
+        return Explanation(name, level_name, rows, hit, nearest=nearest)
 
     def abstract(
         self, fun: Any, args: Args, kwargs: Kwargs

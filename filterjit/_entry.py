@@ -16,7 +16,7 @@ import numpy as np
 
 from ._binding import positional_names
 from ._cache import lifelines
-from ._diagnostics import row, TraceLog
+from ._diagnostics import row, TraceLog, Traces
 from ._donated import record
 from ._errors import traced_a_check
 from ._exact import ndarray_key
@@ -48,6 +48,7 @@ class Entry:
         "captured",
         "has_checks",
         "traced_avals",
+        "traces",
         "guarded",
         "_lifelines",
         "__weakref__",
@@ -66,6 +67,7 @@ class Entry:
         self.captured = captured
         self.has_checks = False  # whether some trace held a runtime check (`awaited`)
         self.traced_avals: set[tuple[Any, ...]] = set()  # for `explain`
+        self.traces = Traces()  # the rows of its traces, for the retrace log
         # Whether calls take the checked path (`Dispatcher._run`); nested, always.
         self.guarded = bool(captured) or staged
         self._lifelines: list[Any] = []
@@ -188,7 +190,8 @@ def make_entry(
                 entry.has_checks = entry.guarded = True
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None and not nested:  # traced at the top level
-            log.record(list(map(row, labels, roles, inputs, arguments)))
+            rows = list(map(row, labels, roles, inputs, arguments))
+            log.record(rows, None if entry is None else entry.traces)
         return jit_output(output, inputs, runtime_check, nested, boxed)
 
     # So that JAX's messages point at the user's function and name its arguments.

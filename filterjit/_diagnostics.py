@@ -400,7 +400,7 @@ class Explanation:
         notes: list[str] = []
         if misses := self.misses:
             assert self.nearest is not None
-            number, changes = self.nearest
+            number, changes = self.nearest.number, self.nearest.changes
             listed = ", ".join(f"`{path}`" for path in misses)
             verb = "differs" if len(misses) == 1 else "differ"
             hit += f": {listed} {verb} from the nearest cached trace (trace {number})"

@@ -91,7 +91,8 @@ def _check_not_another_jit(fun: Any) -> None:
             "scalars, say, where filterjit keeps them unchanged inside traces). "
             "Call `filterjit.patch_equinox()` before decorating, so that "
             "`eqx.filter_jit` is filterjit's, or explain the function itself: "
-            f"`explain({wrapped}, ...)` explains it as `filter_jit` would run it."
+            f"`explain({wrapped.rpartition('.')[2]}, ...)` explains it as "
+            "`filter_jit` would run it."
         )
     if type(fun) is _JAX_JIT_TYPE:
         other = f"`jax.jit({name_of(fun)})`, a jax.jit function"

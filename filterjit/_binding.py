@@ -140,7 +140,7 @@ def _bind_error(
         if len(args) > len(positional):
             return (
                 f"takes {len(positional)} positional argument"
-                f"{'' if len(positional) == 1 else 's'} ({names}) but "
+                f"{'' if len(positional) == 1 else 's'} ({', '.join(positional)}) but "
                 f"{len(args)} were given."
             )
     return f"{error} (the parameters are ({names}))."

@@ -7,6 +7,7 @@ import logging
 import os
 import reprlib
 import sys
+import types
 import warnings
 import weakref
 from collections.abc import Collection
@@ -112,6 +113,35 @@ class Row(NamedTuple):
 Change = tuple[str, Row | None, Row | None]  # a leaf's path, its rows before and after
 
 
+def _qualified_name(value: Any) -> str | None:
+    """`module.qualname` of a function or class (`jax.nn.relu`'s is
+    `jax._src.nn.functions.relu`), or `None` for other values."""
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", None)
+    if not (callable(value) and isinstance(qualname, str)):
+        return None
+    return f"{module}.{qualname}" if isinstance(module, str) else qualname
+
+
+def _function_text(value: Any) -> str | None:
+    """A static function as a table shows it: its whole qualified name (a partial's
+    and a bound method's, with what they bind shortened); `None` for other values."""
+    if isinstance(value, ft.partial):
+        inner = _function_text(value.func) or _short_repr.repr(value.func)
+        bound = [_short_repr.repr(a) for a in value.args]
+        bound += [f"{k}={_short_repr.repr(v)}" for k, v in value.keywords.items()]
+        return f"functools.partial({', '.join([inner, *bound])})"
+    receiver = getattr(value, "__self__", None)
+    if isinstance(value, types.MethodType) or not (
+        receiver is None or isinstance(receiver, types.ModuleType)
+    ):  # a bound method, of Python or of a builtin type
+        function = getattr(value, "__func__", value)
+        name = _qualified_name(function)
+        if name is not None:
+            return f"{name} of {_short_repr.repr(receiver)}"
+    return _qualified_name(value)
+
+
 def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
     if role == "traced":
         aval = jax.typeof(leaf)
@@ -120,7 +150,7 @@ def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
     elif isinstance(leaf, np.ndarray | jax.Array) and leaf.size > 6:
         text = f"{type(leaf).__name__}({jax.typeof(leaf).str_short(short_dtypes=True)})"
     else:
-        text = _short_repr.repr(leaf)
+        text = _function_text(leaf) or _short_repr.repr(leaf)
     code = ref = None
     if role == "static":
         # A functools.partial compares by identity: one re-made is a trap too.
@@ -178,6 +208,14 @@ def _hint(old: Row | None, new: Row | None) -> str:
     return f"a {kind} is static: every new value is traced anew"
 
 
+def describe_change(change: Change) -> str:
+    """`path: old -> new (why that traces)`."""
+    path, before, after = change
+    old = "<absent>" if before is None else before.value
+    new = "<absent>" if after is None else after.value
+    return f"{path}: {old} -> {new} ({_hint(before, after)})"
+
+
 def _changes(old: dict[str, Row], new: dict[str, Row]) -> list[Change]:
     compared = lambda row: row and (row.role, row.value, row.ref)  # noqa: E731
     pairs = [(p, old.get(p), new.get(p)) for p in dict.fromkeys([*old, *new])]
@@ -185,6 +223,26 @@ def _changes(old: dict[str, Row], new: dict[str, Row]) -> list[Change]:
 
 
 _MAX_SEEN = 64  # values remembered per static argument, for the RetraceWarning
+# Cached traces compared with a new one (the latest), to find the nearest.
+_MAX_COMPARED = 1024
+
+
+class Nearest(NamedTuple):
+    """The cached trace nearest a call: its number, and what differs from it."""
+
+    number: int
+    changes: list[Change]
+    cached: bool = True  # False: no trace is cached, and this is the latest
+
+
+class Traces:
+    """The rows of the traces an entry of the caches holds, held by that entry
+    (`Entry.traces`): dropped with it, a trace is no longer cached."""
+
+    __slots__ = ("rows", "__weakref__")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict[str, Row]]] = []  # (trace number, rows)
 
 
 class TraceLog:
@@ -195,19 +253,45 @@ class TraceLog:
         self.module = module
         self.count = 0
         self.in_a_row = 0  # avoidable retraces since the last that was not one
-        self._previous: dict[str, Row] | None = None
+        # The traces still cached, held by the entries that hold them; and the
+        # latest, cached or not (for a call with none cached).
+        self._cached: weakref.WeakSet[Traces] = weakref.WeakSet()
+        self._latest: tuple[int, dict[str, Row]] | None = None
         # The values each static argument has had: one seen before is no trap.
         self._seen: dict[str, set[str]] = collections.defaultdict(set)
         self._change_counts: collections.Counter[str] = collections.Counter()
         self._hints: dict[str, str] = {}
         self._warned = False
 
-    def record(self, rows: list[Row]) -> None:
-        """Called on each trace at the top level or under eager transforms."""
+    def nearest(self, rows: list[Row]) -> "Nearest | None":
+        """The cached trace nearest `rows` (the one with fewest leaves that differ;
+        of those, the latest) and what differs; where none is cached, the latest
+        trace (`cached` false); `None` before the first."""
+        return self._nearest({row.path: row for row in rows})
+
+    def _nearest(self, current: dict[str, Row]) -> "Nearest | None":
+        traces = [item for held in list(self._cached) for item in held.rows]
+        traces.sort(key=lambda item: -item[0])  # the latest first
+        best: Nearest | None = None
+        for number, old in traces[:_MAX_COMPARED]:
+            changes = _changes(old, current)
+            if best is None or len(changes) < len(best.changes):
+                best = Nearest(number, changes)
+            if not best.changes:
+                break
+        if best is None and self._latest is not None:
+            number, old = self._latest
+            best = Nearest(number, _changes(old, current), cached=False)
+        return best
+
+    def record(self, rows: list[Row], held_by: Traces | None) -> None:
+        """Called on each trace at the top level or under eager transforms, with
+        the `Traces` of the entry that keeps it (`None`: kept by none)."""
         self.count += 1
         current = {row.path: row for row in rows}
-        if self._previous is not None:
-            changes = _changes(self._previous, current)
+        if self.count > 1:
+            nearest = self._nearest(current)
+            changes = [] if nearest is None else nearest.changes
             if changes and all(
                 _avoidable(b, a, self._seen.get(path, ())) for path, b, a in changes
             ):
@@ -220,8 +304,11 @@ class TraceLog:
                 self._change_counts.clear()
             explain = os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1"
             if explain or getattr(jax.config, "jax_explain_cache_misses"):  # untyped
-                logger.warning(self._retrace_message(changes))
-        self._previous = current
+                logger.warning(self._retrace_message(nearest))
+        if held_by is not None:
+            held_by.rows.append((self.count, current))
+            self._cached.add(held_by)
+        self._latest = (self.count, current)
         for path, now in current.items():
             if now.role == "static" and len(self._seen[path]) <= _MAX_SEEN:
                 self._seen[path].add(now.value)
@@ -237,22 +324,31 @@ class TraceLog:
                 frame, depth = frame.f_back, depth + 1
             warnings.warn(self._warning_message(), RetraceWarning, stacklevel=depth)
 
-    def _retrace_message(self, changes: list[Change]) -> str:
-        if not changes:
+    def _retrace_message(self, nearest: "Nearest | None") -> str:
+        assert nearest is not None  # called from the second trace on
+        against = f"trace {nearest.number}, the nearest cached"
+        if not nearest.cached:
+            against = (
+                f"trace {nearest.number}, the latest: no trace is cached (the caches "
+                "were cleared, or the traces evicted or dropped with an object they "
+                "were keyed by)"
+            )
+        if not nearest.changes:
             return (
                 f"filter_jit: {self.name} traced again (trace {self.count}) with "
-                "arguments like those of its previous trace: an earlier trace was "
-                "evicted, or JAX keyed on something else (sharding, committed "
-                "device, a jax.config setting)."
+                f"arguments like those of {against}: "
+                + (
+                    "JAX keyed on something else (sharding, committed device, a "
+                    "jax.config setting)."
+                    if nearest.cached
+                    else "it traced them anew."
+                )
             )
-        parts = []
-        for path, before, after in changes:
-            old = "<absent>" if before is None else before.value
-            new = "<absent>" if after is None else after.value
-            parts.append(f"{path}: {old} -> {new} ({_hint(before, after)})")
+        parts = [describe_change(change) for change in nearest.changes]
         return (
             f"filter_jit: {self.name} traced again (trace {self.count}) because "
             + "; ".join(parts)
+            + f" (against {against})"
         )
 
     def _warning_message(self) -> str:
@@ -285,17 +381,49 @@ class Explanation:
     rows: list[Row]
     cache_hit: bool | None  # None: jax.jit's own cache decides, unseen
     decorator: str = "filter_jit"
+    # A call that would trace: the cached trace nearest it, and what differs.
+    nearest: Nearest | None = None
+
+    @property
+    def misses(self) -> list[str]:
+        """The paths of the leaves that differ from the nearest cached trace (why
+        the call would trace); empty where it would hit, or nothing is cached."""
+        if self.cache_hit is not False or not (self.nearest and self.nearest.cached):
+            return []
+        return [path for path, _, _ in self.nearest.changes]
 
     def __str__(self) -> str:
         hit = "would hit the cache" if self.cache_hit else "would trace"
         if self.cache_hit is None:
             hit = "jax.jit's cache decides whether it traces"
         cells = [("argument", "role", "value"), *(row[:3] for row in self.rows)]
+        notes: list[str] = []
+        if misses := self.misses:
+            assert self.nearest is not None
+            number, changes = self.nearest.number, self.nearest.changes
+            listed = ", ".join(f"`{path}`" for path in misses)
+            verb = "differs" if len(misses) == 1 else "differ"
+            hit += f": {listed} {verb} from the nearest cached trace (trace {number})"
+            cached = {path: before for path, before, _ in changes}
+            # A marked column: the nearest trace's value where this call's differs.
+            cells = [(*cells[0], f"in trace {number}")]
+            for current in self.rows:
+                mark = ""
+                if current.path in cached:
+                    before = cached.pop(current.path)
+                    mark = f"<- {'<absent>' if before is None else before.value}"
+                cells.append((*current[:3], mark))
+            for path, before in cached.items():  # in that trace, not in this call
+                assert before is not None
+                cells.append((path, "", "<absent>", f"<- {before.value}"))
+            notes = [f"  {describe_change(change)}" for change in changes]
+        elif self.cache_hit is False and self.nearest is not None:
+            hit += ": no trace of it is cached"
         widths = [max(map(len, column)) for column in zip(*cells)]
         lines = ["  ".join(map(str.ljust, line, widths)).rstrip() for line in cells]
         lines.insert(1, "  ".join("-" * w for w in widths))
         title = f"{self.decorator}({self.name}), called {self.level}: {hit}"
-        return "\n".join([title, *lines])
+        return "\n".join([title, *lines, *(["why:", *notes] if notes else [])])
 
     __repr__ = __str__
 

@@ -22,7 +22,13 @@ from ._diagnostics import (
     TraceLog,
 )
 from ._entry import aval_key, Entry, make_entry, pending
-from ._errors import call_checked, check_failed, note_recursion, wait_checked
+from ._errors import (
+    call_checked,
+    check_failed,
+    explain_failure,
+    note_recursion,
+    wait_checked,
+)
 from ._exact import exact_aux
 from ._fastpath import bound_call_reader, top_caller
 from ._function import Function
@@ -345,7 +351,8 @@ class Dispatcher:
                 pending.call = previous
         else:
             ready = entry.awaited if level == TOP else None
-            out = call_checked(entry.jitted, dynamic, self.function.name, ready)
+            name = self.function.name
+            out = call_checked(entry.jitted, dynamic, name, ready, entry.labels)
         if type(out) is Carried:
             return self._finish(level, out, leaves, waited=True)
         return out
@@ -399,6 +406,11 @@ class Dispatcher:
         if isinstance(error, TypeError):
             self._check_traceable(partition, leaves)
         check_failed(error, self.function.name)
+        labels = [label for _, _, label in self.leaf_parameters(partition)]
+        dynamic_labels = partition.take_dynamic(labels)
+        explain_failure(
+            error, self.function.name, dynamic_labels, partition.take_dynamic(leaves)
+        )
 
     def _make(
         self,
@@ -477,7 +489,9 @@ class Dispatcher:
         hit = entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
         labels = [label for _, _, label in self.function.leaf_parameters(treedef)]
         rows = list(map(row, labels, partition.roles(), leaves))
-        return Explanation(self.function.name, LEVEL_NAMES[level], rows, hit)
+        nearest = None if hit or level == STAGED else self.trace_log.nearest(rows)
+        name, level_name = self.function.name, LEVEL_NAMES[level]
+        return Explanation(name, level_name, rows, hit, nearest=nearest)
 
     def abstract(
         self, fun: Any, args: Args, kwargs: Kwargs

@@ -16,7 +16,8 @@ import numpy as np
 
 from ._binding import positional_names
 from ._cache import lifelines
-from ._diagnostics import row, TraceLog
+from ._diagnostics import row, TraceLog, Traces
+from ._donated import record
 from ._errors import traced_a_check
 from ._exact import ndarray_key
 from ._function import Function
@@ -43,20 +44,30 @@ class Entry:
 
     __slots__ = (
         "jitted",
+        "labels",
         "captured",
         "has_checks",
         "traced_avals",
+        "traces",
         "guarded",
         "_lifelines",
         "__weakref__",
     )
 
-    def __init__(self, jitted: Callable[..., Any], captured: list[Any], staged: bool):
+    def __init__(
+        self,
+        jitted: Callable[..., Any],
+        captured: list[Any],
+        staged: bool,
+        labels: list[str] | None = None,
+    ):
         self.jitted = jitted
+        self.labels = labels or []  # of the traced leaves, for errors
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
         self.has_checks = False  # whether some trace held a runtime check (`awaited`)
         self.traced_avals: set[tuple[Any, ...]] = set()  # for `explain`
+        self.traces = Traces()  # the rows of its traces, for the retrace log
         # Whether calls take the checked path (`Dispatcher._run`); nested, always.
         self.guarded = bool(captured) or staged
         self._lifelines: list[Any] = []
@@ -179,7 +190,8 @@ def make_entry(
                 entry.has_checks = entry.guarded = True
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None and not nested:  # traced at the top level
-            log.record(list(map(row, labels, roles, inputs, arguments)))
+            rows = list(map(row, labels, roles, inputs, arguments))
+            log.record(rows, None if entry is None else entry.traces)
         return jit_output(output, inputs, runtime_check, boxed)
 
     # So that JAX's messages point at the user's function and name its arguments.
@@ -198,16 +210,36 @@ def make_entry(
         jitkwargs["in_shardings"] = _leaf_shardings(
             function, options.in_shardings, partition, leaves
         )
+    donated: tuple[int, ...] = ()
     if level in (TOP, ABSTRACT) and options.donate != "none":
-        jitkwargs["donate_argnums"] = _donated(
-            options, function, leaf_parameters, partition, defaulted
-        )
+        donated = _donated(options, function, leaf_parameters, partition, defaulted)
+        jitkwargs["donate_argnums"] = donated
     jitted = jax.jit(run, **jitkwargs)
+    traced_labels = [labels[p] for p in dynamic_positions]
     if options.donate in ("all", "all-except-first") and level == TOP:
         jitted = _silencing(jitted)
-    entry = Entry(jitted, captured, staged)
+    if donated:
+        jitted = _recording(jitted, donated, function.name, traced_labels)
+    entry = Entry(jitted, captured, staged, traced_labels)
     entry_ref = weakref.ref(entry)
     return entry
+
+
+def _recording(
+    jitted: Any, donated: tuple[int, ...], name: str, labels: list[str]
+) -> Any:
+    """`jitted`, noting (weakly) which arrays each call donated, for the error that
+    passing one again raises (see `_donated`)."""
+    donated_labels = [labels[i] for i in donated]
+
+    def call(*dynamic: Any) -> Any:
+        out = jitted(*dynamic)
+        record([dynamic[i] for i in donated], name, donated_labels)
+        return out
+
+    for method in ("lower", "trace", "eval_shape"):
+        setattr(call, method, getattr(jitted, method))
+    return call
 
 
 def _silencing(jitted: Any) -> Any:

@@ -7,6 +7,7 @@ frames, its error's wording), with a fallback to JAX's error."""
 import contextlib
 import inspect
 import logging
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,12 +16,15 @@ import jax.extend.core
 import numpy as np
 from jax.core import Tracer
 from jax.errors import (
+    ConcretizationTypeError,
     JaxRuntimeError,
+    TracerArrayConversionError,
     TracerBoolConversionError,
     TracerIntegerConversionError,
 )
 
 from . import _trace
+from ._donated import check_not_deleted
 from ._partition import is_array
 
 
@@ -100,11 +104,13 @@ def call_checked(
     dynamic: Sequence[Any],
     name: str,
     ready: Callable[[Any], Any] | None = None,
+    labels: Sequence[str] | None = None,
 ) -> Any:
     """`jitted(*dynamic)`, with a failed runtime check raised as
     `equinox.EquinoxRuntimeError`. `ready(out)`: the arrays of the output to wait
     for before returning (empty or `None` for none), so that a check that fails
-    while it runs is raised here too."""
+    while it runs is raised here too. `labels`: the traced arguments' names, for
+    errors in the user's terms (see `explain_failure`)."""
     # Not a context manager: one costs microseconds, on every checked call.
     _checked_calls.append(None)
     try:
@@ -114,42 +120,97 @@ def call_checked(
         return out
     except Exception as e:
         check_failed(e, name)
-        if isinstance(e, TracerIntegerConversionError | TracerBoolConversionError):
-            _note_traced_scalars(e, jitted, dynamic, name)
+        explain_failure(e, name, _labels(jitted, dynamic, labels), dynamic)
         raise
     finally:
         _checked_calls.pop()
 
 
-def _note_traced_scalars(
-    error: Exception, jitted: Callable[..., Any], dynamic: Sequence[Any], name: str
-) -> None:
-    """Adds to `error` (Python needed a traced value: `range(n)`, `if n`) which of
-    the traced arguments were NumPy or JAX scalars, which a Python int or bool in
-    their place keeps static."""
+def _labels(
+    jitted: Callable[..., Any], dynamic: Sequence[Any], labels: Sequence[str] | None
+) -> Sequence[str]:
+    """The traced arguments' names: `labels`, else `jitted`'s parameters'."""
+    if labels is not None and len(labels) == len(dynamic):
+        return labels
     try:
-        names = list(inspect.signature(jitted).parameters)
+        return list(inspect.signature(jitted).parameters)
     except (TypeError, ValueError):
-        return
+        return [f"<traced leaf {i}>" for i in range(len(dynamic))]
+
+
+def explain_failure(
+    error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
+) -> None:
+    """Puts the error of a top-level call of `name` (traced leaves `dynamic`, named
+    `labels`) in the user's terms: an array donated before raises an error that
+    names it and the call that donated it; an error that a traced NumPy or JAX
+    scalar caused gets a note saying to pass a Python scalar."""
+    check_not_deleted(error, name, labels, dynamic)
+    if _needs_a_concrete_value(error):
+        _note_traced_scalars(error, name, labels, dynamic)
+
+
+# JAX's errors for Python needing a traced value; and the words of those it raises
+# as plain TypeError, IndexError or ValueError (a shape, a slice, an index).
+_CONCRETIZATION_ERRORS = (
+    ConcretizationTypeError,
+    TracerArrayConversionError,
+    TracerBoolConversionError,
+    TracerIntegerConversionError,
+)
+_NEEDS_CONCRETE = re.compile(r"concrete|must be static|static integers")
+# JAX's advice that `filter_jit` has no use for: it takes no `static_argnums`.
+_STATIC_ARGNUMS_ADVICE = re.compile(r"^.*static_argnums.*$\n?", re.MULTILINE)
+
+
+def _needs_a_concrete_value(error: Exception) -> bool:
+    if isinstance(error, _CONCRETIZATION_ERRORS):
+        return True
+    is_plain = isinstance(error, TypeError | IndexError | ValueError)
+    return is_plain and bool(_NEEDS_CONCRETE.search(str(error)))
+
+
+def _note_traced_scalars(
+    error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
+) -> None:
+    """Adds to `error` (Python needed the value of a traced one: a shape, `range(n)`,
+    `if n`, an index) which traced arguments were NumPy or JAX integer or bool
+    scalars, which a Python int or bool in their place keeps static; and takes out
+    JAX's advice to use `static_argnums`."""
     scalars = [
         (label, "NumPy" if isinstance(leaf, np.generic | np.ndarray) else "JAX", leaf)
-        for label, leaf in zip(names, dynamic)
+        for label, leaf in zip(labels, dynamic)
         if is_array(leaf)
         and not isinstance(leaf, Tracer)
         and leaf.shape == ()
         and leaf.dtype.kind in "biu"
     ]
-    if scalars:
-        listed = "; ".join(
-            f"`{label}`, a {kind} {leaf.dtype}" for label, kind, leaf in scalars
-        )
-        error.add_note(
-            f"filter_jit: `{name}` traces NumPy and JAX scalars as it traces arrays "
-            f"(here {listed}), and Python cannot use the value of a traced scalar "
-            f"(`range(n)`, `if n`). Pass a Python int or bool instead "
-            f"(`int({scalars[0][0]})`): it is static, and each new value traces anew. "
-            "For a loop over a traced count, use `jax.lax.fori_loop`."
-        )
+    # JAX names the argument the failing value depends on (its parameter name in
+    # the jitted function: the label made an identifier).
+    named = re.findall(r"depends on the value of the argument (\w+)", str(error))
+    if named:
+        scalars = [s for s in scalars if _identifier(s[0]) in named] or scalars
+    if not scalars:
+        return
+    message = error.args[0] if error.args else None
+    if isinstance(message, str) and _STATIC_ARGNUMS_ADVICE.search(message):
+        error.args = (_STATIC_ARGNUMS_ADVICE.sub("", message), *error.args[1:])
+    listed = "; ".join(f"`{label}`, a {kind} {x.dtype}" for label, kind, x in scalars)
+    first = scalars[0][0]
+    python = "bool" if scalars[0][2].dtype.kind == "b" else "int"
+    error.add_note(
+        f"filter_jit: `{name}` traces NumPy and JAX scalars as it traces arrays "
+        f"(here {listed}), and Python cannot use the value of a traced scalar (as a "
+        f"shape, in `range(n)`, `if n` or an index). Pass a Python int or bool "
+        f"instead (`{python}({first})`): it is static, and each new value traces "
+        "anew (filter_jit has no `static_argnums`: every Python scalar is static). "
+        "For a loop over a traced count, use `jax.lax.fori_loop`."
+    )
+
+
+def _identifier(label: str) -> str:
+    """`label` as the jitted function's parameter (see `_entry._signature`)."""
+    return re.sub(r"\W+", "_", label, flags=re.ASCII).strip("_")
 
 
 _RECURSION_NOTE = "filter_jit: the recursion"  # begins the note, which is added once

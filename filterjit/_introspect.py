@@ -1,6 +1,7 @@
 """Looking at what filter_jit does: explain a call, count traces, clear caches."""
 
 import types
+import warnings
 from typing import Any
 
 import jax
@@ -57,6 +58,7 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
     fun, args = _unbind(fun, args)
     if isinstance(fun, _WRAPPERS):
         return fun._explain(args, kwargs)
+    _check_not_another_jit(fun)
     wrapper: FilterJitWrapper[..., Any] = _decorate(Options(), fun, caller="explain")
     explanation = wrapper._explain(args, kwargs)
     if type(fun) is _JAX_JIT_TYPE:  # explained as `filter_jit(jax.jit(f))`
@@ -65,6 +67,51 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
 
 
 _JAX_JIT_TYPE = type(jax.jit(lambda: None))
+
+
+def _equinox_jit(fun: Any) -> Any:
+    """The `equinox.filter_jit` wrapper that `fun` is (or a method of), or `None`."""
+    fun = getattr(fun, "func", fun)  # a method read from an instance: a Partial
+    kind = type(fun)
+    equinox = kind.__module__.startswith("equinox.")
+    return fun if equinox and kind.__qualname__ == "_JitWrapper" else None
+
+
+def _check_not_another_jit(fun: Any) -> None:
+    """Raises for Equinox's `filter_jit` wrapper, and warns for another library's
+    jit (`jax.jit`'s included): `explain` says what filterjit's wrapper would do."""
+    if (wrapper := _equinox_jit(fun)) is not None:
+        wrapped = getattr(wrapper, "fn", None)  # Equinox keeps the name here
+        if not isinstance(wrapped, str):
+            wrapped = name_of(getattr(wrapper, "__wrapped__", wrapper))
+        raise TypeError(
+            f"explain: `{wrapped}` is wrapped by `equinox.filter_jit`, not by "
+            "filterjit, and explain can only say what filterjit's wrapper would do "
+            "(Equinox's keys and caches its calls differently: it traces NumPy "
+            "scalars, say, where filterjit keeps them unchanged inside traces). "
+            "Call `filterjit.patch_equinox()` before decorating, so that "
+            "`eqx.filter_jit` is filterjit's, or explain the function itself: "
+            f"`explain({wrapped.rpartition('.')[2]}, ...)` explains it as "
+            "`filter_jit` would run it."
+        )
+    if type(fun) is _JAX_JIT_TYPE:
+        other = f"`jax.jit({name_of(fun)})`, a jax.jit function"
+    elif callable(getattr(fun, "lower", None)):
+        kind = f"{type(fun).__module__}.{type(fun).__name__}"
+        other = f"`{name_of(fun)}`, a jit wrapper of type `{kind}`"
+    else:
+        return
+    warnings.warn(
+        f"explain: {other}, is not filterjit's: the table shows what "
+        f"`filter_jit` wrapped around it would do, which is not what calling it "
+        "does (jax.jit traces every argument not in `static_argnums`, and its cache "
+        "is its own). Use `filterjit.jit` or `filterjit.filter_jit` in its place to "
+        "explain what a call does.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 _WRAPPERS = (FilterJitWrapper, JitWrapper)
 
 

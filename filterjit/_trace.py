@@ -31,28 +31,94 @@ _package_dir = os.path.dirname(os.path.abspath(__file__))
 jax.extend.source_info_util.register_exclusion(_package_dir)
 
 
+def _hide_frames_public(error: BaseException) -> None:
+    pass  # JAX's filtering unknown: the traceback is left whole
+
+
+try:
+    from jax._src.traceback_util import (
+        _add_call_stack_frames as _with_call_stack,
+        _add_tracebackhide_to_hidden_frames as _mark_hidden_frames,
+        _filtering_mode,
+        _is_under_reraiser,
+        _simplified_tb_msg as _FILTERED_NOTE_TEXT,
+        filter_traceback as _filter_traceback,
+        format_exception_only as _format_exception_only,
+        register_exclusion as _register_exclusion,
+        UnfilteredStackTrace as _UnfilteredStackTrace,
+    )
+except ImportError:  # pragma: no cover - the tests simulate this by monkeypatching
+    traceback_filtering_available = False
+    hide_frames = _hide_frames_public
+else:
+    traceback_filtering_available = True
+    # Below `jax.jit`'s boundary, JAX hides filterjit's frames as it hides its own.
+    _register_exclusion(_package_dir)
+    _FILTERED_NOTE = "--------------------\n" + _FILTERED_NOTE_TEXT
+
+    def _hide_frames_private(error: BaseException) -> None:
+        # What `jax._src.traceback_util.api_boundary` does to an exception leaving
+        # `jax.jit`'s wrapper, done where it leaves filterjit's (whose frames sit
+        # above JAX's boundary, out of its reach): filterjit's and JAX's frames
+        # removed, or marked `__tracebackhide__`, as JAX_TRACEBACK_FILTERING says.
+        mode = _filtering_mode()
+        tb = error.__traceback__
+        if mode == "off" or tb is None or _is_under_reraiser(error):
+            return  # shown whole, or filtered by an enclosing JAX boundary
+        if mode == "tracebackhide":
+            _mark_hidden_frames(tb)
+            return
+        if mode not in ("quiet_remove_frames", "remove_frames"):
+            return  # JAX raises for an unknown mode itself
+        error.with_traceback(_filter_traceback(tb))
+        if mode == "quiet_remove_frames":
+            if _FILTERED_NOTE not in getattr(error, "__notes__", ()):
+                error.add_note(_FILTERED_NOTE)
+        elif not isinstance(error.__cause__, _UnfilteredStackTrace):
+            # `jax.jit`'s boundary made none (the error is filterjit's own): one
+            # with the whole stack, as JAX makes it.
+            unfiltered = _UnfilteredStackTrace(_format_exception_only(error))
+            unfiltered.with_traceback(_with_call_stack(tb))
+            unfiltered.__cause__ = error.__cause__
+            unfiltered.__context__ = error.__context__
+            unfiltered.__suppress_context__ = error.__suppress_context__
+            error.__cause__ = unfiltered
+            error.__context__ = None
+
+    # `hide_frames(error)`: filterjit's frames (generated code included: it is filed
+    # under the package's directory) taken out of `error`'s traceback, as JAX's own.
+    hide_frames = _hide_frames_private
+
+
 def _current_equations_public() -> list[Any] | None:
     return None  # unknown: the caller assumes the worst
 
 
 def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-    if _trace_level_public() == STAGED:
-        return self._staged(*args, **kwargs)
-    return self._outside(*args, **kwargs)
+    try:
+        if _trace_level_public() == STAGED:
+            return self._staged(*args, **kwargs)
+        return self._outside(*args, **kwargs)
+    except Exception as error:
+        hide_frames(error)
+        raise
 
 
 # The `__call__` of filter_jit's wrapper: at the top level the dispatcher's `top`,
 # elsewhere its `call`, inside `jax.disable_jit()` the function itself.
 def _call_at_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-    if jax.config.jax_disable_jit:  # pyright: ignore[reportAttributeAccessIssue]
-        return self._fun(*args, **kwargs)
-    if _trace_level_public() == TOP:
-        return self._dispatcher.top(self, args, kwargs)
-    return self._call(STAGED, self._fun, args, kwargs)
+    try:
+        if jax.config.jax_disable_jit:  # pyright: ignore[reportAttributeAccessIssue]
+            return self._fun(*args, **kwargs)
+        if _trace_level_public() == TOP:
+            return self._dispatcher.top(self, args, kwargs)
+        return self._call(STAGED, self._fun, args, kwargs)
+    except Exception as error:
+        hide_frames(error)
+        raise
 
 
 try:
-    from jax._src import traceback_util as _traceback_util
     from jax._src.config import disable_jit as _disable_jit_state
     from jax._src.core import EvalTrace as _EvalTrace, trace_ctx as _trace_ctx
     from jax._src.interpreters.partial_eval import (
@@ -91,8 +157,6 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     call_at_level = _call_at_level_public
 else:
     private_api_available = True
-    # Hide filterjit's frames from tracebacks, as JAX hides its own.
-    _traceback_util.register_exclusion(_package_dir)
 
     def _walk(trace: object) -> int:
         # Up the `parent_trace` chain, which ends at an `EvalTrace`.
@@ -109,23 +173,33 @@ else:
         return _walk(_current_trace.value)
 
     def _call_by_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-        # Most calls: positional, at the top level.
-        trace = _current_trace_value(_current_trace)
-        if not kwargs and type(trace) is _EvalTrace:
-            return self._outside(*args)
-        if type(trace) is not _EvalTrace and _walk(trace) == STAGED:
-            return self._staged(*args, **kwargs)
-        return self._outside(*args, **kwargs)
+        # Most calls: positional, at the top level. (A `try` costs nothing until
+        # something is raised.)
+        __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
+        try:
+            trace = _current_trace_value(_current_trace)
+            if not kwargs and type(trace) is _EvalTrace:
+                return self._outside(*args)
+            if type(trace) is not _EvalTrace and _walk(trace) == STAGED:
+                return self._staged(*args, **kwargs)
+            return self._outside(*args, **kwargs)
+        except Exception as error:
+            hide_frames(error)
+            raise
 
     def _call_at_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         # The level found inline: the hot path's first function is this one.
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
-        if _disable_jit_value(_disable_jit_state):
-            return self._fun(*args, **kwargs)
-        trace = _current_trace_value(_current_trace)
-        if type(trace) is _EvalTrace:
-            return self._dispatcher.top(self, args, kwargs)
-        return self._call(_walk(trace), self._fun, args, kwargs)
+        try:
+            if _disable_jit_value(_disable_jit_state):
+                return self._fun(*args, **kwargs)
+            trace = _current_trace_value(_current_trace)
+            if type(trace) is _EvalTrace:
+                return self._dispatcher.top(self, args, kwargs)
+            return self._call(_walk(trace), self._fun, args, kwargs)
+        except Exception as error:
+            hide_frames(error)
+            raise
 
     def _current_equations_private() -> list[Any] | None:
         # What the innermost staged trace holds so far.

@@ -279,7 +279,8 @@ def test_explain_of_a_jax_jit_function_names_it():
     def f(x):
         return x + 1
 
-    text = str(filterjit.explain(jax.jit(f), jnp.ones(3)))
+    with pytest.warns(UserWarning, match=r"`jax.jit\(.*f\)`, a jax.jit function"):
+        text = str(filterjit.explain(jax.jit(f), jnp.ones(3)))
     assert text.startswith("filter_jit(jax.jit(")
     assert "f)), called at the top level" in text
     assert str(filterjit.explain(f, jnp.ones(3))).startswith("filter_jit(")

@@ -1,6 +1,7 @@
 """The private-JAX access in `filterjit._trace`, and its fallback."""
 
 import collections
+import os
 import subprocess
 import sys
 import warnings
@@ -229,3 +230,47 @@ def test_no_deprecation_warning():
         f(jnp.ones(2), 2.0)
         jax.jit(lambda x: f(x, np.float32(2)))(jnp.ones(2))
         jax.grad(lambda x: f(x, 2.0).sum())(jnp.ones(2))
+
+
+def test_traceback_filtering_private_api_is_available():
+    # If this fails, JAX has moved what `jax._src.traceback_util.api_boundary` uses
+    # (`_filtering_mode`, `filter_traceback`, `_is_under_reraiser`, ...): update
+    # `hide_frames` in filterjit/_trace.py. Meanwhile tracebacks hold filterjit's
+    # frames above `jax.jit`'s boundary (the fallback leaves them whole).
+    assert _trace.traceback_filtering_available
+    assert _trace.hide_frames is _trace._hide_frames_private
+    from jax._src import traceback_util
+
+    # Frames under the package's directory (generated code included) are JAX's
+    # to leave out below its own boundary too.
+    assert _trace._package_dir in traceback_util._exclude_paths
+    generated = os.path.join(_trace._package_dir, "<generated top 0>")
+    assert not traceback_util.include_filename(generated)
+
+
+def test_traceback_fallback_leaves_the_traceback_whole(monkeypatch):
+    # Simulate a JAX that moved its traceback filtering: the error is raised as it
+    # was, with filterjit's frames in its traceback.
+    monkeypatch.setattr(_trace, "hide_frames", _trace._hide_frames_public)
+
+    @filterjit.filter_jit
+    def f(a, b):
+        return a @ b
+
+    with pytest.raises(TypeError, match="dot_general requires") as info:
+        f(jnp.ones((2, 3)), jnp.ones((4, 5)))
+    files = []
+    tb = info.value.__traceback__
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    assert any(name.startswith(_trace._package_dir + os.sep) for name in files)
+    monkeypatch.undo()
+    with pytest.raises(TypeError, match="dot_general requires") as info:
+        f(jnp.ones((2, 3)), jnp.ones((4, 5)))
+    files = []
+    tb = info.value.__traceback__
+    while tb is not None:
+        files.append(tb.tb_frame.f_code.co_filename)
+        tb = tb.tb_next
+    assert not any(name.startswith(_trace._package_dir + os.sep) for name in files)

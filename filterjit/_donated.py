@@ -1,0 +1,104 @@
+"""Arrays that a call donated: a weak record of each, so that passing one again
+raises an error naming the parameter and the call that donated it. Only calls of
+functions that donate record anything; the record is read only when JAX has
+refused a call's deleted buffer."""
+
+import os
+import sys
+import weakref
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+
+
+class Donation(NamedTuple):
+    """Where an array was donated: the function, its parameter, the call's line."""
+
+    function: str
+    parameter: str
+    where: str  # `file:line` of the call, or "" where it is not known
+
+
+class _Ref(weakref.ref):  # pyright: ignore[reportMissingTypeArgument]
+    """A weak reference to a donated array, with what its donation was."""
+
+    __slots__ = ("key", "donation")
+    key: int
+    donation: Donation
+
+
+# Donated arrays still alive, by `id`: each entry goes when its array dies.
+_records: dict[int, _Ref] = {}
+
+_package_dir = os.path.dirname(os.path.abspath(__file__))
+
+
+def _forget(ref: _Ref) -> None:
+    if _records.get(ref.key) is ref:
+        del _records[ref.key]
+
+
+def _caller() -> str:
+    """`file:line` of the first frame outside filterjit and JAX: the user's call."""
+    internal = (_package_dir, os.path.dirname(os.path.abspath(jax.__file__)))
+    frame = sys._getframe(2)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(internal):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def record(arrays: Sequence[Any], function: str, labels: Sequence[str]) -> None:
+    """Notes that a call of `function` donated `arrays`, passed as `labels`."""
+    where = _caller()
+    for array, label in zip(arrays, labels):
+        try:
+            ref = _Ref(array, _forget)
+        except TypeError:  # not weakly referable: not recorded
+            continue
+        ref.key = id(array)
+        ref.donation = Donation(function, label, where)
+        _records[ref.key] = ref
+
+
+def donation_of(array: Any) -> Donation | None:
+    """How `array` was donated, if a filter_jit call donated it."""
+    ref = _records.get(id(array))
+    return ref.donation if ref is not None and ref() is array else None
+
+
+def _is_deleted(leaf: Any) -> bool:
+    try:
+        return isinstance(leaf, jax.Array) and leaf.is_deleted()
+    except Exception:  # a tracer, or an array that cannot say
+        return False
+
+
+def check_not_deleted(
+    error: BaseException, name: str, labels: Sequence[str], dynamic: Sequence[Any]
+) -> None:
+    """Raises, naming the argument, where `error` is JAX refusing a buffer that was
+    deleted or donated and one of the traced leaves `dynamic` is such an array."""
+    if not isinstance(error, ValueError | RuntimeError) or "deleted" not in str(error):
+        return
+    for label, leaf in zip(labels, dynamic):
+        if not _is_deleted(leaf):
+            continue
+        donation = donation_of(leaf)
+        if donation is None:
+            cause = (
+                "was deleted or donated (`.delete()`, or a `jax.jit` with "
+                "`donate_argnums`, say)"
+            )
+        else:
+            at = f" at {donation.where}" if donation.where else ""
+            cause = (
+                f"was donated by an earlier call of `{donation.function}`{at}, "
+                f"through its parameter `{donation.parameter}`"
+            )
+        raise ValueError(
+            f"{name}(): argument `{label}` is an array that {cause}: its buffer now "
+            "belongs to that call's output and it cannot be used again. Pass the "
+            "array that call returned in its place, or keep the argument from being "
+            "donated (filter_jit's `donate=`)."
+        ) from None

@@ -1,0 +1,372 @@
+"""What a user sees when something goes wrong: tracebacks without filterjit's frames,
+errors and notes in the user's terms, and diagnostics that say why a call traces."""
+
+import functools as ft
+import gc
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import filterjit
+from filterjit import filter_jit
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(filterjit.__file__))
+
+# Raises a shape error in a cold call (traced for the first time, on the reference
+# path) and in a warm one (the generated `top` of the latest partition, whose
+# entry traces anew for new shapes), each printed as Python prints it uncaught.
+_TRACEBACKS = textwrap.dedent(
+    """
+    import traceback
+
+    import jax.numpy as jnp
+
+    import filterjit
+
+
+    @filterjit.filter_jit
+    def f(a, b):
+        return a @ b
+
+
+    x = jnp.ones((2, 3))
+    for call in ("cold", "warm"):
+        if call == "warm":
+            f(x, x.T)
+            f(x, x.T)
+        try:
+            f(x, jnp.ones((4, 5)))
+        except TypeError:
+            print(f"=== {call}")
+            traceback.print_exc(file=__import__("sys").stdout)
+    """
+)
+
+
+def _tracebacks(tmp_path, mode: str | None) -> dict[str, str]:
+    """The printed tracebacks of `_TRACEBACKS`, cold and warm, under a
+    JAX_TRACEBACK_FILTERING mode (`None`: JAX's default)."""
+    script = tmp_path / "script.py"
+    script.write_text(_TRACEBACKS)
+    env = dict(os.environ)
+    env.pop("JAX_TRACEBACK_FILTERING", None)
+    if mode is not None:
+        env["JAX_TRACEBACK_FILTERING"] = mode
+    # The worktree's filterjit, whatever the current directory.
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(_PACKAGE), *sys.path])
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    _, cold, warm = re.split(r"^=== (?:cold|warm)\n", done.stdout, flags=re.MULTILINE)
+    return {"cold": cold, "warm": warm}
+
+
+def _filterjit_frames(traceback: str) -> list[str]:
+    return [
+        line
+        for line in traceback.splitlines()
+        if line.startswith('  File "') and _PACKAGE + os.sep in line
+    ]
+
+
+@pytest.mark.parametrize("mode", [None, "quiet_remove_frames", "remove_frames"])
+def test_tracebacks_hold_no_filterjit_frame_where_jax_hides_its_own(tmp_path, mode):
+    for call, traceback in _tracebacks(tmp_path, mode).items():
+        if mode == "remove_frames":
+            # JAX's own frames are in the unfiltered stack it attaches as the
+            # cause; the traceback of the error itself is the one filtered.
+            traceback = traceback.rpartition("direct cause of the following")[2]
+        assert _filterjit_frames(traceback) == [], (call, traceback)
+        assert "line 11, in f\n    return a @ b" in traceback, (call, traceback)
+        assert "TypeError: dot_general requires contracting dimensions" in traceback
+
+
+def test_tracebacks_show_filterjit_frames_with_filtering_off(tmp_path):
+    tracebacks = _tracebacks(tmp_path, "off")
+    cold, warm = (
+        [line.rpartition(os.sep)[2] for line in _filterjit_frames(tracebacks[call])]
+        for call in ("cold", "warm")
+    )
+    assert any(line.startswith("_dispatch.py") for line in cold), tracebacks["cold"]
+    # The warm call went through the generated code, shown where not filtered.
+    assert any(line.startswith("<generated top") for line in warm), tracebacks["warm"]
+
+
+def test_a_filterjit_error_of_its_own_is_raised_without_its_frames():
+    @filter_jit
+    def f(x, n):
+        return x * n
+
+    with pytest.raises(TypeError, match="takes 2 positional") as info:
+        f(jnp.ones(2), 1, 2)  # pyright: ignore[reportCallIssue]
+    frames = [frame.f_code.co_filename for frame, _ in _walk(info.value.__traceback__)]
+    assert not [name for name in frames if name.startswith(_PACKAGE + os.sep)], frames
+
+
+def _walk(tb):
+    while tb is not None:
+        yield tb.tb_frame, tb.tb_lineno
+        tb = tb.tb_next
+
+
+# What Python needs the value of a traced scalar for, at the top level.
+_NEEDS_A_VALUE: dict[str, Callable[[Any, Any], Any]] = {
+    "shape": lambda x, n: jnp.zeros(n),
+    "shape in a tuple": lambda x, n: jnp.ones((n, 2)),
+    "reshape": lambda x, n: x.reshape(n, -1),
+    "arange": lambda x, n: jnp.arange(n),
+    "slice": lambda x, n: x[:n],
+    "index of a list": lambda x, n: [x, x, x, x][n],
+    "range": lambda x, n: [x for _ in range(n)],
+    "if": lambda x, n: x if n > 1 else -x,
+}
+
+
+@pytest.mark.parametrize("scalar", [np.int64(3), jnp.int32(3)], ids=["numpy", "jax"])
+@pytest.mark.parametrize("case", list(_NEEDS_A_VALUE))
+def test_a_traced_scalar_that_python_needs_gets_the_note(case, scalar):
+    f = filter_jit(_NEEDS_A_VALUE[case])
+    with pytest.raises(Exception) as info:
+        f(jnp.ones(6), scalar)
+    notes = [n for n in getattr(info.value, "__notes__", ()) if "filter_jit" in n]
+    assert len(notes) == 1, (str(info.value), info.value.__notes__)
+    kind = "NumPy" if isinstance(scalar, np.generic) else "JAX"
+    assert f"(here `n`, a {kind} int" in notes[0]
+    assert "`int(n)`" in notes[0]
+    # JAX's advice about an option filter_jit does not take is gone.
+    assert "try using `static_argnums`" not in str(info.value)
+    # And the note is right: a Python int runs.
+    f(jnp.ones(6), 3)
+
+
+def test_the_note_names_the_argument_that_jax_says_the_value_depends_on():
+    @filter_jit
+    def f(x, n, m):
+        return jnp.zeros(m) + n
+
+    with pytest.raises(TypeError) as info:
+        f(jnp.ones(2), np.int32(1), np.int32(2))
+    (note,) = [n for n in info.value.__notes__ if "filter_jit" in n]
+    assert "`m`, a NumPy int32" in note
+    assert "`n`" not in note
+
+
+def test_an_error_no_scalar_caused_gets_no_note():
+    @filter_jit
+    def f(a, b, n):
+        return a @ b
+
+    with pytest.raises(TypeError) as info:
+        f(jnp.ones((2, 3)), jnp.ones((4, 5)), np.int32(2))
+    assert not [n for n in getattr(info.value, "__notes__", ()) if "filter_jit" in n]
+
+
+def _retraces(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "filterjit"]
+
+
+def test_retrace_log_names_only_what_differs_from_the_nearest_cached_trace(
+    monkeypatch, caplog
+):
+    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
+
+    @filter_jit
+    def f(x, t):
+        return x * t
+
+    with caplog.at_level(logging.WARNING, logger="filterjit"):
+        f(jnp.ones((32, 3)), 1.0)
+        f(jnp.ones((4, 3)), 1.0)
+        f(jnp.ones((32, 3)), 2.0)
+    first, second = _retraces(caplog)
+    assert first.startswith("filter_jit: ") and "x: f32[32,3] -> f32[4,3]" in first
+    # Against trace 1, which differs in `t` only; trace 2 also differs in `x`.
+    assert "because t: 1.0 -> 2.0" in second
+    assert "x:" not in second
+    assert "(against trace 1, the nearest cached)" in second
+
+
+def test_retrace_log_after_the_caches_are_cleared_says_none_is_cached(
+    monkeypatch, caplog
+):
+    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
+
+    @filter_jit
+    def f(x, t):
+        return x * t
+
+    with caplog.at_level(logging.WARNING, logger="filterjit"):
+        f(jnp.ones(3), 1.0)
+        filterjit.clear_caches()
+        gc.collect()
+        f(jnp.ones(3), 1.0)
+    (message,) = _retraces(caplog)
+    assert "no trace is cached" in message
+
+
+def test_explain_marks_what_differs_from_the_nearest_cached_trace():
+    @filter_jit
+    def f(x, t):
+        return x * t
+
+    f(jnp.ones((32, 3)), 1.0)
+    f(jnp.ones((4, 3)), 2.0)
+    explanation = filterjit.explain(f, jnp.ones((8, 3)), 1.0)
+    assert explanation.cache_hit is False
+    assert explanation.misses == ["x"]
+    text = str(explanation)
+    title, _, _, x_row, t_row, *why = text.splitlines()
+    assert title.endswith(
+        "would trace: `x` differs from the nearest cached trace (trace 1)"
+    )
+    assert x_row.split() == ["x", "traced", "f32[8,3]", "<-", "f32[32,3]"]
+    assert t_row.split() == ["t", "static", "1.0"]  # as cached: not marked
+    assert why[0] == "why:" and "x: f32[32,3] -> f32[8,3]" in why[1]
+    # A hit marks nothing.
+    hit = filterjit.explain(f, jnp.ones((4, 3)), 2.0)
+    assert hit.cache_hit and hit.misses == [] and "<-" not in str(hit)
+
+
+def test_explain_marks_an_argument_the_nearest_trace_did_not_have():
+    @filter_jit
+    def f(x, extra=None):
+        return x
+
+    f(jnp.ones(3))
+    explanation = filterjit.explain(f, jnp.ones(3), extra=(1.0,))
+    assert explanation.misses == ["extra[0]"]  # `None` has no leaf
+    assert "<- <absent>" in str(explanation)
+
+
+def test_explain_of_equinox_filter_jit_raises_naming_it():
+    def g(x):
+        return x + 1
+
+    with pytest.raises(TypeError, match=r"\.g` is wrapped by `equinox.filter_jit`"):
+        filterjit.explain(eqx.filter_jit(g), jnp.ones(3))
+
+    class Model(eqx.Module):
+        @eqx.filter_jit
+        def __call__(self, x):
+            return x
+
+    with pytest.raises(TypeError, match="wrapped by `equinox.filter_jit`"):
+        filterjit.explain(Model().__call__, jnp.ones(3))
+
+
+def test_explain_of_another_jit_wrapper_warns_naming_it():
+    class OtherJit:
+        def __init__(self, fun):
+            self.fun = fun
+
+        def __call__(self, *args):
+            return self.fun(*args)
+
+        def lower(self, *args):
+            raise NotImplementedError
+
+    with pytest.warns(UserWarning, match=r"a jit wrapper of type `.*OtherJit`"):
+        filterjit.explain(OtherJit(lambda x: x), jnp.ones(3))
+    with pytest.warns(UserWarning, match=r"`jax.jit\(.*\)`, a jax.jit function"):
+        filterjit.explain(jax.jit(lambda x: x), jnp.ones(3))
+
+
+def _apply(fn, x):
+    return fn(x)
+
+
+def test_static_functions_are_shown_by_their_whole_qualified_names(monkeypatch, caplog):
+    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
+    f = filter_jit(_apply)
+    relu = f"{jax.nn.relu.__module__}.{jax.nn.relu.__qualname__}"
+    rows = filterjit.explain(f, jax.nn.relu, jnp.ones(2)).rows
+    assert rows[0].value == relu
+    partial = ft.partial(jnp.clip, min=0.0)
+    rows = filterjit.explain(f, partial, jnp.ones(2)).rows
+    assert rows[0].value == "functools.partial(jax.numpy.clip, min=0.0)"
+    with caplog.at_level(logging.WARNING, logger="filterjit"):
+        f(jax.nn.relu, jnp.ones(2))
+        f(jax.nn.sigmoid, jnp.ones(2))
+    (message,) = _retraces(caplog)
+    sigmoid = f"{jax.nn.sigmoid.__module__}.{jax.nn.sigmoid.__qualname__}"
+    assert f"fn: {relu} -> {sigmoid} (" in message
+
+
+def _donating(a, b):
+    return a + b
+
+
+def test_a_donated_array_passed_again_names_its_donation():
+    f = filter_jit(_donating, donate="all")
+    x = jnp.ones(3)
+    y = f(x, 2.0)  # donates `x`: the next line's number is in the message
+    line = sys._getframe().f_lineno - 1
+    where = re.escape(f"{__file__}:{line}")
+    message = (
+        r"_donating\(\): argument `a` is an array that was donated by an earlier "
+        rf"call of `_donating` at {where}, through its parameter `a`"
+    )
+    with pytest.raises(ValueError, match=message):
+        f(x, 2.0)  # warm: JAX refuses the deleted buffer when it runs
+    with pytest.raises(ValueError, match=message):
+        f(x, 3.0)  # cold: a new static value, traced anew
+    g = filter_jit(lambda z: z * 2)
+    with pytest.raises(ValueError, match=r"<lambda>\(\): argument `z` .* `_donating`"):
+        g(x)  # passed to another function
+    assert f(y, 2.0).shape == (3,)
+
+
+def test_an_array_deleted_otherwise_is_named_too():
+    f = filter_jit(lambda x: x + 1)
+    f(jnp.ones(3))
+    x = jnp.ones(3)
+    x.delete()
+    with pytest.raises(ValueError, match="argument `x` is an array that was deleted"):
+        f(x)
+
+
+def test_the_record_of_donations_keeps_no_array_alive():
+    f = filter_jit(_donating, donate="all")
+    x = jnp.ones(3)
+    f(x, 2.0)
+    ref = weakref.ref(x)
+    del x
+    gc.collect()
+    assert ref() is None
+    # A function that donates nothing records nothing: its entries call JAX's
+    # jitted function directly.
+    g = filter_jit(_donating)
+    g(jnp.ones(3), 2.0)
+    (entry,) = g._dispatcher.entries[0]._values.values()
+    assert type(entry.jitted) is type(jax.jit(_donating))
+
+
+def test_a_wrong_count_lists_the_positional_parameters_only():
+    class M(eqx.Module):
+        @filter_jit
+        def f(self, x, *, scale=1.0):
+            return x * scale
+
+    with pytest.raises(
+        TypeError,
+        match=re.escape("takes 2 positional arguments (self, x) but 3 were given"),
+    ):
+        M().f(jnp.ones(2), 2.0)  # pyright: ignore[reportCallIssue]

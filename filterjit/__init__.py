@@ -12,7 +12,7 @@ from ._introspect import (
 )
 from ._jax_jit import jit as jit
 from ._jit import filter_jit as filter_jit
-from ._partition import is_array as is_array
+from ._leaves import is_array as is_array
 from ._patch import (
     EquinoxPatch as EquinoxPatch,
     patch_equinox as patch_equinox,

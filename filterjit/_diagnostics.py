@@ -18,8 +18,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._partition import weakly_keyed
-from ._trace import EAGER, STAGED, TOP
+from ._leaves import weakly_keyed
 
 
 logger = logging.getLogger("filterjit")
@@ -362,13 +361,6 @@ class TraceLog:
             "filterjit.set_retrace_warning_threshold(None, module=...) silences this "
             "warning for one library."
         )
-
-
-LEVEL_NAMES = {
-    TOP: "at the top level",
-    EAGER: "under eager transforms",
-    STAGED: "inside a staged trace",
-}
 
 
 @dataclasses.dataclass(eq=False)

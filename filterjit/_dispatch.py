@@ -2,6 +2,7 @@
 by every wrapper of that function with those options, and the two paths a call
 takes through them (see `Dispatcher.call` and `Dispatcher._call`)."""
 
+import functools as ft
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -17,11 +18,10 @@ from ._diagnostics import (
     check_traceable,
     Explanation,
     key_error,
-    LEVEL_NAMES,
     row,
     TraceLog,
 )
-from ._entry import aval_key, Entry, make_entry, pending
+from ._entry import aval_key, Entry, EntryMaker, make_entry, pending
 from ._errors import (
     call_checked,
     check_failed,
@@ -30,13 +30,13 @@ from ._errors import (
     wait_checked,
 )
 from ._exact import exact_aux
-from ._fastpath import bound_call_reader, top_caller
+from ._fastpath import bound_call_reader, takes_defaults, top_caller, TopHooks
 from ._function import Function
+from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
 from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options, UNSPECIFIED
-from ._output import Carried
-from ._partition import ABSTRACT, Partition
-from ._trace import EAGER, STAGED, TOP
+from ._output import Carried, OutputSpec
+from ._partition import KeyedCallReader, Partition, TopCaller
 
 
 # Bounds on one function's caches. A nested entry pins the concrete arrays it was
@@ -53,11 +53,6 @@ _MAX_CALL_READERS = 64
 # The partition of a structure that no call has (a `Keywords` node is made only for
 # keyword arguments), so that the latest partition is never `None`.
 _NO_CALL = Partition(_flatten(Keywords((), {}))[1], (), TOP, lambda _: object())
-
-
-def _declined(wrapper: Any, args: Args, kwargs: Kwargs) -> Any:
-    """A top-level call without a `top`: the dispatcher's `call`."""
-    return wrapper._call(TOP, wrapper._fun, args, kwargs)
 
 
 def _in_jax_order(orders: tuple[tuple[Any, ...], ...]) -> bool:
@@ -80,7 +75,7 @@ class Dispatcher:
         self.function = Function(fun)
         self.options = options
         self.trace_log = TraceLog(self.function.name, _module_of(fun))
-        self.partitions = tuple(BoundedCache(TOP_MAXSIZE) for _ in range(4))
+        self.partitions = tuple(BoundedCache(TOP_MAXSIZE) for _ in Level)
         # Indexed by level: TOP, EAGER, STAGED, ABSTRACT. The top level and eager
         # transforms differ only in donation, so without it they share entries.
         top = BoundedCache(TOP_MAXSIZE)
@@ -92,9 +87,15 @@ class Dispatcher:
         # Where a call of `_plain_arity` positional arguments binds them: in place.
         self._plain_sources = ([("args", i) for i in range(self._plain_arity)], {})
         self._fun_is_leaf = self.function.fun_is_leaf
-        self._latest = [_NO_CALL] * 4  # the latest call's partition, per level
+        self._latest = [_NO_CALL] * LEVELS  # the latest call's partition, per level
+        # A top-level call without a `top`: this dispatcher's `call`.
+        self._declined: TopCaller = ft.partial(self.call, TOP)
         # The wrapper's top-level `__call__`: the latest top-level partition's `top`.
-        self.top = _declined
+        self.top = self._declined
+        # What the `top`s it makes call of its own (see `_fastpath.top_caller`).
+        self._top_hooks = TopHooks(
+            self.call, self._finish, self._failed, self._specialise
+        )
         # Partitions with one signature share a program, and so their entries. Bounded
         # as partitions are: a program forgotten costs a new partition its own entries.
         self._programs: BoundedCache[object] = BoundedCache(TOP_MAXSIZE)
@@ -125,7 +126,7 @@ class Dispatcher:
         """Calls `drop()` when any of `objects` dies."""
         self._lifelines = lifelines(objects, drop)
 
-    def call(self, level: int, fun: Any, args: Args, kwargs: Kwargs) -> Any:
+    def call(self, level: Level, fun: Any, args: Args, kwargs: Kwargs) -> Any:
         """Calls `fun(*args, **kwargs)` at trace level `level` on the fast path: a
         call that the latest partition at its level reads and keys (see
         `_fastpath`), whose entry is cached (its NumPy constants as they were),
@@ -160,7 +161,7 @@ class Dispatcher:
             return spec.build(traced, leaves)
         return self._finish(level, out, leaves)
 
-    def _call(self, level: int, fun: Any, args: Args, kwargs: Kwargs) -> Any:
+    def _call(self, level: Level, fun: Any, args: Args, kwargs: Kwargs) -> Any:
         """The reference path: binds, flattens with `jax.tree_util`, looks up (see
         `_lookup`), makes the entry if there is none, runs it, finishes its output.
         No lock is held while the function is traced, compiled or run: it may call
@@ -193,14 +194,14 @@ class Dispatcher:
             raise
         return out
 
-    def _specialise(self, partition: Partition, spec: Any) -> None:
+    def _specialise(self, partition: Partition, spec: OutputSpec) -> None:
         """Makes `partition`'s `top` again, once, building the static output of
         `spec` (an `OutputSpec` with `from_traced`) inline (see `top_caller`)."""
         if self._keys_aliases:
             return
-        top = top_caller(partition, self._fun_is_leaf, Carried, spec)
+        top = top_caller(partition, self._fun_is_leaf, self._top_hooks, spec)
         if self.top is partition.top:
-            self.top = top or _declined
+            self.top = top or self._declined
         partition.top = top
 
     def _flattened(
@@ -214,7 +215,7 @@ class Dispatcher:
 
     def _lookup(
         self,
-        level: int,
+        level: Level,
         fun: Any,
         tree: Any,
         leaves: list[Any],
@@ -254,7 +255,12 @@ class Dispatcher:
         return partition, cache, key, entry
 
     def _partition(
-        self, level: int, fun: Any, leaves: list[Any], treedef: Any, shape: Shape | None
+        self,
+        level: Level,
+        fun: Any,
+        leaves: list[Any],
+        treedef: Any,
+        shape: Shape | None,
     ) -> Partition:
         """The partition of a structure and leaf types at `level`. Where `shape` is
         given, it is recorded (made if new) as the latest at its level, with a
@@ -283,7 +289,9 @@ class Dispatcher:
             )
             partition.get = self.entries[TOP if partition.shares_top else level].get
             if level == TOP and self._fast and not self._donates_by_call:
-                partition.top = top_caller(partition, self._fun_is_leaf, Carried)
+                partition.top = top_caller(
+                    partition, self._fun_is_leaf, self._top_hooks
+                )
             if cache.get((treedef, types)) is None:
                 cache.put((treedef, types), partition)
             else:  # equal by `==` to the one recorded, but not exactly
@@ -301,24 +309,38 @@ class Dispatcher:
             # Whether it shares the top level's entries depends on its dicts' order.
             and not (partition.shares_top and partition.orders is not None)
         ):
-            sources = (
-                self._plain_sources if plain else self.function.bind.sources(shape)
-            )
-            # Where donation depends on the call's shape, so does its key.
-            by_call = self._donates_by_call and level == TOP
-            readers[shape] = sources and bound_call_reader(
-                partition.treedef,
-                partition.types,
-                self._fun_is_leaf,
-                sources,
-                partition,
-                self._defaulted(shape) if by_call else None,
-                self.function.defaults_guard(),
-            )
+            readers[shape] = self._call_reader(level, partition, shape)
         self._latest[level] = partition
         if level == TOP:
-            self.top = partition.top or _declined
+            self.top = partition.top or self._declined
         return partition
+
+    def _call_reader(
+        self, level: Level, partition: Partition, shape: Shape
+    ) -> KeyedCallReader | None:
+        """The fast path's reader of calls of `shape` at `level` (see `_fastpath`),
+        or `None` where calls of that shape are not read."""
+        plain = shape == (self._plain_arity,)
+        sources = self._plain_sources if plain else self.function.bind.sources(shape)
+        if not sources:
+            return None
+        # A call that takes defaults is read while they are those read, if it can be.
+        guard = self.function.defaults_guard()
+        if guard is None and takes_defaults(sources):
+            return None
+        # Where donation depends on the call's shape, so does its key.
+        suffix = (
+            self._defaulted(shape) if self._donates_by_call and level == TOP else None
+        )
+        return bound_call_reader(
+            partition.treedef,
+            partition.types,
+            self._fun_is_leaf,
+            sources,
+            partition,
+            suffix,
+            guard,
+        )
 
     def _defaulted(self, called: Shape) -> tuple[str, ...]:
         """The parameters holding arrays that calls of this shape leave to their
@@ -332,7 +354,7 @@ class Dispatcher:
 
     def _run(
         self,
-        level: int,
+        level: Level,
         entry: Entry,
         tree: Any,
         leaves: list[Any],
@@ -358,7 +380,7 @@ class Dispatcher:
         return out
 
     def _finish(
-        self, level: int, out: Carried, leaves: list[Any], waited: bool = False
+        self, level: Level, out: Carried, leaves: list[Any], waited: bool = False
     ) -> Any:
         """The user's output from a `Carried` one: the trace's own spec finishes
         it with this call's leaves. At the top level, a trace that holds a runtime
@@ -392,7 +414,7 @@ class Dispatcher:
         whose keys do not say it, is turned off for this function."""
         with self._lock:
             self._keys_aliases = True
-            self.top = _declined
+            self.top = self._declined
             for partitions in self.partitions:
                 for partition in partitions.values():
                     partition.call_readers.clear()
@@ -414,7 +436,7 @@ class Dispatcher:
 
     def _make(
         self,
-        level: int,
+        level: Level,
         fun: Any,
         partition: Partition,
         leaves: list[Any],
@@ -432,14 +454,12 @@ class Dispatcher:
         defaulted = () if called is None else self._defaulted(called)
         top = level == ABSTRACT or (level == STAGED and cache is self.entries[TOP])
         entry = make_entry(
-            self.function,
+            self._entry_maker(),
             fun,
-            self.options,
             TOP if top else level,
             partition,
             self.leaf_parameters(partition),
             leaves,
-            self.trace_log,
             defaulted,
         )
         with self._lock:
@@ -456,6 +476,10 @@ class Dispatcher:
 
             entry.drop_with(weak, drop)
         return entry
+
+    def _entry_maker(self) -> EntryMaker:
+        compile_build = _fastpath.output_builder if self._fast else None
+        return EntryMaker(self.function, self.options, self.trace_log, compile_build)
 
     def _check_traceable(self, partition: Partition, leaves: list[Any]) -> None:
         labels = [label for _, _, label in self.leaf_parameters(partition)]
@@ -481,7 +505,9 @@ class Dispatcher:
             partition.leaf_parameters = self.function.leaf_parameters(partition.treedef)
         return partition.leaf_parameters
 
-    def explain(self, level: int, fun: Any, args: Args, kwargs: Kwargs) -> Explanation:
+    def explain(
+        self, level: Level, fun: Any, args: Args, kwargs: Kwargs
+    ) -> Explanation:
         """What a call would do at `level`, changing nothing."""
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
         partition, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
@@ -490,7 +516,7 @@ class Dispatcher:
         labels = [label for _, _, label in self.function.leaf_parameters(treedef)]
         rows = list(map(row, labels, partition.roles(), leaves))
         nearest = None if hit or level == STAGED else self.trace_log.nearest(rows)
-        name, level_name = self.function.name, LEVEL_NAMES[level]
+        name, level_name = self.function.name, Level(level).description
         return Explanation(name, level_name, rows, hit, nearest=nearest)
 
     def abstract(
@@ -514,8 +540,8 @@ class Dispatcher:
         return entry, partition, partition.take_dynamic(leaves), leaves
 
     def clear(self) -> None:
-        self._latest = [_NO_CALL] * 4
-        self.top = _declined
+        self._latest = [_NO_CALL] * LEVELS
+        self.top = self._declined
         for cache in (*self.partitions, *self.entries, self._programs):
             cache.clear()
 

@@ -8,7 +8,7 @@ import types
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.tree_util as jtu
@@ -21,11 +21,11 @@ from ._donated import record
 from ._errors import traced_a_check
 from ._exact import ndarray_key
 from ._function import Function
+from ._level import ABSTRACT, EAGER, Level, STAGED, TOP
 from ._options import Options, UNSPECIFIED
-from ._output import Carried, jit_output
-from ._partition import ABSTRACT, Partition
+from ._output import BuilderCompiler, Carried, jit_output
+from ._partition import Partition
 from ._structure import replace_leaves
-from ._trace import EAGER, STAGED, TOP
 
 
 # `inline=True`: inlined while tracing (jax >= 0.11.2 reads `True` as `JAX_LATE`).
@@ -129,19 +129,28 @@ def _signature(labels: list[str]) -> inspect.Signature:
     return inspect.Signature([inspect.Parameter(name, kind) for name in names])
 
 
+class EntryMaker(NamedTuple):
+    """What every entry of one dispatcher is made with: the function, its options,
+    its trace log, and how output builders may be compiled (the fast path's)."""
+
+    function: Function
+    options: Options
+    trace_log: TraceLog
+    compile_build: BuilderCompiler | None
+
+
 def make_entry(
-    function: Function,
+    maker: EntryMaker,
     fun: Any,
-    options: Options,
-    level: int,
+    level: Level,
     partition: Partition,
     leaf_parameters: list[tuple[str, int | None, str]],
     leaves: list[Any],
-    trace_log: TraceLog,
     defaulted: tuple[str, ...] = (),
 ) -> Entry:
     """The entry for a call with these leaves, not yet traced. `defaulted`: the
     parameters the call left to their defaults (not donated)."""
+    function, options, trace_log, compile_build = maker
     treedef, dynamic_positions = partition.treedef, partition.dynamic_positions
     labels = [label for _, _, label in leaf_parameters]
     # Keep no traced leaf alive, and objects keyed by identity only weakly.
@@ -192,7 +201,7 @@ def make_entry(
         if log is not None and not nested:  # traced at the top level
             rows = list(map(row, labels, roles, inputs, arguments))
             log.record(rows, None if entry is None else entry.traces)
-        return jit_output(output, inputs, runtime_check, boxed)
+        return jit_output(output, inputs, runtime_check, boxed, compile_build)
 
     # So that JAX's messages point at the user's function and name its arguments.
     run.__name__ = function.name.rpartition(".")[2]

@@ -25,7 +25,7 @@ from jax.errors import (
 
 from . import _trace
 from ._donated import check_not_deleted
-from ._partition import is_array
+from ._leaves import is_array
 
 
 # Equinox's callback raises an exception of this name; JAX's error quotes it.

@@ -36,52 +36,24 @@ import itertools
 import linecache
 import operator
 import os
-import types
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
-import numpy as np
-from jax.core import Tracer
 
-from ._binding import DefaultsGuard, Keywords, Source, Sources
+from ._binding import Args, DefaultsGuard, Keywords, Kwargs, Source, Sources
 from ._exact import exact_key, float_key
-from ._trace import TOP
+from ._leaves import is_leaf_type
+from ._level import Level, TOP
+from ._output import Carried, OutputSpec
+from ._partition import Partition, TopCaller
 
 
 # Read when a reader or builder is made: a test that changes it clears
 # the caches (`filterjit.clear_caches()`) to drop those already made.
 ENABLED = os.environ.get("FILTERJIT_FASTPATH", "1") != "0"
-
-# Types whose instances are always pytree leaves: no program registers them as
-# pytree nodes.
-_LEAF_BASES = (jax.Array, Tracer, np.ndarray, np.generic)
-_LEAF_TYPES = frozenset(
-    {
-        float,
-        int,
-        bool,
-        complex,
-        str,
-        bytes,
-        frozenset,  # optimistix's `tags`
-        object,  # a sentinel, `object()` (lineax's defaults)
-        # What a Module's activation fields hold.
-        types.FunctionType,
-        types.BuiltinFunctionType,
-        jax.custom_jvp,
-        jax.custom_vjp,
-        type(jax.jit(lambda: None)),
-    }
-)
-
-# `read(fun, args, kwargs)`: the leaves of a call, their key and the traced ones;
-# or `None`.
-KeyedCallReader = Callable[
-    [Any, tuple[Any, ...], dict[str, Any]], tuple[list[Any], Any, Any] | None
-]
 
 # Partitions with up to this many static leaves have their key written out.
 _WRITTEN_KEYS = 64
@@ -107,11 +79,6 @@ def _compile(
     # The source lives as long as the function: caches dropped, code gone.
     weakref.finalize(function, linecache.cache.pop, filename, None)
     return function
-
-
-def is_leaf_type(kind: type) -> bool:
-    """Whether instances of `kind` are always pytree leaves."""
-    return kind in _LEAF_TYPES or issubclass(kind, _LEAF_BASES)
 
 
 def output_builder(
@@ -143,29 +110,32 @@ def call_reader(treedef: Any, types: tuple[type, ...]) -> Any:
     return writer.compile("read", "tree", leaves, None)
 
 
+def takes_defaults(sources: Sources) -> bool:
+    """Whether calls bound as `sources` say take a default."""
+    args, kwargs = sources
+    return any(kind == "default" for kind, _ in [*args, *kwargs.values()])
+
+
 def bound_call_reader(
     treedef: Any,
     types: tuple[type, ...],
     fun_is_leaf: bool,
     sources: Sources,
-    keyed: Any = None,
+    keyed: Partition | None = None,
     key_suffix: Any = None,
     defaults: DefaultsGuard | None = None,
-) -> Any:
+) -> Callable[..., Any] | None:
     """The reader of calls of one shape, `read(fun, args, kwargs)`, as
     `call_reader` would read their pytree once bound, but from each bound argument
     where it comes from (`sources`); with a partition `keyed`, also their key
     there (`Partition.reference_key`, paired with `key_suffix` unless `None`: what
-    the key of calls of this shape adds) and the traced leaves. A call that takes
-    a default is read only while the function's defaults are those read
-    (`defaults`; without it, such calls are not read)."""
+    the key of calls of this shape adds) and the traced leaves. With `defaults`, a
+    call that takes a default is read only while the function's defaults are the
+    objects read."""
     if not ENABLED:
         return None
     writer = _Writer()
-    args, kwargs = sources
-    if any(kind == "default" for kind, _ in [*args, *kwargs.values()]):
-        if defaults is None:
-            return None
+    if defaults is not None and takes_defaults(sources):
         path, read, read_kw = defaults
         writer.check(
             f"{path}.__defaults__ is not {writer.constant(read)} or "
@@ -175,26 +145,42 @@ def bound_call_reader(
     return writer.compile("read_call", "f, a, k", leaves, keyed, key_suffix)
 
 
-def top_caller(
-    partition: Any, fun_is_leaf: bool, carried: type, learned: Any = None
-) -> Any:
-    """`top(wrapper, args, kwargs)`: a whole top-level call of `partition`'s
-    structure, in one function: read and keyed as the partition's reader of calls
-    without keywords reads and keys it, its entry's jitted function run with the
-    traced leaves, an output of type `carried` built where its spec is plain, else
-    finished by the dispatcher (`_finish`), an error named by it (`_failed`).
-    Keyword arguments, a call it does not read, no entry or a guarded one (NumPy
-    constants to check): `wrapper._call`, as if there were no `top`.
+class TopHooks(NamedTuple):
+    """What a generated `top` calls of its dispatcher's, handed to it by value:
+    `call(level, fun, args, kwargs)`, for a call it does not take; `finish(level,
+    out, leaves)`, for an output that is not plain; `failed(partition, leaves,
+    error)`, to name what went wrong; `specialise(partition, spec)`, to have `top`
+    made again for the static output of `spec`."""
 
-    The first static output built from the traced leaves alone has the dispatcher
-    make `top` again (`_specialise`), once, with that output's spec as `learned`:
-    an output carrying that very spec is then built inline, a call fewer."""
+    call: Callable[[Level, Any, Args, Kwargs], Any]
+    finish: Callable[[Level, Carried, list[Any]], Any]
+    failed: Callable[[Partition, list[Any], Exception], None]
+    specialise: Callable[[Partition, OutputSpec], None]
+
+
+def top_caller(
+    partition: Partition,
+    fun_is_leaf: bool,
+    hooks: TopHooks,
+    learned: OutputSpec | None = None,
+) -> TopCaller | None:
+    """`top(fun, args, kwargs)`: a whole top-level call of `partition`'s structure,
+    in one function: read and keyed as the partition's reader of calls without
+    keywords reads and keys it, its entry's jitted function run with the traced
+    leaves, a `Carried` output built where its spec is plain, else finished by
+    `hooks.finish`, an error named by `hooks.failed`. Keyword arguments, a call it
+    does not read, no entry or a guarded one (NumPy constants to check):
+    `hooks.call`, as if there were no `top`.
+
+    The first static output built from the traced leaves alone has `top` made
+    again (`hooks.specialise`), once, with that output's spec as `learned`: an
+    output carrying that very spec is then built inline, a call fewer."""
     if not ENABLED:
         return None
     writer = _Writer(miss="break")
     treedef, types = partition.treedef, partition.types
     if not fun_is_leaf:
-        writer.lines.append("t = (w._fun, a)")
+        writer.lines.append("t = (f, a)")
         leaves = writer.node(treedef, types, "t")
     elif (treedef.node_data() or (None,))[0] is tuple:  # `a` is a tuple
         leaves = writer.values(treedef, types, "a")
@@ -223,10 +209,18 @@ def top_caller(
         writer.lines.append(f"l = {whole}")
         whole = "l"
     key = writer.key(partition, items.__getitem__, whole)
-    names = {"_get": partition.get, "_carried": carried, "_partition": partition}
-    writer.namespace.update(names)
+    writer.namespace.update(
+        _get=partition.get,
+        _carried=Carried,
+        _partition=partition,
+        _call=hooks.call,
+        _finish=hooks.finish,
+        _failed=hooks.failed,
+        _specialise=hooks.specialise,
+        _top=TOP,
+    )
     if learned is None:  # not yet: the first from-traced output has `top` made again
-        inline, learn = [], ["        w._dispatcher._specialise(_partition, s)"]
+        inline, learn = [], ["        _specialise(_partition, s)"]
     else:  # `s is learned`: the output that trace made, as `learned.from_traced`
         sources = learned.leaf_sources  # traced leaves and constants (no input)
         built = sources and writer.output(sources[0], sources[1], "d")
@@ -244,7 +238,7 @@ def top_caller(
         "    try:",
         f"        o = e.jitted({', '.join(arguments)})",
         "    except Exception as x:",
-        f"        w._dispatcher._failed(_partition, {whole}, x)",
+        f"        _failed(_partition, {whole}, x)",
         "        raise",
         "    if type(o) is not _carried:",
         "        return o",
@@ -255,10 +249,10 @@ def top_caller(
         "        return s.from_traced(d)",
         "    if s.plain:",
         f"        return s.build(d, {whole})",
-        f"    return w._dispatcher._finish({TOP}, o, {whole})",
-        f"return w._call({TOP}, w._fun, a, k)",
+        f"    return _finish(_top, o, {whole})",
+        "return _call(_top, f, a, k)",
     ]
-    return _compile("top", "w, a, k", body, writer.namespace)
+    return _compile("top", "f, a, k", body, writer.namespace)
 
 
 class _Writer:

@@ -10,7 +10,7 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from ._binding import Binder, BOUND, DefaultsGuard, Keywords, positional_names
-from ._partition import is_array
+from ._leaves import is_array
 
 
 def name_of(fun: Any) -> str:

@@ -11,9 +11,10 @@ import jax.tree_util as jtu
 from jax.core import Tracer
 
 from . import _trace
-from ._diagnostics import Explanation, LEVEL_NAMES, Row, row
+from ._diagnostics import Explanation, Row, row
 from ._function import name_of, positional_names, signature_of
 from ._jit import _P, _R, FilterJitWrapper, Wrapper
+from ._level import Level
 from ._options import make_options, Options
 
 
@@ -136,7 +137,7 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
                     text = f"{type(leaf).__name__}: not a JAX type"
                     rows.append(Row(where, "traced", text, type(leaf)))
         name = name_of(self._function)
-        return Explanation(name, LEVEL_NAMES[level], rows, None, decorator="jit")
+        return Explanation(name, Level(level).description, rows, None, decorator="jit")
 
     # jax.jit's private methods, which JAX's tests and some libraries call.
     def _cache_size(self) -> int:

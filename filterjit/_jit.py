@@ -55,6 +55,29 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
     wrapper.__globals__ = namespace
 
 
+def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
+    """The wrapper's `__call__`, the level found with `reader`: inside
+    `jax.disable_jit()` the function itself; outside any trace the dispatcher's
+    `top`; elsewhere its `call`. filterjit's frames are hidden from what it raises,
+    as JAX hides its own."""
+    jit_disabled, current, top_type, level_of = reader
+
+    def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
+        try:
+            if jit_disabled():
+                return self._fun(*args, **kwargs)
+            trace = current()
+            if type(trace) is top_type:
+                return self._dispatcher.top(self._fun, args, kwargs)
+            return self._call(level_of(trace), self._fun, args, kwargs)
+        except Exception as error:
+            _trace.hide_frames(error)
+            raise
+
+    return __call__
+
+
 class Wrapper(Generic[_P, _R]):
     """Typed as the function it wraps, and bound as a method: both wrappers are."""
 
@@ -113,8 +136,8 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         self._call = self._dispatcher.call
         _copy_metadata(self, fun)
 
-    if not typing.TYPE_CHECKING:  # the level check, then the dispatcher's `top`/`call`
-        __call__ = _trace.call_at_level
+    if not typing.TYPE_CHECKING:
+        __call__ = level_switch(_trace.level_reader)
 
     def __repr__(self) -> str:
         return f"<filter_jit-wrapped {name_of(self._fun)} at {id(self):#x}>"

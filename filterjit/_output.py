@@ -14,8 +14,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from ._fastpath import output_builder
-from ._partition import is_array
+from ._leaves import is_array
 from ._structure import dict_orders, restore_orders
 
 
@@ -44,13 +43,19 @@ jtu.register_pytree_node(
 )
 
 
+# `compile(treedef, sources)`: `build(out, inputs)` compiled as one expression for
+# an output of that structure whose leaves come from `sources` (see `leaf_sources`),
+# or `None` where it cannot (the fast path's `output_builder`, handed down).
+BuilderCompiler = Callable[[Any, list[tuple[str, Any]]], Callable[..., Any] | None]
+
+
 def leaf_sources(
     template: list[Any],
     dynamic_positions: list[int],
     passthrough: list[tuple[int, int]],
 ) -> list[tuple[str, Any]]:
-    """Where each leaf of an output comes from, in order, as `output_builder` takes
-    them: `("out", i)`, the traced leaf `i`; `("input", p)`, the call's leaf `p`;
+    """Where each leaf of an output comes from, in order, as a `BuilderCompiler`
+    takes them: `("out", i)`, the traced leaf `i`; `("input", p)`, the call's leaf `p`;
     `("constant", value)`, `template`'s."""
     sources: list[tuple[str, Any]] = [("constant", leaf) for leaf in template]
     for i, position in enumerate(dynamic_positions):
@@ -66,13 +71,15 @@ def _builder(
     dynamic_positions: list[int],
     passthrough: list[tuple[int, int]],
     copies: list[int],
+    compile_build: BuilderCompiler | None,
 ) -> Callable[[Any, list[Any]], Any]:
     """`build(out, inputs)`: the output's leaves taken at once from a pool of the
     traced leaves `out`, this call's inputs handed back and `template`'s static
     leaves; NumPy arrays at `copies` copied."""
-    if not copies:
+    if not copies and compile_build is not None:
         sources = leaf_sources(template, dynamic_positions, passthrough)
-        if (built := output_builder(treedef, sources)) is not None:
+        built = compile_build(treedef, sources)
+        if built is not None:
             return built
     from_pool = [*dynamic_positions, *(position for position, _ in passthrough)]
     pooled = set(from_pool)
@@ -124,6 +131,7 @@ class OutputSpec:
         inputs: list[Any],
         runtime_check: bool,
         orders: tuple[tuple[Any, ...], ...] | None,
+        compile_build: BuilderCompiler | None = None,
     ):
         input_positions: dict[int, list[int]] = {}
         for position, leaf in enumerate(inputs):
@@ -162,7 +170,9 @@ class OutputSpec:
         template = [None if p in pooled else leaf for p, leaf in enumerate(leaves)]
         # `build(out, inputs)`: a top-level call's output from the traced leaves and
         # the call's leaves.
-        self.build = _builder(treedef, template, dynamic, passthrough, [])
+        self.build = _builder(
+            treedef, template, dynamic, passthrough, [], compile_build
+        )
         # `build_nested(out, inputs)`: a nested call's, whose concrete arrays are the
         # function's own (a NumPy array copied, each call its own, as undecorated)
         # and whose dicts are in their insertion order, which JAX's rebuild sorts.
@@ -175,6 +185,7 @@ class OutputSpec:
                 [dynamic[i] for i in kept],
                 passthrough,
                 [p for p, leaf in concrete.items() if isinstance(leaf, np.ndarray)],
+                compile_build,
             )
             take = items_getter(kept)
             self.build_nested = lambda out, inputs: nested(take(out), inputs)
@@ -231,12 +242,19 @@ def finish(out: Any, inputs: list[Any]) -> Any:
     return out
 
 
-def jit_output(output: Any, inputs: list[Any], runtime_check: bool, boxed: bool) -> Any:
+def jit_output(
+    output: Any,
+    inputs: list[Any],
+    runtime_check: bool,
+    boxed: bool,
+    compile_build: BuilderCompiler | None = None,
+) -> Any:
     """What the jitted function returns for the user's `output`, traced with
     `inputs` (the call's leaves, tracers for traced ones): every array leaf is an
     output of the jit, as in `jax.jit`. `boxed`: keep the user's structure (for
     `out_shardings`, a prefix of it); inputs handed back are then the traced
-    call's (equal to this call's: they are keyed by value)."""
+    call's (equal to this call's: they are keyed by value). `compile_build`: how
+    the output's builders may be compiled."""
     leaves, treedef = jtu.tree_flatten(output)
     # Dicts whose order JAX's rebuild changes: restored for nested calls.
     found = dict_orders(output)
@@ -247,7 +265,6 @@ def jit_output(output: Any, inputs: list[Any], runtime_check: bool, boxed: bool)
         return treedef.unflatten(
             [leaf if is_array(leaf) else _Static(leaf) for leaf in leaves]
         )
-    spec = OutputSpec(
-        treedef, leaves, inputs, runtime_check, None if in_order else found
-    )
+    orders = None if in_order else found
+    spec = OutputSpec(treedef, leaves, inputs, runtime_check, orders, compile_build)
     return Carried(spec, [leaves[p] for p in spec.dynamic_positions])

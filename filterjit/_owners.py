@@ -16,8 +16,9 @@ import jax.tree_util as jtu
 from ._cache import BoundedCache
 from ._dispatch import Dispatcher
 from ._function import in_call_tree
+from ._leaves import is_array
 from ._options import Options
-from ._partition import is_array, static_key
+from ._partition import static_key
 
 
 _ATTRIBUTE = "__filterjit_dispatchers__"

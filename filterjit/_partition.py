@@ -7,62 +7,21 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.core import Tracer
 
 from . import _exact
-from ._fastpath import KeyedCallReader
+from ._leaves import ARRAY_TYPES, traced_types, weakly_keyed
+from ._level import Level, STAGED
 from ._structure import dict_orders, has_sorted_dicts
-from ._trace import aux_data, STAGED
+from ._trace import aux_data
 
 
-# The level of `lower`, `trace` and `eval_shape` (arrays may be ShapeDtypeStructs).
-ABSTRACT = 3
-
-_ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
-
-
-def is_array(element: Any) -> bool:
-    """Whether `filter_jit` traces `element` when called outside any staged trace.
-
-    This is the leaf predicate of the top level (and of eager transforms): every
-    leaf it rejects, Python scalars included, is static.
-
-    **Arguments:**
-
-    - `element`: any Python object.
-
-    **Returns:**
-
-    `True` if `element` is a `jax.Array` (tracers included), a `np.ndarray` or a
-    `np.generic`, and `False` otherwise.
-
-    !!! example
-
-        ```python
-        filterjit.is_array(jnp.ones(3))    # True
-        filterjit.is_array(np.float32(1))  # True
-        filterjit.is_array(1.0)            # False
-        ```
-    """
-    return isinstance(element, _ARRAY_TYPES)
-
-
-def traced_types(level: int) -> tuple[type, ...]:
-    if level == STAGED:
-        return (Tracer,)
-    if level == ABSTRACT:
-        return (*_ARRAY_TYPES, Tracer, jax.ShapeDtypeStruct)
-    return (*_ARRAY_TYPES, Tracer)
-
-
-def weakly_keyed(kind: type) -> bool:
-    """Whether static leaves of this type are compared by identity, and so keyed by
-    weak references (so that a cache keyed by them keeps none alive)."""
-    return (
-        kind.__eq__ is object.__eq__
-        and kind.__hash__ is object.__hash__
-        and kind.__weakrefoffset__ != 0
-    )
+# `read(fun, args, kwargs)`: the leaves of a call of one shape, their key and the
+# traced ones; or `None` where it cannot read the call (see `_fastpath`).
+KeyedCallReader = Callable[
+    [Any, tuple[Any, ...], dict[str, Any]], tuple[list[Any], Any, Any] | None
+]
+# `top(fun, args, kwargs)`: a whole top-level call (see `_fastpath.top_caller`).
+TopCaller = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
 def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
@@ -133,7 +92,7 @@ class Partition:
         self,
         treedef: Any,
         types: tuple[type, ...],
-        level: int,
+        level: Level,
         program_of: Callable[[Any], object],
     ):
         traced = traced_types(level)
@@ -147,7 +106,7 @@ class Partition:
         self.dynamic_positions = tuple(dynamic)
         self.static_positions = tuple(static)
         self.array_positions = tuple(
-            p for p in static if staged and issubclass(types[p], _ARRAY_TYPES)
+            p for p in static if staged and issubclass(types[p], ARRAY_TYPES)
         )
         # The static leaves that caches hold only weakly (see `weakly_keyed`).
         self.weak_positions = tuple(
@@ -174,7 +133,7 @@ class Partition:
         self.shares_top = False
         self.get: Callable[[Any], Any] = lambda key: None
         # At the top level, the whole call (see `_fastpath.top_caller`).
-        self.top: Callable[[Any, tuple[Any, ...], dict[str, Any]], Any] | None = None
+        self.top: TopCaller | None = None
 
     def reference_key(self, leaves: list[Any]) -> Any:
         """The cache key of a call's leaves: the program, then its static keys."""

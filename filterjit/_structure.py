@@ -12,7 +12,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from ._fastpath import is_leaf_type
+from ._leaves import is_leaf_type
 
 
 # The dicts whose flatten sorts their keys (an `OrderedDict` keeps its order).

@@ -2,23 +2,21 @@
 and a canary test in `tests/test_trace.py`: where in JAX's trace stack a call
 happens, which frames JAX shows, what a pytree structure holds, waiting for arrays."""
 
+import functools as ft
 import inspect
 import operator
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.extend.core
 import jax.extend.source_info_util
 
-
-# Where a call happens: plain ints, which index per-level caches on every call.
-TOP = 0  # no trace at all: a plain Python call
-EAGER = 1  # only eager transforms (grad, vjp, jvp, linearize, vmap) around it
-STAGED = 2  # a staged computation (jit, make_jaxpr, a scan body, ...) in the chain
+from ._level import EAGER, Level, STAGED, TOP
 
 
-def _trace_level_public() -> int:
+def _trace_level_public() -> Level:
     # Public, unstable, TOP under eager transforms; where missing, TOP (as Equinox).
     am_i_under_a_jit = getattr(
         jax.extend.core, "unsafe_am_i_under_a_jit_DO_NOT_USE", lambda: False
@@ -104,18 +102,34 @@ def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         raise
 
 
-# The `__call__` of filter_jit's wrapper: at the top level the dispatcher's `top`,
-# elsewhere its `call`, inside `jax.disable_jit()` the function itself.
-def _call_at_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-    try:
-        if jax.config.jax_disable_jit:  # pyright: ignore[reportAttributeAccessIssue]
-            return self._fun(*args, **kwargs)
-        if _trace_level_public() == TOP:
-            return self._dispatcher.top(self, args, kwargs)
-        return self._call(STAGED, self._fun, args, kwargs)
-    except Exception as error:
-        hide_frames(error)
-        raise
+class LevelReader(NamedTuple):
+    """How a wrapper finds the level of a call in a step or two: `jit_disabled()`,
+    whether inside `jax.disable_jit()`; `current()`, the innermost trace, whose
+    type is `top_type` outside any trace; `level_of(trace)` for any other."""
+
+    jit_disabled: Callable[[], bool]
+    current: Callable[[], object]
+    top_type: type
+    level_of: Callable[[object], Level]
+
+
+class _Outside:
+    """The public reader's trace outside any staged trace."""
+
+
+_OUTSIDE, _INSIDE = _Outside(), object()
+
+
+def _current_public() -> object:
+    return _INSIDE if _trace_level_public() == STAGED else _OUTSIDE
+
+
+PUBLIC_READER = LevelReader(
+    lambda: bool(jax.config.jax_disable_jit),  # pyright: ignore[reportAttributeAccessIssue]
+    _current_public,
+    _Outside,
+    lambda _: STAGED,
+)
 
 
 try:
@@ -154,11 +168,11 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     trace_level = _trace_level_public
     current_equations = _current_equations_public
     call_by_level = _call_by_level_public
-    call_at_level = _call_at_level_public
+    level_reader = PUBLIC_READER
 else:
     private_api_available = True
 
-    def _walk(trace: object) -> int:
+    def _walk(trace: object) -> Level:
         # Up the `parent_trace` chain, which ends at an `EvalTrace`.
         level = TOP
         while trace is not None:
@@ -169,7 +183,7 @@ else:
             trace = getattr(trace, "parent_trace", None)
         return level
 
-    def _trace_level_private() -> int:
+    def _trace_level_private() -> Level:
         return _walk(_current_trace.value)
 
     def _call_by_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -187,20 +201,6 @@ else:
             hide_frames(error)
             raise
 
-    def _call_at_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-        # The level found inline: the hot path's first function is this one.
-        __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
-        try:
-            if _disable_jit_value(_disable_jit_state):
-                return self._fun(*args, **kwargs)
-            trace = _current_trace_value(_current_trace)
-            if type(trace) is _EvalTrace:
-                return self._dispatcher.top(self, args, kwargs)
-            return self._call(_walk(trace), self._fun, args, kwargs)
-        except Exception as error:
-            hide_frames(error)
-            raise
-
     def _current_equations_private() -> list[Any] | None:
         # What the innermost staged trace holds so far.
         frame = getattr(_current_trace.value, "frame", None)
@@ -210,7 +210,13 @@ else:
     trace_level = _trace_level_private
     current_equations = _current_equations_private
     call_by_level = _call_by_level_private
-    call_at_level = _call_at_level_private
+    # Each read a C call: the state's getter, bound to it.
+    level_reader = LevelReader(
+        ft.partial(_disable_jit_value, _disable_jit_state),
+        ft.partial(_current_trace_value, _current_trace),
+        _EvalTrace,
+        _walk,
+    )
 
 
 class ByLevel:

@@ -31,9 +31,15 @@ from hypothesis import given, strategies as st
 
 import filterjit
 from filterjit import _dispatch, _fastpath
-from filterjit._binding import Binder, Keywords
+from filterjit._binding import Binder, DefaultsGuard, Keywords
 from filterjit._exact import exact_aux
-from filterjit._fastpath import bound_call_reader, call_reader, top_caller
+from filterjit._fastpath import (
+    bound_call_reader,
+    call_reader,
+    takes_defaults,
+    top_caller,
+    TopHooks,
+)
 from filterjit._output import Carried
 from filterjit._partition import Partition
 from filterjit._trace import TOP
@@ -355,6 +361,15 @@ def _check(recorded: Any, call: Any) -> None:
     _check_top(recorded, call)
 
 
+def _declining_hooks() -> TopHooks:
+    """Hooks of a `top` whose declined calls return "declined"."""
+
+    def unexpected(*_: Any) -> Any:
+        raise AssertionError("not called by these tests")
+
+    return TopHooks(lambda *_: "declined", unexpected, unexpected, unexpected)
+
+
 def _check_top(recorded: Any, call: Any) -> None:
     """A partition's `top` reads and keys a call as its reader of calls without
     keywords does, and calls the entry with the traced leaves that reader takes;
@@ -366,14 +381,13 @@ def _check_top(recorded: Any, call: Any) -> None:
     keys = []
     entry = types.SimpleNamespace(guarded=False, jitted=lambda *traced: traced)
     partition.get = lambda key: keys.append(key) or entry
-    top = top_caller(partition, True, Carried)
+    top = top_caller(partition, True, _declining_hooks())
     plain = ([("args", i) for i in range(len(recorded))], {})
     read = bound_call_reader(treedef, partition.types, True, plain, partition)
     assert top is not None and read is not None
-    wrapper = types.SimpleNamespace(_fun=None, _call=lambda *_: "declined")
-    assert top(wrapper, recorded, {"x": 1}) == "declined" and not keys
+    assert top(None, recorded, {"x": 1}) == "declined" and not keys
     found = read(None, call, {}) if len(call) == len(recorded) else None
-    out = top(wrapper, call, {})
+    out = top(None, call, {})
     if found is None:
         assert out == "declined" and not keys
         return
@@ -401,9 +415,9 @@ def test_top_finishes_the_output_with_the_leaves_the_call_was_read_with(sequence
 
     entry = types.SimpleNamespace(guarded=False, jitted=jitted)
     partition.get = lambda key: entry
-    top = top_caller(partition, True, Carried)
-    wrapper = types.SimpleNamespace(_fun=None, _call=lambda *_: "declined")
-    traced, inputs = top(wrapper, recorded, {})
+    top = top_caller(partition, True, _declining_hooks())
+    assert top is not None
+    traced, inputs = top(None, recorded, {})
     assert all(map(operator.is_, traced, leaves[:5]))
     assert len(inputs) == len(leaves) and all(map(operator.is_, inputs, leaves))
 
@@ -544,6 +558,32 @@ def test_mutable_defaults_are_read_every_call():
     assert read(f, args, kwargs) is None
 
 
+@needs_readers
+def test_a_reader_of_calls_taking_defaults_checks_they_are_those_read():
+    # Defaults may be reassigned (`f.__defaults__ = ...`): a reader given the
+    # objects read gives `None` once they are others.
+    def f(x, n=2.0, *, m=3.0):
+        return x
+
+    binder = Binder(inspect.signature(f), "f")
+    args: tuple[Any, ...] = (jnp.ones(2),)
+    bound, bound_kwargs = binder(args, {})
+    leaves, treedef = jtu.default_registry.flatten(Keywords(bound, bound_kwargs))
+    sources = binder.sources((1,))
+    assert sources is not None and takes_defaults(sources)
+    guard = DefaultsGuard("f", f.__defaults__, f.__kwdefaults__)
+    read = bound_call_reader(
+        treedef, tuple(map(type, leaves)), True, sources, None, None, guard
+    )
+    assert read is not None
+    assert _same_leaves(read(f, args, {}), leaves)
+    f.__kwdefaults__ = {"m": 3.0}  # equal, another object
+    assert read(f, args, {}) is None
+    f.__kwdefaults__ = guard.kwdefaults
+    f.__defaults__ = tuple([2.0])  # equal, another object
+    assert read(f, args, {}) is None
+
+
 def test_calls_with_defaults_match_the_undecorated_function():
     table = {"scale": 2.0}
 
@@ -668,7 +708,7 @@ def test_which_calls_have_readers():
 def test_leaf_types_are_leaves_to_jax():
     # The reader takes instances of these types as leaves without asking JAX: if
     # JAX ever flattens one of them as a node, this fails.
-    from filterjit._fastpath import _LEAF_TYPES
+    from filterjit._leaves import _LEAF_TYPES
 
     samples = {
         float: 1.0, int: 1, bool: True, complex: 1j, str: "s", bytes: b"b",

@@ -17,7 +17,7 @@ from jax import lax
 
 import filterjit
 from filterjit import _trace
-from filterjit._jit import FilterJitWrapper
+from filterjit._jit import FilterJitWrapper, level_switch
 from filterjit._trace import EAGER, STAGED, TOP
 
 
@@ -27,7 +27,8 @@ def test_private_api_is_available():
     # working meanwhile, but cannot tell eager transforms from the top level.
     assert _trace.private_api_available
     assert _trace.trace_level.__name__ == "_trace_level_private"
-    assert _trace.call_at_level is _trace._call_at_level_private
+    assert _trace.level_reader.level_of is _trace._walk
+    assert _trace.level_reader.top_type is _trace._EvalTrace
     assert _trace.ByLevel.__call__ is _trace._call_by_level_private
     # The hot path reads the state behind `trace_ctx.trace` directly (from jax 0.10,
     # `trace_state_strong_ref`; jax 0.9 keeps the trace in an attribute of
@@ -205,7 +206,8 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
     monkeypatch.setattr(_trace, "trace_level", _trace._trace_level_public)
     monkeypatch.setattr(_trace.ByLevel, "__call__", _trace._call_by_level_public)
     # filter_jit's wrapper took its `__call__` when its class was made.
-    monkeypatch.setattr(FilterJitWrapper, "__call__", _trace._call_at_level_public)
+    public = level_switch(_trace.PUBLIC_READER)
+    monkeypatch.setattr(FilterJitWrapper, "__call__", public)
 
     def loop(init, lower):
         return lax.fori_loop(lower, 1, lambda _, y: y + 1, init)

@@ -1,0 +1,89 @@
+"""Leaf kinds: which leaves are arrays (traced outside staged traces), which are
+traced at each level, which types are always pytree leaves, and which are keyed
+by identity."""
+
+import types
+from typing import Any
+
+import jax
+import numpy as np
+from jax.core import Tracer
+
+from ._level import ABSTRACT, Level, STAGED
+
+
+ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
+NUMPY_TYPES = (np.ndarray, np.generic)
+
+
+def is_array(element: Any) -> bool:
+    """Whether `filter_jit` traces `element` when called outside any staged trace.
+
+    This is the leaf predicate of the top level (and of eager transforms): every
+    leaf it rejects, Python scalars included, is static.
+
+    **Arguments:**
+
+    - `element`: any Python object.
+
+    **Returns:**
+
+    `True` if `element` is a `jax.Array` (tracers included), a `np.ndarray` or a
+    `np.generic`, and `False` otherwise.
+
+    !!! example
+
+        ```python
+        filterjit.is_array(jnp.ones(3))    # True
+        filterjit.is_array(np.float32(1))  # True
+        filterjit.is_array(1.0)            # False
+        ```
+    """
+    return isinstance(element, ARRAY_TYPES)
+
+
+def traced_types(level: Level) -> tuple[type, ...]:
+    """The types of the leaves a call at `level` traces."""
+    if level == STAGED:
+        return (Tracer,)
+    if level == ABSTRACT:
+        return (*ARRAY_TYPES, Tracer, jax.ShapeDtypeStruct)
+    return (*ARRAY_TYPES, Tracer)
+
+
+# Types whose instances are always pytree leaves: no program registers them as
+# pytree nodes.
+_LEAF_BASES = (*ARRAY_TYPES, Tracer)
+_LEAF_TYPES = frozenset(
+    {
+        float,
+        int,
+        bool,
+        complex,
+        str,
+        bytes,
+        frozenset,  # optimistix's `tags`
+        object,  # a sentinel, `object()` (lineax's defaults)
+        # What a Module's activation fields hold.
+        types.FunctionType,
+        types.BuiltinFunctionType,
+        jax.custom_jvp,
+        jax.custom_vjp,
+        type(jax.jit(lambda: None)),
+    }
+)
+
+
+def is_leaf_type(kind: type) -> bool:
+    """Whether instances of `kind` are always pytree leaves."""
+    return kind in _LEAF_TYPES or issubclass(kind, _LEAF_BASES)
+
+
+def weakly_keyed(kind: type) -> bool:
+    """Whether static leaves of this type are compared by identity, and so keyed by
+    weak references (so that a cache keyed by them keeps none alive)."""
+    return (
+        kind.__eq__ is object.__eq__
+        and kind.__hash__ is object.__hash__
+        and kind.__weakrefoffset__ != 0
+    )

@@ -306,6 +306,43 @@ def _same_static(now: Any, then: Any) -> bool:
         return False
 
 
+def _difference(then: Any, now: Any, where: str) -> tuple[Any, Any, Any]:
+    """Where two pytrees of different structures first differ in a static value
+    of the same type (a static field), with both values; `(None, None, None)` if
+    they differ otherwise."""
+    kind = type(then)
+    if then is _TRACED or kind is not type(now):
+        return None, None, None
+    if kind in (tuple, list) or _is_namedtuple_type(kind):
+        if len(then) != len(now):
+            return None, None, None
+        named = _fields_of(kind) if _is_namedtuple_type(kind) else None
+        for i, (a, b) in enumerate(zip(then, now)):
+            step = f".{named[i]}" if named else f"[{i}]"
+            if (found := _difference(a, b, where + step))[0] is not None:
+                return found
+        return None, None, None
+    if kind is dict:
+        if list(then) != list(now):
+            return None, None, None
+        for key in then:
+            found = _difference(then[key], now[key], f"{where}[{key!r}]")
+            if found[0] is not None:
+                return found
+        return None, None, None
+    if dataclasses.is_dataclass(then):
+        for field in _fields_of(kind):
+            found = _difference(
+                getattr(then, field), getattr(now, field), f"{where}.{field}"
+            )
+            if found[0] is not None:
+                return found
+        return None, None, None
+    if jtu.treedef_is_leaf(jtu.tree_structure(then)) and not _same_static(now, then):
+        return where, then, now
+    return None, None, None
+
+
 # -- The call's parameters, to bind a call in a process without the function.
 
 
@@ -326,7 +363,7 @@ class _Parameters:
     default (whose value, where the export left it so, is the template's)."""
 
     def __init__(self, parameters: Sequence[tuple[str, int, bool]] | None):
-        self.parameters = None if parameters is None else list(map(tuple, parameters))
+        self.parameters = None if parameters is None else list(parameters)
         self._signature = None
         if parameters is not None:
             self._signature = inspect.Signature(
@@ -480,6 +517,13 @@ class Exported(Generic[_P, _T]):
             )
         leaves, treedef = jtu.tree_flatten(value)
         if not template.same_structure(treedef):
+            where, then, now = _difference(template.prototype(), value, name)
+            if where is not None:  # a static field, compiled in
+                raise ValueError(
+                    f"{fun_name}: static argument `{where}` was {then!r} when "
+                    f"exported and is {now!r} now. Static values are compiled in: "
+                    "export again with the new value."
+                )
             raise TypeError(
                 f"{fun_name}: argument `{name}` has the structure {treedef}, but the "
                 f"export was made for {template.treedef}. Pass an argument of that "
@@ -602,7 +646,15 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
             f"this version of filterjit reads format {_FORMAT_VERSION}."
         )
     fun_name = header["fun_name"]
-    parameters = _Parameters(header["parameters"])
+    saved_parameters = header["parameters"]
+    parameters = _Parameters(
+        None
+        if saved_parameters is None
+        else [
+            (str(name), int(kind), bool(default))
+            for name, kind, default in saved_parameters
+        ]
+    )
     arguments = []
     for saved in header["arguments"]:
         key = saved["key"]
@@ -622,7 +674,7 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
 
 def export(
     fun: Callable[_P, _T], *, platforms: Sequence[str] | None = None
-) -> Callable[_P, Exported[_P, _T]]:
+) -> Callable[..., Exported[_P, _T]]:
     """Exports a function for another process, as `jax.export.export(jax.jit(fun))`
     does, with `filter_jit`'s partition of the arguments.
 
@@ -655,7 +707,8 @@ def export(
     """
     wrapper: Any = fun if isinstance(fun, FilterJitWrapper) else filter_jit(fun)
 
-    def exporting(*args: _P.args, **kwargs: _P.kwargs) -> Exported[_P, _T]:
+    # Untyped: arrays may be given as `jax.ShapeDtypeStruct`s.
+    def exporting(*args: Any, **kwargs: Any) -> Exported[_P, _T]:
         return _export(wrapper, platforms, args, kwargs)
 
     return exporting

@@ -188,9 +188,10 @@ def _unregistered(name: str) -> TypeError:
     return TypeError(
         f"filterjit.deserialize: the payload holds a `{name}`, a type that this "
         "process has not registered, so it is not loaded (loading never imports "
-        f"what a payload names). Import the class and register it first: "
-        f"`filterjit.register_serializable({short})`, or `register_serializable("
-        f"{short}, name={name!r})` where it was saved under another name."
+        "what a payload names). Import the class and register it under that "
+        f"name first: `filterjit.register_serializable({short})` where it is "
+        f"`{name}` here too, else `filterjit.register_serializable({short}, "
+        f"name={name!r})`."
     )
 
 
@@ -306,41 +307,56 @@ def _same_static(now: Any, then: Any) -> bool:
         return False
 
 
-def _difference(then: Any, now: Any, where: str) -> tuple[Any, Any, Any]:
-    """Where two pytrees of different structures first differ in a static value
-    of the same type (a static field), with both values; `(None, None, None)` if
-    they differ otherwise."""
+class _Difference:
+    """Where two pytrees of different structures first differ: `static` if in a
+    static value of one type (a static field), else in their structure."""
+
+    def __init__(self, where: str, then: Any, now: Any, static: bool):
+        self.where = where
+        self.then = then
+        self.now = now
+        self.static = static
+
+
+def _shape_of(node: Any) -> str:
+    """A node as a structure error names it: its type, and its length or keys."""
+    kind = type(node).__qualname__
+    if type(node) is dict:
+        return f"a dict with keys {sorted(map(repr, node))}"
+    if type(node) in (tuple, list):
+        return f"a {kind} of length {len(node)}"
+    return "an array" if node is _TRACED else f"a `{kind}`"
+
+
+def _difference(then: Any, now: Any, where: str) -> _Difference | None:
+    """The first difference of a pytree `now` from the prototype `then`."""
     kind = type(then)
-    if then is _TRACED or kind is not type(now):
-        return None, None, None
+    if then is _TRACED:
+        return None  # arrays are checked leaf by leaf
+    if kind is not type(now):
+        return _Difference(where, then, now, static=False)
+    children: list[tuple[str, Any, Any]] = []
     if kind in (tuple, list) or _is_namedtuple_type(kind):
         if len(then) != len(now):
-            return None, None, None
-        named = _fields_of(kind) if _is_namedtuple_type(kind) else None
+            return _Difference(where, then, now, static=False)
+        steps = _fields_of(kind) if _is_namedtuple_type(kind) else None
         for i, (a, b) in enumerate(zip(then, now)):
-            step = f".{named[i]}" if named else f"[{i}]"
-            if (found := _difference(a, b, where + step))[0] is not None:
-                return found
-        return None, None, None
-    if kind is dict:
+            children.append((f".{steps[i]}" if steps else f"[{i}]", a, b))
+    elif kind is dict:
         if list(then) != list(now):
-            return None, None, None
-        for key in then:
-            found = _difference(then[key], now[key], f"{where}[{key!r}]")
-            if found[0] is not None:
-                return found
-        return None, None, None
-    if dataclasses.is_dataclass(then):
-        for field in _fields_of(kind):
-            found = _difference(
-                getattr(then, field), getattr(now, field), f"{where}.{field}"
-            )
-            if found[0] is not None:
-                return found
-        return None, None, None
-    if jtu.treedef_is_leaf(jtu.tree_structure(then)) and not _same_static(now, then):
-        return where, then, now
-    return None, None, None
+            return _Difference(where, then, now, static=False)
+        children = [(f"[{key!r}]", then[key], now[key]) for key in then]
+    elif dataclasses.is_dataclass(then):
+        children = [
+            (f".{field}", getattr(then, field), getattr(now, field))
+            for field in _fields_of(kind)
+        ]
+    elif not _same_static(now, then):
+        return _Difference(where, then, now, static=True)
+    for step, a, b in children:
+        if (found := _difference(a, b, where + step)) is not None:
+            return found
+    return None
 
 
 # -- The call's parameters, to bind a call in a process without the function.
@@ -517,17 +533,27 @@ class Exported(Generic[_P, _T]):
             )
         leaves, treedef = jtu.tree_flatten(value)
         if not template.same_structure(treedef):
-            where, then, now = _difference(template.prototype(), value, name)
-            if where is not None:  # a static field, compiled in
+            found = _difference(template.prototype(), value, name)
+            if found is not None and found.static:  # a static field, compiled in
                 raise ValueError(
-                    f"{fun_name}: static argument `{where}` was {then!r} when "
-                    f"exported and is {now!r} now. Static values are compiled in: "
-                    "export again with the new value."
+                    f"{fun_name}: static argument `{found.where}` was "
+                    f"{found.then!r} when exported and is {found.now!r} now. Static "
+                    "values are compiled in: export again with the new value."
                 )
+            where = name if found is None else found.where
+            differs = (
+                ""
+                if found is None
+                else (
+                    f" (`{where}` is {_shape_of(found.now)}, where the export has "
+                    f"{_shape_of(found.then)})"
+                )
+            )
             raise TypeError(
-                f"{fun_name}: argument `{name}` has the structure {treedef}, but the "
-                f"export was made for {template.treedef}. Pass an argument of that "
-                "structure, or export again."
+                f"{fun_name}: argument `{name}` has another structure than the "
+                f"export was made for{differs}. Pass an argument of that structure, "
+                "or export again.\n  exported for: "
+                f"{template.treedef}\n  called with:  {treedef}"
             )
         avals = iter(self._avals.get(argument.key, ()))
         traced = []

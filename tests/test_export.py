@@ -357,8 +357,19 @@ def test_a_static_that_differs_names_the_argument_and_both_values():
 def test_another_structure_or_shape_names_the_argument():
     spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
     for exported in _both(filterjit.export(_affine)(_params, spec, 3)):
-        with pytest.raises(TypeError, match="argument `params` has the structure"):
+        with pytest.raises(
+            TypeError,
+            match=r"argument `params` has another structure than the export was "
+            r"made for \(`params` is a dict with keys \[\"'w'\"\], where the "
+            r"export has a dict with keys \[\"'b'\", \"'w'\"\]\)",
+        ):
             exported.call({"w": _params["w"]}, _x(2), 3)
+        with pytest.raises(
+            TypeError,
+            match=r"`model` is a `Affine`, where the export "
+            "has a `Scale`",
+        ):
+            filterjit.export(_vmapped)(_scale, spec).call(_affine_model, _x(2))
         with pytest.raises(
             TypeError,
             match=r"argument `x` is a float32\[2, 4\] array"

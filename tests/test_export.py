@@ -366,10 +366,10 @@ def test_another_structure_or_shape_names_the_argument():
             exported.call({"w": _params["w"]}, _x(2), 3)
         with pytest.raises(
             TypeError,
-            match=r"`model` is a `Affine`, where the export "
-            "has a `Scale`",
+            match=r"`model` is a `Affine`, where the export has a `Scale`",
         ):
-            filterjit.export(_vmapped)(_scale, spec).call(_affine_model, _x(2))
+            wrong: Any = _affine_model  # not a `Scale`, on purpose
+            filterjit.export(_vmapped)(_scale, spec).call(wrong, _x(2))
         with pytest.raises(
             TypeError,
             match=r"argument `x` is a float32\[2, 4\] array"

@@ -444,3 +444,11 @@ def test_jax_export_of_filter_jit_points_to_filterjit_export():
     # `filterjit.jit` is `jax.jit`: JAX exports it.
     exported = jax.export.export(filterjit.jit(jnp.sin))(jnp.ones(3))
     assert_tree_equal(exported.call(jnp.ones(3)), jnp.sin(jnp.ones(3)))
+
+
+def test_lowered_takes_jaxs_keywords():
+    lowered = filter_jit(_with_static_outputs).lower(jnp.ones(3), 2)
+    assert "loc(" in lowered.as_text(debug_info=True)
+    assert "loc(" not in lowered.as_text()
+    compiled = lowered.compile(device_assignment=(jax.devices()[0],))
+    assert compiled(jnp.ones(3), 2)[0].tolist() == [2.0] * 3

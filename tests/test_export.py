@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _export_models import Affine, Pair, Scale
-from helpers import assert_tree_equal
+from helpers import assert_tree_equal, TraceCounter
 
 import filterjit
 from filterjit import filter_jit
@@ -452,3 +452,13 @@ def test_lowered_takes_jaxs_keywords():
     assert "loc(" not in lowered.as_text()
     compiled = lowered.compile(device_assignment=(jax.devices()[0],))
     assert compiled(jnp.ones(3), 2)[0].tolist() == [2.0] * 3
+
+
+def test_an_export_traces_the_function_once():
+    counter = TraceCounter(_with_static_outputs)
+    spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
+    exported = filterjit.export(counter)(spec, 3)
+    assert counter.count == 1
+    exported.call(_x(2), 3)
+    exported.call(_x(5), 3)
+    assert counter.count == 1

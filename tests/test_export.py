@@ -462,3 +462,26 @@ def test_an_export_traces_the_function_once():
     exported.call(_x(2), 3)
     exported.call(_x(5), 3)
     assert counter.count == 1
+
+
+def _with_defaults(x: jax.Array, scale: jax.Array = jnp.array(2.0), *, mode="a"):
+    return x * scale if mode == "a" else x - scale
+
+
+def test_defaults_are_compiled_in_and_keywords_bind_by_name():
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+    for exported in _both(filterjit.export(_with_defaults)(spec)):
+        assert [a.shape for a in exported.exported.in_avals] == [(3,)]
+        assert_tree_equal(exported.call(_x(1)[0]), _with_defaults(_x(1)[0]))
+        # Passed as it was left: the same call.
+        assert_tree_equal(exported.call(x=_x(1)[0], mode="a"), _with_defaults(_x(1)[0]))
+        with pytest.raises(ValueError, match="`mode` was 'a' when exported and is 'b'"):
+            exported.call(_x(1)[0], mode="b")
+        with pytest.raises(TypeError, match="`scale` was left to its default when "):
+            exported.call(_x(1)[0], jnp.array(3.0))
+    exported = filterjit.export(_with_defaults)(spec, mode="b")
+    assert_tree_equal(
+        exported.call(_x(1)[0], mode="b"), _with_defaults(_x(1)[0], mode="b")
+    )
+    with pytest.raises(TypeError, match="`mode` was passed when exported and is left"):
+        exported.call(_x(1)[0])

@@ -18,7 +18,7 @@ from jax.core import Tracer
 
 from ._aot import Specialisation
 from ._exact import exact_aux
-from ._function import signature_of
+from ._function import Function, signature_of
 from ._jit import filter_jit, FilterJitWrapper
 from ._output import finish
 from ._partition import is_array, static_key
@@ -734,7 +734,7 @@ def export(
         data = exported.serialize()  # filterjit.deserialize(data).call(x) elsewhere
         ```
     """
-    wrapper: Any = fun if isinstance(fun, FilterJitWrapper) else filter_jit(fun)
+    wrapper = fun if isinstance(fun, FilterJitWrapper) else filter_jit(fun)
 
     # Untyped: arrays may be given as `jax.ShapeDtypeStruct`s.
     def exporting(*args: Any, **kwargs: Any) -> Exported[_P, _T]:
@@ -747,53 +747,84 @@ def _leaf_count(tree: Any) -> int:
     return jtu.tree_structure(tree).num_leaves
 
 
+def _bound_arguments(
+    fun: Any,
+    function: Function,
+    parameters: _Parameters,
+    called: Specialisation,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> tuple[list[_Argument], list[int]]:
+    """Each bound argument of the exporting call with its template, and the
+    positions (among the bound call's leaves) of the traced leaves of the arguments
+    it passed: the program's inputs."""
+    given = parameters.bind(function.name, args, kwargs)
+    bound_args, bound_kwargs = function.bind(args, kwargs)
+    values = [*bound_args, *(bound_kwargs[key] for key in sorted(bound_kwargs))]
+    leaves, traced = called.leaves, set(called.partition.dynamic_positions)
+    # The bound call's leaves: the function's own, then each argument's in turn.
+    start = 0 if function.fun_is_leaf else _leaf_count(fun)
+    arguments: list[_Argument] = []
+    inputs: list[int] = []
+    for (key, passed), value in zip(given, values, strict=True):
+        span = range(start, start + _leaf_count(value))
+        template_leaves = [_TRACED if p in traced else leaves[p] for p in span]
+        template = _Template(
+            jtu.tree_structure(value), template_leaves, parameters.name(key)
+        )
+        arguments.append(_Argument(key, passed is not _DEFAULT, template))
+        if passed is not _DEFAULT:
+            inputs += [p for p in span if p in traced]
+        start = span.stop
+    if start != len(leaves):
+        raise AssertionError(
+            f"{function.name}: the bound call has {len(leaves)} leaves"
+        )
+    return arguments, inputs
+
+
+def _compiled_in(
+    function: Function, called: Specialisation, inputs: list[int]
+) -> dict[int, Any]:
+    """The traced leaves that are not the program's inputs (the function's own, and
+    defaults'), by position: compiled into the program."""
+    treedef, leaves = called.partition.treedef, called.leaves
+    labels = [label for _, _, label in function.leaf_parameters(treedef)]
+    taken = set(inputs)
+    found = {}
+    for position in called.partition.dynamic_positions:
+        if position in taken:
+            continue
+        if isinstance(leaves[position], jax.ShapeDtypeStruct):
+            raise TypeError(
+                f"{function.name}: `{labels[position]}` is a jax.ShapeDtypeStruct, "
+                "but arrays of the function itself and of defaults are compiled "
+                "into the export: give it a value."
+            )
+        found[position] = leaves[position]
+    return found
+
+
 def _export(
-    wrapper: Any,
+    wrapper: FilterJitWrapper[..., Any],
     platforms: Sequence[str] | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Exported[..., Any]:
     dispatcher, fun = wrapper._dispatcher, wrapper._fun
     function = dispatcher.function
-    name = function.name
     # The very partition and jitted function of a top-level call with these arrays.
     called = Specialisation(dispatcher, fun, *args, **kwargs)
-    leaves, positions = called.leaves, called.partition.dynamic_positions
     parameters = _Parameters.of(fun)
-    given = parameters.bind(name, args, kwargs)
-    bound = function.bind(args, kwargs)
-    values = [*bound[0], *(bound[1][key] for key in sorted(bound[1]))]
-    # The bound call's leaves: the function's own, then each argument's in turn.
-    start = 0 if function.fun_is_leaf else _leaf_count(fun)
-    traced = set(positions)
-    arguments: list[_Argument] = []
-    inputs: list[int] = []  # the positions of the leaves the program takes
-    for (key, passed), value in zip(given, values, strict=True):
-        count = _leaf_count(value)
-        span = range(start, start + count)
-        template_leaves = [_TRACED if p in traced else leaves[p] for p in span]
-        label = parameters.name(key)
-        template = _Template(jtu.tree_structure(value), template_leaves, label)
-        arguments.append(_Argument(key, passed is not _DEFAULT, template))
-        if passed is not _DEFAULT:
-            inputs += [p for p in span if p in traced]
-        start += count
-    if start != len(leaves):
-        raise AssertionError(f"{name}: the bound call has {len(leaves)} leaves")
-    labels = [
-        label for _, _, label in function.leaf_parameters(called.partition.treedef)
-    ]
-    compiled_in = {}
-    for position in positions:
-        if position not in inputs:
-            if isinstance(leaves[position], jax.ShapeDtypeStruct):
-                raise TypeError(
-                    f"{name}: `{labels[position]}` is a jax.ShapeDtypeStruct, but "
-                    "arrays of the function itself and of defaults are compiled "
-                    "into the export: give it a value."
-                )
-            compiled_in[position] = leaves[position]
-    jitted = called.jitted
+    arguments, inputs = _bound_arguments(
+        fun, function, parameters, called, args, kwargs
+    )
+    compiled_in = _compiled_in(function, called, inputs)
+    positions, leaves, jitted = (
+        called.partition.dynamic_positions,
+        called.leaves,
+        called.jitted,
+    )
     found: list[_Template] = []  # what the one trace below learns of the output
 
     def program(*traced_inputs: Any) -> list[Any]:
@@ -809,9 +840,9 @@ def _export(
         found.append(_Template(treedef, template, "output"))
         return [jnp.asarray(x) for x, a in zip(out_leaves, arrays) if a]
 
-    program.__name__ = name.rpartition(".")[2]
-    program.__qualname__ = name
+    program.__name__ = function.name.rpartition(".")[2]
+    program.__qualname__ = function.name
     specs = [leaves[p] for p in inputs]
     exported = jax.export.export(jax.jit(program), platforms=platforms)(*specs)
     (output,) = found
-    return Exported(exported, name, parameters, arguments, output)
+    return Exported(exported, function.name, parameters, arguments, output)

@@ -485,3 +485,17 @@ def test_defaults_are_compiled_in_and_keywords_bind_by_name():
     )
     with pytest.raises(TypeError, match="`mode` was passed when exported and is left"):
         exported.call(_x(1)[0])
+
+
+def test_static_values_round_trip_exactly():
+    statics = [1, 1.0, True, -0.0, float("nan"), 1 - 2j, b"\x00b", None, "s"]
+    statics += [frozenset({1, 2}), ("a", (2,)), {"k": [3]}]
+
+    def f(x):
+        return x, statics
+
+    exported = filterjit.deserialize(filterjit.export(f)(jnp.ones(2)).serialize())
+    _, found = exported.call(jnp.ones(2))
+    assert [type(x) for x in found] == [type(x) for x in statics]
+    assert repr(found) == repr(statics)  # -0.0 and nan included
+    assert np.signbit(found[3]) and found[4] != found[4]

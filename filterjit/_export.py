@@ -632,7 +632,7 @@ def _check_aval(fun_name: str, label: str, leaf: Any, aval: Any) -> None:
     if fits and dtype == aval.dtype:
         return
     raise TypeError(
-        f"{fun_name}: argument `{label}` is a {dtype}{list(shape)} array, but the "
+        f"{fun_name}: argument `{label}` is an array of {dtype}{list(shape)}, but the "
         f"export was made for {aval.str_short()}. Pass an array of that shape and "
         "dtype, or export again."
     )

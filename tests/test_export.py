@@ -372,11 +372,13 @@ def test_another_structure_or_shape_names_the_argument():
             filterjit.export(_vmapped)(_scale, spec).call(wrong, _x(2))
         with pytest.raises(
             TypeError,
-            match=r"argument `x` is a float32\[2, 4\] array"
+            match=r"argument `x` is an array of float32\[2, 4\]"
             r", but the export was made for float32\[batch,3\]",
         ):
             exported.call(_params, jnp.ones((2, 4)), 3)
-        with pytest.raises(TypeError, match=r"argument `params\['b'\]` is a int32"):
+        with pytest.raises(
+            TypeError, match=r"argument `params\['b'\]` is an array of int32"
+        ):
             exported.call({"w": _params["w"], "b": jnp.ones(2, jnp.int32)}, _x(2), 3)
         with pytest.raises(TypeError, match="argument `x` was an array when exported"):
             exported.call(_params, 1.0, 3)

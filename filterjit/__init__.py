@@ -5,6 +5,12 @@ from ._diagnostics import (
     RetraceWarning as RetraceWarning,
     set_retrace_warning_threshold as set_retrace_warning_threshold,
 )
+from ._export import (
+    deserialize as deserialize,
+    export as export,
+    Exported as Exported,
+    register_serializable as register_serializable,
+)
 from ._introspect import (
     clear_caches as clear_caches,
     explain as explain,

@@ -14,6 +14,7 @@ class Specialisation:
     def __init__(self, dispatcher: Dispatcher, fun: Any, /, *args: Any, **kwargs: Any):
         self._abstract = ft.partial(dispatcher.abstract, fun)
         self._function = dispatcher.function
+        self.name = dispatcher.function.name
         entry, self.partition, self.dynamic, self.leaves = self._abstract(args, kwargs)
         self.jitted: Any = entry.jitted  # a `jax.jit` object
         self.statics = list(self.partition.statics(self.leaves))
@@ -88,17 +89,31 @@ class Lowered:
         """The underlying `jax.stages.Lowered`."""
         self._specialisation = specialisation
 
-    def as_text(self, dialect: str | None = None) -> str:
+    def as_text(self, dialect: str | None = None, *, debug_info: bool = False) -> str:
         """The lowered program's text, as `jax.stages.Lowered.as_text`."""
+        if debug_info:
+            return self.lowered.as_text(dialect, debug_info=True)
         return self.lowered.as_text(dialect)
 
     def compiler_ir(self, dialect: str | None = None) -> Any:
         """The program as an MLIR module, as `jax.stages.Lowered.compiler_ir`."""
         return self.lowered.compiler_ir(dialect)
 
-    def compile(self, compiler_options: dict[str, Any] | None = None) -> Compiled:
-        """Compiles the program. The result is called like the wrapped function."""
-        return Compiled(self.lowered.compile(compiler_options), self._specialisation)
+    def compile(
+        self,
+        compiler_options: dict[str, Any] | None = None,
+        *,
+        device_assignment: tuple[Any, ...] | None = None,
+    ) -> Compiled:
+        """Compiles the program, as `jax.stages.Lowered.compile`. The result is
+        called like the wrapped function."""
+        if device_assignment is None:
+            compiled = self.lowered.compile(compiler_options)
+        else:
+            compiled = self.lowered.compile(
+                compiler_options, device_assignment=device_assignment
+            )
+        return Compiled(compiled, self._specialisation)
 
 
 class Traced:
@@ -120,6 +135,36 @@ class Traced:
         other leaf as the function returned it."""
         return finish(self.traced.out_info, self._specialisation.leaves)
 
-    def lower(self) -> Lowered:
-        """Lowers the traced program; see `Lowered`."""
-        return Lowered(self.traced.lower(), self._specialisation)
+    @property
+    def fun_name(self) -> str:
+        """The traced function's name."""
+        return self._specialisation.name
+
+    def lower(
+        self,
+        *,
+        lowering_platforms: tuple[str, ...] | None = None,
+        _private_parameters: Any = None,
+    ) -> Lowered:
+        """Lowers the traced program, as `jax.stages.Traced.lower`; see `Lowered`.
+
+        **Arguments:**
+
+        - `lowering_platforms`: the platforms to lower for (`("cpu", "cuda")`, say),
+            as in JAX; the default backend's if omitted.
+        """
+        if _private_parameters is not None:
+            # Only `jax.export.export` passes these: its `Exported` would take the
+            # traced leaves alone and return filterjit's own output node.
+            raise TypeError(
+                f"jax.export.export cannot export the filter_jit function "
+                f"{self._specialisation.name}: its static arguments and static "
+                "outputs are not arrays, which a jax.export.Exported holds alone. "
+                "Use `filterjit.export(f)(*args)`: its result's `.exported` is the "
+                "jax.export.Exported of the array leaves."
+            )
+        if lowering_platforms is None:
+            lowered = self.traced.lower()
+        else:
+            lowered = self.traced.lower(lowering_platforms=tuple(lowering_platforms))
+        return Lowered(lowered, self._specialisation)

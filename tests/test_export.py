@@ -1,0 +1,503 @@
+"""`filterjit.export`: a filtered function saved, loaded in a fresh interpreter and
+called; the errors; JAX's ahead-of-time signature on filterjit's stages."""
+
+import functools as ft
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from _export_models import Affine, Pair, Scale
+from helpers import assert_tree_equal, TraceCounter
+
+import filterjit
+from filterjit import filter_jit
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+for _kind in (Scale, Affine, Pair):
+    filterjit.register_serializable(_kind)
+
+
+def _batch() -> Any:
+    (batch,) = jax.export.symbolic_shape("batch")
+    return batch
+
+
+# -- The functions exported, each with its reference (the same call, not exported).
+
+
+def _affine(params: dict[str, jax.Array], x: jax.Array, n: int) -> jax.Array:
+    return (x @ params["w"] + params["b"]) * n
+
+
+def _vmapped(model: Scale, x: jax.Array) -> jax.Array:
+    return jax.vmap(model)(x)
+
+
+def _with_static_outputs(x: jax.Array, n: int) -> Any:
+    return x * n, {"n": n, "tag": "x"}
+
+
+@filter_jit
+def _inner_loss(p: jax.Array, x: jax.Array, k: Any) -> jax.Array:
+    # `k` (a NumPy scalar) reaches the nested call concrete, as undecorated: the
+    # loop is a scan, which `grad` goes through (a traced `k`: a while_loop).
+    return jax.lax.fori_loop(0, k, lambda _, acc: acc + jnp.sin(p * x).sum(), 0.0)
+
+
+def _grad_of_nested(p: jax.Array, x: jax.Array) -> jax.Array:
+    return jax.grad(_inner_loss)(p, x, np.int32(3))
+
+
+def _grad_undecorated(p: jax.Array, x: jax.Array) -> jax.Array:
+    return jax.grad(_inner_loss.__wrapped__)(p, x, np.int32(3))
+
+
+def _pair(pair: Pair) -> Pair:
+    return Pair(pair.first * pair.second, pair.second + 1)
+
+
+_params = {"w": jnp.arange(6.0).reshape(3, 2), "b": jnp.array([0.5, -0.5])}
+_scale = Scale(jnp.array([1.0, 2.0, 3.0]), 2)
+_affine_model = Affine(jnp.arange(6.0).reshape(3, 2) / 6, jnp.ones(2), "tanh")
+
+
+def _x(batch: int, width: int = 3) -> jax.Array:
+    return jnp.arange(batch * width, dtype=jnp.float32).reshape(batch, width) / 10
+
+
+class _Case(NamedTuple):
+    exported: filterjit.Exported
+    calls: list[tuple[Any, ...]]  # arguments the loading process builds (see SCRIPT)
+    reference: Any  # for each call, what the function returns undecorated
+
+
+def _cases() -> dict[str, _Case]:
+    batch = _batch()
+    spec = jax.ShapeDtypeStruct((batch, 3), jnp.float32)
+    return {
+        "dict_and_int": _Case(
+            filterjit.export(_affine)(_params, spec, 3),
+            [(2,), (5,)],
+            [_affine(_params, _x(2), 3), _affine(_params, _x(5), 3)],
+        ),
+        "module_vmap": _Case(
+            filterjit.export(_vmapped)(_scale, spec),
+            [(2,), (7,)],
+            [_vmapped(_scale, _x(2)), _vmapped(_scale, _x(7))],
+        ),
+        "static_outputs": _Case(
+            filterjit.export(_with_static_outputs)(spec, 3),
+            [(4,)],
+            [_with_static_outputs(_x(4), 3)],
+        ),
+        "bound_method": _Case(
+            filterjit.export(_affine_model.apply)(spec),
+            [(3,)],
+            [_affine_model.apply(_x(3))],
+        ),
+        "nested_grad": _Case(
+            filterjit.export(_grad_of_nested)(jnp.ones(3), jnp.ones(3)),
+            [()],
+            [_grad_undecorated(jnp.ones(3), jnp.ones(3))],
+        ),
+        "platforms": _Case(
+            filterjit.export(_with_static_outputs, platforms=("cpu", "cuda", "tpu"))(
+                spec, 3
+            ),
+            [(2,)],
+            [_with_static_outputs(_x(2), 3)],
+        ),
+        "namedtuple": _Case(
+            filterjit.export(_pair)(Pair(jax.ShapeDtypeStruct((2,), jnp.float32), 3)),
+            [()],
+            [_pair(Pair(jnp.array([1.0, 2.0]), 3))],
+        ),
+    }
+
+
+# Run by a fresh interpreter: loads each payload and calls it with the arguments its
+# case names (built here, with the same arrays as `_cases`' references), printing
+# one JSON line of results. First, before importing or registering any node type,
+# it tries to load a payload that names one.
+SCRIPT = """
+import json, sys
+from pathlib import Path
+
+import jax, jax.numpy as jnp
+import filterjit
+
+folder = Path(sys.argv[1])
+report = {}
+try:
+    filterjit.deserialize((folder / "module_vmap.bin").read_bytes())
+except TypeError as e:
+    report["refused"] = str(e)
+report["imported_before"] = [m for m in sys.modules if m.startswith("_export_models")]
+
+from _export_models import Affine, Pair, Scale
+for kind in (Scale, Affine, Pair):
+    filterjit.register_serializable(kind)
+
+def x(batch, width=3):
+    return jnp.arange(batch * width, dtype=jnp.float32).reshape(batch, width) / 10
+
+params = {"w": jnp.arange(6.0).reshape(3, 2), "b": jnp.array([0.5, -0.5])}
+scale = Scale(jnp.array([1.0, 2.0, 3.0]), 2)
+arguments = {
+    "dict_and_int": lambda b: ((params, x(b), 3), {}),
+    "module_vmap": lambda b: ((scale, x(b)), {}),
+    "static_outputs": lambda b: ((x(b),), {"n": 3}),
+    "bound_method": lambda b: ((x(b),), {}),
+    "nested_grad": lambda: ((jnp.ones(3), jnp.ones(3)), {}),
+    "platforms": lambda b: ((x(b), 3), {}),
+    "namedtuple": lambda: ((Pair(jnp.array([1.0, 2.0]), 3),), {}),
+}
+
+def plain(tree):
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return {
+        "structure": str(treedef),
+        "leaves": [
+            ["array", str(leaf.dtype), list(leaf.shape), leaf.tolist()]
+            if isinstance(leaf, jax.Array) else [type(leaf).__name__, leaf]
+            for leaf in leaves
+        ],
+    }
+
+for name, make in arguments.items():
+    exported = filterjit.deserialize((folder / f"{name}.bin").read_bytes())
+    calls = json.loads((folder / f"{name}.json").read_text())
+    results = []
+    for call in calls:
+        args, kwargs = make(*call)
+        results.append(plain(exported.call(*args, **kwargs)))
+    report[name] = {"platforms": list(exported.platforms), "results": results}
+print(json.dumps(report))
+"""
+
+
+def _plain(tree: Any) -> dict[str, Any]:
+    # As SCRIPT's `plain`: what a result is, to compare across processes.
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    return {
+        "structure": str(treedef),
+        "leaves": [
+            ["array", str(leaf.dtype), list(leaf.shape), np.asarray(leaf).tolist()]
+            if isinstance(leaf, jax.Array)
+            else [type(leaf).__name__, leaf]
+            for leaf in leaves
+        ],
+    }
+
+
+def _close(found: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert found["structure"] == expected["structure"]
+    assert len(found["leaves"]) == len(expected["leaves"])
+    for got, want in zip(found["leaves"], expected["leaves"]):
+        assert got[:-1] == want[:-1]  # kind (dtype and shape), or the static's type
+        if got[0] == "array":
+            np.testing.assert_allclose(got[-1], want[-1], rtol=1e-6)
+        else:
+            assert got[-1] == want[-1]
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any]:
+    """The report of one fresh interpreter that loaded and called every case."""
+    folder = tmp_path_factory.mktemp("exported")
+    cases = _cases()
+    for name, case in cases.items():
+        (folder / f"{name}.bin").write_bytes(case.exported.serialize())
+        (folder / f"{name}.json").write_text(json.dumps(case.calls))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
+    env["JAX_PLATFORMS"] = "cpu"
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1]), cases
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "dict_and_int",
+        "module_vmap",
+        "static_outputs",
+        "bound_method",
+        "nested_grad",
+        "platforms",
+        "namedtuple",
+    ],
+)
+def test_round_trip_in_a_fresh_interpreter(
+    loaded: tuple[dict[str, Any], Any], name: str
+) -> None:
+    report, cases = loaded
+    case = cases[name]
+    found = report[name]["results"]
+    assert len(found) == len(case.reference)
+    for got, reference in zip(found, case.reference):
+        _close(got, _plain(reference))
+
+
+def test_static_outputs_come_back_as_int_and_str(
+    loaded: tuple[dict[str, Any], Any],
+) -> None:
+    report, _ = loaded
+    (result,) = report["static_outputs"]["results"]
+    assert result["leaves"][1:] == [["int", 3], ["str", "x"]]
+
+
+def test_module_called_with_two_symbolic_batch_sizes(
+    loaded: tuple[dict[str, Any], Any],
+) -> None:
+    report, _ = loaded
+    shapes = [r["leaves"][0][2] for r in report["module_vmap"]["results"]]
+    assert shapes == [[2, 3], [7, 3]]
+
+
+def test_exported_for_several_platforms(loaded: tuple[dict[str, Any], Any]) -> None:
+    report, cases = loaded
+    assert report["platforms"]["platforms"] == ["cpu", "cuda", "tpu"]
+    assert cases["platforms"].exported.platforms == ("cpu", "cuda", "tpu")
+    assert report["dict_and_int"]["platforms"] == [jax.default_backend()]
+
+
+def test_a_payload_naming_an_unregistered_type_is_refused_without_import(
+    loaded: tuple[dict[str, Any], Any],
+) -> None:
+    report, _ = loaded
+    assert report["imported_before"] == []
+    assert "`_export_models.Scale`" in report["refused"]
+    assert "filterjit.register_serializable(Scale)" in report["refused"]
+
+
+# -- In one process: the exporting process's own `Exported`, and one loaded back.
+
+
+def _both(exported: filterjit.Exported) -> list[filterjit.Exported]:
+    return [exported, filterjit.deserialize(exported.serialize())]
+
+
+def test_exported_call_matches_filter_jit():
+    spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
+    for exported in _both(filterjit.export(_with_static_outputs)(spec, 3)):
+        assert_tree_equal(
+            exported.call(_x(6), 3), filter_jit(_with_static_outputs)(_x(6), 3)
+        )
+        # `n` bound by keyword: the same call.
+        assert_tree_equal(exported.call(_x(2), n=3), _with_static_outputs(_x(2), 3))
+
+
+def test_exported_of_a_filter_jit_wrapper_and_under_jit():
+    wrapper = filter_jit(_affine)
+    exported = filterjit.export(wrapper)(_params, jnp.ones((2, 3)), 2)
+    assert_tree_equal(exported.call(_params, _x(2), 2), _affine(_params, _x(2), 2))
+    under_jit = jax.jit(lambda x: exported.call(_params, x, 2))(_x(2))
+    assert_tree_equal(under_jit, _affine(_params, _x(2), 2))
+
+
+def test_jax_exported_of_the_array_leaves():
+    exported = filterjit.export(_affine)(_params, jnp.ones((4, 3)), 2)
+    jax_exported = exported.exported
+    assert isinstance(jax_exported, jax.export.Exported)
+    # Its inputs: the arguments' traced leaves, flattened (`params` sorted: b, w).
+    assert [a.shape for a in jax_exported.in_avals] == [(2,), (3, 2), (4, 3)]
+    (y,) = jax_exported.call(_params["b"], _params["w"], _x(4))
+    assert_tree_equal(y, _affine(_params, _x(4), 2))
+
+
+def test_a_functions_own_arrays_are_compiled_in():
+    # A Module, and a partial: their arrays are not inputs of the program.
+    exported = filterjit.export(_scale)(jax.ShapeDtypeStruct((3,), jnp.float32))
+    assert [a.shape for a in exported.exported.in_avals] == [(3,)]
+    assert_tree_equal(exported.call(jnp.ones(3)), _scale(jnp.ones(3)))
+    partial = ft.partial(_affine, _params)
+    loaded = filterjit.deserialize(
+        filterjit.export(partial)(
+            jax.ShapeDtypeStruct((2, 3), jnp.float32), 2
+        ).serialize()
+    )
+    assert [a.shape for a in loaded.exported.in_avals] == [(2, 3)]
+    assert_tree_equal(loaded.call(_x(2), 2), _affine(_params, _x(2), 2))
+
+
+def test_a_static_that_differs_names_the_argument_and_both_values():
+    spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
+    for exported in _both(filterjit.export(_affine)(_params, spec, 3)):
+        with pytest.raises(
+            ValueError, match="static argument `n` was 3 when exported and is 4 now"
+        ):
+            exported.call(_params, _x(2), 4)
+        with pytest.raises(ValueError, match="`n` was 3 when exported and is 3.0 now"):
+            exported.call(_params, _x(2), 3.0)
+    for exported in _both(filterjit.export(_vmapped)(_scale, spec)):
+        with pytest.raises(
+            ValueError, match="`model.power` was 2 when exported and is 3 now"
+        ):
+            exported.call(Scale(_scale.weight, 3), _x(2))
+
+
+def test_another_structure_or_shape_names_the_argument():
+    spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
+    for exported in _both(filterjit.export(_affine)(_params, spec, 3)):
+        with pytest.raises(
+            TypeError,
+            match=r"argument `params` has another structure than the export was "
+            r"made for \(`params` is a dict with keys \[\"'w'\"\], where the "
+            r"export has a dict with keys \[\"'b'\", \"'w'\"\]\)",
+        ):
+            exported.call({"w": _params["w"]}, _x(2), 3)
+        with pytest.raises(
+            TypeError,
+            match=r"`model` is a `Affine`, where the export has a `Scale`",
+        ):
+            wrong: Any = _affine_model  # not a `Scale`, on purpose
+            filterjit.export(_vmapped)(_scale, spec).call(wrong, _x(2))
+        with pytest.raises(
+            TypeError,
+            match=r"argument `x` is an array of float32\[2, 4\]"
+            r", but the export was made for float32\[batch,3\]",
+        ):
+            exported.call(_params, jnp.ones((2, 4)), 3)
+        with pytest.raises(
+            TypeError, match=r"argument `params\['b'\]` is an array of int32"
+        ):
+            exported.call({"w": _params["w"], "b": jnp.ones(2, jnp.int32)}, _x(2), 3)
+        with pytest.raises(TypeError, match="argument `x` was an array when exported"):
+            exported.call(_params, 1.0, 3)
+        with pytest.raises(TypeError, match="takes 3 positional arguments|missing"):
+            exported.call(_params, _x(2))
+
+
+class _NotRegistered(eqx.Module):
+    weight: jax.Array
+
+
+def test_an_unregistered_node_type_names_the_type_and_how_to_register():
+    exported = filterjit.export(lambda m: m.weight * 2)(_NotRegistered(jnp.ones(2)))
+    data = exported.serialize()  # saving needs no registration
+    with pytest.raises(TypeError) as caught:
+        filterjit.deserialize(data)
+    message = str(caught.value)
+    assert "test_export._NotRegistered`" in message
+    assert "filterjit.register_serializable(_NotRegistered)" in message
+    assert "never imports" in message
+
+
+def test_what_cannot_be_saved_is_named_when_saving():
+    exported = filterjit.export(lambda x, act: act(x))(jnp.ones(2), jnp.tanh)
+    assert_tree_equal(exported.call(jnp.ones(2), jnp.tanh), jnp.tanh(jnp.ones(2)))
+    with pytest.raises(
+        TypeError, match="cannot save `act`, a `PjitFunction`|cannot save `act`"
+    ):
+        exported.serialize()
+
+
+def test_register_serializable_rejects_what_it_cannot_rebuild():
+    with pytest.raises(
+        TypeError, match="eqx.Module class, a dataclass or a namedtuple"
+    ):
+        filterjit.register_serializable(dict)
+    with pytest.raises(ValueError, match="registered for"):
+        filterjit.register_serializable(_NotRegistered, name="_export_models.Scale")
+
+
+def test_not_a_payload():
+    with pytest.raises(ValueError, match="not made by"):
+        filterjit.deserialize(b"\x00" * 32)
+
+
+# -- JAX's ahead-of-time signature on filterjit's stages.
+
+
+def test_traced_lower_takes_lowering_platforms():
+    traced = filter_jit(_with_static_outputs).trace(jnp.ones(3), 2)
+    assert traced.fun_name == "_with_static_outputs"
+    one = traced.lower().as_text()
+    two = traced.lower(lowering_platforms=("cpu", "cuda")).as_text()
+    assert "_platform_index" in two and "_platform_index" not in one
+    lowered = traced.lower(lowering_platforms=(jax.default_backend(),))
+    y, static = lowered.compile()(jnp.ones(3), 2)
+    assert y.tolist() == [2.0] * 3 and static == {"n": 2, "tag": "x"}
+
+
+def test_jax_export_of_filter_jit_points_to_filterjit_export():
+    with pytest.raises(TypeError, match=r"filterjit\.export\(f\)"):
+        # Not a `jax.stages.Wrapped` to pyright (its stages are filterjit's own).
+        wrapped: Any = filter_jit(_affine)
+        jax.export.export(wrapped)(_params, jnp.ones((2, 3)), 2)
+    # `filterjit.jit` is `jax.jit`: JAX exports it.
+    exported = jax.export.export(filterjit.jit(jnp.sin))(jnp.ones(3))
+    assert_tree_equal(exported.call(jnp.ones(3)), jnp.sin(jnp.ones(3)))
+
+
+def test_lowered_takes_jaxs_keywords():
+    lowered = filter_jit(_with_static_outputs).lower(jnp.ones(3), 2)
+    assert "loc(" in lowered.as_text(debug_info=True)
+    assert "loc(" not in lowered.as_text()
+    compiled = lowered.compile(device_assignment=(jax.devices()[0],))
+    assert compiled(jnp.ones(3), 2)[0].tolist() == [2.0] * 3
+
+
+def test_an_export_traces_the_function_once():
+    counter = TraceCounter(_with_static_outputs)
+    spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
+    exported = filterjit.export(counter)(spec, 3)
+    assert counter.count == 1
+    exported.call(_x(2), 3)
+    exported.call(_x(5), 3)
+    assert counter.count == 1
+
+
+def _with_defaults(x: jax.Array, scale: jax.Array = jnp.array(2.0), *, mode="a"):
+    return x * scale if mode == "a" else x - scale
+
+
+def test_defaults_are_compiled_in_and_keywords_bind_by_name():
+    spec = jax.ShapeDtypeStruct((3,), jnp.float32)
+    for exported in _both(filterjit.export(_with_defaults)(spec)):
+        assert [a.shape for a in exported.exported.in_avals] == [(3,)]
+        assert_tree_equal(exported.call(_x(1)[0]), _with_defaults(_x(1)[0]))
+        # Passed as it was left: the same call.
+        assert_tree_equal(exported.call(x=_x(1)[0], mode="a"), _with_defaults(_x(1)[0]))
+        with pytest.raises(ValueError, match="`mode` was 'a' when exported and is 'b'"):
+            exported.call(_x(1)[0], mode="b")
+        with pytest.raises(TypeError, match="`scale` was left to its default when "):
+            exported.call(_x(1)[0], jnp.array(3.0))
+    exported = filterjit.export(_with_defaults)(spec, mode="b")
+    assert_tree_equal(
+        exported.call(_x(1)[0], mode="b"), _with_defaults(_x(1)[0], mode="b")
+    )
+    with pytest.raises(TypeError, match="`mode` was passed when exported and is left"):
+        exported.call(_x(1)[0])
+
+
+def test_static_values_round_trip_exactly():
+    statics = [1, 1.0, True, -0.0, float("nan"), 1 - 2j, b"\x00b", None, "s"]
+    statics += [frozenset({1, 2}), ("a", (2,)), {"k": [3]}]
+
+    def f(x):
+        return x, statics
+
+    exported = filterjit.deserialize(filterjit.export(f)(jnp.ones(2)).serialize())
+    _, found = exported.call(jnp.ones(2))
+    assert [type(x) for x in found] == [type(x) for x in statics]
+    assert repr(found) == repr(statics)  # -0.0 and nan included
+    assert np.signbit(found[3]) and found[4] != found[4]

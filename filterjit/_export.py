@@ -20,8 +20,9 @@ from ._aot import Specialisation
 from ._exact import exact_aux
 from ._function import Function, signature_of
 from ._jit import filter_jit, FilterJitWrapper
+from ._leaves import is_array
 from ._output import finish
-from ._partition import is_array, static_key
+from ._partition import static_key
 
 
 _P = ParamSpec("_P")

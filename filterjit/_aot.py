@@ -30,7 +30,7 @@ class Specialisation:
                 f"it was lowered with.\n  lowered with: {lowered.treedef}\n  called "
                 f"with:  {partition.treedef}\nLower again for the new structure."
             )
-        labels = [label for *_, label in function.leaf_parameters(partition.treedef)]
+        labels = [p.label for p in function.leaf_parameters(partition.treedef)]
         traced = set(lowered.dynamic_positions)
         for position in set(partition.dynamic_positions) ^ traced:
             was = "traced" if position in traced else "static"

@@ -18,6 +18,24 @@ Source = tuple[str, Any]  # `("args", i)`, `("kwargs", name)` or `("default", va
 Sources = tuple[list[Source], dict[str, Source]]
 
 
+class LeafParameter(NamedTuple):
+    """Which parameter a leaf of a call's pytree is passed to: its name (`FUNCTION`
+    for a leaf of the wrapped callable's own: what a partial binds, a receiver),
+    its position where passed positionally (`None` by keyword), and its path in
+    the user's terms (`params['w']`, `self.weight`), for messages and tables."""
+
+    parameter: str
+    position: int | None
+    label: str
+
+    @property
+    def of_function(self) -> bool:
+        return self.parameter == FUNCTION
+
+
+FUNCTION = "<function>"
+
+
 class DefaultsGuard(NamedTuple):
     """What a reader of calls that take defaults checks on every call: that the
     function reached from the callable `f` by the expression `path` still has the

@@ -461,7 +461,7 @@ def key_error(
     else:
         for position, key in zip(partition.static_positions, partition.statics(leaves)):
             if _hash_and_eq_fail(key):
-                label = function.leaf_parameters(treedef)[position][2]
+                label = function.leaf_parameters(treedef)[position].label
                 kind = type(leaves[position]).__qualname__
                 return TypeError(
                     f"{name}(): argument `{label}` is a static value of type `{kind}` "

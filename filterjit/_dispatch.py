@@ -6,13 +6,13 @@ import functools as ft
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.tree_util as jtu
 
 from . import _fastpath
-from ._binding import Args, Keywords, Kwargs, Shape
+from ._binding import Args, Keywords, Kwargs, LeafParameter, Shape
 from ._cache import BoundedCache, lifelines
 from ._diagnostics import (
     check_traceable,
@@ -31,7 +31,7 @@ from ._errors import (
 )
 from ._exact import exact_aux
 from ._fastpath import bound_call_reader, takes_defaults, top_caller, TopHooks
-from ._function import Function
+from ._function import Function, unwrapped
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
 from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options, UNSPECIFIED
@@ -72,6 +72,7 @@ class Dispatcher:
         self._fast = _fastpath.ENABLED if fast is None else fast
         if not self._fast:
             self.call = self._call
+            self.nested = ft.partial(self._call, STAGED)
         self.function = Function(fun)
         self.options = options
         self.trace_log = TraceLog(self.function.name, _module_of(fun))
@@ -160,6 +161,34 @@ class Dispatcher:
         if spec.plain:  # as `_finish` would build it, a frame sooner
             return spec.build(traced, leaves)
         return self._finish(level, out, leaves)
+
+    def nested(self, fun: Any, args: Args, kwargs: Kwargs) -> Any:
+        """`call` in a staged trace, its steps written out (every nested helper of a
+        library calls it, on every trace of the outer function): a call the latest
+        nested partition reads, whose entry is cached (its NumPy constants as they
+        were), runs with the call's pytree at hand for a trace (see `_run`)."""
+        partition = self._latest[STAGED]
+        read = partition.call_readers.get((len(args), *kwargs))
+        found = None if read is None else read(fun, args, kwargs)
+        if found is None:
+            return self._call(STAGED, fun, args, kwargs)
+        leaves, key, dynamic = found
+        # Read nested only without keywords (see `_partition`): `args` is the call.
+        tree = args if self._fun_is_leaf else (fun, args)
+        if partition.orders is not None:
+            key = (key, partition.orders(tree))
+        entry = partition.get(key)
+        if entry is None or (entry.captured and not entry.valid()):
+            return self._call(STAGED, fun, args, kwargs)
+        previous = pending.call
+        pending.call = (entry, tree, leaves)
+        try:
+            out = entry.jitted(*dynamic)
+        finally:
+            pending.call = previous
+        if type(out) is Carried:
+            return self._finish(STAGED, out, leaves)
+        return out
 
     def _call(self, level: Level, fun: Any, args: Args, kwargs: Kwargs) -> Any:
         """The reference path: binds, flattens with `jax.tree_util`, looks up (see
@@ -428,7 +457,7 @@ class Dispatcher:
         if isinstance(error, TypeError):
             self._check_traceable(partition, leaves)
         check_failed(error, self.function.name)
-        labels = [label for _, _, label in self.leaf_parameters(partition)]
+        labels = [p.label for p in self.leaf_parameters(partition)]
         dynamic_labels = partition.take_dynamic(labels)
         explain_failure(
             error, self.function.name, dynamic_labels, partition.take_dynamic(leaves)
@@ -482,7 +511,7 @@ class Dispatcher:
         return EntryMaker(self.function, self.options, self.trace_log, compile_build)
 
     def _check_traceable(self, partition: Partition, leaves: list[Any]) -> None:
-        labels = [label for _, _, label in self.leaf_parameters(partition)]
+        labels = [p.label for p in self.leaf_parameters(partition)]
         check_traceable(self.function.name, labels, leaves, partition.dynamic_positions)
 
     def _check_processes_agree(self, partition: Partition, leaves: list[Any]) -> None:
@@ -492,14 +521,12 @@ class Dispatcher:
         options, dynamic = self.options, partition.take_dynamic(leaves)
         if not spans_processes(dynamic, options.in_shardings, options.out_shardings):
             return
-        labels = [label for _, _, label in self.leaf_parameters(partition)]
+        labels = [p.label for p in self.leaf_parameters(partition)]
         statics = [(labels[p], leaves[p]) for p in partition.static_positions]
         statics.append(("(the structure of the arguments)", partition.treedef))
         check_statics_agree(self.function.name, statics)
 
-    def leaf_parameters(
-        self, partition: Partition
-    ) -> list[tuple[str, int | None, str]]:
+    def leaf_parameters(self, partition: Partition) -> list[LeafParameter]:
         """Each leaf's parameter, position and label; made once per partition."""
         if partition.leaf_parameters is None:
             partition.leaf_parameters = self.function.leaf_parameters(partition.treedef)
@@ -513,15 +540,13 @@ class Dispatcher:
         partition, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
         dynamic = partition.take_dynamic(leaves)
         hit = entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
-        labels = [label for _, _, label in self.function.leaf_parameters(treedef)]
+        labels = [p.label for p in self.function.leaf_parameters(treedef)]
         rows = list(map(row, labels, partition.roles(), leaves))
         nearest = None if hit or level == STAGED else self.trace_log.nearest(rows)
         name, level_name = self.function.name, Level(level).description
         return Explanation(name, level_name, rows, hit, nearest=nearest)
 
-    def abstract(
-        self, fun: Any, args: Args, kwargs: Kwargs
-    ) -> tuple[Entry, Partition, Sequence[Any], list[Any]]:
+    def abstract(self, fun: Any, args: Args, kwargs: Kwargs) -> "AheadOfTime":
         """The entry for an ahead-of-time call (arrays may be ShapeDtypeStructs),
         made if new: with its partition, traced leaves and leaves.
 
@@ -537,13 +562,23 @@ class Dispatcher:
         )
         if entry is None:
             entry = self._make(ABSTRACT, fun, partition, leaves, called, cache, key)
-        return entry, partition, partition.take_dynamic(leaves), leaves
+        return AheadOfTime(entry, partition, partition.take_dynamic(leaves), leaves)
 
     def clear(self) -> None:
         self._latest = [_NO_CALL] * LEVELS
         self.top = self._declined
         for cache in (*self.partitions, *self.entries, self._programs):
             cache.clear()
+
+
+class AheadOfTime(NamedTuple):
+    """An ahead-of-time call (`Dispatcher.abstract`): its entry and partition, its
+    traced leaves (arrays or `jax.ShapeDtypeStruct`s) and all its leaves."""
+
+    entry: Entry
+    partition: Partition
+    dynamic: Sequence[Any]
+    leaves: list[Any]
 
 
 # Every live dispatcher, for `clear_caches`.
@@ -556,6 +591,6 @@ def clear_all() -> None:
 
 
 def _module_of(fun: Any) -> str:
-    fun = getattr(fun, "func", getattr(fun, "__func__", fun))  # jtu.Partial, methods
+    fun = unwrapped(fun)
     module = getattr(fun, "__module__", None)  # else a callable object: its class's
     return module if isinstance(module, str) else type(fun).__module__

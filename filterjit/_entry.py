@@ -14,13 +14,13 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._binding import positional_names
+from ._binding import FUNCTION, LeafParameter, positional_names
 from ._cache import lifelines
 from ._diagnostics import row, TraceLog, Traces
 from ._donated import record
 from ._errors import traced_a_check
 from ._exact import ndarray_key
-from ._function import Function
+from ._function import Function, python_function
 from ._level import ABSTRACT, EAGER, Level, STAGED, TOP
 from ._options import Options, UNSPECIFIED
 from ._output import BuilderCompiler, Carried, jit_output
@@ -103,15 +103,11 @@ pending = _Pending()
 def _source_of(fun: Any) -> Any:
     """Where the user's function is defined, for JAX's messages (which follow
     `__wrapped__` to a `__code__`), keeping neither the function nor its `self`."""
-    while isinstance(fun, jtu.Partial):
-        fun = fun.func
-    fun = getattr(fun, "__func__", fun)
-    if getattr(fun, "__code__", None) is None:  # a callable object (a Module)
-        fun = getattr(type(fun), "__call__", None)
-    if (code := getattr(fun, "__code__", None)) is None:
+    found = python_function(fun)
+    if found is None:
         return None
-    name = getattr(fun, "__name__", code.co_name)
-    return types.SimpleNamespace(__name__=name, __code__=code)
+    function = found[0]
+    return types.SimpleNamespace(__name__=function.__name__, __code__=function.__code__)
 
 
 def _signature(labels: list[str]) -> inspect.Signature:
@@ -144,7 +140,7 @@ def make_entry(
     fun: Any,
     level: Level,
     partition: Partition,
-    leaf_parameters: list[tuple[str, int | None, str]],
+    leaf_parameters: list[LeafParameter],
     leaves: list[Any],
     defaulted: tuple[str, ...] = (),
 ) -> Entry:
@@ -152,7 +148,7 @@ def make_entry(
     parameters the call left to their defaults (not donated)."""
     function, options, trace_log, compile_build = maker
     treedef, dynamic_positions = partition.treedef, partition.dynamic_positions
-    labels = [label for _, _, label in leaf_parameters]
+    labels = [p.label for p in leaf_parameters]
     # Keep no traced leaf alive, and objects keyed by identity only weakly.
     template: list[Any] = list(leaves)
     for position in dynamic_positions:
@@ -161,7 +157,7 @@ def make_entry(
     for position in weak_positions:
         template[position] = weakref.ref(leaves[position])
     roles = partition.roles()
-    arguments = [parameter != "<function>" for parameter, _, _ in leaf_parameters]
+    arguments = [not p.of_function for p in leaf_parameters]
     log = trace_log if level in (TOP, EAGER) else None
     staged = level == STAGED
     boxed = not staged and options.out_shardings is not UNSPECIFIED
@@ -267,7 +263,7 @@ def _silencing(jitted: Any) -> Any:
 def _donated(
     options: Options,
     function: Function,
-    leaf_parameters: list[tuple[str, int | None, str]],
+    leaf_parameters: list[LeafParameter],
     partition: Partition,
     defaulted: tuple[str, ...],
 ) -> tuple[int, ...]:
@@ -281,7 +277,7 @@ def _donated(
     donated = []
     for i, position in enumerate(partition.dynamic_positions):
         parameter, index, _ = leaf_parameters[position]
-        if parameter == "<function>":
+        if parameter == FUNCTION:
             if receiver is None:  # bound in a partial: not an argument
                 continue
             parameter, index = receiver, 0

@@ -790,7 +790,7 @@ def _compiled_in(
     """The traced leaves that are not the program's inputs (the function's own, and
     defaults'), by position: compiled into the program."""
     treedef, leaves = called.partition.treedef, called.leaves
-    labels = [label for _, _, label in function.leaf_parameters(treedef)]
+    labels = [p.label for p in function.leaf_parameters(treedef)]
     taken = set(inputs)
     found = {}
     for position in called.partition.dynamic_positions:

@@ -9,8 +9,58 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax.tree_util as jtu
 
-from ._binding import Binder, BOUND, DefaultsGuard, Keywords, positional_names
+from ._binding import (
+    Binder,
+    BOUND,
+    DefaultsGuard,
+    FUNCTION,
+    Keywords,
+    LeafParameter,
+    positional_names,
+)
 from ._leaves import is_array
+
+
+def _inside(fun: Any) -> tuple[Any, str] | None:
+    """What a partial (`jtu.Partial` included) or a method (bound, an `eqx.Module`'s,
+    any method-like object) calls, and the attribute that holds it; else `None`."""
+    if isinstance(fun, ft.partial):
+        return fun.func, ".func"
+    func = getattr(fun, "__func__", None)
+    return None if func is None else (func, ".__func__")
+
+
+def unwrapped(fun: Any) -> Any:
+    """The callable under every partial and method of `fun` (see `_inside`)."""
+    for _ in range(_MAX_DEPTH):
+        inside = _inside(fun)
+        if inside is None:
+            break
+        fun = inside[0]
+    return fun
+
+
+# Partials of methods of partials...: deeper than any program goes.
+_MAX_DEPTH = 32
+
+
+def python_function(fun: Any) -> tuple[types.FunctionType, str] | None:
+    """The Python function a call of `fun` runs: under its partials and methods,
+    else its class's `__call__`; and the expression reaching it from `f` (`"f"`,
+    `"f.func"`, `"type(f).__call__"`). `None` for C code."""
+    path = "f"
+    for _ in range(_MAX_DEPTH):
+        if isinstance(fun, types.FunctionType):
+            return fun, path
+        inside = _inside(fun)
+        if inside is None:
+            call = getattr(type(fun), "__call__", None)
+            if not isinstance(call, types.FunctionType):
+                return None
+            fun, path = call, f"type({path}).__call__"
+            continue
+        fun, path = inside[0], path + inside[1]
+    return None
 
 
 def name_of(fun: Any) -> str:
@@ -22,11 +72,7 @@ def name_of(fun: Any) -> str:
 def _defined_in_python(fun: Any) -> bool:
     """Whether calling `fun` runs Python code, whose signature is exact (`np.add`
     refuses its own defaults `dtype=None` and `signature=None` together)."""
-    while isinstance(fun, ft.partial):
-        fun = fun.func
-    fun = getattr(fun, "__func__", fun)  # a bound method
-    python = hasattr(fun, "__code__") or hasattr(type(fun).__call__, "__code__")
-    return isinstance(fun, type) or python
+    return isinstance(fun, type) or python_function(fun) is not None
 
 
 def signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
@@ -71,20 +117,8 @@ class DefaultsSource(NamedTuple):
 def defaults_source(fun: Any) -> DefaultsSource | None:
     """Where calls of `fun` find their defaults, which may be reassigned at any
     time (`f.__defaults__ = ...`); `None` for a callable without Python defaults."""
-    path = "f"
-    for _ in range(8):  # partials of methods of callable objects
-        if isinstance(fun, types.FunctionType):
-            return DefaultsSource(weakref.ref(fun), path)
-        if isinstance(fun, ft.partial):
-            fun, path = fun.func, f"{path}.func"
-        elif isinstance(fun, types.MethodType):
-            fun, path = fun.__func__, f"{path}.__func__"
-        else:
-            call = getattr(type(fun), "__call__", None)
-            if not isinstance(call, types.FunctionType):
-                return None
-            fun, path = call, f"type({path}).__call__"
-    return None
+    found = python_function(fun)
+    return None if found is None else DefaultsSource(weakref.ref(found[0]), found[1])
 
 
 def in_call_tree(fun: Any) -> bool:
@@ -224,7 +258,7 @@ class Function:
                 return str(name) + jtu.keystr(path[3:])
         return self.fun_label + jtu.keystr(path[1:])
 
-    def leaf_parameters(self, treedef: Any) -> list[tuple[str, int | None, str]]:
+    def leaf_parameters(self, treedef: Any) -> list[LeafParameter]:
         """For each leaf of a call with structure `treedef`: its parameter, its
         position if passed positionally, and its path in the user's terms."""
         call = treedef.unflatten([object() for _ in range(treedef.num_leaves)])
@@ -232,7 +266,9 @@ class Function:
         for path, _ in jtu.tree_flatten_with_path(call)[0]:
             if not self.fun_is_leaf:
                 if path[0] == jtu.SequenceKey(0):
-                    found.append(("<function>", None, self._function_label(path)))
+                    found.append(
+                        LeafParameter(FUNCTION, None, self._function_label(path))
+                    )
                     continue
                 path = path[1:]
             if isinstance(path[0], jtu.GetAttrKey):  # Keywords.args or .kwargs
@@ -240,5 +276,5 @@ class Function:
             top, rest = path[0], path[1:]  # a `SequenceKey` or a `DictKey`
             index = top.idx if isinstance(top, jtu.SequenceKey) else None
             name, label = self._parameter(str(top.key) if index is None else index)
-            found.append((name, index, label + jtu.keystr(rest)))
+            found.append(LeafParameter(name, index, label + jtu.keystr(rest)))
         return found

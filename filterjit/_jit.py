@@ -16,7 +16,7 @@ from . import _trace
 from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
-from ._function import Method, name_of
+from ._function import Method, name_of, unwrapped
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
 from ._owners import dispatcher_for
@@ -47,10 +47,10 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
     wrapper.__module__ = getattr(fun, "__module__", None) or __name__
     wrapper.__annotations__ = getattr(fun, "__annotations__", {})
     # Where the annotations' names resolve (for jaxtyping's `jaxtyped`).
-    while isinstance(fun, ft.partial):
-        fun = fun.func
-    if (namespace := getattr(fun, "__globals__", None)) is None:
-        module = sys.modules.get(getattr(type(fun), "__module__", ""), None)
+    inner = unwrapped(fun)
+    namespace = getattr(inner, "__globals__", None)
+    if namespace is None:  # a callable object: its class's module
+        module = sys.modules.get(getattr(type(inner), "__module__", ""))
         namespace = vars(module) if module is not None else {}
     wrapper.__globals__ = namespace
 
@@ -60,7 +60,7 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
     `jax.disable_jit()` the function itself; outside any trace the dispatcher's
     `top`; elsewhere its `call`. filterjit's frames are hidden from what it raises,
     as JAX hides its own."""
-    jit_disabled, current, top_type, level_of = reader
+    jit_disabled, current, top_type, staged_type, level_of = reader
 
     def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
@@ -70,6 +70,8 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
             trace = current()
             if type(trace) is top_type:
                 return self._dispatcher.top(self._fun, args, kwargs)
+            if type(trace) is staged_type:
+                return self._nested(self._fun, args, kwargs)
             return self._call(level_of(trace), self._fun, args, kwargs)
         except Exception as error:
             _trace.hide_frames(error)
@@ -111,6 +113,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
     _options: Options
     _dispatcher: Dispatcher
     _call: Callable[..., Any]  # the dispatcher's `call`
+    _nested: Callable[..., Any]  # and its `nested`
     # The function's metadata, as functools.wraps copies it (`_copy_metadata`).
     __wrapped__: Callable[_P, _R]
     __name__: str
@@ -134,6 +137,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         self._options = options
         self._dispatcher = dispatcher_for(fun, options)
         self._call = self._dispatcher.call
+        self._nested = self._dispatcher.nested
         _copy_metadata(self, fun)
 
     if not typing.TYPE_CHECKING:
@@ -189,6 +193,7 @@ def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:
     with contextlib.suppress(Exception):  # a placeholder rather than a function
         wrapper._dispatcher = dispatcher_for(fun, options)
         wrapper._call = wrapper._dispatcher.call
+        wrapper._nested = wrapper._dispatcher.nested
     return wrapper
 
 

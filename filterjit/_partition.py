@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from . import _exact
+from ._binding import LeafParameter
 from ._leaves import ARRAY_TYPES, traced_types, weakly_keyed
 from ._level import Level, STAGED
 from ._structure import dict_orders, has_sorted_dicts
@@ -126,7 +127,7 @@ class Partition:
         # (index among the static leaves, its key function) where not the leaf.
         self.rekeys = tuple(rekeys)
         # Each leaf's parameter, position and label (see `Dispatcher.leaf_parameters`).
-        self.leaf_parameters: list[tuple[str, int | None, str]] | None = None
+        self.leaf_parameters: list[LeafParameter] | None = None
         # By shape of call, what reads such calls' leaves and key (see `_fastpath`).
         self.call_readers: dict[tuple[Any, ...], KeyedCallReader | None] = {}
         # Set by the dispatcher: whether calls use the top level's entries; `get`.

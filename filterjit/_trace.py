@@ -105,11 +105,13 @@ def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
 class LevelReader(NamedTuple):
     """How a wrapper finds the level of a call in a step or two: `jit_disabled()`,
     whether inside `jax.disable_jit()`; `current()`, the innermost trace, whose
-    type is `top_type` outside any trace; `level_of(trace)` for any other."""
+    type is `top_type` outside any trace and may be `staged_type` inside a staged
+    one; `level_of(trace)` for any other."""
 
     jit_disabled: Callable[[], bool]
     current: Callable[[], object]
     top_type: type
+    staged_type: type  # of `current()` in a staged trace (not the only one)
     level_of: Callable[[object], Level]
 
 
@@ -128,6 +130,7 @@ PUBLIC_READER = LevelReader(
     lambda: bool(jax.config.jax_disable_jit),  # pyright: ignore[reportAttributeAccessIssue]
     _current_public,
     _Outside,
+    object,
     lambda _: STAGED,
 )
 
@@ -215,6 +218,7 @@ else:
         ft.partial(_disable_jit_value, _disable_jit_state),
         ft.partial(_current_trace_value, _current_trace),
         _EvalTrace,
+        _DynamicJaxprTrace,
         _walk,
     )
 

@@ -39,11 +39,19 @@ def _forget(ref: _Ref) -> None:
         del _records[ref.key]
 
 
+# Frames that are not the user's: filterjit's, JAX's, and those of the wrappers
+# that runtime type checkers put around functions (jaxtyping's, beartype's).
+_INTERNAL = (_package_dir, os.path.dirname(os.path.abspath(jax.__file__)), "<@")
+_CHECKERS = ("jaxtyping", "beartype")
+
+
 def _caller() -> str:
     """`file:line` of the first frame outside filterjit and JAX: the user's call."""
-    internal = (_package_dir, os.path.dirname(os.path.abspath(jax.__file__)))
-    frame = sys._getframe(2)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(internal):
+    frame = sys._getframe(1)
+    while frame.f_back is not None and (
+        frame.f_code.co_filename.startswith(_INTERNAL)
+        or str(frame.f_globals.get("__name__", "")).startswith(_CHECKERS)
+    ):
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 

@@ -1,5 +1,7 @@
 """Looking at what filter_jit does: explain a call, count traces, clear caches."""
 
+import os
+import sys
 import types
 import warnings
 from typing import Any
@@ -12,9 +14,10 @@ from ._function import name_of
 from ._jax_jit import JitWrapper
 from ._jit import _decorate, FilterJitWrapper
 from ._options import Options
-from ._trace import jit_cache_size
+from ._trace import hiding_frames, jit_cache_size
 
 
+@hiding_frames
 def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked below
     """Explains what calling `fun(*args, **kwargs)` here would do, without calling it.
 
@@ -108,8 +111,26 @@ def _check_not_another_jit(fun: Any) -> None:
         "is its own). Use `filterjit.jit` or `filterjit.filter_jit` in its place to "
         "explain what a call does.",
         UserWarning,
-        stacklevel=3,
+        stacklevel=_outside_filterjit(sys._getframe()),
     )
+
+
+# filterjit's frames, and those of the wrappers that runtime type checkers put
+# around its functions (jaxtyping's import hook, with beartype).
+_INTERNAL = (os.path.dirname(os.path.abspath(__file__)), "<@beartype")
+_CHECKERS = ("jaxtyping", "beartype")
+
+
+def _outside_filterjit(frame: types.FrameType) -> int:
+    """The `stacklevel`, for a warning raised in `frame`, of the first frame
+    outside filterjit."""
+    level = 1
+    while frame.f_back is not None and (
+        frame.f_code.co_filename.startswith(_INTERNAL)
+        or str(frame.f_globals.get("__name__", "")).startswith(_CHECKERS)
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 _WRAPPERS = (FilterJitWrapper, JitWrapper)
@@ -122,6 +143,7 @@ def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
     return fun, args
 
 
+@hiding_frames
 def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """How many times `fun` has been traced at the top level or under eager
     transforms (not nested in staged traces, nor a nested trace that a top-level

@@ -2,15 +2,20 @@
 and a canary test in `tests/test_trace.py`: where in JAX's trace stack a call
 happens, which frames JAX shows, what a pytree structure holds, waiting for arrays."""
 
+import functools
 import inspect
 import operator
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 import jax
 import jax.extend.core
 import jax.extend.source_info_util
 
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # Where a call happens: plain ints, which index per-level caches on every call.
 TOP = 0  # no trace at all: a plain Python call
@@ -88,6 +93,22 @@ else:
     # `hide_frames(error)`: filterjit's frames (generated code included: it is filed
     # under the package's directory) taken out of `error`'s traceback, as JAX's own.
     hide_frames = _hide_frames_private
+
+
+def hiding_frames(fun: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`fun`, whose errors are raised without filterjit's frames (`hide_frames`):
+    for public functions other than the wrappers' calls, which do it inline."""
+
+    @functools.wraps(fun)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
+        try:
+            return fun(*args, **kwargs)
+        except Exception as error:
+            hide_frames(error)
+            raise
+
+    return call
 
 
 def _current_equations_public() -> list[Any] | None:

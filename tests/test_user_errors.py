@@ -119,6 +119,10 @@ def test_a_filterjit_error_of_its_own_is_raised_without_its_frames():
         f(jnp.ones(2), 1, 2)  # pyright: ignore[reportCallIssue]
     frames = [frame.f_code.co_filename for frame, _ in _walk(info.value.__traceback__)]
     assert not [name for name in frames if name.startswith(_PACKAGE + os.sep)], frames
+    with pytest.raises(TypeError, match="takes 2 positional") as info:
+        filterjit.explain(f, jnp.ones(2), 1, 2)
+    frames = [frame.f_code.co_filename for frame, _ in _walk(info.value.__traceback__)]
+    assert not [name for name in frames if name.startswith(_PACKAGE + os.sep)], frames
 
 
 def _walk(tb):
@@ -283,8 +287,9 @@ def test_explain_of_another_jit_wrapper_warns_naming_it():
         def lower(self, *args):
             raise NotImplementedError
 
-    with pytest.warns(UserWarning, match=r"a jit wrapper of type `.*OtherJit`"):
+    with pytest.warns(UserWarning, match=r"a jit wrapper of type `.*OtherJit`") as seen:
         filterjit.explain(OtherJit(lambda x: x), jnp.ones(3))
+    assert [w.filename for w in seen] == [__file__], [str(w.message) for w in seen]
     with pytest.warns(UserWarning, match=r"`jax.jit\(.*\)`, a jax.jit function"):
         filterjit.explain(jax.jit(lambda x: x), jnp.ones(3))
 

@@ -235,7 +235,8 @@ def _recording(
 
     def call(*dynamic: Any) -> Any:
         out = jitted(*dynamic)
-        record(dynamic if every else [dynamic[i] for i in donated], name, donated_labels)
+        arrays = dynamic if every else [dynamic[i] for i in donated]
+        record(arrays, name, donated_labels)
         return out
 
     for method in ("lower", "trace", "eval_shape"):

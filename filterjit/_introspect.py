@@ -35,13 +35,19 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
     `concrete`: an array passed through unchanged inside a staged trace), and its
     abstract or shortened value; and whether the call would hit the cache (its
     attributes `rows`, `level` and `cache_hit` hold the same). The roles are those
-    a call at this point would get (inside `jax.jit`, nested).
+    a call at this point would get (inside `jax.jit`, nested). A call that would
+    trace is compared with the nearest cached trace (the one that differs in the
+    fewest leaves): the table marks the rows that differ, with that trace's values,
+    and says why each traces (`misses` lists their paths).
+
+    Equinox's `filter_jit` wrapper raises a `TypeError` (`explain` says what
+    filterjit's wrapper does); a `jax.jit` function, or another library's jit
+    wrapper, is explained as `filter_jit` wrapped around it, with a warning.
 
     A decorated method may be given read from an instance
     (`explain(model.__call__, x)`) or through its class
     (`explain(Model.__call__, model, x)`); its fields are named as the method sees
-    them (`self.weight`), and parameters left to their defaults are listed. A
-    `jax.jit` function is explained as `filter_jit(jax.jit(f))`.
+    them (`self.weight`), and parameters left to their defaults are listed.
 
     !!! example
 

@@ -375,3 +375,27 @@ def test_a_wrong_count_lists_the_positional_parameters_only():
         match=re.escape("takes 2 positional arguments (self, x) but 3 were given"),
     ):
         M().f(jnp.ones(2), 2.0)  # pyright: ignore[reportCallIssue]
+
+
+def test_under_tracebackhide_filterjit_frames_are_marked_hidden():
+    # IPython's mode: frames are kept, and those JAX hides are marked.
+    @filter_jit
+    def f(a, b):
+        return a @ b
+
+    previous = jax.config.jax_traceback_filtering  # pyright: ignore[reportAttributeAccessIssue]
+    jax.config.update("jax_traceback_filtering", "tracebackhide")
+    try:
+        for _ in range(2):  # cold, then warm through the generated code
+            f(jnp.ones((2, 3)), jnp.ones((3, 2)))
+        with pytest.raises(TypeError) as info:
+            f(jnp.ones((2, 3)), jnp.ones((4, 5)))
+    finally:
+        jax.config.update("jax_traceback_filtering", previous)
+    ours = [
+        frame
+        for frame, _ in _walk(info.value.__traceback__)
+        if frame.f_code.co_filename.startswith(_PACKAGE + os.sep)
+    ]
+    assert ours
+    assert all(frame.f_locals.get("__tracebackhide__") for frame in ours)

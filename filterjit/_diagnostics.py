@@ -366,7 +366,9 @@ class TraceLog:
 @dataclasses.dataclass(eq=False)
 class Explanation:
     """What a `filter_jit` call would do: one row per leaf, and whether it would
-    hit the cache. `str()` gives a table."""
+    hit the cache; for a call that would trace, the cached trace nearest it and
+    what differs (`nearest`; `misses`, the paths). `str()` gives a table, the rows
+    that differ marked with that trace's values."""
 
     name: str
     level: str

@@ -236,10 +236,12 @@ def _recording(
     """`jitted`, noting (weakly) which arrays each call donated, for the error that
     passing one again raises (see `_donated`)."""
     donated_labels = [labels[i] for i in donated]
+    every = donated == tuple(range(len(labels)))
 
     def call(*dynamic: Any) -> Any:
         out = jitted(*dynamic)
-        record([dynamic[i] for i in donated], name, donated_labels)
+        arrays = dynamic if every else [dynamic[i] for i in donated]
+        record(arrays, name, donated_labels)
         return out
 
     for method in ("lower", "trace", "eval_shape"):

@@ -1,5 +1,7 @@
 """Looking at what filter_jit does: explain a call, count traces, clear caches."""
 
+import os
+import sys
 import types
 import warnings
 from typing import Any
@@ -12,9 +14,10 @@ from ._function import name_of
 from ._jax_jit import JitWrapper
 from ._jit import _decorate, FilterJitWrapper
 from ._options import Options
-from ._trace import jit_cache_size
+from ._trace import hiding_frames, jit_cache_size
 
 
+@hiding_frames
 def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked below
     """Explains what calling `fun(*args, **kwargs)` here would do, without calling it.
 
@@ -32,13 +35,19 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
     `concrete`: an array passed through unchanged inside a staged trace), and its
     abstract or shortened value; and whether the call would hit the cache (its
     attributes `rows`, `level` and `cache_hit` hold the same). The roles are those
-    a call at this point would get (inside `jax.jit`, nested).
+    a call at this point would get (inside `jax.jit`, nested). A call that would
+    trace is compared with the nearest cached trace (the one that differs in the
+    fewest leaves): the table marks the rows that differ, with that trace's values,
+    and says why each traces (`misses` lists their paths).
+
+    Equinox's `filter_jit` wrapper raises a `TypeError` (`explain` says what
+    filterjit's wrapper does); a `jax.jit` function, or another library's jit
+    wrapper, is explained as `filter_jit` wrapped around it, with a warning.
 
     A decorated method may be given read from an instance
     (`explain(model.__call__, x)`) or through its class
     (`explain(Model.__call__, model, x)`); its fields are named as the method sees
-    them (`self.weight`), and parameters left to their defaults are listed. A
-    `jax.jit` function is explained as `filter_jit(jax.jit(f))`.
+    them (`self.weight`), and parameters left to their defaults are listed.
 
     !!! example
 
@@ -108,8 +117,26 @@ def _check_not_another_jit(fun: Any) -> None:
         "is its own). Use `filterjit.jit` or `filterjit.filter_jit` in its place to "
         "explain what a call does.",
         UserWarning,
-        stacklevel=3,
+        stacklevel=_outside_filterjit(sys._getframe()),
     )
+
+
+# filterjit's frames, and those of the wrappers that runtime type checkers put
+# around its functions (jaxtyping's import hook, with beartype).
+_INTERNAL = (os.path.dirname(os.path.abspath(__file__)), "<@beartype")
+_CHECKERS = ("jaxtyping", "beartype")
+
+
+def _outside_filterjit(frame: types.FrameType) -> int:
+    """The `stacklevel`, for a warning raised in `frame`, of the first frame
+    outside filterjit."""
+    level = 1
+    while frame.f_back is not None and (
+        frame.f_code.co_filename.startswith(_INTERNAL)
+        or str(frame.f_globals.get("__name__", "")).startswith(_CHECKERS)
+    ):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 _WRAPPERS = (FilterJitWrapper, JitWrapper)
@@ -122,6 +149,7 @@ def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
     return fun, args
 
 
+@hiding_frames
 def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """How many times `fun` has been traced at the top level or under eager
     transforms (not nested in staged traces, nor a nested trace that a top-level

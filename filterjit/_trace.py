@@ -2,18 +2,22 @@
 and a canary test in `tests/test_trace.py`: where in JAX's trace stack a call
 happens, which frames JAX shows, what a pytree structure holds, waiting for arrays."""
 
-import functools as ft
+import functools
 import inspect
 import operator
 import os
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 import jax
 import jax.extend.core
 import jax.extend.source_info_util
 
 from ._level import EAGER, Level, STAGED, TOP
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def _trace_level_public() -> Level:
@@ -86,6 +90,22 @@ else:
     # `hide_frames(error)`: filterjit's frames (generated code included: it is filed
     # under the package's directory) taken out of `error`'s traceback, as JAX's own.
     hide_frames = _hide_frames_private
+
+
+def hiding_frames(fun: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`fun`, whose errors are raised without filterjit's frames (`hide_frames`):
+    for public functions other than the wrappers' calls, which do it inline."""
+
+    @functools.wraps(fun)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
+        try:
+            return fun(*args, **kwargs)
+        except Exception as error:
+            hide_frames(error)
+            raise
+
+    return call
 
 
 def _current_equations_public() -> list[Any] | None:
@@ -215,8 +235,8 @@ else:
     call_by_level = _call_by_level_private
     # Each read a C call: the state's getter, bound to it.
     level_reader = LevelReader(
-        ft.partial(_disable_jit_value, _disable_jit_state),
-        ft.partial(_current_trace_value, _current_trace),
+        functools.partial(_disable_jit_value, _disable_jit_state),
+        functools.partial(_current_trace_value, _current_trace),
         _EvalTrace,
         _DynamicJaxprTrace,
         _walk,

@@ -119,6 +119,10 @@ def test_a_filterjit_error_of_its_own_is_raised_without_its_frames():
         f(jnp.ones(2), 1, 2)  # pyright: ignore[reportCallIssue]
     frames = [frame.f_code.co_filename for frame, _ in _walk(info.value.__traceback__)]
     assert not [name for name in frames if name.startswith(_PACKAGE + os.sep)], frames
+    with pytest.raises(TypeError, match="takes 2 positional") as info:
+        filterjit.explain(f, jnp.ones(2), 1, 2)
+    frames = [frame.f_code.co_filename for frame, _ in _walk(info.value.__traceback__)]
+    assert not [name for name in frames if name.startswith(_PACKAGE + os.sep)], frames
 
 
 def _walk(tb):
@@ -283,8 +287,9 @@ def test_explain_of_another_jit_wrapper_warns_naming_it():
         def lower(self, *args):
             raise NotImplementedError
 
-    with pytest.warns(UserWarning, match=r"a jit wrapper of type `.*OtherJit`"):
+    with pytest.warns(UserWarning, match=r"a jit wrapper of type `.*OtherJit`") as seen:
         filterjit.explain(OtherJit(lambda x: x), jnp.ones(3))
+    assert [w.filename for w in seen] == [__file__], [str(w.message) for w in seen]
     with pytest.warns(UserWarning, match=r"`jax.jit\(.*\)`, a jax.jit function"):
         filterjit.explain(jax.jit(lambda x: x), jnp.ones(3))
 
@@ -370,3 +375,27 @@ def test_a_wrong_count_lists_the_positional_parameters_only():
         match=re.escape("takes 2 positional arguments (self, x) but 3 were given"),
     ):
         M().f(jnp.ones(2), 2.0)  # pyright: ignore[reportCallIssue]
+
+
+def test_under_tracebackhide_filterjit_frames_are_marked_hidden():
+    # IPython's mode: frames are kept, and those JAX hides are marked.
+    @filter_jit
+    def f(a, b):
+        return a @ b
+
+    previous = jax.config.jax_traceback_filtering  # pyright: ignore[reportAttributeAccessIssue]
+    jax.config.update("jax_traceback_filtering", "tracebackhide")
+    try:
+        for _ in range(2):  # cold, then warm through the generated code
+            f(jnp.ones((2, 3)), jnp.ones((3, 2)))
+        with pytest.raises(TypeError) as info:
+            f(jnp.ones((2, 3)), jnp.ones((4, 5)))
+    finally:
+        jax.config.update("jax_traceback_filtering", previous)
+    ours = [
+        frame
+        for frame, _ in _walk(info.value.__traceback__)
+        if frame.f_code.co_filename.startswith(_PACKAGE + os.sep)
+    ]
+    assert ours
+    assert all(frame.f_locals.get("__tracebackhide__") for frame in ours)

@@ -131,25 +131,23 @@ class Dispatcher:
         """Calls `fun(*args, **kwargs)` at trace level `level` on the fast path: a
         call that the latest partition at its level reads and keys (see
         `_fastpath`), whose entry is cached (its NumPy constants as they were),
-        runs as `_call` would run it. Any other takes `_call` from the start."""
+        runs as `_call` would run it. Any other takes `_call` from the start. In a
+        staged trace: `nested`."""
+        if level == STAGED:
+            return self.nested(fun, args, kwargs)
         partition = self._latest[level]
         read = partition.call_readers.get((len(args), *kwargs))
         found = None if read is None else read(fun, args, kwargs)
         if found is None:
             return self._call(level, fun, args, kwargs)
         leaves, key, dynamic = found
-        tree: Any = None
-        if level == STAGED:  # a call without keywords (see `_partition`)
-            tree = args if self._fun_is_leaf else (fun, args)
-            if partition.orders is not None:
-                key = (key, partition.orders(tree))
         entry = partition.get(key)
         if entry is None:
             return self._call(level, fun, args, kwargs)
-        if entry.guarded or level == STAGED:
+        if entry.guarded:
             if entry.captured and not entry.valid():  # a NumPy constant changed
                 return self._call(level, fun, args, kwargs)
-            return self._run(level, entry, tree, leaves, dynamic)
+            return self._run(level, entry, None, leaves, dynamic)
         try:
             out = entry.jitted(*dynamic)
         except Exception as e:  # in the user's terms where it can be

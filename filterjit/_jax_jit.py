@@ -249,3 +249,9 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
         jax.jit(**jit_kwargs)  # raises now, as jax.jit does, for an unknown keyword
         return ft.partial(jit, **jit_kwargs)
     return JitWrapper(fun, jit_kwargs)
+
+
+# jax.jit checks the arguments: a runtime type checker that binds them first (with
+# `inspect`, which refuses `jit(fun=f)` where Python passes `fun` in `jit_kwargs`)
+# must not pre-empt its errors.
+jit.__no_type_check__ = True  # pyright: ignore[reportFunctionMemberAccess]

@@ -560,13 +560,11 @@ def test_the_signature_is_jax_jits():
 # Finding 9.
 @pytest.mark.parametrize("keyword", ["fn", "default", "out", "args", "kwargs"])
 def test_equinoxs_removed_keywords_point_to_its_release_notes(keyword):
-    expected = _outcome(lambda: eqx.filter_jit(_f, **{keyword: None}))
+    removed: dict[str, Any] = {keyword: None}
+    expected = _outcome(lambda: eqx.filter_jit(_f, **removed))
     assert expected[:2] == ("raises", ValueError)
     assert "releases/tag/v0.10.0" in expected[2]
-    for make in (
-        lambda: filter_jit(_f, **{keyword: None}),
-        lambda: filter_jit(**{keyword: None}),
-    ):
+    for make in (lambda: filter_jit(_f, **removed), lambda: filter_jit(**removed)):
         outcome = _outcome(make)
         assert outcome[:2] == ("raises", ValueError)
         assert f"`{keyword}=`" in outcome[2] and "releases/tag/v0.10.0" in outcome[2]

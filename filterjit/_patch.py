@@ -44,7 +44,7 @@ def equinox_filter_jit(
     if fun is _NOT_GIVEN:
         make_options(donate=donate, **jitkwargs)  # raises now for a bad keyword
         return ft.partial(equinox_filter_jit, donate=donate, **jitkwargs)
-    if type(donate) is str and donate == "none":
+    if type(donate) is str and donate == "none" and fun is not None:
         return filter_jit(fun, **jitkwargs)  # no donation: filterjit's own options
     options = make_options(donate=donate, **jitkwargs)
     if isinstance(donate, str):
@@ -54,9 +54,6 @@ def equinox_filter_jit(
             options, donate_as_equinox=True, donate_function=function_is_node
         )
     return _decorate(options, fun)
-
-
-equinox_filter_jit.__name__ = equinox_filter_jit.__qualname__ = "filter_jit"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,8 +168,8 @@ def patch_equinox() -> EquinoxPatch:
 
     - `equinox.filter_jit`, `equinox._jit.filter_jit` and every module global bound
         to it (`from equinox import filter_jit`) become `filterjit.filter_jit` with
-        Equinox's meaning of `donate` (see `equinox_filter_jit` below): code that
-        decorates from now on, at import or at run time, gets filterjit's.
+        Equinox's meaning of `donate` (below): code that decorates from now on, at
+        import or at run time, gets filterjit's.
     - Every function already decorated with Equinox's `filter_jit` that is an
         attribute of an imported module or of a class defined in one (a method,
         `staticmethod` or `classmethod`) is replaced, under every name, by
@@ -185,10 +182,10 @@ def patch_equinox() -> EquinoxPatch:
         decorator factory made before the call (`jit_all =
         eqx.filter_jit(donate="all")`), which goes on making Equinox's wrappers.
 
-    Where it differs from `filterjit.filter_jit`: under `donate`, "first" is the
-    call's first argument rather than a Module's or a bound method's `self`, and
-    the function's own arrays (an `eqx.Module`'s, a `jax.tree_util.Partial`'s) are
-    donated with the rest, as Equinox donates them.
+    Where the patched `equinox.filter_jit` differs from `filterjit.filter_jit`:
+    under `donate`, "first" is the call's first argument rather than a Module's or
+    a bound method's `self`, and the function's own arrays (an `eqx.Module`'s, a
+    `jax.tree_util.Partial`'s) are donated with the rest, as Equinox donates them.
 
     Calling it again replaces only what has appeared since; its `left` is a way to
     check that nothing is left. [`filterjit.unpatch_equinox`][] undoes it.

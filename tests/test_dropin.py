@@ -34,9 +34,15 @@ from filterjit import filter_jit
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(tmp_path: Path, source: str, modules: dict[str, str] | None = None) -> Any:
-    """Runs `source` in a fresh interpreter, with filterjit from this checkout and
-    `modules` (name -> source) importable, and returns its last line, as JSON."""
+def _run(
+    tmp_path: Path,
+    source: str,
+    modules: dict[str, str] | None = None,
+    args: tuple[str, ...] | list[str] = (),
+) -> Any:
+    """Runs `source` with `args` in a fresh interpreter in `tmp_path`, with filterjit
+    from this checkout and `modules` (name -> source) importable, and returns its
+    last line, as JSON."""
     for name, text in (modules or {}).items():
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(text), encoding="utf-8")
     script = tmp_path / "program.py"
@@ -47,10 +53,11 @@ def _run(tmp_path: Path, source: str, modules: dict[str, str] | None = None) -> 
     )
     env.setdefault("JAX_PLATFORMS", "cpu")
     result = subprocess.run(
-        [sys.executable, str(script)],
+        [sys.executable, str(script), *args],
         capture_output=True,
         text=True,
         env=env,
+        cwd=tmp_path,
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -370,11 +377,39 @@ wrappers = {
     "before.doubled": before.doubled,
     "after.doubled": after.doubled,
 }
+with open("wrappers.pickle", "wb") as file:  # for another process to load
+    pickle.dump(wrappers, file)
 print(
     json.dumps(
         {
             name: [type(w).__name__, pickle.loads(pickle.dumps(w)) is w]
             for name, w in wrappers.items()
+        }
+    )
+)
+"""
+
+# In a fresh process, patched or not: the names' objects there, as for functions.
+_UNPICKLES = """
+import json
+import pickle
+import sys
+import warnings
+
+import filterjit
+
+if sys.argv[1:] == ["patched"]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        filterjit.patch_equinox()
+with open("wrappers.pickle", "rb") as file:
+    loaded = pickle.load(file)
+modules = {name: sys.modules[name.rpartition(".")[0]] for name in loaded}
+print(
+    json.dumps(
+        {
+            name: [type(w).__name__, w is getattr(modules[name], name.split(".")[1])]
+            for name, w in loaded.items()
         }
     )
 )
@@ -390,17 +425,19 @@ def test_patched_wrappers_pickle_by_reference(tmp_path: Path):
     def doubled(x):
         return x * 2
     """
+    names = (
+        "diffrax.diffeqsolve",
+        "optimistix.root_find",
+        "lineax.linear_solve",
+        "before.doubled",
+        "after.doubled",
+    )
     result = _run(tmp_path, _PICKLES, {"before": user, "after": user})
-    assert result == {
-        name: ["FilterJitWrapper", True]
-        for name in (
-            "diffrax.diffeqsolve",
-            "optimistix.root_find",
-            "lineax.linear_solve",
-            "before.doubled",
-            "after.doubled",
-        )
-    }
+    assert result == {name: ["FilterJitWrapper", True] for name in names}
+    patched = _run(tmp_path, _UNPICKLES, args=["patched"])
+    assert patched == {name: ["FilterJitWrapper", True] for name in names}
+    unpatched = _run(tmp_path, _UNPICKLES)
+    assert unpatched == {name: ["_JitWrapper", True] for name in names}
 
 
 # Finding 4.

@@ -271,14 +271,21 @@ def _donated(
 ) -> tuple[int, ...]:
     """Which traced leaves (as indices among them) are donated: those of arguments
     the caller passed, by name (`**kwargs` by keyword, as `donate_argnames`); never
-    a default nor what a partial binds; a method's receiver as its first argument."""
+    a default. As filterjit means `donate`: never what a partial binds, and a
+    method's receiver is its first argument. As Equinox means it: the function's own
+    arrays are donated with the rest where Equinox traces them, and "first" is the
+    call's first argument."""
     donate = options.donate
     spare_first = isinstance(donate, str) and donate.endswith("except-first")
     names = set(donate) if isinstance(donate, tuple) else None
-    receiver = function.receiver
+    receiver = None if options.donate_as_equinox else function.receiver
     donated = []
     for i, position in enumerate(partition.dynamic_positions):
         parameter, index, _ = leaf_parameters[position]
+        if parameter == FUNCTION and options.donate_as_equinox:
+            if options.donate_function:
+                donated.append(i)
+            continue
         if parameter == FUNCTION:
             if receiver is None:  # bound in a partial: not an argument
                 continue
@@ -294,10 +301,13 @@ def _donated(
 def _leaf_shardings(
     function: Function, in_shardings: Any, partition: Partition, leaves: list[Any]
 ) -> tuple[Any, ...]:
-    """`in_shardings`, a prefix of the positional arguments, for each traced leaf."""
+    """`in_shardings`, a prefix of the positional arguments (one sharding or `None`
+    for all of them, as in `jax.jit`), for each traced leaf."""
     call = jtu.tree_unflatten(partition.treedef, leaves)
     _, args, kwargs = function.split_call(None, call)
-    if isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
+    if in_shardings is None or isinstance(in_shardings, jax.sharding.Sharding):
+        in_shardings = (in_shardings,) * len(args)  # one for every argument
+    elif isinstance(in_shardings, tuple) and len(in_shardings) < len(args):
         # As in `jax.jit`, a prefix may leave out arguments left to defaults.
         skipped = function.parameters[len(in_shardings) : len(args)]
         if len(positional_names(skipped)) == len(args) - len(in_shardings) and all(
@@ -306,10 +316,10 @@ def _leaf_shardings(
             in_shardings += (None,) * len(skipped)
     if not isinstance(in_shardings, tuple) or len(in_shardings) != len(args):
         raise ValueError(
-            f"{function.name}: in_shardings must be a tuple with one entry per "
-            f"positional argument ({len(args)} in this call), each a sharding, "
-            f"None, or a pytree of them that is a prefix of the argument; got "
-            f"{in_shardings!r}."
+            f"{function.name}: in_shardings must be one sharding (or None) for "
+            f"all positional arguments, or a tuple with one entry per positional "
+            f"argument ({len(args)} in this call), each a sharding, None, or a "
+            f"pytree of them that is a prefix of the argument; got {in_shardings!r}."
         )
     per_leaf: list[Any] = []
     for index, (sharding, arg) in enumerate(zip(in_shardings, args)):

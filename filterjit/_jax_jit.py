@@ -2,7 +2,7 @@
 no-op of `filter_jit`."""
 
 import functools as ft
-import sys
+import inspect
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -13,15 +13,26 @@ from jax.core import Tracer
 from . import _trace
 from ._diagnostics import Explanation, Row, row
 from ._function import name_of, positional_names, signature_of
-from ._jit import _P, _R, FilterJitWrapper, Wrapper
+from ._jit import _P, _R, FilterJitWrapper, is_module_global, Wrapper
 from ._level import Level
-from ._options import make_options, Options
+from ._options import make_options
 
 
 # The jax.jit keywords that mean the same nested. Not the others: nested, every leaf
 # not a tracer is static, nothing is donated, shardings are the outer program's.
 _NESTED_KEYWORDS = frozenset(
     ("keep_unused", "inline", "compiler_options", "device", "backend")
+)
+# Keywords that, given as `None` or empty, mean what leaving them out means.
+_EMPTY_KEYWORDS = frozenset(
+    (
+        "static_argnums",
+        "static_argnames",
+        "donate_argnums",
+        "donate_argnames",
+        "in_shardings",
+        "out_shardings",
+    )
 )
 
 _NOT_GIVEN: Any = object()
@@ -36,23 +47,22 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
     __slots__ = (
         "_function",
         "_jit_kwargs",
-        "_nested_options",
+        "_shares_traces",
         "_nested",
         "__dict__",
         "__weakref__",
     )
     _function: Callable[_P, _R]
     _jit_kwargs: dict[str, Any]
-    _nested_options: Options
+    _shares_traces: bool  # whether a nested call of tracers alone is jax.jit's
     _nested: FilterJitWrapper[_P, _R] | None  # made on first use: most never nest
 
     # `fun: Any`: jax.jit checks it, and no runtime type checker must pre-empt it.
     def __init__(self, fun: Any, jit_kwargs: dict[str, Any]):
         self._outside = jax.jit(fun, **jit_kwargs)
-        nested = {k: v for k, v in jit_kwargs.items() if k in _NESTED_KEYWORDS}
-        self._nested_options = make_options(**nested)
         self._function = fun
         self._jit_kwargs = jit_kwargs
+        self._shares_traces = all(map(_same_nested, jit_kwargs.items()))
         self._nested = None
         self.__dict__.update(vars(self._outside))
 
@@ -63,26 +73,35 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
 
     def _is_jax_jits(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         # Only tracers, no keyword that differs nested: jax.jit's call, traces shared.
-        if not self._jit_kwargs.keys() <= _NESTED_KEYWORDS:
+        if not self._shares_traces:
             return False
         leaves = jtu.tree_leaves((args, kwargs))
         return bool(leaves) and all(isinstance(leaf, Tracer) for leaf in leaves)
 
     def _nested_wrapper(self) -> FilterJitWrapper[_P, _R]:
+        # Its options are made here, at the first nested call: where jax.jit reads
+        # `inline` (while staging), not before.
         if self._nested is None:
-            self._nested = FilterJitWrapper(self._function, self._nested_options)
+            nested = {
+                k: v for k, v in self._jit_kwargs.items() if k in _NESTED_KEYWORDS
+            }
+            if "inline" in nested:
+                nested["inline"] = _inline_as_jax_reads_it(nested["inline"])
+            self._nested = FilterJitWrapper(self._function, make_options(**nested))
         return self._nested
 
     def __repr__(self) -> str:
         return repr(self._outside)
 
+    @property
+    def __signature__(self) -> inspect.Signature:
+        # jax.jit's object's, on the type as there, so that transforms copy none.
+        return self._outside.__signature__
+
     def __reduce__(self) -> Any:
         # By reference where it is a module's global, as functions are; else (a
         # local function, for cloudpickle) by its function and keywords.
-        found: Any = sys.modules.get(self.__dict__.get("__module__", ""))
-        for name in str(self.__dict__.get("__qualname__", "<>")).split("."):
-            found = getattr(found, name, None)
-        if found is self:
+        if is_module_global(self):
             return self.__dict__["__qualname__"]
         return JitWrapper, (self._function, self._jit_kwargs)
 
@@ -152,7 +171,31 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
 
 
 def _as_tuple(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
     return (value,) if isinstance(value, int | str) else tuple(value)
+
+
+def _same_nested(keyword: tuple[str, Any]) -> bool:
+    """Whether a `jax.jit` keyword and its value mean the same in a nested call as
+    leaving it out: `inline` and the like, or static, donated or sharded nothing."""
+    name, value = keyword
+    if name in _NESTED_KEYWORDS:
+        return True
+    if name not in _EMPTY_KEYWORDS or isinstance(value, str):
+        return False
+    if value is None:
+        return True
+    return isinstance(value, tuple | list | set | frozenset) and not value
+
+
+def _inline_as_jax_reads_it(inline: Any) -> Any:
+    """`inline` as `jax.jit` reads it: a member of `jax.Inline` (jax >= 0.11) as it
+    is, anything else by its truth, as jax.jit tests it."""
+    modes: Any = getattr(jax, "Inline", None)
+    if modes is not None and isinstance(inline, modes):
+        return inline
+    return bool(inline)
 
 
 @overload
@@ -177,13 +220,15 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     so the decorator changes nothing the program computes. Donation and shardings
     do not apply there; `keep_unused`, `inline` and `compiler_options` do. Where
     every leaf is a tracer and `jit_kwargs` has no static arguments, donation or
-    shardings, it is `jax.jit`'s own call, sharing its traces with the top level.
+    shardings (given as `None` or empty, they are none), it is `jax.jit`'s own call,
+    sharing its traces with the top level.
 
     **Arguments:**
 
     - `fun`: the function to compile. Omit it to use `jit(**jit_kwargs)` as a
         decorator.
-    - `jit_kwargs`: `jax.jit`'s keyword arguments, checked by `jax.jit`.
+    - `jit_kwargs`: `jax.jit`'s keyword arguments, accepted and refused by
+        `jax.jit` itself when given (also without `fun`).
 
     **Returns:**
 
@@ -202,5 +247,12 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
         ```
     """
     if fun is _NOT_GIVEN:  # as jax.jit(**jit_kwargs): a decorator
+        jax.jit(**jit_kwargs)  # raises now, as jax.jit does, for an unknown keyword
         return ft.partial(jit, **jit_kwargs)
     return JitWrapper(fun, jit_kwargs)
+
+
+# jax.jit checks the arguments: a runtime type checker that binds them first (with
+# `inspect`, which refuses `jit(fun=f)` where Python passes `fun` in `jit_kwargs`)
+# must not pre-empt its errors.
+jit.__no_type_check__ = True  # pyright: ignore[reportFunctionMemberAccess]

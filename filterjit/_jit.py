@@ -80,6 +80,15 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
     return __call__
 
 
+def is_module_global(wrapper: Any) -> bool:
+    """Whether `wrapper` is what its `__module__` and `__qualname__` name (a function
+    or class attribute there), so that pickle can save it by reference."""
+    found: Any = sys.modules.get(getattr(wrapper, "__module__", None) or "")
+    for name in str(getattr(wrapper, "__qualname__", "<locals>")).split("."):
+        found = getattr(found, name, None)
+    return found is wrapper
+
+
 class Wrapper(Generic[_P, _R]):
     """Typed as the function it wraps, and bound as a method: both wrappers are."""
 
@@ -146,8 +155,11 @@ class FilterJitWrapper(Wrapper[_P, _R]):
     def __repr__(self) -> str:
         return f"<filter_jit-wrapped {name_of(self._fun)} at {id(self):#x}>"
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # The caches are found again from the function and options.
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        # By reference where it is its module's global, as functions are; else by
+        # value (cloudpickle), the caches found again from the function and options.
+        if is_module_global(self):
+            return self.__qualname__
         return FilterJitWrapper, (self._fun, self._options)
 
     def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Lowered:

@@ -33,6 +33,9 @@ _REJECTED_JIT_KWARGS = {
     "donate_argnames": "use filter_jit(..., donate=('name', ...)) with the "
     "parameter names",
 }
+# Keywords of Equinox's `filter_jit` before its version 0.10.0, removed there.
+_REMOVED_EQUINOX_KEYWORDS = ("default", "fn", "args", "kwargs", "out")
+_EQUINOX_0_10 = "https://github.com/patrick-kidger/equinox/releases/tag/v0.10.0"
 
 
 class _Unspecified:
@@ -58,6 +61,12 @@ class Options:
     in_shardings: Any = UNSPECIFIED
     out_shardings: Any = UNSPECIFIED
     jitkwargs: tuple[tuple[str, Any], ...] = ()  # every other jax.jit keyword
+    # `donate` as Equinox means it (`equinox.filter_jit` under `patch_equinox()`):
+    # "first" is the call's first argument, never the function's receiver (an
+    # `eqx.Module`, a method's `self`), and whether the function's own arrays are
+    # donated under every option but "none" (where Equinox traces them).
+    donate_as_equinox: bool = False
+    donate_function: bool = False
 
 
 def make_options(**options: Any) -> Options:
@@ -73,6 +82,13 @@ def make_options(**options: Any) -> Options:
             "parameter names such as donate=('state',)."
         )
     for name in options:
+        if name in _REMOVED_EQUINOX_KEYWORDS:
+            raise ValueError(
+                f"filter_jit does not take `{name}=`: Equinox's filter_jit removed "
+                f"it in version 0.10.0, whose release notes ({_EQUINOX_0_10}) say "
+                "how to upgrade. Arrays anywhere in the arguments are traced and "
+                "everything else is static, with no filter to give."
+            )
         if name in _REJECTED_JIT_KWARGS:
             raise ValueError(
                 f"filter_jit does not take `{name}`: {_REJECTED_JIT_KWARGS[name]}. "

@@ -2,6 +2,7 @@
 including the libraries built on Equinox (diffrax, optimistix, lineax), and its undo."""
 
 import dataclasses
+import functools as ft
 import gc
 import importlib
 import sys
@@ -10,8 +11,10 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from ._jit import filter_jit
-from ._options import DonateOption
+import jax.tree_util as jtu
+
+from ._jit import _decorate, filter_jit
+from ._options import DonateOption, make_options
 
 
 # Equinox's wrapper keeps `donate` as (filter_warning, donate_first, donate_rest).
@@ -22,6 +25,35 @@ _DONATE: dict[tuple[bool, bool, bool], DonateOption] = {
     (False, False, True): "warn-except-first",
     (False, False, False): "none",
 }
+
+
+_NOT_GIVEN: Any = object()
+
+
+def equinox_filter_jit(
+    fun: Any = _NOT_GIVEN, *, donate: Any = "none", **jitkwargs: Any
+) -> Any:
+    """`equinox.filter_jit` under [`filterjit.patch_equinox`][]: `filterjit.filter_jit`
+    with Equinox's meaning of `donate`. "first" in `"all-except-first"` and
+    `"warn-except-first"` is the first argument of the call (an `eqx.Module`'s
+    `__call__` or a bound method is called without its `self`), and every option
+    but `"none"` donates the function's own arrays too where Equinox traces them (an
+    `eqx.Module`'s, a `jax.tree_util.Partial`'s, a Module's bound method's `self`;
+    not a `functools.partial`'s, nor a bound method's of another class, which
+    Equinox holds static). Omit `fun` for a decorator factory, as in Equinox."""
+    if fun is _NOT_GIVEN:
+        make_options(donate=donate, **jitkwargs)  # raises now for a bad keyword
+        return ft.partial(equinox_filter_jit, donate=donate, **jitkwargs)
+    if type(donate) is str and donate == "none" and fun is not None:
+        return filter_jit(fun, **jitkwargs)  # no donation: filterjit's own options
+    options = make_options(donate=donate, **jitkwargs)
+    if isinstance(donate, str):
+        # Equinox traces the arrays of a function that is a pytree node.
+        function_is_node = not jtu.treedef_is_leaf(jtu.tree_structure(fun))
+        options = dataclasses.replace(
+            options, donate_as_equinox=True, donate_function=function_is_node
+        )
+    return _decorate(options, fun)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +69,10 @@ class EquinoxPatch:
     - `places`: every attribute this call rewrote (`"diffrax.diffeqsolve"`,
         `"diffrax._integrate.diffeqsolve"`, `"equinox.filter_jit"`, ...).
     - `left`: the Equinox wrappers still alive that keep Equinox's jit, each with
-        where it was found or why it was left. Empty when everything was reached.
+        where it was found or why it was left, and the decorator factories made
+        with Equinox's `filter_jit` before the patch (`eqx.filter_jit(donate="all")`,
+        a `functools.partial` of it), which go on making Equinox's wrappers. Empty
+        when everything was reached.
     """
 
     swapped: tuple[str, ...]
@@ -108,7 +143,22 @@ def _replacement(wrapper: Any, jit_module: types.ModuleType) -> Any:
             "inline=True)`, say), which Equinox does not keep in a form that can be "
             "read back; decorate it after patch_equinox()"
         )
-    return filter_jit(fun, donate=donate)
+    return equinox_filter_jit(fun, donate=donate)
+
+
+def _factory(value: Any, originals: list[Any]) -> bool:
+    """Whether `value` is a decorator factory of Equinox's own `filter_jit`."""
+    return type(value) is ft.partial and any(value.func is jit for jit in originals)
+
+
+def _describe_factory(factory: Any, places: list[str]) -> str:
+    keywords = ", ".join(f"{k}={v!r}" for k, v in factory.keywords.items())
+    where = " and ".join(places) if places else "a functools.partial"
+    return (
+        f"{where} = equinox.filter_jit({keywords}) (a decorator factory made before "
+        "patch_equinox(): what it decorates keeps Equinox's jit; make it after the "
+        "patch)"
+    )
 
 
 def patch_equinox() -> EquinoxPatch:
@@ -117,17 +167,25 @@ def patch_equinox() -> EquinoxPatch:
     be found.
 
     - `equinox.filter_jit`, `equinox._jit.filter_jit` and every module global bound
-        to it (`from equinox import filter_jit`) become `filterjit.filter_jit`: code
-        that decorates from now on, at import or at run time, gets filterjit's.
+        to it (`from equinox import filter_jit`) become `filterjit.filter_jit` with
+        Equinox's meaning of `donate` (below): code that decorates from now on, at
+        import or at run time, gets filterjit's.
     - Every function already decorated with Equinox's `filter_jit` that is an
         attribute of an imported module or of a class defined in one (a method,
         `staticmethod` or `classmethod`) is replaced, under every name, by
-        `filterjit.filter_jit` of the same function with the same `donate`. So
+        filterjit's wrapper of the same function with the same `donate`. So
         `diffrax.diffeqsolve`, `optimistix.root_find` and `lineax.linear_solve`
         are filterjit's whether imported before this call or after it.
     - An Equinox wrapper held anywhere else (a closure, a list, a Module's field),
         or made with `jax.jit` keywords (which Equinox does not keep readably), is
-        left as it is, and named in a warning and in the report's `left`.
+        left as it is, and named in a warning and in the report's `left`; so is a
+        decorator factory made before the call (`jit_all =
+        eqx.filter_jit(donate="all")`), which goes on making Equinox's wrappers.
+
+    Where the patched `equinox.filter_jit` differs from `filterjit.filter_jit`:
+    under `donate`, "first" is the call's first argument rather than a Module's or
+    a bound method's `self`, and the function's own arrays (an `eqx.Module`'s, a
+    `jax.tree_util.Partial`'s) are donated with the rest, as Equinox donates them.
 
     Calling it again replaces only what has appeared since; its `left` is a way to
     check that nothing is left. [`filterjit.unpatch_equinox`][] undoes it.
@@ -162,17 +220,22 @@ def patch_equinox() -> EquinoxPatch:
             "it (`pip install equinox`), or use filterjit.filter_jit directly."
         ) from error
     jits = _State.original, getattr(jit_module, "filter_jit", None), equinox.filter_jit
-    originals = [jit for jit in jits if jit is not None and jit is not filter_jit]
+    ours = (filter_jit, equinox_filter_jit)
+    originals = [jit for jit in jits if jit is not None and jit not in ours]
     _State.original = originals[0] if originals else None
     wrapper_type = getattr(jit_module, "_JitWrapper", None)
     made: dict[int, Any] = {}  # id of Equinox's wrapper -> filterjit's, or why none
     unset: dict[int, str] = {}  # id of Equinox's wrapper -> why it could not be set
     swapped: dict[int, str] = {}
+    factory_places: dict[int, list[str]] = {}
     places = []
     for owner, attribute, value in _attributes():
         wrapped = _unwrapped(value)
+        if _factory(value, originals):
+            factory_places.setdefault(id(value), []).append(_where(owner, attribute))
+            continue
         if any(value is jit for jit in originals):
-            new = filter_jit if isinstance(owner, types.ModuleType) else None
+            new = equinox_filter_jit if isinstance(owner, types.ModuleType) else None
         elif type(wrapped) is wrapper_type:  # never, where wrapper_type is None
             if id(wrapped) not in made:
                 made[id(wrapped)] = _replacement(wrapped, jit_module)
@@ -189,22 +252,25 @@ def patch_equinox() -> EquinoxPatch:
             continue
         _State.swaps.append((owner, attribute, value, new))
         places.append(_where(owner, attribute))
-        if new is not filter_jit:
+        if new is not equinox_filter_jit:
             swapped.setdefault(id(wrapped), _name(wrapped))
     # Every live Equinox wrapper that no rewritten attribute held, with why.
     reasons = {k: v for k, v in made.items() if isinstance(v, str)} | unset
     replaced = {id(_unwrapped(old)) for _, _, old, _ in _State.swaps}
     gc.collect()  # not to report wrappers that are garbage already
     unreached = "not an attribute of a module or a class"
-    left = sorted(
-        f"{_name(value)} ({reasons.get(id(value), unreached)})"
-        for value in gc.get_objects()
-        if type(value) is wrapper_type and id(value) not in replaced
-    )
+    left = []
+    for value in gc.get_objects():
+        if type(value) is wrapper_type and id(value) not in replaced:
+            left.append(f"{_name(value)} ({reasons.get(id(value), unreached)})")
+        elif _factory(value, originals):
+            left.append(_describe_factory(value, factory_places.get(id(value), [])))
+    left.sort()
     if left:
         warnings.warn(
             f"filterjit.patch_equinox(): {len(left)} function(s) compiled with "
-            "Equinox's filter_jit keep it: " + "; ".join(left),
+            "Equinox's filter_jit, or decorator factories of it, keep it: "
+            + "; ".join(left),
             stacklevel=2,
         )
     return EquinoxPatch(tuple(swapped.values()), tuple(places), tuple(left))

@@ -135,6 +135,25 @@ def check_jit_shardings_are_jax_jits():
     np.testing.assert_allclose(out, x * 3.0)
 
 
+def check_one_in_sharding_for_all_arguments():
+    # As in jax.jit: one sharding (or None) for every positional argument.
+    def f(x, y):
+        return x * y, x + y
+
+    x = jnp.arange(16.0).reshape(8, 2)
+    for in_shardings in (by_data, None):
+        ours = filter_jit(f, in_shardings=in_shardings)
+        theirs = jax.jit(f, in_shardings=in_shardings)
+        for a, b in zip(ours(x, x), theirs(x, x)):
+            assert a.sharding == b.sharding, (a.sharding, b.sharding)
+            np.testing.assert_array_equal(a, b)
+        lowered, expected = ours.lower(x, x).as_text(), theirs.lower(x, x).as_text()
+        assert lowered.count("mhlo.sharding") == expected.count("mhlo.sharding")
+    # Its entry for a static argument is skipped.
+    out = filter_jit(lambda x, k: x * k, in_shardings=by_data)(x, 2.0)
+    assert out.sharding.spec == P("data"), out.sharding
+
+
 class MLP(eqx.Module):
     layers: tuple[eqx.nn.Linear, ...]
 

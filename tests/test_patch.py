@@ -253,6 +253,7 @@ from equinox import filter_jit as imported_filter_jit
 
 import filterjit
 from filterjit._jit import FilterJitWrapper
+from filterjit._patch import equinox_filter_jit
 
 original = eqx.filter_jit
 
@@ -333,9 +334,10 @@ unused_kept = eqx.filter_jit(first, keep_unused=True)
 unused_dropped = eqx.filter_jit(first)
 patched = {
     "filter_jit": [
-        eqx.filter_jit is filterjit.filter_jit,
-        eqx._jit.filter_jit is filterjit.filter_jit,
-        imported_filter_jit is filterjit.filter_jit,
+        # filterjit's, with Equinox's meaning of `donate` (test_dropin.py).
+        eqx.filter_jit is equinox_filter_jit,
+        eqx._jit.filter_jit is equinox_filter_jit,
+        imported_filter_jit is equinox_filter_jit,
     ],
     "kinds": [
         kind(increment),

@@ -8,10 +8,15 @@ import sys
 
 def test_shardings_on_eight_devices():
     script = os.path.join(os.path.dirname(__file__), "_multidevice.py")
+    # This checkout's filterjit, not an installed one.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
     result = subprocess.run(
         [sys.executable, "-W", "error", script],
         capture_output=True,
         text=True,
+        env=env,
         timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -23,6 +28,7 @@ def test_shardings_on_eight_devices():
         "check_out_shardings_prefix",
         "check_nested_in_shard_map_and_in_a_jit_over_a_mesh",
         "check_jit_shardings_are_jax_jits",
+        "check_one_in_sharding_for_all_arguments",
         "check_data_parallel_training_matches_single_device",
     ):
         assert f"passed {check}" in result.stdout, result.stdout

@@ -3,6 +3,7 @@ no-op of `filter_jit`."""
 
 import functools as ft
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Any, overload
 
@@ -14,7 +15,7 @@ from . import _trace
 from ._diagnostics import Explanation, Row, row
 from ._function import name_of, positional_names, signature_of
 from ._jit import _P, _R, FilterJitWrapper, is_module_global, Wrapper
-from ._level import Level
+from ._level import Level, STAGED
 from ._options import make_options
 
 
@@ -38,13 +39,35 @@ _EMPTY_KEYWORDS = frozenset(
 _NOT_GIVEN: Any = object()
 
 
-class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
+def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
+    """`JitWrapper.__call__`, the level found with `reader`: `jax.jit`'s object
+    outside staged traces (it sees `jax.disable_jit()` itself), the wrapper's
+    `_staged` inside one. filterjit's frames are hidden from what it raises."""
+    _, current, top_type, staged_type, level_of = reader
+
+    def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
+        try:
+            trace = current()
+            if type(trace) is top_type:  # most calls
+                return self._outside(*args, **kwargs)
+            if type(trace) is staged_type or level_of(trace) == STAGED:
+                return self._staged(*args, **kwargs)
+            return self._outside(*args, **kwargs)
+        except Exception as error:
+            _trace.hide_frames(error)
+            raise
+
+    return __call__
+
+
+class JitWrapper(Wrapper[_P, _R]):
     """A function compiled with `filterjit.jit`. Its `__dict__` is what `jax.jit`'s
     object holds in its own; its methods are on its type, so that a transform that
     copies the `__dict__` (`jax.vmap`, `jax.grad` and `jax.jit` do) copies none."""
 
-    # `_outside` (from `ByLevel`): the `jax.jit` object.
     __slots__ = (
+        "_outside",
         "_function",
         "_jit_kwargs",
         "_shares_traces",
@@ -52,6 +75,7 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
         "__dict__",
         "__weakref__",
     )
+    _outside: Any  # the `jax.jit` object
     _function: Callable[_P, _R]
     _jit_kwargs: dict[str, Any]
     _shares_traces: bool  # whether a nested call of tracers alone is jax.jit's
@@ -65,6 +89,9 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
         self._shares_traces = all(map(_same_nested, jit_kwargs.items()))
         self._nested = None
         self.__dict__.update(vars(self._outside))
+
+    if not typing.TYPE_CHECKING:
+        __call__ = level_switch(_trace.level_reader)
 
     def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
         if self._is_jax_jits(args, kwargs):
@@ -129,7 +156,7 @@ class JitWrapper(Wrapper[_P, _R], _trace.ByLevel):
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
         level = _trace.trace_level()
-        if level == _trace.STAGED and not self._is_jax_jits(args, kwargs):
+        if level == STAGED and not self._is_jax_jits(args, kwargs):
             return self._nested_wrapper()._explain(args, kwargs)
         # jax.jit's roles: an argument is static as a whole, or its leaves traced.
         signature = signature_of(self._function, follow_wrapped=True)

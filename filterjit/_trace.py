@@ -112,16 +112,6 @@ def _current_equations_public() -> list[Any] | None:
     return None  # unknown: the caller assumes the worst
 
 
-def _call_by_level_public(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-    try:
-        if _trace_level_public() == STAGED:
-            return self._staged(*args, **kwargs)
-        return self._outside(*args, **kwargs)
-    except Exception as error:
-        hide_frames(error)
-        raise
-
-
 class LevelReader(NamedTuple):
     """How a wrapper finds the level of a call in a step or two: `jit_disabled()`,
     whether inside `jax.disable_jit()`; `current()`, the innermost trace, whose
@@ -190,7 +180,6 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     private_api_available = False
     trace_level = _trace_level_public
     current_equations = _current_equations_public
-    call_by_level = _call_by_level_public
     level_reader = PUBLIC_READER
 else:
     private_api_available = True
@@ -209,21 +198,6 @@ else:
     def _trace_level_private() -> Level:
         return _walk(_current_trace.value)
 
-    def _call_by_level_private(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-        # Most calls: positional, at the top level. (A `try` costs nothing until
-        # something is raised.)
-        __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
-        try:
-            trace = _current_trace_value(_current_trace)
-            if not kwargs and type(trace) is _EvalTrace:
-                return self._outside(*args)
-            if type(trace) is not _EvalTrace and _walk(trace) == STAGED:
-                return self._staged(*args, **kwargs)
-            return self._outside(*args, **kwargs)
-        except Exception as error:
-            hide_frames(error)
-            raise
-
     def _current_equations_private() -> list[Any] | None:
         # What the innermost staged trace holds so far.
         frame = getattr(_current_trace.value, "frame", None)
@@ -232,7 +206,6 @@ else:
 
     trace_level = _trace_level_private
     current_equations = _current_equations_private
-    call_by_level = _call_by_level_private
     # Each read a C call: the state's getter, bound to it.
     level_reader = LevelReader(
         functools.partial(_disable_jit_value, _disable_jit_state),
@@ -241,17 +214,6 @@ else:
         _DynamicJaxprTrace,
         _walk,
     )
-
-
-class ByLevel:
-    """Calls `self._staged` inside a staged trace, else `self._outside`: a check in
-    the type's `__call__`, so that instances hold nothing `functools.wraps` copies."""
-
-    __slots__ = ("_outside",)
-    _outside: Any  # a callable
-    _staged: Any  # the subclass's method
-
-    __call__ = call_by_level
 
 
 def jit_cache_size(jitted: Any) -> int | None:

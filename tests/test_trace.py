@@ -17,6 +17,7 @@ from jax import lax
 
 import filterjit
 from filterjit import _trace
+from filterjit._jax_jit import JitWrapper, level_switch as jit_level_switch
 from filterjit._jit import FilterJitWrapper, level_switch
 from filterjit._trace import EAGER, STAGED, TOP
 
@@ -29,7 +30,6 @@ def test_private_api_is_available():
     assert _trace.trace_level.__name__ == "_trace_level_private"
     assert _trace.level_reader.level_of is _trace._walk
     assert _trace.level_reader.top_type is _trace._EvalTrace
-    assert _trace.ByLevel.__call__ is _trace._call_by_level_private
     # The hot path reads the state behind `trace_ctx.trace` directly (from jax 0.10,
     # `trace_state_strong_ref`; jax 0.9 keeps the trace in an attribute of
     # `trace_ctx`, read through a stand-in).
@@ -204,7 +204,7 @@ def test_fallback_keeps_the_nested_contract(monkeypatch):
     # Simulate a JAX that moved the private API: the public fallback must still
     # keep nested calls no-ops.
     monkeypatch.setattr(_trace, "trace_level", _trace._trace_level_public)
-    monkeypatch.setattr(_trace.ByLevel, "__call__", _trace._call_by_level_public)
+    monkeypatch.setattr(JitWrapper, "__call__", jit_level_switch(_trace.PUBLIC_READER))
     # filter_jit's wrapper took its `__call__` when its class was made.
     public = level_switch(_trace.PUBLIC_READER)
     monkeypatch.setattr(FilterJitWrapper, "__call__", public)

@@ -3,6 +3,7 @@ hands each call to the dispatcher shared by every wrapper of that function."""
 
 import contextlib
 import functools as ft
+import inspect
 import sys
 import types
 import typing
@@ -154,6 +155,15 @@ class FilterJitWrapper(Wrapper[_P, _R]):
 
     def __repr__(self) -> str:
         return f"<filter_jit-wrapped {name_of(self._fun)} at {id(self):#x}>"
+
+    @property
+    def __signature__(self) -> inspect.Signature | None:
+        # As jax.jit's object gives it, also to `follow_wrapped=False` (which takes
+        # the wrapper, a descriptor, for a builtin): the function's.
+        try:
+            return inspect.signature(self._fun)
+        except (TypeError, ValueError):
+            return None
 
     def __reduce__(self) -> str | tuple[Any, ...]:
         # By reference where it is its module's global, as functions are; else by

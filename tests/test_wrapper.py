@@ -2,6 +2,7 @@
 caches, and the wrapper as a value (a pytree, copyable, picklable)."""
 
 import copy
+import inspect
 import pickle
 import threading
 from typing import Any
@@ -176,3 +177,16 @@ def test_the_default_options_are_the_checked_ones():
     assert filter_jit(f, donate=("x",))._options.donate == ("x",)
     with pytest.raises(ValueError, match="inline=0 is not an option"):
         filter_jit(f, inline=0)
+
+
+def test_signature_is_the_functions_whether_or_not_wrapped_is_followed():
+    # As jax.jit's object gives it: the wrapper is a descriptor (`__get__`), which
+    # `inspect` would take for a builtin without a signature of its own.
+    def f(x, n=1):
+        return x * n
+
+    wrapped = filter_jit(f)
+    for follow_wrapped in (True, False):
+        expected = inspect.signature(jax.jit(f), follow_wrapped=follow_wrapped)
+        assert inspect.signature(wrapped, follow_wrapped=follow_wrapped) == expected
+    assert str(inspect.signature(wrapped, follow_wrapped=False)) == "(x, n=1)"

@@ -224,7 +224,7 @@ class Dispatcher:
     def _specialise(self, partition: Partition, spec: OutputSpec) -> None:
         """Makes `partition`'s `top` again, once, building the static output of
         `spec` (an `OutputSpec` with `from_traced`) inline (see `top_caller`)."""
-        if self._keys_aliases:
+        if not self._reads_calls():
             return
         top = top_caller(partition, self._fun_is_leaf, self._top_hooks, spec)
         if self.top is partition.top:
@@ -315,7 +315,7 @@ class Dispatcher:
                 level == STAGED and self._shares_top and not partition.array_positions
             )
             partition.get = self.entries[TOP if partition.shares_top else level].get
-            if level == TOP and self._fast and not self._donates_by_call:
+            if level == TOP and self._reads_calls() and not self._donates_by_call:
                 partition.top = top_caller(
                     partition, self._fun_is_leaf, self._top_hooks
                 )
@@ -328,8 +328,7 @@ class Dispatcher:
         readers = partition.call_readers
         plain = shape == (self._plain_arity,)
         if (
-            self._fast
-            and not self._keys_aliases
+            self._reads_calls()
             and (plain or level != STAGED)  # nested, `_run` wants the call's tree
             and shape not in readers
             and len(readers) < _MAX_CALL_READERS
@@ -341,6 +340,11 @@ class Dispatcher:
         if level == TOP:
             self.top = partition.top or self._declined
         return partition
+
+    def _reads_calls(self) -> bool:
+        """Whether new partitions get readers and `top`s: the fast path is on, and
+        keys need not say which static leaves are one object."""
+        return self._fast and not self._keys_aliases
 
     def _call_reader(
         self, level: Level, partition: Partition, shape: Shape
@@ -427,6 +431,8 @@ class Dispatcher:
         the readers of the old ones are dropped."""
         with self._lock:
             self.function = Function(fun)
+            has_defaults = self.function.has_defaults
+            self._donates_by_call = self.options.donate != "none" and has_defaults
             self._defaulted_by_shape = {}
             for partitions in self.partitions:
                 for partition in partitions.values():

@@ -189,6 +189,26 @@ def test_static_inputs_that_stop_aliasing_run_each_call_once():
     assert len(runs) == len(calls)
 
 
+def _scale_tree_hand_back_first(tree, a, b):
+    return jax.tree.map(lambda leaf: leaf * a, tree), a
+
+
+def test_after_aliased_statics_new_structures_are_keyed_by_alias_too():
+    counted, runs = _counting(_scale_tree_hand_back_first)
+    g = filter_jit(counted)
+    lr = float("0.1")
+    a, b = float("0.1"), float("0.1")
+    g(jnp.ones(2), lr, lr)  # from here calls are keyed by which statics are one
+    calls = 1
+    for x in (jnp.ones(3), [jnp.ones(2)], {"x": jnp.ones(2)}):  # new structures
+        for first, second in [(a, b), (lr, lr), (a, b), (b, b)]:
+            _, back = g(x, first, second)
+            assert back is first
+            calls += 1
+    jax.effects_barrier()
+    assert len(runs) == calls
+
+
 def test_static_inputs_that_stop_aliasing_with_donation():
     g = filter_jit(_hand_back_first, donate="all")
     lr = float("0.5")

@@ -18,7 +18,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._leaves import weakly_keyed
+from ._leaves import compares_elementwise, is_array, NUMPY_TYPES, weakly_keyed
 
 
 logger = logging.getLogger("filterjit")
@@ -90,7 +90,7 @@ def find_static_array_field(value: Any, label: str) -> str | None:
             child_label = f"{label}{jtu.keystr(path)}.{field.name}"
             if field.metadata.get("static", False):
                 leaves = jtu.tree_leaves(child)
-                if any(isinstance(leaf, np.ndarray | jax.Array) for leaf in leaves):
+                if any(map(compares_elementwise, leaves)):
                     return child_label
             elif found := find_static_array_field(child, child_label):
                 return found
@@ -146,7 +146,7 @@ def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
         aval = jax.typeof(leaf)
         text = aval.str_short(short_dtypes=True)
         text = f"weak {text}" if getattr(aval, "weak_type", False) else text
-    elif isinstance(leaf, np.ndarray | jax.Array) and leaf.size > 6:
+    elif is_array(leaf) and leaf.size > 6:
         text = f"{type(leaf).__name__}({jax.typeof(leaf).str_short(short_dtypes=True)})"
     else:
         text = _function_text(leaf) or _short_repr.repr(leaf)
@@ -486,7 +486,7 @@ def check_traceable(
     for position in positions:
         leaf = leaves[position]
         # Objects, strings, dates, np.void (not ml_dtypes' kind "V": JAX traces it).
-        if isinstance(leaf, np.ndarray | np.generic) and (
+        if isinstance(leaf, NUMPY_TYPES) and (
             leaf.dtype.kind in "OSUMm" or leaf.dtype.type is np.void
         ):
             raise TypeError(

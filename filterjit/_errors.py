@@ -13,7 +13,6 @@ from typing import Any
 
 import equinox as eqx
 import jax.extend.core
-import numpy as np
 from jax.core import Tracer
 from jax.errors import (
     ConcretizationTypeError,
@@ -25,7 +24,7 @@ from jax.errors import (
 
 from . import _trace
 from ._donated import check_not_deleted
-from ._leaves import is_array
+from ._leaves import is_array, NUMPY_TYPES
 
 
 # Equinox's callback raises an exception of this name; JAX's error quotes it.
@@ -178,7 +177,7 @@ def _note_traced_scalars(
     scalars, which a Python int or bool in their place keeps static; and takes out
     JAX's advice to use `static_argnums`."""
     scalars = [
-        (label, "NumPy" if isinstance(leaf, np.generic | np.ndarray) else "JAX", leaf)
+        (label, "NumPy" if isinstance(leaf, NUMPY_TYPES) else "JAX", leaf)
         for label, leaf in zip(labels, dynamic)
         if is_array(leaf)
         and not isinstance(leaf, Tracer)

@@ -42,6 +42,12 @@ def is_array(element: Any) -> bool:
     return isinstance(element, ARRAY_TYPES)
 
 
+def compares_elementwise(element: Any) -> bool:
+    """Whether `==` of `element` gives an array, not a bool (a NumPy or JAX array;
+    not a NumPy scalar): a structure holding it as static data cannot compare."""
+    return isinstance(element, np.ndarray | jax.Array)
+
+
 def traced_types(level: Level) -> tuple[type, ...]:
     """The types of the leaves a call at `level` traces."""
     if level == STAGED:

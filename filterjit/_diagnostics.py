@@ -18,6 +18,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from ._function import unwrapped
 from ._leaves import compares_elementwise, is_array, NUMPY_TYPES, weakly_keyed
 
 
@@ -153,11 +154,7 @@ def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
     code = ref = None
     if role == "static":
         # A functools.partial compares by identity: one re-made is a trap too.
-        function = leaf
-        while isinstance(function, ft.partial):
-            function = function.func
-        function = getattr(function, "__func__", function)  # a bound method
-        code = getattr(function, "__code__", None)
+        code = getattr(unwrapped(leaf), "__code__", None)
         ref = weakref.ref(leaf) if weakly_keyed(type(leaf)) else None
     return Row(path, role, text, type(leaf), code, argument, ref)
 

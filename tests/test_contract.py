@@ -1,4 +1,5 @@
-"""The contract of DESIGN.md §2: which leaf is traced where, outputs, keys, caching."""
+"""The contract (docs/contract.md): which leaf is traced where, outputs, keys,
+caching."""
 
 import time
 
@@ -207,11 +208,16 @@ def test_eager_grad_traces_numpy_batches_once():
 
 
 def test_eager_vmap_and_jvp_trace_arrays():
-    f, seen = _kinds_seen(None)
-    jax.vmap(lambda x: f(x, np.float32(1)))(jnp.ones(3))
-    jax.jvp(lambda x: f(x, np.float32(1)), (jnp.float32(1),), (jnp.float32(1),))
-    for args in seen:
-        assert isinstance(args[1], Tracer)
+    for transform in (
+        lambda f: jax.vmap(lambda x: f(x, np.float32(1)))(jnp.ones(3)),
+        lambda f: jax.jvp(
+            lambda x: f(x, np.float32(1)), (jnp.float32(1),), (jnp.float32(1),)
+        ),
+    ):
+        f, seen = _kinds_seen(None)  # a wrapper per transform: one trace each
+        transform(f)
+        assert len(seen) == 1
+        assert isinstance(seen[0][1], Tracer)
 
 
 # -- 4. Outputs

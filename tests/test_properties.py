@@ -4,7 +4,7 @@ Hypothesis generates pytrees mixing JAX arrays (weak-typed ones included), NumPy
 arrays and scalars of several dtypes, Python scalars, strings, `None`, functions,
 enums, nested dicts/lists/tuples and `eqx.Module`s with static fields. An identity
 and an arithmetic function are run undecorated and decorated with
-`filterjit.filter_jit`, and the results must agree (DESIGN.md §2):
+`filterjit.filter_jit`, and the results must agree (docs/contract.md):
 
 - at the top level, array leaves come back as JAX arrays with the same values,
   shapes, dtypes and weak types, and every other leaf comes back as the same object

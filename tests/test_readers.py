@@ -510,7 +510,9 @@ def test_calls_read_as_made_are_read_as_bound(passed, defaults, fun, data):
     read = call_reader(treedef, types)
     if kwargs or len(args) != len(passed):  # else never read as made
         assert (read_call is None) == (read is None)
-    assume(read_call is not None and read is not None)
+    if read_call is None or read is None:
+        assume(False)  # a call shape with no reader: nothing to compare
+        return
     assert _same_leaves(read_call(fun, args, kwargs), leaves)
     for _ in range(4):
         values = _near_miss((*passed, *overrides), data)

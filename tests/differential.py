@@ -171,7 +171,7 @@ def _as_float(x: Any) -> np.ndarray:
     return array.astype(np.complex128 if array.dtype.kind == "c" else np.float64)
 
 
-def _array_mismatch(a: Any, e: Any, traced: bool, close: bool) -> str | None:
+def _array_mismatch(a: Any, e: Any, how: "_How") -> str | None:
     if isinstance(e, jax.ShapeDtypeStruct):
         same = isinstance(a, jax.ShapeDtypeStruct)
         if not (same and a.shape == e.shape and a.dtype == e.dtype):
@@ -179,22 +179,24 @@ def _array_mismatch(a: Any, e: Any, traced: bool, close: bool) -> str | None:
         return None
     if not _is_array(a):
         return "not an array"
-    if traced and not (isinstance(a, jax.Array) and not isinstance(a, Tracer)):
+    if how.traced and not (isinstance(a, jax.Array) and not isinstance(a, Tracer)):
         return "not a JAX array (traced: it must come back as one)"
-    if not traced and isinstance(e, jax.Array) != isinstance(a, jax.Array):
-        return "another kind of array (a JAX array for a NumPy one, or back)"
-    if not traced and not isinstance(e, jax.Array) and type(a) is not type(e):
-        return "another NumPy type"
+    if how.kinds and not how.traced:
+        if isinstance(e, jax.Array) != isinstance(a, jax.Array):
+            return "another kind of array (a JAX array for a NumPy one, or back)"
+        if not isinstance(e, jax.Array) and type(a) is not type(e):
+            return "another NumPy type"
     a_type, e_type = jax.typeof(a), jax.typeof(e)
     if (a_type.shape, a_type.dtype) != (e_type.shape, e_type.dtype):
         return "another shape or dtype"
-    if a_type.weak_type != e_type.weak_type:
+    if how.weak_types and a_type.weak_type != e_type.weak_type:
         return "another weak type"
     a_value, e_value = _as_float(a), _as_float(e)
-    if close:
-        if not np.allclose(a_value, e_value, rtol=1e-5, atol=1e-6, equal_nan=True):
-            return "other values"
-        return None
+    if how.rtol or how.atol:
+        close = np.allclose(
+            a_value, e_value, rtol=how.rtol, atol=how.atol, equal_nan=True
+        )
+        return None if close else "other values"
     if not np.array_equal(a_value, e_value, equal_nan=True):
         return "other values"
     for part_a, part_e in zip(
@@ -219,35 +221,40 @@ def _static_mismatch(a: Any, e: Any, identical: bool) -> str | None:
     return None
 
 
-def mismatch(
-    actual: Any,
-    expected: Any,
-    *,
-    traced: bool = False,
-    identical: bool = False,
-    close: bool = False,
-) -> str | None:
+@dataclasses.dataclass(frozen=True)
+class _How:
+    traced: bool = False
+    identical: bool = False
+    kinds: bool = True
+    weak_types: bool = True
+    rtol: float = 0.0
+    atol: float = 0.0
+
+
+def mismatch(actual: Any, expected: Any, **how: Any) -> str | None:
     """How `actual` differs from `expected`, or `None`: the same structure; each
-    array of the same kind (a JAX array where `expected`'s is, or where `traced`:
-    a JAX array, not a tracer, for any array), shape, dtype, weak type and values
-    (exactly, nan equal to nan and -0.0 not to 0.0; or, where `close`, to float
-    tolerance); each other leaf the same object where `identical`, else of the
-    same type and equal."""
+    array of the same kind where `kinds` (a JAX array where `expected`'s is, the
+    same NumPy type where it is NumPy), or where `traced` a JAX array, not a
+    tracer, for any array; of the same shape and dtype, weak type where
+    `weak_types`, and values (exactly, nan equal to nan and -0.0 not to 0.0; or to
+    `rtol` and `atol`); each other leaf the same object where `identical`, else of
+    the same type and equal (and zero of the same sign)."""
+    options = _How(**how)
     a_leaves, a_def = jax.tree.flatten(actual)
     e_leaves, e_def = jax.tree.flatten(expected)
     if a_def != e_def:
         return f"other structures: {a_def} against {e_def}"
     for index, (a, e) in enumerate(zip(a_leaves, e_leaves)):
         if _is_array(e) or isinstance(e, jax.ShapeDtypeStruct):
-            why = _array_mismatch(a, e, traced, close)
+            why = _array_mismatch(a, e, options)
         else:
-            why = _static_mismatch(a, e, identical)
+            why = _static_mismatch(a, e, options.identical)
         if why is not None:
             return f"leaf {index}: {a!r} against {e!r}: {why}"
     return None
 
 
-def assert_tree_equal(actual: Any, expected: Any, **how: bool) -> None:
+def assert_tree_equal(actual: Any, expected: Any, **how: Any) -> None:
     """`mismatch(actual, expected, **how)` finds no difference."""
     why = mismatch(actual, expected, **how)
     assert why is None, why
@@ -309,7 +316,7 @@ def outcome(
 
 
 def agree(
-    actual: Outcome, expected: Outcome, *, messages: bool = False, **how: bool
+    actual: Outcome, expected: Outcome, *, messages: bool = False, **how: Any
 ) -> str | None:
     """How `actual` disagrees with `expected`, or `None`: both raise errors of one
     type (and, where `messages`, one message), or both return results that
@@ -324,6 +331,6 @@ def agree(
     return None if why is None else f"{why}\n  {actual}\n  against {expected}"
 
 
-def assert_agree(actual: Outcome, expected: Outcome, **how: bool) -> None:
+def assert_agree(actual: Outcome, expected: Outcome, **how: Any) -> None:
     why = agree(actual, expected, **how)
     assert why is None, why

@@ -39,6 +39,8 @@ import filterjit
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 _NOT_HERE = ("jit", "jit(scan body)")
+# Results of one program compiled in other ways: equal to float tolerance.
+CLOSE: dict[str, Any] = {"rtol": 1e-5, "atol": 1e-6}
 # The row's own code around the (possibly decorated) function: `caller(f, x, c)`.
 Caller = Callable[[Callable[..., Any], jax.Array, Any], jax.Array]
 
@@ -186,7 +188,7 @@ def check_context(
                 expected = reference_cell(context, row, kind, "jax.jit")
                 reference = "top-level reference (jax.jit, c traced)"
             references.append(expected)
-            why = agree(got, expected, close=True)
+            why = agree(got, expected, **CLOSE)
             if why is not None:
                 failures.append(
                     f"[{context.name} | {row.name} | c: {kind.name}] against the "
@@ -291,7 +293,7 @@ def main() -> None:
                         got = reference
                     else:
                         got = run_cell(context, row, kind, wrapped[name])
-                    same = agree(got, plain, close=True) is None
+                    same = agree(got, plain, **CLOSE) is None
                     group = "staged" if context.staged else "eager"
                     for g in ("all", group):
                         tallies[name, g].total += 1
@@ -301,7 +303,7 @@ def main() -> None:
                     expected = reference if not context.staged and like_jit else plain
                     tallies[name, "contract"].total += 1
                     tallies[name, "contract"].agree += (
-                        agree(got, expected, close=True) is None
+                        agree(got, expected, **CLOSE) is None
                     )
                     if not same:
                         disagreements[name].append(

@@ -26,6 +26,7 @@ import jax.tree_util as jtu
 import numpy as np
 import optax
 import pytest
+from differential import needs_fast_path
 from helpers import property_settings
 from hypothesis import assume, given, strategies as st
 
@@ -40,9 +41,7 @@ from filterjit._trace import TOP
 
 
 # The readers are the fast path's: none is made with FILTERJIT_FASTPATH=0.
-needs_readers = pytest.mark.skipif(
-    not _fastpath.ENABLED, reason="the fast path is off (FILTERJIT_FASTPATH=0)"
-)
+needs_readers = needs_fast_path
 
 Pair = collections.namedtuple("Pair", "first second")
 

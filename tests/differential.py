@@ -199,6 +199,8 @@ def _array_mismatch(a: Any, e: Any, how: "_How") -> str | None:
         return None if close else "other values"
     if not np.array_equal(a_value, e_value, equal_nan=True):
         return "other values"
+    if not how.signed_zeros:
+        return None
     for part_a, part_e in zip(
         (np.real(a_value), np.imag(a_value)), (np.real(e_value), np.imag(e_value))
     ):
@@ -207,9 +209,7 @@ def _array_mismatch(a: Any, e: Any, how: "_How") -> str | None:
     return None
 
 
-def _static_mismatch(a: Any, e: Any, identical: bool) -> str | None:
-    if identical:
-        return None if a is e else "not the same object"
+def _static_mismatch(a: Any, e: Any) -> str | None:
     if type(a) is not type(e):
         return "another type"
     if a != a and e != e:  # nan
@@ -227,6 +227,7 @@ class _How:
     identical: bool = False
     kinds: bool = True
     weak_types: bool = True
+    signed_zeros: bool = True
     rtol: float = 0.0
     atol: float = 0.0
 
@@ -236,19 +237,24 @@ def mismatch(actual: Any, expected: Any, **how: Any) -> str | None:
     array of the same kind where `kinds` (a JAX array where `expected`'s is, the
     same NumPy type where it is NumPy), or where `traced` a JAX array, not a
     tracer, for any array; of the same shape and dtype, weak type where
-    `weak_types`, and values (exactly, nan equal to nan and -0.0 not to 0.0; or to
-    `rtol` and `atol`); each other leaf the same object where `identical`, else of
-    the same type and equal (and zero of the same sign)."""
+    `weak_types`, and values (exactly, nan equal to nan and, where `signed_zeros`,
+    -0.0 not to 0.0; or to
+    `rtol` and `atol`); each other leaf of the same type and equal (and zero of the
+    same sign). Where `identical`, each leaf is the very object expected, but an
+    array where `traced`."""
     options = _How(**how)
     a_leaves, a_def = jax.tree.flatten(actual)
     e_leaves, e_def = jax.tree.flatten(expected)
     if a_def != e_def:
         return f"other structures: {a_def} against {e_def}"
     for index, (a, e) in enumerate(zip(a_leaves, e_leaves)):
-        if _is_array(e) or isinstance(e, jax.ShapeDtypeStruct):
+        array = _is_array(e) or isinstance(e, jax.ShapeDtypeStruct)
+        if options.identical and not (array and options.traced):
+            why = None if a is e else "not the same object"
+        elif array:
             why = _array_mismatch(a, e, options)
         else:
-            why = _static_mismatch(a, e, options.identical)
+            why = _static_mismatch(a, e)
         if why is not None:
             return f"leaf {index}: {a!r} against {e!r}: {why}"
     return None

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
+from differential import assert_tree_equal
 from hypothesis import given, HealthCheck, settings, strategies as st
 from jax import lax
 from jax.core import Tracer
@@ -231,58 +232,17 @@ def _is_tracer(leaf: Any) -> bool:
     return isinstance(leaf, Tracer)
 
 
-def _as_float(x: Any) -> np.ndarray:
-    array = np.asarray(x)
-    return array.astype(np.complex128 if array.dtype.kind == "c" else np.float64)
-
-
-def assert_same_array(actual: Any, expected: Any) -> None:
-    """Same shape, dtype, weak type and values (nan equal to nan, -0.0 not equal
-    to 0.0)."""
-    actual_type = jax.typeof(actual)
-    expected_type = jax.typeof(expected)
-    assert actual_type.shape == expected_type.shape, (actual, expected)
-    assert actual_type.dtype == expected_type.dtype, (actual, expected)
-    assert actual_type.weak_type == expected_type.weak_type, (actual, expected)
-    a = _as_float(actual)
-    e = _as_float(expected)
-    np.testing.assert_array_equal(a, e)
-    for part_a, part_e in ((np.real(a), np.real(e)), (np.imag(a), np.imag(e))):
-        np.testing.assert_array_equal(np.signbit(part_a), np.signbit(part_e))
-
-
-def _assert_equal_static(actual: Any, expected: Any) -> None:
-    assert type(actual) is type(expected), (actual, expected)
-    assert actual == expected or (actual != actual and expected != expected), (
-        actual,
-        expected,
-    )
-
-
 def assert_arrays_agree(actual: Any, expected: Any) -> None:
-    """Trees of arrays: same structure, and every leaf `assert_same_array`."""
-    actual_leaves, actual_def = jtu.tree_flatten(actual)
-    expected_leaves, expected_def = jtu.tree_flatten(expected)
-    assert actual_def == expected_def, (actual_def, expected_def)
-    for a, e in zip(actual_leaves, expected_leaves):
-        assert_same_array(a, e)
+    """Trees of arrays: same structure, and every leaf of the same kind, shape,
+    dtype, weak type and values (nan equal to nan, -0.0 not equal to 0.0)."""
+    assert_tree_equal(actual, expected)
 
 
 def assert_statics_agree(actual: Any, expected: Any, identical: bool) -> None:
     """Trees of values that were not traced: same structure, and every leaf the same
     object when `identical`, else of the same type and equal (NumPy values stay
     NumPy, with equal dtypes and values)."""
-    actual_leaves, actual_def = jtu.tree_flatten(actual)
-    expected_leaves, expected_def = jtu.tree_flatten(expected)
-    assert actual_def == expected_def, (actual_def, expected_def)
-    for a, e in zip(actual_leaves, expected_leaves):
-        if identical:
-            assert a is e, (a, e)
-        elif _is_array(e):
-            assert type(a) is type(e), (a, e)
-            assert_same_array(a, e)
-        else:
-            _assert_equal_static(a, e)
+    assert_tree_equal(actual, expected, identical=identical)
 
 
 def _fresh(leaf: Any) -> Any:
@@ -398,18 +358,8 @@ def test_aliased_statics_inside_jit() -> None:
 
 
 def _check_top_level(actual: Any, expected: Any, identical: bool) -> None:
-    actual_leaves, actual_def = jtu.tree_flatten(actual)
-    expected_leaves, expected_def = jtu.tree_flatten(expected)
-    assert actual_def == expected_def, (actual_def, expected_def)
-    for a, e in zip(actual_leaves, expected_leaves):
-        if _is_array(e):
-            # Traced: back as a JAX array, like jax.jit returns it.
-            assert isinstance(a, jax.Array) and not isinstance(a, Tracer), (a, e)
-            assert_same_array(a, e)
-        elif identical:
-            assert a is e, (a, e)
-        else:
-            _assert_equal_static(a, e)
+    # Arrays traced: back as JAX arrays, like jax.jit returns them.
+    assert_tree_equal(actual, expected, traced=True, identical=identical)
 
 
 # ------------------------------------------------------------------ inside jax.jit

@@ -43,13 +43,29 @@ def cpp_cache_size(wrapped: Any) -> int:
     return sum(entry.jitted._cache_size() for entry in entries)
 
 
-def property_settings() -> settings:
-    """Settings for the differential property tests: the active profile's examples
-    (tests/conftest.py: 25 in the default tier, 200 with --full), derandomized; or
-    a random soak of FILTERJIT_SOAK examples."""
+# Examples per property test whose every example traces and compiles, in the
+# default tier; the full tier runs the profile's (tests/conftest.py).
+COMPILED_DEFAULT_EXAMPLES = 10
+
+
+def _full_tier() -> bool:
+    current = getattr(settings, "get_current_profile_name", None)
+    name = current() if current is not None else settings._current_profile
+    return name == "filterjit-full"
+
+
+def property_settings(share: float = 1.0, compiled: bool = False) -> settings:
+    """Settings for the property tests: `share` of the active profile's examples
+    (tests/conftest.py: 25 in the default tier, 200 with --full), or, for a test
+    whose examples each compile (`compiled`), of 10 in the default tier;
+    derandomized, so that CI runs the same examples every time. Or a random soak
+    of FILTERJIT_SOAK examples."""
     soak = int(os.environ.get("FILTERJIT_SOAK", "0"))
+    examples = settings().max_examples
+    if compiled and not _full_tier():
+        examples = COMPILED_DEFAULT_EXAMPLES
     return settings(
-        max_examples=soak or settings().max_examples,
+        max_examples=soak or max(1, round(examples * share)),
         derandomize=not soak,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

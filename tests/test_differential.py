@@ -230,7 +230,7 @@ def _no_retrace_warning():
 
 
 @pytest.mark.parametrize("context", list(_CONTEXTS))
-@property_settings()
+@property_settings(compiled=True)
 @given(tree=trees)
 def test_agrees_with_the_undecorated_function(context: str, tree: Any) -> None:
     run = _CONTEXTS[context]

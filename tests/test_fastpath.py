@@ -241,7 +241,7 @@ class FastAgainstReference(RuleBasedStateMachine):
         SCALE[0] = 2.0
 
 
-FastAgainstReference.TestCase.settings = property_settings()
+FastAgainstReference.TestCase.settings = property_settings(compiled=True)
 test_fast_path_against_reference_path = FastAgainstReference.TestCase
 
 

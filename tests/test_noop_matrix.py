@@ -219,6 +219,23 @@ JIT_KEYWORDS: dict[str, dict[str, Any]] = {
 }
 
 
+# Nested, filterjit.jit is filter_jit's no-op (one dispatcher, its staged path),
+# which test_filter_jit_is_a_noop checks in every context: the default tier runs
+# filterjit.jit in every unstaged context (where it is jax.jit) and in these staged
+# ones, one of each kind of staging; the slow tier in all.
+_JIT_STAGED_DEFAULT = ("jit(grad)", "scan body", "cond branch", "eval_shape")
+_JIT_CONTEXTS = [
+    pytest.param(
+        c,
+        id=c.name,
+        marks=[pytest.mark.slow]
+        if c.staged and c.name not in _JIT_STAGED_DEFAULT
+        else [],
+    )
+    for c in CONTEXTS
+]
+
+
 # Donating `x` where no output can take its buffer: JAX warns and copies.
 @pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
 @pytest.mark.parametrize(
@@ -229,7 +246,7 @@ JIT_KEYWORDS: dict[str, dict[str, Any]] = {
         for k in JIT_KEYWORDS
     ],
 )
-@pytest.mark.parametrize("context", CONTEXTS, ids=[c.name for c in CONTEXTS])
+@pytest.mark.parametrize("context", _JIT_CONTEXTS)
 def test_jit_is_a_noop(context: Context, keywords: str) -> None:
     # Staged, a no-op; elsewhere, jax.jit with the same keywords.
     options = JIT_KEYWORDS[keywords]

@@ -36,7 +36,8 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 from differential import assert_tree_equal
-from hypothesis import given, HealthCheck, settings, strategies as st
+from helpers import property_settings
+from hypothesis import given, strategies as st
 from jax import lax
 from jax.core import Tracer
 
@@ -304,24 +305,11 @@ def _draw_traced(data: st.DataObject, tree: Any) -> list[bool]:
     return data.draw(st.lists(st.booleans(), min_size=count, max_size=count))
 
 
-def _settings(share: float = 1.0) -> settings:
-    # The active profile's examples (tests/conftest.py: 25 in the default tier, 200
-    # with --full), times `share`; per test and per function. Derandomized, so that
-    # CI runs the same examples every time.
-    return settings(
-        max_examples=max(1, round(settings().max_examples * share)),
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-
-
 # ---------------------------------------------------------------------- top level
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings()
+@property_settings(compiled=True)
 @given(tree=trees)
 def test_top_level(fun: Callable[[Any], Any], tree: Any) -> None:
     decorated = filterjit.filter_jit(fun)
@@ -385,7 +373,7 @@ def _run_in_jit(fun: Callable[[Any], Any], traced: Any, closed: list[Any]) -> An
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings(0.75)
+@property_settings(0.75, compiled=True)
 @given(tree=trees, data=st.data())
 def test_inside_jit(fun: Callable[[Any], Any], tree: Any, data: st.DataObject) -> None:
     traced, closed = _split(tree, _draw_traced(data, tree))
@@ -423,7 +411,7 @@ def _run_in_scan(
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings(0.75)
+@property_settings(0.75, compiled=True)
 @given(tree=trees, data=st.data())
 def test_inside_scan(fun: Callable[[Any], Any], tree: Any, data: st.DataObject) -> None:
     traced, closed = _split(tree, _draw_traced(data, tree))
@@ -477,7 +465,7 @@ def _run_in_vmap(
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings(0.75)
+@property_settings(0.75, compiled=True)
 @given(tree=trees, data=st.data())
 def test_inside_vmap(fun: Callable[[Any], Any], tree: Any, data: st.DataObject) -> None:
     traced, closed = _split(tree, _draw_traced(data, tree))

@@ -169,7 +169,7 @@ class Caches(RuleBasedStateMachine):
 
 
 def _machine_settings() -> settings:
-    base = property_settings()
+    base = property_settings(compiled=True)
     # Each step traces and compiles: a few steps each, many examples in --full.
     return settings(
         base, max_examples=max(4, base.max_examples // 3), stateful_step_count=12

@@ -438,3 +438,18 @@ def test_disable_jit_calls_the_function_directly():
         f(x, 2)
         f(x, 2)
     assert len(seen) == 2 and all(s is x for s in seen)
+
+
+# Guards: a NumPy array mutated in place is keyed by its new value, nested.
+def test_a_mutated_numpy_array_never_serves_another_arrays_value():
+    f = filter_jit(lambda x, table: x * table)
+
+    def program(table):
+        return jax.jit(lambda x: f(x, table))(jnp.ones(3, np.int32))
+
+    first = np.ones(3, np.int32)
+    assert program(first).tolist() == [1, 1, 1]
+    first[:] = 5  # mutated in place
+    assert program(first).tolist() == [5, 5, 5]
+    other = np.ones(3, np.int32)  # equal to the first one's old contents
+    assert program(other).tolist() == [1, 1, 1]  # undecorated: [1, 1, 1]

@@ -288,7 +288,8 @@ class Outcome:
 
     def __str__(self) -> str:
         if self.error is not None:
-            return f"raises {self.error.__name__}: {self.message.splitlines()[0:1]}"
+            first = self.message.splitlines()[0] if self.message else ""
+            return f"raises {self.error.__name__}: {first}"
         return f"returns {self.value!r}"
 
 

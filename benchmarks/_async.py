@@ -5,21 +5,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import _harness as harness
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from _harness import (
-    block,
-    EQX,
-    FILTERJIT,
-    fmt_number,
-    interleave,
-    JAX,
-    markdown_table,
-    Section,
-    Settings,
-    Target,
-)
 
 import filterjit
 
@@ -38,11 +27,11 @@ def work(x: jax.Array, steps: int) -> jax.Array:
 
 
 def _ready_time(fun: Callable[..., Any], x: jax.Array, steps: int) -> float:
-    block(fun(x, steps))  # compile
+    harness.block(fun(x, steps))  # compile
     times = []
     for _ in range(3):
         start = time.perf_counter_ns()
-        block(fun(x, steps))
+        harness.block(fun(x, steps))
         times.append((time.perf_counter_ns() - start) * 1e-9)
     return min(times)
 
@@ -67,7 +56,7 @@ def _case(
         start = time.perf_counter_ns()
         out = fun(x, steps)
         returned = time.perf_counter_ns()
-        block(out)
+        harness.block(out)
         ready = time.perf_counter_ns()
         times.append(((returned - start) * 1e-9, (ready - start) * 1e-9))
         return (returned - start) / (ready - start)
@@ -75,20 +64,20 @@ def _case(
     return case
 
 
-def run(settings: Settings) -> Section:
+def run(settings: harness.Settings) -> harness.Section:
     x = jax.random.normal(jax.random.key(0), (SIZE, SIZE), dtype=jnp.float32) / SIZE
     steps, seconds = _calibrate(x)
     impls: dict[str, Callable[..., Any]] = {
-        JAX: jax.jit(work, static_argnums=1),
-        EQX: eqx.filter_jit(work),
-        FILTERJIT: filterjit.filter_jit(work),
+        harness.JAX: jax.jit(work, static_argnums=1),
+        harness.EQX: eqx.filter_jit(work),
+        harness.FILTERJIT: filterjit.filter_jit(work),
     }
     for fun in impls.values():  # compile
-        block(fun(x, steps))
+        harness.block(fun(x, steps))
     rounds = settings.pick(full=31, quick=3)
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in impls}
     cases = {name: _case(fun, x, steps, times[name]) for name, fun in impls.items()}
-    medians = interleave(cases, rounds)
+    medians = harness.interleave(cases, rounds)
 
     headers = ["implementation", "returns (ms)", "ready (ms)", "return ÷ ready"]
     if settings.targets:
@@ -98,10 +87,15 @@ def run(settings: Settings) -> Section:
     for name in impls:
         returned = statistics.median(t for t, _ in times[name]) * 1e3
         ready = statistics.median(t for _, t in times[name]) * 1e3
-        row = [name, fmt_number(returned), fmt_number(ready), fmt_number(medians[name])]
+        row = [
+            name,
+            harness.fmt_number(returned),
+            harness.fmt_number(ready),
+            harness.fmt_number(medians[name]),
+        ]
         if settings.targets:
-            if name == FILTERJIT:
-                target = Target("async", "return ÷ ready", medians[name], LIMIT)
+            if name == harness.FILTERJIT:
+                target = harness.Target("async", "return ÷ ready", medians[name], LIMIT)
                 targets.append(target)
                 row += [target.describe(), target.verdict]
             else:
@@ -116,4 +110,6 @@ def run(settings: Settings) -> Section:
         "call returns at once and the work runs asynchronously. Near 1: the call "
         "blocks until the result is ready."
     )
-    return Section("async", header, markdown_table(headers, rows), targets)
+    return harness.Section(
+        "async", header, harness.markdown_table(headers, rows), targets
+    )

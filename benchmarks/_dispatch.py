@@ -3,29 +3,11 @@
 from collections.abc import Callable
 from typing import Any
 
+import _harness as harness
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from _harness import (
-    block,
-    EQX,
-    FILTERJIT,
-    FILTERJIT_JIT,
-    fmt_number,
-    fmt_ratio,
-    interleave,
-    JAX,
-    markdown_table,
-    NNX,
-    NO_FLAX,
-    optional_nnx,
-    RatioRow,
-    Section,
-    Settings,
-    Target,
-    time_batch,
-)
 
 import filterjit
 
@@ -43,18 +25,18 @@ def add(tree: list[jax.Array], k: float) -> list[jax.Array]:
 
 def _implementations() -> dict[str, Callable[..., Any]]:
     impls: dict[str, Callable[..., Any]] = {
-        JAX: jax.jit(add, static_argnums=1),
-        EQX: eqx.filter_jit(add),
+        harness.JAX: jax.jit(add, static_argnums=1),
+        harness.EQX: eqx.filter_jit(add),
     }
-    nnx = optional_nnx()
+    nnx = harness.optional_nnx()
     if nnx is not None:
-        impls[NNX] = nnx.jit(add, static_argnums=1)
-    impls[FILTERJIT] = filterjit.filter_jit(add)
-    impls[FILTERJIT_JIT] = filterjit.jit(add, static_argnums=1)
+        impls[harness.NNX] = nnx.jit(add, static_argnums=1)
+    impls[harness.FILTERJIT] = filterjit.filter_jit(add)
+    impls[harness.FILTERJIT_JIT] = filterjit.jit(add, static_argnums=1)
     return impls
 
 
-def run(settings: Settings) -> Section:
+def run(settings: harness.Settings) -> harness.Section:
     impls = _implementations()
     rounds = settings.pick(full=41, quick=3)
     medians: dict[int, dict[str, float]] = {}
@@ -68,18 +50,24 @@ def run(settings: Settings) -> Section:
         tree = [jnp.full((4,), float(i), dtype=jnp.float32) for i in range(n)]
         k = 1.0
         for fun in impls.values():  # compile
-            block(fun(tree, k))
+            harness.block(fun(tree, k))
         cases = {
-            name: time_batch(lambda fun=fun: fun(tree, k), calls)
+            name: harness.time_batch(lambda fun=fun: fun(tree, k), calls)
             for name, fun in impls.items()
         }
-        medians[n] = interleave(cases, rounds)
+        medians[n] = harness.interleave(cases, rounds)
 
-    names = [JAX, EQX, NNX, FILTERJIT, FILTERJIT_JIT]
+    names = [
+        harness.JAX,
+        harness.EQX,
+        harness.NNX,
+        harness.FILTERJIT,
+        harness.FILTERJIT_JIT,
+    ]
     headers = ["N", *(f"{name} (µs)" for name in names)]
     headers += [f"{name} ÷ jax.jit" for name in names[1:]]
     if settings.targets:
-        headers += ["target", "result", f"{FILTERJIT_JIT} target", "result"]
+        headers += ["target", "result", f"{harness.FILTERJIT_JIT} target", "result"]
     rows = []
     targets = []
     ratios = []
@@ -88,23 +76,29 @@ def run(settings: Settings) -> Section:
             name: medians[n][name] * 1e6 if name in medians[n] else None
             for name in names
         }
-        row = [str(n), *(fmt_number(us[name]) for name in names)]
-        row += [fmt_ratio(us[name], us[JAX]) for name in names[1:]]
+        row = [str(n), *(harness.fmt_number(us[name]) for name in names)]
+        row += [harness.fmt_ratio(us[name], us[harness.JAX]) for name in names[1:]]
         ratios.append(
-            RatioRow(
+            harness.RatioRow(
                 f"N={n}",
-                {name: medians[n][name] / medians[n][JAX] for name in medians[n]},
+                {
+                    name: medians[n][name] / medians[n][harness.JAX]
+                    for name in medians[n]
+                },
                 LIMITS[n],
             )
         )
         if settings.targets:
-            for name, limits in ((FILTERJIT, LIMITS), (FILTERJIT_JIT, JIT_LIMITS)):
+            for name, limits in (
+                (harness.FILTERJIT, LIMITS),
+                (harness.FILTERJIT_JIT, JIT_LIMITS),
+            ):
                 if n not in limits:
                     row += ["", ""]
                     continue
-                value = medians[n][name] / medians[n][JAX]
-                label = f"N={n}" if name == FILTERJIT else f"{name} N={n}"
-                target = Target("dispatch", label, value, limits[n], "×")
+                value = medians[n][name] / medians[n][harness.JAX]
+                label = f"N={n}" if name == harness.FILTERJIT else f"{name} N={n}"
+                target = harness.Target("dispatch", label, value, limits[n], "×")
                 targets.append(target)
                 row += [target.describe(), target.verdict]
         rows.append(row)
@@ -117,6 +111,6 @@ def run(settings: Settings) -> Section:
         "turn, and blocks on the outputs after the clock stops, so the figure is "
         "dispatch, not compute."
     )
-    notes = [] if NNX in impls else [NO_FLAX]
-    table = markdown_table(headers, rows)
-    return Section("dispatch", header, table, targets, notes, ratios)
+    notes = [] if harness.NNX in impls else [harness.NO_FLAX]
+    table = harness.markdown_table(headers, rows)
+    return harness.Section("dispatch", header, table, targets, notes, ratios)

@@ -8,25 +8,11 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import _harness as harness
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _harness import (
-    EQX,
-    FILTERJIT,
-    fmt_number,
-    fmt_ratio,
-    interleave,
-    JAX,
-    markdown_table,
-    NA,
-    RatioRow,
-    Section,
-    Settings,
-    Target,
-    time_batch,
-)
 
 import filterjit
 
@@ -34,8 +20,8 @@ import filterjit
 LIMIT = 1.5  # filterjit ÷ jax.jit, per call
 LIBRARIES = ("diffrax", "optimistix", "lineax")
 NO_LIBRARIES = (
-    f"libraries: skipped, {NA} (diffrax, optimistix or lineax is not installed, or "
-    "does not import with this jax)."
+    f"libraries: skipped, {harness.NA} (diffrax, optimistix or lineax is not "
+    "installed, or does not import with this jax)."
 )
 
 # A call: the library's entry point (an `eqx.filter_jit` function), its
@@ -132,9 +118,9 @@ def _implementations(call: Call) -> dict[str, Callable[[], Any]]:
 
     wrapped = filterjit.filter_jit(plain)
     return {
-        JAX: lambda: jax.block_until_ready(by_hand(*leaves)),
-        EQX: lambda: jax.block_until_ready(entry(*args, **kwargs)),
-        FILTERJIT: lambda: jax.block_until_ready(wrapped(*args, **kwargs)),
+        harness.JAX: lambda: jax.block_until_ready(by_hand(*leaves)),
+        harness.EQX: lambda: jax.block_until_ready(entry(*args, **kwargs)),
+        harness.FILTERJIT: lambda: jax.block_until_ready(wrapped(*args, **kwargs)),
     }
 
 
@@ -142,7 +128,7 @@ def _check(name: str, outputs: dict[str, Any]) -> None:
     """The three implementations return the same arrays in the same structure, and
     eqx.filter_jit and filterjit the same non-array leaves, so that the benchmark
     cannot time a wrong program."""
-    reference = outputs[JAX]
+    reference = outputs[harness.JAX]
     expected = jax.tree.structure(reference)
     for impl, output in outputs.items():
         arrays = eqx.filter(output, eqx.is_array)
@@ -151,19 +137,19 @@ def _check(name: str, outputs: dict[str, Any]) -> None:
         for got, want in zip(jax.tree.leaves(arrays), jax.tree.leaves(reference)):
             np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=f"{name}: {impl}")
     not_array = lambda x: not eqx.is_array(x)  # noqa: E731
-    if jax.tree.leaves(eqx.filter(outputs[EQX], not_array)) != jax.tree.leaves(
-        eqx.filter(outputs[FILTERJIT], not_array)
+    if jax.tree.leaves(eqx.filter(outputs[harness.EQX], not_array)) != jax.tree.leaves(
+        eqx.filter(outputs[harness.FILTERJIT], not_array)
     ):
         raise AssertionError(f"{name}: filterjit's static outputs differ")
 
 
-def run(settings: Settings) -> Section:
+def run(settings: harness.Settings) -> harness.Section:
     libs = optional_libraries()
     if libs is None:
-        return Section("libraries", NO_LIBRARIES, "")
+        return harness.Section("libraries", NO_LIBRARIES, "")
     rounds = settings.pick(full=31, quick=3)
     calls = settings.pick(full=100, quick=4)
-    names = [JAX, EQX, FILTERJIT]
+    names = [harness.JAX, harness.EQX, harness.FILTERJIT]
     headers = ["call", *(f"{name} (µs)" for name in names)]
     headers += [f"{name} ÷ jax.jit" for name in names[1:]]
     if settings.targets:
@@ -175,18 +161,23 @@ def run(settings: Settings) -> Section:
     for name, make in CALLS.items():
         impls = _implementations(make(libs))
         _check(name, {impl: call() for impl, call in impls.items()})  # and compile
-        medians = interleave(
-            {impl: time_batch(call, calls) for impl, call in impls.items()}, rounds
+        medians = harness.interleave(
+            {impl: harness.time_batch(call, calls) for impl, call in impls.items()},
+            rounds,
         )
         us = {impl: medians[impl] * 1e6 for impl in names}
-        over_eqx[name] = us[FILTERJIT] / us[EQX]
-        row = [name, *(fmt_number(us[impl]) for impl in names)]
-        row += [fmt_ratio(us[impl], us[JAX]) for impl in names[1:]]
+        over_eqx[name] = us[harness.FILTERJIT] / us[harness.EQX]
+        row = [name, *(harness.fmt_number(us[impl]) for impl in names)]
+        row += [harness.fmt_ratio(us[impl], us[harness.JAX]) for impl in names[1:]]
         ratios.append(
-            RatioRow(name, {impl: us[impl] / us[JAX] for impl in names}, LIMIT)
+            harness.RatioRow(
+                name, {impl: us[impl] / us[harness.JAX] for impl in names}, LIMIT
+            )
         )
         if settings.targets:
-            target = Target("libraries", name, us[FILTERJIT] / us[JAX], LIMIT, "×")
+            target = harness.Target(
+                "libraries", name, us[harness.FILTERJIT] / us[harness.JAX], LIMIT, "×"
+            )
             targets.append(target)
             row += [target.describe(), target.verdict]
         rows.append(row)
@@ -198,7 +189,9 @@ def run(settings: Settings) -> Section:
     ]
     if settings.targets:
         targets.append(
-            Target("libraries", "slowest ÷ eqx.filter_jit", over_eqx[slowest], 1.0, "×")
+            harness.Target(
+                "libraries", "slowest ÷ eqx.filter_jit", over_eqx[slowest], 1.0, "×"
+            )
         )
     versions = ", ".join(f"{lib} {libs[lib].__version__}" for lib in LIBRARIES)
     header = (
@@ -218,5 +211,5 @@ def run(settings: Settings) -> Section:
         "returning the output's arrays. The three results are checked equal before "
         "timing."
     )
-    table = markdown_table(headers, rows)
-    return Section("libraries", header, table, targets, notes, ratios)
+    table = harness.markdown_table(headers, rows)
+    return harness.Section("libraries", header, table, targets, notes, ratios)

@@ -24,22 +24,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import _harness as harness
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _harness import (
-    EQX,
-    FILTERJIT,
-    fmt_number,
-    JAX,
-    markdown_table,
-    NA,
-    Section,
-    Settings,
-    Target,
-    UNDECORATED,
-)
 
 import filterjit
 
@@ -48,13 +37,13 @@ LIMIT_MIB = 60.0  # filterjit growth over the full run
 ARRAY_BYTES = 2**20
 WARMUP = 10
 UNBOUNDED = "unbounded cache"
-NAMES = (UNDECORATED, JAX, EQX, FILTERJIT, UNBOUNDED)
+NAMES = (harness.UNDECORATED, harness.JAX, harness.EQX, harness.FILTERJIT, UNBOUNDED)
 _MIB = 2**20
 
 # Ownership: classes defined in a loop, each instance holding a blob of this many
 # bytes; wrappers of fresh lambdas.
 BLOB_BYTES = 200_000
-OWNERS = (JAX, EQX, FILTERJIT)
+OWNERS = (harness.JAX, harness.EQX, harness.FILTERJIT)
 
 
 def inner(x: jax.Array, c: np.ndarray) -> jax.Array:
@@ -76,13 +65,13 @@ def _unbounded_cache() -> Callable[[jax.Array, np.ndarray], jax.Array]:
 
 
 def _helper(name: str) -> Callable[[jax.Array, np.ndarray], jax.Array]:
-    if name == UNDECORATED:
+    if name == harness.UNDECORATED:
         return inner
-    if name == JAX:
+    if name == harness.JAX:
         return jax.jit(inner)
-    if name == EQX:
+    if name == harness.EQX:
         return eqx.filter_jit(inner)
-    if name == FILTERJIT:
+    if name == harness.FILTERJIT:
         return filterjit.filter_jit(inner)
     if name == UNBOUNDED:
         return _unbounded_cache()
@@ -136,11 +125,11 @@ def _run_child(name: str, iterations: int) -> dict[str, Any]:
 
 def _method_decorator(name: str) -> Callable[[Any], Any]:
     """How each implementation decorates a method whose `self` is static."""
-    if name == JAX:
+    if name == harness.JAX:
         return ft.partial(jax.jit, static_argnums=0)
-    if name == EQX:
+    if name == harness.EQX:
         return eqx.filter_jit
-    if name == FILTERJIT:
+    if name == harness.FILTERJIT:
         return filterjit.filter_jit
     raise ValueError(f"unknown implementation {name!r}; expected one of {OWNERS}")
 
@@ -178,9 +167,9 @@ def _use_classes(
 
 def _fresh_wrapper(name: str) -> Callable[..., Any]:
     """A wrapper of a fresh lambda, with a default and a static argument."""
-    if name == JAX:
+    if name == harness.JAX:
         return jax.jit(lambda x, n, k=1: x * n + k, static_argnums=1)
-    if name == EQX:
+    if name == harness.EQX:
         return eqx.filter_jit(lambda x, n, k=1: x * n + k)
     return filterjit.filter_jit(lambda x, n, k=1: x * n + k)
 
@@ -195,9 +184,9 @@ def _use_lambdas(count: int, name: str) -> None:
 
 def _jit_of(name: str) -> Callable[[Any], Any]:
     """How each implementation decorates a callable with no static arguments."""
-    if name == JAX:
+    if name == harness.JAX:
         return jax.jit
-    if name == EQX:
+    if name == harness.EQX:
         return eqx.filter_jit
     return filterjit.filter_jit
 
@@ -238,7 +227,7 @@ def _use_callables(
         slotted.append(weakref.ref(instance))
         classes.append(weakref.ref(AsFunction))
         del instance, fun, wrapper
-    if name == JAX:
+    if name == harness.JAX:
         return slotted, classes, None, None
     tags = []
     returns_tag = jit(lambda x, tag: (x + 1, tag))
@@ -328,10 +317,10 @@ def _run_ownership_child(classes: int, lambdas: int, warmup: int) -> dict[str, A
 
 
 def _count(value: int | None) -> str:
-    return NA if value is None else str(value)
+    return harness.NA if value is None else str(value)
 
 
-def _ownership(settings: Settings) -> tuple[str, list[Target]]:
+def _ownership(settings: harness.Settings) -> tuple[str, list[harness.Target]]:
     classes = settings.pick(full=30, quick=3)
     lambdas = settings.pick(full=100, quick=5)
     warmup = settings.pick(full=3, quick=1)
@@ -343,7 +332,7 @@ def _ownership(settings: Settings) -> tuple[str, list[Target]]:
         (
             "Python heap growth, kB (tracemalloc)",
             "growth",
-            lambda v: fmt_number(v / 1e3),
+            lambda v: harness.fmt_number(v / 1e3),
         ),
         ("of the classes alive, freed by clearing caches", "freed_by_clearing", str),
         (f"linecache entries left, of {lambdas} wrappers", "linecache", str),
@@ -367,7 +356,9 @@ def _ownership(settings: Settings) -> tuple[str, list[Target]]:
         if settings.targets:
             if key in zero:
                 measure, unit = zero[key]
-                target = Target("memory", measure, results[FILTERJIT][key], 0, unit)
+                target = harness.Target(
+                    "memory", measure, results[harness.FILTERJIT][key], 0, unit
+                )
                 targets.append(target)
                 row += [target.describe(), target.verdict]
             else:
@@ -397,20 +388,22 @@ def _ownership(settings: Settings) -> tuple[str, list[Target]]:
         "it: n/a), the wrapper kept alive. Alive: by weak references after "
         "`gc.collect()`, before any cache is cleared."
     )
-    return text + "\n\n" + markdown_table(headers, rows), targets
+    return text + "\n\n" + harness.markdown_table(headers, rows), targets
 
 
-def run(settings: Settings) -> Section:
+def run(settings: harness.Settings) -> harness.Section:
     ownership, targets = _ownership(settings)
     iterations = settings.pick(full=300, quick=20)
     if not os.path.exists("/proc/self/statm"):
-        header = f"{NA}: resident memory is read from /proc/self/statm (Linux)."
-        return Section("memory", header, "", targets, [ownership])
+        header = f"{harness.NA}: resident memory is read from /proc/self/statm (Linux)."
+        return harness.Section("memory", header, "", targets, [ownership])
     growth = {name: _run_child(name, iterations)["growth"] / _MIB for name in NAMES}
     headers = ["outer traces", *(f"{name} (MiB)" for name in NAMES)]
-    row = [str(iterations), *(fmt_number(growth[name]) for name in NAMES)]
+    row = [str(iterations), *(harness.fmt_number(growth[name]) for name in NAMES)]
     if settings.targets:
-        target = Target("memory", "growth", growth[FILTERJIT], LIMIT_MIB, " MiB")
+        target = harness.Target(
+            "memory", "growth", growth[harness.FILTERJIT], LIMIT_MIB, " MiB"
+        )
         targets.insert(0, target)
         headers += ["target", "result"]
         row += [target.describe(), target.verdict]
@@ -426,5 +419,5 @@ def run(settings: Settings) -> Section:
         f"'{UNBOUNDED}' is a reference wrapper that keys on the value and keeps "
         "every entry."
     )
-    table = markdown_table(headers, [row])
-    return Section("memory", header, table, targets, [ownership])
+    table = harness.markdown_table(headers, [row])
+    return harness.Section("memory", header, table, targets, [ownership])

@@ -3,26 +3,10 @@
 from collections.abc import Callable
 from typing import Any
 
+import _harness as harness
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from _harness import (
-    block,
-    EQX,
-    FILTERJIT,
-    fmt_number,
-    fmt_ratio,
-    interleave,
-    JAX,
-    markdown_table,
-    NNX,
-    NO_FLAX,
-    optional_nnx,
-    Section,
-    Settings,
-    Target,
-    time_batch,
-)
 
 import filterjit
 
@@ -89,7 +73,7 @@ class EqxModel(_Fields):
 def _nnx_model(
     weights: list[jax.Array], scale: float
 ) -> Callable[[jax.Array], Any] | None:
-    nnx = optional_nnx()
+    nnx = harness.optional_nnx()
     if nnx is None:
         return None
 
@@ -107,7 +91,7 @@ def _nnx_model(
     return NnxModel()
 
 
-def run(settings: Settings) -> Section:
+def run(settings: harness.Settings) -> harness.Section:
     weights = [
         jnp.linspace(0.5, 1.5, WIDTH, dtype=jnp.float32) + i for i in range(FIELDS)
     ]
@@ -122,30 +106,32 @@ def run(settings: Settings) -> Section:
     module_jit = jax.jit(lambda model, x: _apply(model.weights(), model.scale, x))
     plain_model = _Fields(*weights, scale=scale)
     calls: dict[str, Callable[[], Any]] = {
-        JAX: lambda: flat_jit(*weights, scale, x),
+        harness.JAX: lambda: flat_jit(*weights, scale, x),
         JAX_ON_MODULE: lambda: module_jit(plain_model, x),
-        EQX: lambda: eqx_model(x),
+        harness.EQX: lambda: eqx_model(x),
     }
     if nnx_model is not None:
-        calls[NNX] = lambda: nnx_model(x)
-    calls[FILTERJIT] = lambda: filterjit_model(x)
+        calls[harness.NNX] = lambda: nnx_model(x)
+    calls[harness.FILTERJIT] = lambda: filterjit_model(x)
     for call in calls.values():  # compile
-        block(call())
+        harness.block(call())
 
     rounds = settings.pick(full=41, quick=3)
     batch = settings.pick(full=200, quick=5)
-    medians = interleave({n: time_batch(c, batch) for n, c in calls.items()}, rounds)
+    medians = harness.interleave(
+        {n: harness.time_batch(c, batch) for n, c in calls.items()}, rounds
+    )
 
-    names = [JAX, EQX, NNX, FILTERJIT]
+    names = [harness.JAX, harness.EQX, harness.NNX, harness.FILTERJIT]
     us = {name: None if name not in medians else medians[name] * 1e6 for name in names}
     headers = ["call", *(f"{name} (µs)" for name in names)]
     headers += [f"{name} ÷ jax.jit" for name in names[1:]]
-    row = ["model(x)", *(fmt_number(us[name]) for name in names)]
-    row += [fmt_ratio(us[name], us[JAX]) for name in names[1:]]
+    row = ["model(x)", *(harness.fmt_number(us[name]) for name in names)]
+    row += [harness.fmt_ratio(us[name], us[harness.JAX]) for name in names[1:]]
     targets = []
     if settings.targets:
-        value = medians[FILTERJIT] / medians[JAX]
-        target = Target("module", "model(x)", value, LIMIT, "×")
+        value = medians[harness.FILTERJIT] / medians[harness.JAX]
+        target = harness.Target("module", "model(x)", value, LIMIT, "×")
         targets.append(target)
         headers += ["target", "result"]
         row += [target.describe(), target.verdict]
@@ -160,11 +146,14 @@ def run(settings: Settings) -> Section:
     )
     notes = [
         f"jax.jit given the Module itself (`jax.jit(f)(model, x)`): "
-        f"{fmt_number(medians[JAX_ON_MODULE] * 1e6)} µs; filterjit ÷ that: "
-        f"{fmt_ratio(medians[FILTERJIT], medians[JAX_ON_MODULE])}×. jax.jit flattens "
+        f"{harness.fmt_number(medians[JAX_ON_MODULE] * 1e6)} µs; filterjit ÷ that: "
+        f"{harness.fmt_ratio(medians[harness.FILTERJIT], medians[JAX_ON_MODULE])}×. "
+        "jax.jit flattens "
         "the Module with Equinox's code on every call; filterjit reads its fields "
         "where they match the latest call's."
     ]
-    if NNX not in calls:
-        notes.append(NO_FLAX)
-    return Section("module", header, markdown_table(headers, [row]), targets, notes)
+    if harness.NNX not in calls:
+        notes.append(harness.NO_FLAX)
+    return harness.Section(
+        "module", header, harness.markdown_table(headers, [row]), targets, notes
+    )

@@ -4,26 +4,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import _harness as harness
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _harness import (
-    EQX,
-    FILTERJIT,
-    fmt_number,
-    fmt_ratio,
-    interleave,
-    JAX,
-    markdown_table,
-    NNX,
-    NO_FLAX,
-    optional_nnx,
-    Section,
-    Settings,
-    Target,
-    UNDECORATED,
-)
 
 import filterjit
 
@@ -63,39 +48,50 @@ def _trace_time(
     return case
 
 
-def run(settings: Settings) -> Section:
+def run(settings: harness.Settings) -> harness.Section:
     c = np.linspace(0.0, 1.0, WIDTH, dtype=np.float32)
     x = jnp.ones((WIDTH,), dtype=jnp.float32)
     # Each decorator is applied once, here; the outer function is made and traced
     # afresh on every measurement.
     helpers: dict[str, Callable[..., Any]] = {
-        UNDECORATED: inner,
-        JAX: jax.jit(inner, static_argnums=1),
-        EQX: eqx.filter_jit(inner),
+        harness.UNDECORATED: inner,
+        harness.JAX: jax.jit(inner, static_argnums=1),
+        harness.EQX: eqx.filter_jit(inner),
     }
-    nnx = optional_nnx()
+    nnx = harness.optional_nnx()
     if nnx is not None:
-        helpers[NNX] = nnx.jit(inner, static_argnums=1)
-    helpers[FILTERJIT] = filterjit.filter_jit(inner)
+        helpers[harness.NNX] = nnx.jit(inner, static_argnums=1)
+    helpers[harness.FILTERJIT] = filterjit.filter_jit(inner)
     cases = {}
     for name, helper in helpers.items():
         cases[name] = case = _trace_time(helper, c, x)
         case()  # warm: the inner trace is cached after this
     rounds = settings.pick(full=15, quick=2)
-    medians = interleave(cases, rounds)
+    medians = harness.interleave(cases, rounds)
 
-    names = [UNDECORATED, JAX, EQX, NNX, FILTERJIT]
+    names = [
+        harness.UNDECORATED,
+        harness.JAX,
+        harness.EQX,
+        harness.NNX,
+        harness.FILTERJIT,
+    ]
     ms = {name: None if name not in medians else medians[name] * 1e3 for name in names}
     headers = ["trace", *(f"{name} (ms)" for name in names)]
-    headers += [f"{name} ÷ jax.jit" for name in (EQX, NNX, FILTERJIT)]
+    headers += [
+        f"{name} ÷ jax.jit" for name in (harness.EQX, harness.NNX, harness.FILTERJIT)
+    ]
     headers += ["filterjit ÷ undecorated"]
-    row = [f"{CALLS} nested calls", *(fmt_number(ms[name]) for name in names)]
-    row += [fmt_ratio(ms[name], ms[JAX]) for name in (EQX, NNX, FILTERJIT)]
-    row += [fmt_ratio(ms[FILTERJIT], ms[UNDECORATED])]
+    row = [f"{CALLS} nested calls", *(harness.fmt_number(ms[name]) for name in names)]
+    row += [
+        harness.fmt_ratio(ms[name], ms[harness.JAX])
+        for name in (harness.EQX, harness.NNX, harness.FILTERJIT)
+    ]
+    row += [harness.fmt_ratio(ms[harness.FILTERJIT], ms[harness.UNDECORATED])]
     targets = []
     if settings.targets:
-        value = medians[FILTERJIT] / medians[JAX]
-        target = Target("nested", "trace", value, LIMIT, "×")
+        value = medians[harness.FILTERJIT] / medians[harness.JAX]
+        target = harness.Target("nested", "trace", value, LIMIT, "×")
         targets.append(target)
         headers += ["target", "result"]
         row += [target.describe(), target.verdict]
@@ -108,5 +104,7 @@ def run(settings: Settings) -> Section:
         f"every implementation is traced once before timing (warm). {rounds} "
         "interleaved rounds."
     )
-    notes = [] if NNX in helpers else [NO_FLAX]
-    return Section("nested", header, markdown_table(headers, [row]), targets, notes)
+    notes = [] if harness.NNX in helpers else [harness.NO_FLAX]
+    return harness.Section(
+        "nested", header, harness.markdown_table(headers, [row]), targets, notes
+    )

@@ -22,21 +22,11 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import _harness as harness
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _harness import (
-    block,
-    EQX,
-    fmt_number,
-    fmt_ratio,
-    interleave,
-    markdown_table,
-    Section,
-    Settings,
-    Target,
-)
 from jax import lax
 from jax.core import Tracer
 
@@ -90,7 +80,7 @@ def _wrappers() -> tuple[dict[str, Helpers], int]:
             raise AssertionError(f"patch_equinox() did not replace {name}")
         if globals()[name] is not equinox[name]:
             raise AssertionError(f"unpatch_equinox() did not give {name} back")
-    return {EQX: equinox, PATCHED: patched}, len(report.swapped)
+    return {harness.EQX: equinox, PATCHED: patched}, len(report.swapped)
 
 
 def _train(helper: Callable[..., jax.Array]) -> tuple[Callable[[], float] | None, str]:
@@ -113,7 +103,7 @@ def _train(helper: Callable[..., jax.Array]) -> tuple[Callable[[], float] | None
         start = time.perf_counter_ns()
         for _ in range(STEPS):
             _, w = step(w, x)
-        block(w)
+        harness.block(w)
         return (time.perf_counter_ns() - start) * 1e-9 / STEPS
 
     try:
@@ -142,7 +132,7 @@ def _first_call(helper: Callable[..., jax.Array]) -> Callable[[], float]:
         jax.clear_caches()
         outer = jax.jit(lambda a, y: helper(a, y, CONFIG["power"]))
         start = time.perf_counter_ns()
-        block(outer(a, y))
+        harness.block(outer(a, y))
         return (time.perf_counter_ns() - start) * 1e-9
 
     return case
@@ -156,18 +146,18 @@ def _later_call(
     a, y = _inputs()
     outer = jax.jit(lambda a, y: helper(a, y, CONFIG["power"]))
     out = outer(a, y)
-    block(out)
+    harness.block(out)
 
     def case() -> float:
         start = time.perf_counter_ns()
         for _ in range(calls):
-            block(outer(a, y))
+            harness.block(outer(a, y))
         return (time.perf_counter_ns() - start) * 1e-9 / calls
 
     return case, out
 
 
-def run(settings: Settings) -> Section:
+def run(settings: harness.Settings) -> harness.Section:
     rounds = settings.pick(full=9, quick=1)
     calls = settings.pick(full=100, quick=10)
     wrappers, swapped = _wrappers()
@@ -175,21 +165,23 @@ def run(settings: Settings) -> Section:
     training = {name: _train(helpers["relax"]) for name, helpers in wrappers.items()}
     trains = {name: text for name, (_, text) in training.items()}
     steps = {name: case for name, (case, _) in training.items() if case is not None}
-    step_s = interleave(steps, rounds) if steps else {}  # both may fail
-    first_s = interleave(
+    step_s = harness.interleave(steps, rounds) if steps else {}  # both may fail
+    first_s = harness.interleave(
         {name: _first_call(h["power_apply"]) for name, h in wrappers.items()}, rounds
     )
     later = {name: _later_call(h["power_apply"], calls) for name, h in wrappers.items()}
-    np.testing.assert_allclose(later[EQX][1], later[PATCHED][1], rtol=1e-4)
-    later_s = interleave({name: case for name, (case, _) in later.items()}, rounds)
+    np.testing.assert_allclose(later[harness.EQX][1], later[PATCHED][1], rtol=1e-4)
+    later_s = harness.interleave(
+        {name: case for name, (case, _) in later.items()}, rounds
+    )
 
     def relax_cell(name: str) -> str:
         if name not in step_s:
             return trains[name]
-        return f"{trains[name]}, {fmt_number(step_s[name] * 1e6)} µs per step"
+        return f"{trains[name]}, {harness.fmt_number(step_s[name] * 1e6)} µs per step"
 
-    headers = ["helper, inside the user's jax.jit", f"{EQX}", PATCHED]
-    headers += [f"{PATCHED} ÷ {EQX}"]
+    headers = ["helper, inside the user's jax.jit", f"{harness.EQX}", PATCHED]
+    headers += [f"{PATCHED} ÷ {harness.EQX}"]
     if settings.targets:
         headers += ["target", "result"]
     n = int(CONFIG["power"])
@@ -197,27 +189,27 @@ def run(settings: Settings) -> Section:
         ["relax under value_and_grad", *(relax_cell(name) for name in names), "n/a"],
         [
             f"power_apply (n = {n}), first call (ms)",
-            *(fmt_number(first_s[name] * 1e3) for name in names),
-            fmt_ratio(first_s[PATCHED], first_s[EQX]),
+            *(harness.fmt_number(first_s[name] * 1e3) for name in names),
+            harness.fmt_ratio(first_s[PATCHED], first_s[harness.EQX]),
         ],
         [
             f"power_apply (n = {n}), later call (µs)",
-            *(fmt_number(later_s[name] * 1e6) for name in names),
-            fmt_ratio(later_s[PATCHED], later_s[EQX]),
+            *(harness.fmt_number(later_s[name] * 1e6) for name in names),
+            harness.fmt_ratio(later_s[PATCHED], later_s[harness.EQX]),
         ],
     ]
     targets = []
     if settings.targets:
-        trained = Target(
+        trained = harness.Target(
             "patched",
             "relax after patch failed (0: trains)",
             float(PATCHED not in step_s),
             0,
         )
-        faster = Target(
+        faster = harness.Target(
             "patched",
             "power_apply later call ÷ eqx.filter_jit",
-            later_s[PATCHED] / later_s[EQX],
+            later_s[PATCHED] / later_s[harness.EQX],
             LIMIT,
             "×",
         )
@@ -232,7 +224,7 @@ def run(settings: Settings) -> Section:
         f"`n_steps = {int(CONFIG['n_steps'])}`, trained under `jax.value_and_grad` "
         f"for {STEPS} steps (jax-ml/jax#9298), and `power_apply`, `a**n @ y` on "
         f"float32[{SIZE}, {SIZE}], by repeated squaring when `n` is concrete and by "
-        f"`n` matrix-vector products when it is traced. {EQX}: the helpers as "
+        f"`n` matrix-vector products when it is traced. {harness.EQX}: the helpers as "
         f"decorated; {PATCHED}: the wrappers `filterjit.patch_equinox()` put in "
         f"their place (it swapped {swapped}, these two among them), read off the "
         "module before `filterjit.unpatch_equinox()` undid it, so no other section "
@@ -242,5 +234,5 @@ def run(settings: Settings) -> Section:
         f"later call ({calls} calls, each blocked on). Both power_apply results "
         "are checked equal (`rtol=1e-4`)."
     )
-    table = markdown_table(headers, rows)
-    return Section("patched", header, table, targets)
+    table = harness.markdown_table(headers, rows)
+    return harness.Section("patched", header, table, targets)

@@ -5,26 +5,11 @@ wraps a function anew on every call."""
 from collections.abc import Callable
 from typing import Any
 
+import _harness as harness
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from _harness import (
-    block,
-    EQX,
-    FILTERJIT,
-    FILTERJIT_JIT,
-    fmt_number,
-    fmt_ratio,
-    interleave,
-    JAX,
-    markdown_table,
-    RatioRow,
-    Section,
-    Settings,
-    Target,
-    time_batch,
-)
 
 import filterjit
 
@@ -78,10 +63,10 @@ def _training_step() -> Calls:
     eqx_step = eqx.filter_jit(step)
     filterjit_step = filterjit.filter_jit(step)
     return {
-        JAX: lambda: jax_step(params, opt_state, x, y),
-        EQX: lambda: eqx_step(model, opt_state, x, y),
-        FILTERJIT: lambda: filterjit_step(model, opt_state, x, y),
-        FILTERJIT_JIT: lambda: jit_step(params, opt_state, x, y),
+        harness.JAX: lambda: jax_step(params, opt_state, x, y),
+        harness.EQX: lambda: eqx_step(model, opt_state, x, y),
+        harness.FILTERJIT: lambda: filterjit_step(model, opt_state, x, y),
+        harness.FILTERJIT_JIT: lambda: jit_step(params, opt_state, x, y),
     }
 
 
@@ -102,11 +87,11 @@ def _static_output() -> Calls:
     jit_fun = filterjit.jit(lambda x: x + 1)
     x = jnp.ones(4)
     return {
-        JAX: lambda: jax_fun(x),
+        harness.JAX: lambda: jax_fun(x),
         JAX_WHOLE: lambda: jax_whole(x),
-        EQX: lambda: eqx_fun(x),
-        FILTERJIT: lambda: filterjit_fun(x),
-        FILTERJIT_JIT: lambda: jit_fun(x),
+        harness.EQX: lambda: eqx_fun(x),
+        harness.FILTERJIT: lambda: filterjit_fun(x),
+        harness.FILTERJIT_JIT: lambda: jit_fun(x),
     }
 
 
@@ -118,10 +103,10 @@ def _fresh_wrapper() -> Calls:
     """A library that wraps a function anew on each call: `jit(scale)(x, 20)`."""
     x = jnp.ones(4)
     return {
-        JAX: lambda: jax.jit(scale, static_argnums=1)(x, 20),
-        EQX: lambda: eqx.filter_jit(scale)(x, 20),
-        FILTERJIT: lambda: filterjit.filter_jit(scale)(x, 20),
-        FILTERJIT_JIT: lambda: filterjit.jit(scale, static_argnums=1)(x, 20),
+        harness.JAX: lambda: jax.jit(scale, static_argnums=1)(x, 20),
+        harness.EQX: lambda: eqx.filter_jit(scale)(x, 20),
+        harness.FILTERJIT: lambda: filterjit.filter_jit(scale)(x, 20),
+        harness.FILTERJIT_JIT: lambda: filterjit.jit(scale, static_argnums=1)(x, 20),
     }
 
 
@@ -132,10 +117,10 @@ PROGRAMS: dict[str, Callable[[], Calls]] = {
 }
 
 
-def run(settings: Settings) -> Section:
+def run(settings: harness.Settings) -> harness.Section:
     rounds = settings.pick(full=31, quick=3)
     calls = settings.pick(full=200, quick=4)
-    names = [JAX, EQX, FILTERJIT, FILTERJIT_JIT]
+    names = [harness.JAX, harness.EQX, harness.FILTERJIT, harness.FILTERJIT_JIT]
     headers = ["program", "jax.jit baseline", *(f"{name} (µs)" for name in names)]
     headers += [f"{name} ÷ jax.jit" for name in names[1:]]
     if settings.targets:
@@ -147,32 +132,38 @@ def run(settings: Settings) -> Section:
     for program, make in PROGRAMS.items():
         impls = make()
         for call in impls.values():  # compile
-            block(call())
-        medians = interleave(
-            {name: time_batch(call, calls) for name, call in impls.items()}, rounds
+            harness.block(call())
+        medians = harness.interleave(
+            {name: harness.time_batch(call, calls) for name, call in impls.items()},
+            rounds,
         )
         us = {name: medians[name] * 1e6 for name in impls}
-        row = [program, BASELINES[program], *(fmt_number(us[name]) for name in names)]
-        row += [fmt_ratio(us[name], us[JAX]) for name in names[1:]]
+        row = [
+            program,
+            BASELINES[program],
+            *(harness.fmt_number(us[name]) for name in names),
+        ]
+        row += [harness.fmt_ratio(us[name], us[harness.JAX]) for name in names[1:]]
         ratios.append(
-            RatioRow(
+            harness.RatioRow(
                 program,
-                {name: us[name] / us[JAX] for name in names},
+                {name: us[name] / us[harness.JAX] for name in names},
                 LIMITS[program],
             )
         )
         if settings.targets:
-            value = us[FILTERJIT] / us[JAX]
-            target = Target("programs", program, value, LIMITS[program], "×")
+            value = us[harness.FILTERJIT] / us[harness.JAX]
+            target = harness.Target("programs", program, value, LIMITS[program], "×")
             targets.append(target)
             row += [target.describe(), target.verdict]
         rows.append(row)
         if JAX_WHOLE in us:
             notes.append(
                 f"{JAX_WHOLE} (the 3 comes back as an array): "
-                f"{fmt_number(us[JAX_WHOLE])} µs; filterjit ÷ that: "
-                f"{fmt_ratio(us[FILTERJIT], us[JAX_WHOLE])}×, eqx.filter_jit ÷ "
-                f"that: {fmt_ratio(us[EQX], us[JAX_WHOLE])}×."
+                f"{harness.fmt_number(us[JAX_WHOLE])} µs; filterjit ÷ that: "
+                f"{harness.fmt_ratio(us[harness.FILTERJIT], us[JAX_WHOLE])}×, "
+                "eqx.filter_jit ÷ "
+                f"that: {harness.fmt_ratio(us[harness.EQX], us[JAX_WHOLE])}×."
             )
     header = (
         "Median µs per top-level call of three real programs, each implementation "
@@ -188,5 +179,5 @@ def run(settings: Settings) -> Section:
         "signature, jax.jit at the top level) runs what jax.jit runs: the "
         "partitioned step, `x -> x + 1`, `scale` with `static_argnums=1`."
     )
-    table = markdown_table(headers, rows, left=2)
-    return Section("programs", header, table, targets, notes, ratios)
+    table = harness.markdown_table(headers, rows, left=2)
+    return harness.Section("programs", header, table, targets, notes, ratios)

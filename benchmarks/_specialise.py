@@ -13,23 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import _harness as harness
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from _harness import (
-    block,
-    EQX,
-    FILTERJIT,
-    fmt_number,
-    fmt_ratio,
-    interleave,
-    JAX,
-    markdown_table,
-    Section,
-    Settings,
-    UNDECORATED,
-)
 
 import filterjit
 
@@ -98,13 +86,13 @@ CASES: dict[str, tuple[Callable[[], tuple[Helper, Helper]], Any, str]] = {
 
 
 def _decorate(name: str, natural: Helper, generic: Helper) -> Helper:
-    if name == UNDECORATED:
+    if name == harness.UNDECORATED:
         return natural
-    if name == FILTERJIT:
+    if name == harness.FILTERJIT:
         return filterjit.filter_jit(natural)
-    if name == JAX:
+    if name == harness.JAX:
         return jax.jit(generic)
-    if name == EQX:
+    if name == harness.EQX:
         return eqx.filter_jit(generic)
     raise ValueError(name)
 
@@ -116,15 +104,15 @@ def _case(
         helper = _decorate(name, *make())
         outer = jax.jit(lambda y: helper(y, value))
         start = time.perf_counter_ns()
-        block(outer(x))
+        harness.block(outer(x))
         return (time.perf_counter_ns() - start) * 1e-9
 
     return case
 
 
-def run(settings: Settings) -> Section:
+def run(settings: harness.Settings) -> harness.Section:
     x = jnp.linspace(-1.0, 1.0, WIDTH, dtype=jnp.float32)
-    names = [UNDECORATED, JAX, EQX, FILTERJIT]
+    names = [harness.UNDECORATED, harness.JAX, harness.EQX, harness.FILTERJIT]
     rounds = settings.pick(full=9, quick=1)
     # Check once that both bodies compute the same thing.
     for make, value, _ in CASES.values():
@@ -142,10 +130,10 @@ def run(settings: Settings) -> Section:
         cases = {name: _case(name, make, value, x) for name in names}
         for case in cases.values():  # warm JAX's own machinery, untimed
             case()
-        ms = {name: t * 1e3 for name, t in interleave(cases, rounds).items()}
-        row = [label, *(fmt_number(ms[name]) for name in names)]
-        row += [fmt_ratio(ms[FILTERJIT], ms[JAX])]
-        row += [fmt_ratio(ms[FILTERJIT], ms[UNDECORATED])]
+        ms = {name: t * 1e3 for name, t in harness.interleave(cases, rounds).items()}
+        row = [label, *(harness.fmt_number(ms[name]) for name in names)]
+        row += [harness.fmt_ratio(ms[harness.FILTERJIT], ms[harness.JAX])]
+        row += [harness.fmt_ratio(ms[harness.FILTERJIT], ms[harness.UNDECORATED])]
         rows.append(row)
     cases_text = "; ".join(
         f"**{label}**: {text}" for label, (_, _, text) in CASES.items()
@@ -160,4 +148,6 @@ def run(settings: Settings) -> Section:
         "interleaved rounds. No target: this is what keeping values concrete buys "
         "(or costs)."
     )
-    return Section("specialisation", header, markdown_table(headers, rows))
+    return harness.Section(
+        "specialisation", header, harness.markdown_table(headers, rows)
+    )

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _async  # noqa: E402
 import _dispatch  # noqa: E402
+import _harness as harness  # noqa: E402
 import _libraries  # noqa: E402
 import _memory  # noqa: E402
 import _module  # noqa: E402
@@ -43,25 +44,11 @@ import _programs  # noqa: E402
 import _specialise  # noqa: E402
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
-from _harness import (  # noqa: E402
-    EQX,
-    FILTERJIT,
-    FILTERJIT_JIT,
-    fmt_number,
-    JAX,
-    markdown_table,
-    NA,
-    NNX,
-    optional_nnx,
-    Section,
-    Settings,
-    Target,
-)
 
 import filterjit  # noqa: E402
 
 
-SECTIONS: dict[str, Callable[[Settings], Section]] = {
+SECTIONS: dict[str, Callable[[harness.Settings], harness.Section]] = {
     "dispatch": _dispatch.run,
     "module": _module.run,
     "programs": _programs.run,
@@ -100,13 +87,13 @@ def _revision() -> str:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return NA
+        return harness.NA
     return commit + ("+" if status else "")
 
 
 def _environment() -> str:
-    nnx = optional_nnx()
-    flax_version = NA
+    nnx = harness.optional_nnx()
+    flax_version = harness.NA
     if nnx is not None:
         import flax
 
@@ -122,22 +109,22 @@ def _environment() -> str:
     )
 
 
-def _summary(targets: list[Target]) -> str:
+def _summary(targets: list[harness.Target]) -> str:
     headers = ["section", "measure", "filterjit", "target", "result"]
     rows = [
         [
             t.section,
             t.measure,
-            f"{fmt_number(t.value)}{t.unit}",
+            f"{harness.fmt_number(t.value)}{t.unit}",
             t.describe(),
             t.verdict,
         ]
         for t in targets
     ]
-    return markdown_table(headers, rows, left=2)
+    return harness.markdown_table(headers, rows, left=2)
 
 
-def _chart(sections: dict[str, Section], caption: str) -> str:
+def _chart(sections: dict[str, harness.Section], caption: str) -> str:
     """The SVG chart of this run's ratios to jax.jit: a panel per charted
     section, and a note for each that was not run or was skipped."""
     panels = []
@@ -155,7 +142,13 @@ def _chart(sections: dict[str, Section], caption: str) -> str:
         "filterjit: time per call ÷ jax.jit",
         caption,
         panels,
-        [JAX, EQX, NNX, FILTERJIT, FILTERJIT_JIT],
+        [
+            harness.JAX,
+            harness.EQX,
+            harness.NNX,
+            harness.FILTERJIT,
+            harness.FILTERJIT_JIT,
+        ],
     )
 
 
@@ -164,8 +157,8 @@ def _record(
     command: str,
     run_date: str,
     run_line: str,
-    sections: dict[str, Section],
-    targets: list[Target],
+    sections: dict[str, harness.Section],
+    targets: list[harness.Target],
     total: float,
 ) -> None:
     """Writes the run to `path` (markdown, as printed, headings one level down) and
@@ -278,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             f"unknown section(s) {', '.join(unknown)}; choose from "
             f"{', '.join(SECTIONS)}"
         )
-    settings = Settings(quick=args.quick, targets=args.check or not args.quick)
+    settings = harness.Settings(quick=args.quick, targets=args.check or not args.quick)
     mode = "quick (smoke run, no targets)" if args.quick else "full"
     run_line = f"Mode: {mode}. {_environment()}"
     run_date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -286,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(run_line)
     start = time.perf_counter()
-    targets: list[Target] = []
-    sections: dict[str, Section] = {}
+    targets: list[harness.Target] = []
+    sections: dict[str, harness.Section] = {}
     for name in chosen:
         section_start = time.perf_counter()
         section = SECTIONS[name](settings)

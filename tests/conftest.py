@@ -1,9 +1,11 @@
 """Settings for the whole suite, and its two tiers.
 
 `python -m pytest` runs the default tier: every contract point, with a few
-Hypothesis examples per property. `python -m pytest --full` also runs the tests
+Hypothesis examples per property (25, or 10 where each example compiles:
+`helpers.property_settings`). `python -m pytest --full` also runs the tests
 marked `slow` (the code on the docs pages, the slow examples) and the properties
-with many examples; `.ci/run` runs that.
+with 200 examples; `.ci/run` runs that. Both spread the test files over xdist
+workers (pyproject.toml's addopts).
 """
 
 import hypothesis

@@ -1,12 +1,13 @@
 """Shared test utilities."""
 
 import os
+import types
 from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
+import differential
 import jax
-import jax.numpy as jnp
-import numpy as np
 from hypothesis import HealthCheck, settings
 
 
@@ -23,18 +24,9 @@ class TraceCounter:
 
 
 def assert_tree_equal(a: Any, b: Any) -> None:
-    """Same structure, same leaf types, equal values and dtypes."""
-    a_leaves, a_def = jax.tree_util.tree_flatten(a)
-    b_leaves, b_def = jax.tree_util.tree_flatten(b)
-    assert a_def == b_def, (a_def, b_def)
-    for x, y in zip(a_leaves, b_leaves):
-        if isinstance(x, jax.Array | np.ndarray | np.generic):
-            assert isinstance(y, jax.Array | np.ndarray | np.generic), (x, y)
-            assert jnp.result_type(x) == jnp.result_type(y), (x, y)
-            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
-        else:
-            assert type(x) is type(y), (x, y)
-            assert x == y or (x != x and y != y), (x, y)
+    """Same structure, same leaf types, equal dtypes, values to a relative 1e-6
+    (any kind of array for any other): `differential.mismatch`, loosely."""
+    differential.assert_tree_equal(a, b, kinds=False, weak_types=False, rtol=1e-6)
 
 
 def jit_equation_count(jaxpr: Any) -> int:
@@ -51,13 +43,29 @@ def cpp_cache_size(wrapped: Any) -> int:
     return sum(entry.jitted._cache_size() for entry in entries)
 
 
-def property_settings() -> settings:
-    """Settings for the differential property tests: the active profile's examples
-    (tests/conftest.py: 25 in the default tier, 200 with --full), derandomized; or
-    a random soak of FILTERJIT_SOAK examples."""
+# Examples per property test whose every example traces and compiles, in the
+# default tier; the full tier runs the profile's (tests/conftest.py).
+COMPILED_DEFAULT_EXAMPLES = 10
+
+
+def _full_tier() -> bool:
+    current = getattr(settings, "get_current_profile_name", None)
+    name = current() if current is not None else settings._current_profile
+    return name == "filterjit-full"
+
+
+def property_settings(share: float = 1.0, compiled: bool = False) -> settings:
+    """Settings for the property tests: `share` of the active profile's examples
+    (tests/conftest.py: 25 in the default tier, 200 with --full), or, for a test
+    whose examples each compile (`compiled`), of 10 in the default tier;
+    derandomized, so that CI runs the same examples every time. Or a random soak
+    of FILTERJIT_SOAK examples."""
     soak = int(os.environ.get("FILTERJIT_SOAK", "0"))
+    examples = settings().max_examples
+    if compiled and not _full_tier():
+        examples = COMPILED_DEFAULT_EXAMPLES
     return settings(
-        max_examples=soak or settings().max_examples,
+        max_examples=soak or max(1, round(examples * share)),
         derandomize=not soak,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -65,35 +73,63 @@ def property_settings() -> settings:
 
 
 def reference_twin(wrapper: Any) -> Any:
-    """A copy of a `filter_jit` wrapper whose calls all take the reference path:
-    a dispatcher of its own, made with the fast path off."""
+    """A wrapper of what `wrapper` wraps, with its options, made as `filter_jit`
+    makes one, but whose calls all take the reference path: a dispatcher of its
+    own, made with the fast path off."""
+    from filterjit import _jit
     from filterjit._dispatch import Dispatcher
-    from filterjit._jit import FilterJitWrapper
 
-    twin = object.__new__(FilterJitWrapper)
-    twin.__dict__.update(wrapper.__dict__)
-    twin._dispatcher = Dispatcher(wrapper._fun, wrapper._options, fast=False)
-    twin._call = twin._dispatcher.call
-    return twin
+    def reference_dispatcher(fun: Any, options: Any) -> Any:
+        return Dispatcher(fun, options, fast=False)
+
+    with mock.patch.object(_jit, "dispatcher_for", reference_dispatcher):
+        return type(wrapper)(wrapper._fun, wrapper._options)
+
+
+class _Read(Exception):
+    """What `Dispatcher.call` read of a call, raised where it would run it."""
+
+    def __init__(self, leaves: list[Any]):
+        super().__init__()
+        self.leaves = leaves
 
 
 def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> Any:
-    """The leaves and key that the fast path reads of a call (as the first lines
-    of `Dispatcher.call` do), or `None` where it leaves the call to the reference
-    path; `test_fastpath.py` checks that `call` does as this says."""
+    """The partition, leaves and key that the fast path reads of a call, or `None`
+    where it leaves the call to the reference path: `Dispatcher.call` itself, with
+    the partition's lookup, the reference path and the run stubbed out, so that
+    nothing is run or stored. `test_fastpath.py` checks that `call` does as this
+    says."""
     partition = dispatcher._latest[level]
-    read = partition.call_readers.get((len(args), *kwargs))
-    found = None if read is None else read(fun, args, kwargs)
-    if found is None:
+    keys = []
+    entry = types.SimpleNamespace(guarded=True, captured=False)
+
+    def get(key: Any) -> Any:
+        keys.append(key)
+        return entry  # found, and run by `_run`
+
+    def run(level: int, entry: Any, tree: Any, leaves: list[Any], dynamic: Any):
+        expected = partition.take_dynamic(leaves)
+        assert len(dynamic) == len(expected)
+        assert all(a is b for a, b in zip(dynamic, expected))
+        raise _Read(leaves)
+
+    def declined(*_: Any, **__: Any) -> None:
         return None
-    leaves, key, dynamic = found
-    expected = partition.take_dynamic(leaves)
-    assert len(dynamic) == len(expected)
-    assert all(a is b for a, b in zip(dynamic, expected))
-    if partition.orders is not None:  # nested, a call without keywords
-        tree = args if dispatcher._fun_is_leaf else (fun, args)
-        key = (key, partition.orders(tree))
-    return partition, leaves, key
+
+    original_get = partition.get
+    partition.get = get
+    stubs = {"_call": declined, "_run": run}
+    vars(dispatcher).update(stubs)
+    try:
+        dispatcher.call(level, fun, args, kwargs)
+    except _Read as read:
+        return partition, read.leaves, keys[-1]
+    finally:
+        partition.get = original_get
+        for name in stubs:
+            del vars(dispatcher)[name]
+    return None
 
 
 def reference_read(

@@ -1,4 +1,5 @@
-"""The contract of DESIGN.md §2: which leaf is traced where, outputs, keys, caching."""
+"""The contract (docs/contract.md): which leaf is traced where, outputs, keys,
+caching."""
 
 import time
 
@@ -207,11 +208,16 @@ def test_eager_grad_traces_numpy_batches_once():
 
 
 def test_eager_vmap_and_jvp_trace_arrays():
-    f, seen = _kinds_seen(None)
-    jax.vmap(lambda x: f(x, np.float32(1)))(jnp.ones(3))
-    jax.jvp(lambda x: f(x, np.float32(1)), (jnp.float32(1),), (jnp.float32(1),))
-    for args in seen:
-        assert isinstance(args[1], Tracer)
+    for transform in (
+        lambda f: jax.vmap(lambda x: f(x, np.float32(1)))(jnp.ones(3)),
+        lambda f: jax.jvp(
+            lambda x: f(x, np.float32(1)), (jnp.float32(1),), (jnp.float32(1),)
+        ),
+    ):
+        f, seen = _kinds_seen(None)  # a wrapper per transform: one trace each
+        transform(f)
+        assert len(seen) == 1
+        assert isinstance(seen[0][1], Tracer)
 
 
 # -- 4. Outputs
@@ -432,3 +438,18 @@ def test_disable_jit_calls_the_function_directly():
         f(x, 2)
         f(x, 2)
     assert len(seen) == 2 and all(s is x for s in seen)
+
+
+# Guards: a NumPy array mutated in place is keyed by its new value, nested.
+def test_a_mutated_numpy_array_never_serves_another_arrays_value():
+    f = filter_jit(lambda x, table: x * table)
+
+    def program(table):
+        return jax.jit(lambda x: f(x, table))(jnp.ones(3, np.int32))
+
+    first = np.ones(3, np.int32)
+    assert program(first).tolist() == [1, 1, 1]
+    first[:] = 5  # mutated in place
+    assert program(first).tolist() == [5, 5, 5]
+    other = np.ones(3, np.int32)  # equal to the first one's old contents
+    assert program(other).tolist() == [1, 1, 1]  # undecorated: [1, 1, 1]

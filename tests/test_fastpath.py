@@ -1,4 +1,4 @@
-"""The fast path against the reference path (`filterjit/_fastpath.py`, issue 28).
+"""The fast path against the reference path (`filterjit/_fastpath.py`).
 
 A stateful property test runs each call of a generated sequence through a wrapper
 (fast path), its reference twin (every call on the reference path) and the
@@ -18,10 +18,12 @@ import subprocess
 import sys
 from typing import Any
 
+import differential
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from differential import assert_agree, needs_fast_path, outcome
 from helpers import (
     assert_tree_equal,
     fast_read,
@@ -33,12 +35,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule, RuleBasedStateMachine
 
 import filterjit
-from filterjit import _dispatch, _fastpath, _trace, filter_jit
+from filterjit import _dispatch, _trace, filter_jit
 
 
-pytestmark = pytest.mark.skipif(
-    not _fastpath.ENABLED, reason="the fast path is off (FILTERJIT_FASTPATH=0)"
-)
+pytestmark = needs_fast_path
 
 
 class Affine(eqx.Module):
@@ -101,7 +101,11 @@ FUNCTIONS = {
     "keywords": keywords,
     "raises": raises,
 }
-WHERE = ["top", "grad", "vmap", "jit", "scan"]
+# The harness's contexts: the top level, eager transforms, and nested.
+WHERE = {
+    c.name: c
+    for c in differential.contexts("top level", "grad", "vmap", "jit", "scan body")
+}
 STATICS = [2, 3, 2.0, -0.0, True]
 
 
@@ -109,26 +113,6 @@ def _first_array(out):
     return next(
         leaf for leaf in jax.tree_util.tree_leaves(out) if isinstance(leaf, jax.Array)
     )
-
-
-def _at(where, call, x):
-    """`call(x)` at `where`, `x` traced there."""
-    if where == "top":
-        return call(x)
-    if where == "grad":
-        return jax.grad(lambda x: jnp.sum(_first_array(call(x))))(x)
-    if where == "vmap":
-        return jax.vmap(lambda x: _first_array(call(x)))(x[None])
-    if where == "jit":
-        return jax.jit(lambda x: _first_array(call(x)))(x)
-    return jax.lax.scan(lambda c, _: (_first_array(call(c)), None), x, length=1)[0]
-
-
-def _outcome(thunk):
-    try:
-        return "value", thunk()
-    except Exception as error:  # compared below: raised alike, or not at all
-        return "error", (type(error), str(error))
 
 
 class FastAgainstReference(RuleBasedStateMachine):
@@ -165,7 +149,7 @@ class FastAgainstReference(RuleBasedStateMachine):
 
     @rule(
         name=st.sampled_from(sorted(FUNCTIONS)),
-        where=st.sampled_from(WHERE),
+        where=st.sampled_from(sorted(WHERE)),
         static=st.sampled_from(STATICS),
         size=st.sampled_from([3, 2]),
         index=st.integers(0, 1),
@@ -205,22 +189,18 @@ class FastAgainstReference(RuleBasedStateMachine):
             return call
 
         x = jnp.arange(float(size))
-        outcomes = [
-            _outcome(lambda: _at(where, call, x))
+        context = WHERE[where]
+        fast_outcome, twin_outcome, reference = [
+            outcome(lambda: differential.run_in(context, call, x), raises=[ValueError])
             for call in (
                 call_fast,
                 calling(twin),
                 # The top level is jax.jit's; nested, the function's own.
-                calling(FUNCTIONS[name], rebuilt=where in ("top", "grad", "vmap")),
+                calling(FUNCTIONS[name], rebuilt=not context.staged),
             )
         ]
-        kinds = [kind for kind, _ in outcomes]
-        assert kinds[0] == kinds[1] == kinds[2], outcomes
-        if kinds[0] == "error":
-            assert outcomes[0][1] == outcomes[1][1] == outcomes[2][1], outcomes
-            return
-        assert_tree_equal(outcomes[0][1], outcomes[1][1])
-        assert_tree_equal(outcomes[0][1], outcomes[2][1])
+        assert_agree(fast_outcome, twin_outcome, messages=True)
+        assert_agree(fast_outcome, reference, messages=True)
 
     @rule(index=st.integers(0, 1), how=st.sampled_from(["setattr", "dict"]))
     def change_module(self, index, how):
@@ -261,7 +241,7 @@ class FastAgainstReference(RuleBasedStateMachine):
         SCALE[0] = 2.0
 
 
-FastAgainstReference.TestCase.settings = property_settings()
+FastAgainstReference.TestCase.settings = property_settings(compiled=True)
 test_fast_path_against_reference_path = FastAgainstReference.TestCase
 
 

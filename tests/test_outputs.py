@@ -12,17 +12,13 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
+from differential import needs_fast_path
 from helpers import cpp_cache_size, property_settings, TraceCounter
 from hypothesis import given, strategies as st
 
-from filterjit import _fastpath, filter_jit
+from filterjit import filter_jit
 from filterjit._fastpath import output_builder
 from filterjit._trace import TOP
-
-
-needs_fast_path = pytest.mark.skipif(
-    not _fastpath.ENABLED, reason="the fast path is off (FILTERJIT_FASTPATH=0)"
-)
 
 
 def test_static_output_leaves_keep_the_cpp_fast_path():

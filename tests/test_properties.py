@@ -4,7 +4,7 @@ Hypothesis generates pytrees mixing JAX arrays (weak-typed ones included), NumPy
 arrays and scalars of several dtypes, Python scalars, strings, `None`, functions,
 enums, nested dicts/lists/tuples and `eqx.Module`s with static fields. An identity
 and an arithmetic function are run undecorated and decorated with
-`filterjit.filter_jit`, and the results must agree (DESIGN.md §2):
+`filterjit.filter_jit`, and the results must agree (docs/contract.md):
 
 - at the top level, array leaves come back as JAX arrays with the same values,
   shapes, dtypes and weak types, and every other leaf comes back as the same object
@@ -35,7 +35,9 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
-from hypothesis import given, HealthCheck, settings, strategies as st
+from differential import assert_tree_equal
+from helpers import property_settings
+from hypothesis import given, strategies as st
 from jax import lax
 from jax.core import Tracer
 
@@ -231,58 +233,17 @@ def _is_tracer(leaf: Any) -> bool:
     return isinstance(leaf, Tracer)
 
 
-def _as_float(x: Any) -> np.ndarray:
-    array = np.asarray(x)
-    return array.astype(np.complex128 if array.dtype.kind == "c" else np.float64)
-
-
-def assert_same_array(actual: Any, expected: Any) -> None:
-    """Same shape, dtype, weak type and values (nan equal to nan, -0.0 not equal
-    to 0.0)."""
-    actual_type = jax.typeof(actual)
-    expected_type = jax.typeof(expected)
-    assert actual_type.shape == expected_type.shape, (actual, expected)
-    assert actual_type.dtype == expected_type.dtype, (actual, expected)
-    assert actual_type.weak_type == expected_type.weak_type, (actual, expected)
-    a = _as_float(actual)
-    e = _as_float(expected)
-    np.testing.assert_array_equal(a, e)
-    for part_a, part_e in ((np.real(a), np.real(e)), (np.imag(a), np.imag(e))):
-        np.testing.assert_array_equal(np.signbit(part_a), np.signbit(part_e))
-
-
-def _assert_equal_static(actual: Any, expected: Any) -> None:
-    assert type(actual) is type(expected), (actual, expected)
-    assert actual == expected or (actual != actual and expected != expected), (
-        actual,
-        expected,
-    )
-
-
 def assert_arrays_agree(actual: Any, expected: Any) -> None:
-    """Trees of arrays: same structure, and every leaf `assert_same_array`."""
-    actual_leaves, actual_def = jtu.tree_flatten(actual)
-    expected_leaves, expected_def = jtu.tree_flatten(expected)
-    assert actual_def == expected_def, (actual_def, expected_def)
-    for a, e in zip(actual_leaves, expected_leaves):
-        assert_same_array(a, e)
+    """Trees of arrays: same structure, and every leaf of the same kind, shape,
+    dtype, weak type and values (nan equal to nan, -0.0 not equal to 0.0)."""
+    assert_tree_equal(actual, expected)
 
 
 def assert_statics_agree(actual: Any, expected: Any, identical: bool) -> None:
     """Trees of values that were not traced: same structure, and every leaf the same
     object when `identical`, else of the same type and equal (NumPy values stay
     NumPy, with equal dtypes and values)."""
-    actual_leaves, actual_def = jtu.tree_flatten(actual)
-    expected_leaves, expected_def = jtu.tree_flatten(expected)
-    assert actual_def == expected_def, (actual_def, expected_def)
-    for a, e in zip(actual_leaves, expected_leaves):
-        if identical:
-            assert a is e, (a, e)
-        elif _is_array(e):
-            assert type(a) is type(e), (a, e)
-            assert_same_array(a, e)
-        else:
-            _assert_equal_static(a, e)
+    assert_tree_equal(actual, expected, identical=identical)
 
 
 def _fresh(leaf: Any) -> Any:
@@ -344,24 +305,11 @@ def _draw_traced(data: st.DataObject, tree: Any) -> list[bool]:
     return data.draw(st.lists(st.booleans(), min_size=count, max_size=count))
 
 
-def _settings(share: float = 1.0) -> settings:
-    # The active profile's examples (tests/conftest.py: 25 in the default tier, 200
-    # with --full), times `share`; per test and per function. Derandomized, so that
-    # CI runs the same examples every time.
-    return settings(
-        max_examples=max(1, round(settings().max_examples * share)),
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-
-
 # ---------------------------------------------------------------------- top level
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings()
+@property_settings(compiled=True)
 @given(tree=trees)
 def test_top_level(fun: Callable[[Any], Any], tree: Any) -> None:
     decorated = filterjit.filter_jit(fun)
@@ -398,18 +346,8 @@ def test_aliased_statics_inside_jit() -> None:
 
 
 def _check_top_level(actual: Any, expected: Any, identical: bool) -> None:
-    actual_leaves, actual_def = jtu.tree_flatten(actual)
-    expected_leaves, expected_def = jtu.tree_flatten(expected)
-    assert actual_def == expected_def, (actual_def, expected_def)
-    for a, e in zip(actual_leaves, expected_leaves):
-        if _is_array(e):
-            # Traced: back as a JAX array, like jax.jit returns it.
-            assert isinstance(a, jax.Array) and not isinstance(a, Tracer), (a, e)
-            assert_same_array(a, e)
-        elif identical:
-            assert a is e, (a, e)
-        else:
-            _assert_equal_static(a, e)
+    # Arrays traced: back as JAX arrays, like jax.jit returns them.
+    assert_tree_equal(actual, expected, traced=True, identical=identical)
 
 
 # ------------------------------------------------------------------ inside jax.jit
@@ -435,7 +373,7 @@ def _run_in_jit(fun: Callable[[Any], Any], traced: Any, closed: list[Any]) -> An
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings(0.75)
+@property_settings(0.75, compiled=True)
 @given(tree=trees, data=st.data())
 def test_inside_jit(fun: Callable[[Any], Any], tree: Any, data: st.DataObject) -> None:
     traced, closed = _split(tree, _draw_traced(data, tree))
@@ -473,7 +411,7 @@ def _run_in_scan(
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings(0.75)
+@property_settings(0.75, compiled=True)
 @given(tree=trees, data=st.data())
 def test_inside_scan(fun: Callable[[Any], Any], tree: Any, data: st.DataObject) -> None:
     traced, closed = _split(tree, _draw_traced(data, tree))
@@ -527,7 +465,7 @@ def _run_in_vmap(
 
 
 @pytest.mark.parametrize("fun", FUNCTIONS)
-@_settings(0.75)
+@property_settings(0.75, compiled=True)
 @given(tree=trees, data=st.data())
 def test_inside_vmap(fun: Callable[[Any], Any], tree: Any, data: st.DataObject) -> None:
     traced, closed = _split(tree, _draw_traced(data, tree))

@@ -26,8 +26,9 @@ import jax.tree_util as jtu
 import numpy as np
 import optax
 import pytest
+from differential import needs_fast_path
 from helpers import property_settings
-from hypothesis import given, strategies as st
+from hypothesis import assume, given, strategies as st
 
 import filterjit
 from filterjit import _dispatch, _fastpath
@@ -46,9 +47,7 @@ from filterjit._trace import TOP
 
 
 # The readers are the fast path's: none is made with FILTERJIT_FASTPATH=0.
-needs_readers = pytest.mark.skipif(
-    not _fastpath.ENABLED, reason="the fast path is off (FILTERJIT_FASTPATH=0)"
-)
+needs_readers = needs_fast_path
 
 Pair = collections.namedtuple("Pair", "first second")
 
@@ -338,19 +337,21 @@ def _reader(*args: Any):
     return call_reader(treedef, tuple(map(type, leaves)))
 
 
-def _check(recorded: Any, call: Any) -> None:
+def _check(recorded: Any, call: Any) -> bool:
+    """Whether the reader made from `recorded` exists (then checked against JAX
+    on `recorded` and `call`): a structure with a part no reader reads has none."""
     leaves, treedef = jtu.default_registry.flatten(recorded)
     types = tuple(map(type, leaves))
     read = call_reader(treedef, types)
     if read is None:
-        return
+        return False
     # The recorded call itself is always accepted, with JAX's leaves.
     own = read(recorded)
     assert own is not None
     assert len(own) == len(leaves) and all(map(lambda a, b: a is b, own, leaves))
     taken = read(call)
     if taken is None:
-        return
+        return True
     jax_leaves, jax_treedef = jtu.default_registry.flatten(call)
     assert jax_treedef == treedef
     # Exactly: a Module's static fields of the recorded types too (`1` is not `1.0`).
@@ -359,6 +360,7 @@ def _check(recorded: Any, call: Any) -> None:
     assert len(taken) == len(jax_leaves)
     assert all(map(lambda a, b: a is b, taken, jax_leaves))
     _check_top(recorded, call)
+    return True
 
 
 def _declining_hooks() -> TopHooks:
@@ -422,16 +424,18 @@ def test_top_finishes_the_output_with_the_leaves_the_call_was_read_with(sequence
     assert len(inputs) == len(leaves) and all(map(operator.is_, inputs, leaves))
 
 
+@needs_readers
 @property_settings()
 @given(_calls, _calls)
 def test_accepts_only_what_jax_flattens_alike(recorded, call):
-    _check(recorded, call)
+    assume(_check(recorded, call))
 
 
+@needs_readers
 @property_settings()
 @given(st.one_of(_flat_calls, _calls), st.data())
 def test_near_misses(recorded, data):
-    _check(recorded, recorded)
+    assume(_check(recorded, recorded))
     call = recorded
     for _ in range(3):
         call = _near_miss(call, data)
@@ -441,6 +445,7 @@ def test_near_misses(recorded, data):
 _names = st.lists(st.sampled_from(["a", "b", "c", "d"]), unique=True, max_size=3)
 
 
+@needs_readers
 @property_settings()
 @given(_calls, _calls, _names, st.data())
 def test_keyword_calls_accept_only_what_jax_flattens_alike(
@@ -449,7 +454,7 @@ def test_keyword_calls_accept_only_what_jax_flattens_alike(
     # A call with keyword arguments: `Keywords(args, kwargs)`.
     kwargs = dict(zip(names, keyword))
     recorded = Keywords(positional, kwargs)
-    _check(recorded, recorded)
+    checked = _check(recorded, recorded)
     _check(recorded, Keywords(_near_miss(positional, data), kwargs))
     changed = _near_miss(tuple(kwargs.values()), data)
     _check(recorded, Keywords(positional, dict(zip(names, changed))))
@@ -458,7 +463,7 @@ def test_keyword_calls_accept_only_what_jax_flattens_alike(
     _check(recorded, positional)
     _check(recorded, (positional, kwargs))
     # And the other way round: a reader of positional calls given keywords.
-    _check(positional, recorded)
+    assume(_check(positional, recorded) or checked)
 
 
 def _same_leaves(got: list[Any] | None, expected: list[Any] | None) -> bool:
@@ -470,6 +475,7 @@ def _same_leaves(got: list[Any] | None, expected: list[Any] | None) -> bool:
 _functions_as_pytrees = st.sampled_from([None, Bare(jnp.ones(2)), Bare(1.0)])
 
 
+@needs_readers
 @property_settings()
 @given(
     st.lists(_arguments(_leaves), max_size=3),
@@ -518,6 +524,7 @@ def test_calls_read_as_made_are_read_as_bound(passed, defaults, fun, data):
     if kwargs or len(args) != len(passed):  # else never read as made
         assert (read_call is None) == (read is None)
     if read_call is None or read is None:
+        assume(False)  # a call shape with no reader: nothing to compare
         return
     assert _same_leaves(read_call(fun, args, kwargs), leaves)
     for _ in range(4):
@@ -648,7 +655,11 @@ def _all_near_misses(args: tuple[Any, ...]):
         (eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0)),),
     ],
 )
+@needs_readers
 def test_every_near_miss_of_a_fixed_call(recorded):
+    # Each has a reader but the one holding a namedtuple with its own flatten.
+    readable = not any(isinstance(arg, Swapped) for arg in recorded)
+    assert _check(recorded, recorded) == readable
     for call in _all_near_misses(recorded):
         _check(recorded, call)
 

@@ -7,15 +7,16 @@ undecorated function in the same context; each drop checks what was freed.
 `FILTERJIT_SOAK=N` runs N random examples (see `helpers.property_settings`)."""
 
 import gc
-import math
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+import differential
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from differential import assert_tree_equal, outcome
 from helpers import property_settings
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import rule, RuleBasedStateMachine
@@ -56,76 +57,16 @@ FUNCTIONS: dict[str, Callable[[], Callable[..., Any]]] = {
 }
 
 
-def _first(f, k, table):
-    return lambda x: f(x, k, table)[0]
-
-
-# Each context runs `f` and returns what can be compared, including the static
-# outputs a nested call handed to the code around it.
-def _top(f, x, k, table):
-    return f(x, k, table)
-
-
-def _grad(f, x, k, table):
-    return jax.grad(lambda x: f(x, k, table)[0].sum())(x)
-
-
-def _vmap(f, x, k, table):
-    return jax.vmap(_first(f, k, table))(jnp.stack([x, x + 1]))
-
-
-def _nested(outer: Callable[..., Any]) -> Callable[..., Any]:
-    def run(f, x, k, table):
-        statics = []
-
-        def body(x):
-            y, *rest = f(x, k, table)
-            statics.append(rest)
-            return y
-
-        return outer(body, x), statics
-
-    return run
-
-
+# The harness's contexts: at the top level, under eager transforms, and nested
+# (with the static outputs a nested call hands to the code around it).
 CONTEXTS = {
-    "top": _top,
-    "grad": _grad,
-    "vmap": _vmap,
-    "jit": _nested(lambda body, x: jax.jit(body)(x)),
-    "scan": _nested(
-        lambda body, x: jax.jit(
-            lambda x: jax.lax.scan(lambda c, _: (body(c), None), x, None, length=2)[0]
-        )(x)
-    ),
+    c.name: c
+    for c in differential.contexts("top level", "grad", "vmap", "jit", "jit(scan body)")
 }
-EAGER = ("top", "grad", "vmap")
 
 
-def _outcome(context: str, f: Any, x: Any, k: Any, table: Any) -> Any:
-    try:
-        return "ok", jax.block_until_ready(CONTEXTS[context](f, x, k, table))
-    except Exception as e:
-        return "raised", e
-
-
-def _assert_same(actual: Any, expected: Any) -> None:
-    a_leaves, a_def = jax.tree_util.tree_flatten(actual)
-    e_leaves, e_def = jax.tree_util.tree_flatten(expected)
-    assert a_def == e_def, (a_def, e_def)
-    for a, e in zip(a_leaves, e_leaves):
-        if isinstance(e, jax.Array):
-            assert isinstance(a, jax.Array), (a, e)
-            assert a.dtype == e.dtype and a.shape == e.shape, (a, e)
-            np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-6)
-        else:
-            assert type(a) is type(e), (a, e)
-            if isinstance(e, float) and e == 0.0:
-                assert math.copysign(1.0, a) == math.copysign(1.0, e), (a, e)
-            elif isinstance(e, np.ndarray | np.generic):
-                assert a.dtype == e.dtype and np.array_equal(a, e), (a, e)
-            else:
-                assert a == e, (a, e)
+def _in(context: str, f: Any, x: Any, k: Any, table: Any) -> Any:
+    return differential.run_in(CONTEXTS[context], lambda x: f(x, k, table), x)
 
 
 def _made_and_used(kind: str) -> weakref.ref:
@@ -138,8 +79,8 @@ def _made_and_used(kind: str) -> weakref.ref:
             return x * 2
 
         wrapped = filter_jit(fun)
-        for context in ("top", "grad", "jit"):
-            CONTEXTS[context](lambda x, k, t: (wrapped(x, fun),), x, 0, None)
+        for context in ("top level", "grad", "jit"):
+            _in(context, lambda x, k, t: (wrapped(x, fun),), x, 0, None)
         return weakref.ref(fun)
     if kind == "class":
 
@@ -149,8 +90,8 @@ def _made_and_used(kind: str) -> weakref.ref:
                 return (x * 3,)
 
         instance = Local()
-        for context in ("top", "grad", "jit"):
-            CONTEXTS[context](lambda x, k, t: instance.method(x), x, 0, None)
+        for context in ("top level", "grad", "jit"):
+            _in(context, lambda x, k, t: instance.method(x), x, 0, None)
         return weakref.ref(Local)
 
     class Plain:
@@ -158,8 +99,8 @@ def _made_and_used(kind: str) -> weakref.ref:
 
     obj = Plain()
     wrapped = filter_jit(lambda x, o: (x + 1,))
-    for context in ("top", "grad", "jit"):
-        CONTEXTS[context](lambda x, k, t: wrapped(x, obj), x, 0, None)
+    for context in ("top level", "grad", "jit"):
+        _in(context, lambda x, k, t: wrapped(x, obj), x, 0, None)
     return weakref.ref(obj)
 
 
@@ -181,18 +122,19 @@ class Caches(RuleBasedStateMachine):
         f, wrapped = self.callables[name], self.wrappers[name]
         # The reference: the undecorated function, given what a jit gives it. At
         # the top level and under eager transforms a NumPy array is traced.
-        table = jnp.asarray(self.table) if context in EAGER else self.table
-        expected = _outcome(context, f, x, k, table)
-        actual = _outcome(context, wrapped, x, k, self.table)
-        if expected[0] == "raised":
-            assert actual[0] == "raised", (expected, actual)
-            if context in EAGER:
-                assert isinstance(actual[1], eqx.EquinoxRuntimeError), actual
+        staged = CONTEXTS[context].staged
+        table = self.table if staged else jnp.asarray(self.table)
+        expected = outcome(lambda: _in(context, f, x, k, table))
+        actual = outcome(lambda: _in(context, wrapped, x, k, self.table))
+        if expected.error is not None:
+            assert actual.error is not None, (expected, actual)
+            if not staged:
+                assert issubclass(actual.error, eqx.EquinoxRuntimeError), actual
             else:
-                assert "too big" in str(actual[1])
+                assert "too big" in actual.message, actual
         else:
-            assert actual[0] == "ok", actual
-            _assert_same(actual[1], expected[1])
+            assert actual.error is None, actual
+            assert_tree_equal(actual.value, expected.value)
 
     @rule()
     def toggle_x64(self) -> None:
@@ -227,7 +169,7 @@ class Caches(RuleBasedStateMachine):
 
 
 def _machine_settings() -> settings:
-    base = property_settings()
+    base = property_settings(compiled=True)
     # Each step traces and compiles: a few steps each, many examples in --full.
     return settings(
         base, max_examples=max(4, base.max_examples // 3), stateful_step_count=12

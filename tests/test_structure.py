@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
+from differential import assert_agree, CONTEXTS, outcome
 from helpers import assert_tree_equal, property_settings
 from hypothesis import given, strategies as st
 from jax import lax
 from jax.core import Tracer
-from test_noop_matrix import _run as run_outcome, agree, CONTEXTS
 
 from filterjit import filter_jit
 from filterjit._binding import Keywords
@@ -414,7 +414,56 @@ def test_generated_nested_calls_match_the_undecorated_function(calls, context_in
         return g
 
     x = jnp.asarray(np.array([0.5, -1.0, 2.0], dtype=np.float32))
-    expected = run_outcome(lambda: context.apply(body(_apply), x))
-    actual = run_outcome(lambda: context.apply(body(decorated), x))
-    assert expected.error is None, expected.error
-    assert agree(expected, actual), (context.name, expected, actual)
+    expected = outcome(lambda: context.apply(body(_apply), x))
+    actual = outcome(lambda: context.apply(body(decorated), x))
+    assert expected.error is None, expected
+    assert_agree(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+def _scaled_sum(coeffs, k):
+    return jnp.asarray(sum(coeffs) * k)
+
+
+# Guards: a long sequence of statics, then other leaves, read in the right places
+# (top level, nested and ahead of time).
+@pytest.mark.parametrize("where", ["top", "nested", "aot"])
+def test_a_long_static_sequence_followed_by_other_leaves(where):
+    f = filter_jit(_scaled_sum)
+    g = filter_jit(lambda coeffs, x, k: x * sum(coeffs) * k)
+    call = {
+        "top": lambda fun, *args: fun(*args),
+        "nested": lambda fun, *args: jax.jit(lambda: fun(*args))(),
+        "aot": lambda fun, *args: fun.lower(*args).compile()(*args),
+    }[where]
+    coeffs = [0.5] * 17
+    assert float(call(f, coeffs, 1)) == 8.5
+    assert float(call(f, coeffs, 2)) == 17.0
+    # An array after the long list.
+    assert float(call(g, coeffs, jnp.float32(2), 1)) == 17.0
+    assert float(call(g, coeffs, jnp.float32(2), 3)) == 51.0
+
+
+class Reordered(collections.namedtuple("Reordered", "first second")):
+    """A NamedTuple subclass registered with children in the other order."""
+
+
+jtu.register_pytree_node(
+    Reordered,
+    lambda r: ((r.second, r.first), None),
+    lambda _, children: Reordered(children[1], children[0]),
+)
+
+
+# Guards: a namedtuple subclass flattened by its own registration, not as a tuple.
+def test_a_namedtuple_subclass_with_its_own_flatten():
+    f = filter_jit(lambda r, k: (r.first - r.second) * k)
+    for i in range(3):  # the first call and repeats of it
+        assert float(f(Reordered(jnp.float32(10 + i), jnp.float32(3)), 1)) == 7.0 + i
+        assert float(f(Reordered(jnp.float32(1), 4.0 + i), 2)) == -6.0 - 2 * i
+
+
+# Guards: dict keys that are no Python identifiers, in generated code.
+def test_dict_keys_that_are_not_identifiers():
+    f = filter_jit(lambda d: d["x²"] + d["1 a"] + d["ü"])
+    out = f({"x²": jnp.float32(1), "1 a": jnp.float32(2), "ü": jnp.float32(3)})
+    assert float(out) == 6.0

@@ -190,3 +190,33 @@ def test_signature_is_the_functions_whether_or_not_wrapped_is_followed():
         expected = inspect.signature(jax.jit(f), follow_wrapped=follow_wrapped)
         assert inspect.signature(wrapped, follow_wrapped=follow_wrapped) == expected
     assert str(inspect.signature(wrapped, follow_wrapped=False)) == "(x, n=1)"
+
+
+# Guards: a trace that raises is not counted or kept.
+def test_a_trace_that_raises_leaves_no_trace():
+    def fails_on_three(x, n):
+        if n == 3:
+            raise ValueError("three")
+        return x * n
+
+    f = filter_jit(fails_on_three)
+    f(jnp.ones(1), 1)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="three"):
+            f(jnp.ones(1), 3)
+    assert filterjit.num_traces(f) == 1
+    assert not filterjit.explain(f, jnp.ones(1), 3).cache_hit
+
+
+# Guards: explain traces nothing and stores nothing.
+def test_explain_changes_nothing():
+    counter = TraceCounter(lambda x, n: x * n)
+    f = filter_jit(counter)
+    for n in (1, 2):
+        assert not filterjit.explain(f, jnp.ones(1), n).cache_hit
+    assert counter.count == 0 and filterjit.num_traces(f) == 0
+    assert not any(f._dispatcher.partitions) and not any(f._dispatcher.entries)
+    f(jnp.ones(1), 1)
+    assert filterjit.explain(f, jnp.ones(1), 1).cache_hit
+    assert not filterjit.explain(f, jnp.ones(1), 2).cache_hit
+    assert counter.count == 1

@@ -1,4 +1,4 @@
-"""One trace per program across trace levels (issue 28, finding 6): a nested call
+"""One trace per program across trace levels: a nested call
 whose leaves of array types are all tracers is the program that a top-level call
 with those avals is, and the two share one trace, whichever comes first; and what
 the shared trace returns is what each level returns undecorated (nested) or under

@@ -571,6 +571,7 @@ class Dispatcher:
     def clear(self) -> None:
         self._latest = [_NO_CALL] * LEVELS
         self.top = self._declined
+        self._keys_aliases = False  # no entry is left that a key must tell apart
         for cache in (*self.partitions, *self.entries, self._programs):
             cache.clear()
 

@@ -96,23 +96,34 @@ class _Read(Exception):
 
 def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> Any:
     """The partition, leaves and key that the fast path reads of a call, or `None`
-    where it leaves the call to the reference path: `Dispatcher.call` itself, with
-    the partition's lookup, the reference path and the run stubbed out, so that
-    nothing is run or stored. `test_fastpath.py` checks that `call` does as this
-    says."""
+    where it leaves the call to the reference path: `Dispatcher.call` (nested,
+    `Dispatcher.nested`) itself, with the partition's lookup, the reference path
+    and the run stubbed out, so that nothing is run or stored. `test_fastpath.py`
+    checks that `call` does as this says."""
+    from filterjit._entry import pending
+    from filterjit._level import STAGED
+
     partition = dispatcher._latest[level]
     keys = []
-    entry = types.SimpleNamespace(guarded=True, captured=False)
 
-    def get(key: Any) -> Any:
-        keys.append(key)
-        return entry  # found, and run by `_run`
-
-    def run(level: int, entry: Any, tree: Any, leaves: list[Any], dynamic: Any):
+    def read(leaves: list[Any], dynamic: Any) -> None:
         expected = partition.take_dynamic(leaves)
         assert len(dynamic) == len(expected)
         assert all(a is b for a, b in zip(dynamic, expected))
         raise _Read(leaves)
+
+    def jitted(*dynamic: Any) -> None:  # nested, run with the call under way
+        assert pending.call is not None and pending.call[0] is entry
+        read(pending.call[2], dynamic)
+
+    entry = types.SimpleNamespace(guarded=True, captured=False, jitted=jitted)
+
+    def get(key: Any) -> Any:
+        keys.append(key)
+        return entry  # found, and run by `_run` (or, nested, by `nested` itself)
+
+    def run(level: int, entry: Any, tree: Any, leaves: list[Any], dynamic: Any):
+        read(leaves, dynamic)
 
     def declined(*_: Any, **__: Any) -> None:
         return None
@@ -122,9 +133,12 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
     stubs = {"_call": declined, "_run": run}
     vars(dispatcher).update(stubs)
     try:
-        dispatcher.call(level, fun, args, kwargs)
-    except _Read as read:
-        return partition, read.leaves, keys[-1]
+        if level == STAGED:
+            dispatcher.nested(fun, args, kwargs)
+        else:
+            dispatcher.call(level, fun, args, kwargs)
+    except _Read as found:
+        return partition, found.leaves, keys[-1]
     finally:
         partition.get = original_get
         for name in stubs:

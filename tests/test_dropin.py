@@ -522,7 +522,9 @@ def _f(x, n=1):
         {"no_such_option": 1},
         {"inline": 0},
     ],
-    ids=str,
+    ids=lambda kwargs: ",".join(
+        f"{k}={getattr(v, '__name__', v)}" for k, v in kwargs.items()
+    ),
 )
 def test_keywords_are_accepted_and_refused_as_jax_jit_does(jit_kwargs):
     # The decorator factory, then the factory given the function, then the call;

@@ -95,6 +95,8 @@ def run_page(path: Path) -> list[str]:
     env = {**os.environ}
     for name in ("FILTERJIT_EXPLAIN_RETRACES", "FILTERJIT_RETRACE_WARNING_THRESHOLD"):
         env.pop(name, None)
+    # The pages run against this checkout's filterjit, whatever is installed.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     result = subprocess.run(
         [sys.executable, __file__, "--run", str(path)],
         capture_output=True,

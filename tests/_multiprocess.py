@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from helpers import subprocess_env
+
 
 TESTS = Path(__file__).resolve().parent
 WORKER_DIR = TESTS / "multiprocess"
@@ -149,7 +151,7 @@ def launch(
         try:
             for i in range(num_processes):
                 process_env = {
-                    **os.environ,
+                    **subprocess_env(),
                     **(env or {}),
                     "XLA_FLAGS": (
                         f"--xla_force_host_platform_device_count={devices_per_process}"

@@ -3,12 +3,26 @@
 import os
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import differential
 import jax
 from hypothesis import HealthCheck, settings
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(*paths: Path, **variables: str) -> dict[str, str]:
+    """This process's environment, with `variables` set, for a Python subprocess
+    that imports this checkout's filterjit (whatever is installed) and then `paths`."""
+    env = {**os.environ, **variables}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *map(str, paths), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    return env
 
 
 class TraceCounter:

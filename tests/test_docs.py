@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from helpers import subprocess_env
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,11 +93,9 @@ def _normalise(text: str) -> str:
 def run_page(path: Path) -> list[str]:
     """Runs the `python` blocks of a page in a fresh process and returns what each
     printed."""
-    env = {**os.environ}
+    env = subprocess_env()
     for name in ("FILTERJIT_EXPLAIN_RETRACES", "FILTERJIT_RETRACE_WARNING_THRESHOLD"):
         env.pop(name, None)
-    # The pages run against this checkout's filterjit, whatever is installed.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     result = subprocess.run(
         [sys.executable, __file__, "--run", str(path)],
         capture_output=True,

@@ -9,7 +9,6 @@ same calls. Programs that patch Equinox run in a fresh interpreter each.
 import copy
 import inspect
 import json
-import os
 import pickle
 import re
 import subprocess
@@ -24,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_equal, TraceCounter
+from helpers import assert_tree_equal, subprocess_env, TraceCounter
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import filterjit
@@ -47,10 +46,7 @@ def _run(
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(text), encoding="utf-8")
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(source), encoding="utf-8")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), str(tmp_path), env.get("PYTHONPATH", "")]
-    )
+    env = subprocess_env(tmp_path)
     env.setdefault("JAX_PLATFORMS", "cpu")
     result = subprocess.run(
         [sys.executable, str(script), *args],

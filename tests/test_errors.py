@@ -1,6 +1,5 @@
 """Bad input gets a clear error naming the user's argument (contract point 14)."""
 
-import os
 import re
 import subprocess
 import sys
@@ -9,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import TraceCounter
+from helpers import subprocess_env, TraceCounter
 
 import filterjit
 from filterjit import filter_jit
@@ -140,7 +139,7 @@ def test_tracebacks_of_nested_calls_show_no_filterjit_frames(tmp_path):
     # included) as well, so that a user's error points at the user's code.
     script = tmp_path / "nested_error.py"
     script.write_text(_NESTED_ERROR)
-    env = {**os.environ, "JAX_TRACEBACK_FILTERING": "remove_frames"}
+    env = subprocess_env(JAX_TRACEBACK_FILTERING="remove_frames")
     result = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, env=env
     )

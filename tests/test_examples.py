@@ -5,13 +5,13 @@ test suite (strict dtype promotion) do not apply, and `-W error` makes any warni
 fail it.
 """
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import subprocess_env
 from test_docs import fenced_blocks, OUTPUT_INFO
 
 
@@ -78,7 +78,7 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
 
 
 def run(name: str, args: list[str]) -> str:
-    env = {**os.environ, "PYTHONWARNINGS": "error"}
+    env = subprocess_env(PYTHONWARNINGS="error")
     env.pop("FILTERJIT_EXPLAIN_RETRACES", None)
     result = subprocess.run(
         [sys.executable, "-W", "error", str(EXAMPLES / name), *args],

@@ -3,7 +3,6 @@ called; the errors; JAX's ahead-of-time signature on filterjit's stages."""
 
 import functools as ft
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _export_models import Affine, Pair, Scale
-from helpers import assert_tree_equal, TraceCounter
+from helpers import assert_tree_equal, subprocess_env, TraceCounter
 
 import filterjit
 from filterjit import filter_jit
@@ -219,9 +218,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], An
     for name, case in cases.items():
         (folder / f"{name}.bin").write_bytes(case.exported.serialize())
         (folder / f"{name}.json").write_text(json.dumps(case.calls))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
-    env["JAX_PLATFORMS"] = "cpu"
+    env = subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu")
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(folder)],
         capture_output=True,

@@ -30,6 +30,7 @@ from helpers import (
     property_settings,
     reference_read,
     reference_twin,
+    subprocess_env,
 )
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule, RuleBasedStateMachine
@@ -431,7 +432,7 @@ for cache in d.partitions:
         assert not any(partition.call_readers.values())
 print("reference path only")
 """
-    env = {**os.environ, "FILTERJIT_FASTPATH": "0"}
+    env = subprocess_env(FILTERJIT_FASTPATH="0")
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True
     )

@@ -30,9 +30,6 @@ import filterjit
 from filterjit import filter_jit
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
 def _run(
     tmp_path: Path,
     source: str,

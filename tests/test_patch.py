@@ -8,7 +8,6 @@ also the only way to control what was imported first.
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import subprocess_env
 
 import filterjit
-
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(tmp_path: Path, source: str, *args: str) -> Any:
@@ -29,10 +26,7 @@ def _run(tmp_path: Path, source: str, *args: str) -> Any:
     read as JSON."""
     script = tmp_path / "program.py"
     script.write_text(textwrap.dedent(source), encoding="utf-8")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), str(tmp_path), env.get("PYTHONPATH", "")]
-    )
+    env = subprocess_env(tmp_path)
     env.setdefault("JAX_PLATFORMS", "cpu")
     result = subprocess.run(
         [sys.executable, str(script), *args],

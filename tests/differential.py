@@ -341,3 +341,26 @@ def agree(
 def assert_agree(actual: Outcome, expected: Outcome, **how: Any) -> None:
     why = agree(actual, expected, **how)
     assert why is None, why
+
+
+# JAX raises these from C++ too (jax.jit refusing an unhashable static, say), where
+# no frame of JAX's is in the traceback: a program's errors all the same.
+JAX_ERRORS = (TypeError, ValueError)
+
+
+def _made(value: Any) -> Any:
+    return "a callable" if callable(value) else value
+
+
+def assert_same_outcome(
+    ours: Callable[[], Any],
+    theirs: Callable[[], Any],
+    raises: Sequence[type[BaseException]] = JAX_ERRORS,
+) -> None:
+    """`ours()` and `theirs()` return equal trees (any two callables count as
+    equal: each made a wrapper) or raise one error with one message."""
+    assert_agree(
+        outcome(lambda: _made(ours()), raises),
+        outcome(lambda: _made(theirs()), raises),
+        messages=True,
+    )

@@ -1,6 +1,10 @@
 """Shared test utilities."""
 
+import json
 import os
+import subprocess
+import sys
+import textwrap
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +27,33 @@ def subprocess_env(*paths: Path, **variables: str) -> dict[str, str]:
         [str(ROOT), *map(str, paths), *filter(None, [env.get("PYTHONPATH")])]
     )
     return env
+
+
+def run_program(
+    tmp_path: Path,
+    source: str,
+    modules: dict[str, str] | None = None,
+    args: tuple[str, ...] | list[str] = (),
+) -> Any:
+    """Runs `source` with `args` in a fresh interpreter in `tmp_path`, with filterjit
+    from this checkout and `modules` (name -> source) importable, and returns its
+    last line, as JSON."""
+    for name, text in (modules or {}).items():
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(text), encoding="utf-8")
+    script = tmp_path / "program.py"
+    script.write_text(textwrap.dedent(source), encoding="utf-8")
+    env = subprocess_env(tmp_path)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    result = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 class TraceCounter:

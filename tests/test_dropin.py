@@ -8,13 +8,7 @@ same calls. Programs that patch Equinox run in a fresh interpreter each.
 
 import copy
 import inspect
-import json
 import pickle
-import re
-import subprocess
-import sys
-import textwrap
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,57 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_equal, subprocess_env, TraceCounter
+from differential import assert_same_outcome, outcome
+from helpers import assert_tree_equal, run_program, TraceCounter
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import filterjit
 from filterjit import filter_jit
-
-
-def _run(
-    tmp_path: Path,
-    source: str,
-    modules: dict[str, str] | None = None,
-    args: tuple[str, ...] | list[str] = (),
-) -> Any:
-    """Runs `source` with `args` in a fresh interpreter in `tmp_path`, with filterjit
-    from this checkout and `modules` (name -> source) importable, and returns its
-    last line, as JSON."""
-    for name, text in (modules or {}).items():
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(text), encoding="utf-8")
-    script = tmp_path / "program.py"
-    script.write_text(textwrap.dedent(source), encoding="utf-8")
-    env = subprocess_env(tmp_path)
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    result = subprocess.run(
-        [sys.executable, str(script), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def _outcome(thunk: Callable[[], Any]) -> Any:
-    """What `thunk` did: returned (a callable, or values), or raised what."""
-    try:
-        value = thunk()
-    except Exception as e:
-        return ("raises", type(e), re.sub("0x[0-9a-f]+", "0x…", str(e)))
-    if callable(value):
-        return ("returns a callable",)
-    return ("returns", jax.tree.map(np.asarray, value))
-
-
-def _same_outcome(a: Any, b: Any) -> None:
-    assert a[0] == b[0], (a, b)
-    if a[0] == "returns":
-        assert_tree_equal(a[1], b[1])
-    else:
-        assert a[1:] == b[1:], (a, b)
 
 
 # Finding 1. Every function returns one array per array it is given, of its shape,
@@ -239,7 +188,7 @@ print(
 
 
 def test_patched_donation_deletes_what_equinox_and_jax_jit_delete(tmp_path: Path):
-    result = _run(tmp_path, _DONATION)
+    result = run_program(tmp_path, _DONATION)
     (equinox, equinox_warnings), jax_jit = result["equinox"], result["jax.jit"]
     patched, patched_warnings = result["patched"]
     assert len(equinox) == 50
@@ -303,7 +252,7 @@ def test_a_decorator_factory_made_before_the_patch_is_named(tmp_path: Path):
 
     jit_all = eqx.filter_jit(donate="all")
     """
-    result = _run(tmp_path, _FACTORIES, {"factories": factories})
+    result = run_program(tmp_path, _FACTORIES, {"factories": factories})
     left = result["left"]
     assert len(left) == 2, left
     assert any(
@@ -425,11 +374,11 @@ def test_patched_wrappers_pickle_by_reference(tmp_path: Path):
         "before.doubled",
         "after.doubled",
     )
-    result = _run(tmp_path, _PICKLES, {"before": user, "after": user})
+    result = run_program(tmp_path, _PICKLES, {"before": user, "after": user})
     assert result == {name: ["FilterJitWrapper", True] for name in names}
-    patched = _run(tmp_path, _UNPICKLES, args=["patched"])
+    patched = run_program(tmp_path, _UNPICKLES, args=["patched"])
     assert patched == {name: ["FilterJitWrapper", True] for name in names}
-    unpatched = _run(tmp_path, _UNPICKLES)
+    unpatched = run_program(tmp_path, _UNPICKLES)
     assert unpatched == {name: ["_JitWrapper", True] for name in names}
 
 
@@ -482,8 +431,10 @@ def test_jit_takes_the_inline_values_jax_jit_takes(inline):
     def equations(jaxpr: Any) -> list[Any]:
         return [(e.primitive.name, e.params.get("inline")) for e in jaxpr.eqns]
 
-    made = _outcome(lambda: filterjit.jit(inner, inline=inline))
-    _same_outcome(made, _outcome(lambda: jax.jit(inner, inline=inline)))
+    assert_same_outcome(
+        lambda: filterjit.jit(inner, inline=inline),
+        lambda: jax.jit(inner, inline=inline),
+    )
     ours = filterjit.jit(inner, inline=inline)
     x = jnp.ones(3)
     assert_tree_equal(ours(x, 2.0), jax.jit(inner, inline=inline)(x, 2.0))
@@ -530,9 +481,7 @@ def test_keywords_are_accepted_and_refused_as_jax_jit_does(jit_kwargs):
         lambda jit: jit(_f, **jit_kwargs)(jnp.float32(2), 3),
     ]
     for stage in stages:
-        _same_outcome(
-            _outcome(lambda: stage(filterjit.jit)), _outcome(lambda: stage(jax.jit))
-        )
+        assert_same_outcome(lambda: stage(filterjit.jit), lambda: stage(jax.jit))
 
 
 def test_a_misspelt_keyword_raises_at_once():
@@ -593,10 +542,12 @@ def test_the_signature_is_jax_jits():
 @pytest.mark.parametrize("keyword", ["fn", "default", "out", "args", "kwargs"])
 def test_equinoxs_removed_keywords_point_to_its_release_notes(keyword):
     removed: dict[str, Any] = {keyword: None}
-    expected = _outcome(lambda: eqx.filter_jit(_f, **removed))
-    assert expected[:2] == ("raises", ValueError)
-    assert "releases/tag/v0.10.0" in expected[2]
+    expected = outcome(lambda: eqx.filter_jit(_f, **removed))
+    assert expected.error is ValueError
+    assert "releases/tag/v0.10.0" in expected.message
     for make in (lambda: filter_jit(_f, **removed), lambda: filter_jit(**removed)):
-        outcome = _outcome(make)
-        assert outcome[:2] == ("raises", ValueError)
-        assert f"`{keyword}=`" in outcome[2] and "releases/tag/v0.10.0" in outcome[2]
+        ours = outcome(make)
+        assert ours.error is ValueError
+        assert (
+            f"`{keyword}=`" in ours.message and "releases/tag/v0.10.0" in ours.message
+        )

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from differential import assert_agree, outcome
+from differential import assert_same_outcome, JAX_ERRORS, outcome
 from helpers import assert_tree_equal, jit_equation_count, TraceCounter
 from jax import lax
 
@@ -43,20 +43,6 @@ def _pair(jit_kwargs: dict[str, Any], fun: Callable[..., Any] = _loop) -> Any:
     )
 
 
-# jax.jit raises these from C++ (an unhashable static, a bad call), with no frame
-# of JAX's in the traceback: the program's errors all the same.
-_JAX_JITS_ERRORS = (TypeError, ValueError)
-
-
-def _same_outcome(ours: Callable[[], Any], theirs: Callable[[], Any]) -> None:
-    """Both return equal trees, or both raise one error with one message."""
-    assert_agree(
-        outcome(ours, _JAX_JITS_ERRORS),
-        outcome(theirs, _JAX_JITS_ERRORS),
-        messages=True,
-    )
-
-
 @pytest.mark.parametrize(
     "jit_kwargs", [{}, {"static_argnums": 1}, {"static_argnames": "n"}]
 )
@@ -74,7 +60,7 @@ def test_top_level_calls_are_jax_jit_calls(jit_kwargs):
         lambda f: f("x", 2),  # not a JAX type
     ]
     for call in calls:
-        _same_outcome(lambda: call(ours), lambda: call(theirs))
+        assert_same_outcome(lambda: call(ours), lambda: call(theirs))
         # The same traces, in the same cache.
         assert our_count.count == their_count.count
         assert ours._cache_size() == theirs._cache_size()  # pyright: ignore
@@ -89,7 +75,7 @@ def test_eager_transforms_see_jax_jit():
         # jax.jit traces `n` under grad, and so the loop cannot be reversed.
         lambda f: jax.grad(f)(2.0, 3),
     ):
-        _same_outcome(lambda: transform(ours), lambda: transform(theirs))
+        assert_same_outcome(lambda: transform(ours), lambda: transform(theirs))
     assert outcome(lambda: jax.grad(ours)(2.0, 3)).error is not None
 
 
@@ -106,13 +92,8 @@ def test_construction_errors_are_jax_jits():
         lambda jit: jit(1),
         lambda jit: jit(staticmethod(f)),
     ):
-        theirs = outcome(lambda: make(jax.jit), _JAX_JITS_ERRORS)
-        assert theirs.error is not None
-        assert_agree(
-            outcome(lambda: make(filterjit.jit), _JAX_JITS_ERRORS),
-            theirs,
-            messages=True,
-        )
+        assert outcome(lambda: make(jax.jit), JAX_ERRORS).error is not None
+        assert_same_outcome(lambda: make(filterjit.jit), lambda: make(jax.jit))
 
 
 def test_metadata_and_ahead_of_time_are_jax_jits():

@@ -7,15 +7,12 @@ Equinox wrapper), so each test runs its program in a fresh interpreter: that is
 also the only way to control what was imported first.
 """
 
-import json
-import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import subprocess_env
+from helpers import run_program
 
 import filterjit
 
@@ -24,19 +21,7 @@ def _run(tmp_path: Path, source: str, *args: str) -> Any:
     """Runs `source` as a script in a fresh interpreter, with filterjit from this
     checkout and `tmp_path` importable, and returns what its last line printed,
     read as JSON."""
-    script = tmp_path / "program.py"
-    script.write_text(textwrap.dedent(source), encoding="utf-8")
-    env = subprocess_env(tmp_path)
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    result = subprocess.run(
-        [sys.executable, str(script), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_program(tmp_path, source, args=args)
 
 
 _LIBRARIES = """

@@ -6,6 +6,7 @@ from typing import Any
 
 from ._dispatch import Dispatcher
 from ._output import finish
+from ._trace import hiding_frames
 
 
 class Specialisation:
@@ -64,6 +65,7 @@ class Compiled:
         """The underlying `jax.stages.Compiled`."""
         self._specialisation = specialisation
 
+    @hiding_frames
     def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
         dynamic, leaves = self._specialisation.check(*args, **kwargs)
         return finish(self.compiled(*dynamic), leaves)
@@ -99,6 +101,7 @@ class Lowered:
         """The program as an MLIR module, as `jax.stages.Lowered.compiler_ir`."""
         return self.lowered.compiler_ir(dialect)
 
+    @hiding_frames
     def compile(
         self,
         compiler_options: dict[str, Any] | None = None,
@@ -140,6 +143,7 @@ class Traced:
         """The traced function's name."""
         return self._specialisation.name
 
+    @hiding_frames
     def lower(
         self,
         *,

@@ -172,6 +172,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
             return self.__qualname__
         return FilterJitWrapper, (self._fun, self._options)
 
+    @_trace.hiding_frames
     def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Lowered:
         """Lowers the function for these arguments, as `jax.jit(...).lower`.
 
@@ -186,6 +187,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
         return Lowered(called.jitted.lower(*called.dynamic), called)
 
+    @_trace.hiding_frames
     def trace(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Traced:
         """Traces the function for these arguments, as `jax.jit(...).trace`.
 
@@ -196,6 +198,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
         return Traced(called.jitted.trace(*called.dynamic), called)
 
+    @_trace.hiding_frames
     def eval_shape(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Any:
         """The output's shapes and dtypes, as `jax.eval_shape`: traced output
         leaves as `jax.ShapeDtypeStruct`s, every other leaf unchanged."""

@@ -15,6 +15,7 @@ import jax.tree_util as jtu
 
 from ._jit import _decorate, filter_jit
 from ._options import DonateOption, make_options
+from ._trace import hiding_frames
 
 
 # Equinox's wrapper keeps `donate` as (filter_warning, donate_first, donate_rest).
@@ -161,6 +162,7 @@ def _describe_factory(factory: Any, places: list[str]) -> str:
     )
 
 
+@hiding_frames
 def patch_equinox() -> EquinoxPatch:
     """Makes `equinox.filter_jit` be `filterjit.filter_jit`, for every caller from
     now on, and replaces the functions Equinox has already compiled where they can
@@ -276,6 +278,7 @@ def patch_equinox() -> EquinoxPatch:
     return EquinoxPatch(tuple(swapped.values()), tuple(places), tuple(left))
 
 
+@hiding_frames
 def unpatch_equinox() -> None:
     """Undoes [`filterjit.patch_equinox`][]: `equinox.filter_jit` is Equinox's
     again, and every attribute the patch rewrote that still holds what it put

@@ -127,6 +127,32 @@ def test_a_filterjit_error_of_its_own_is_raised_without_its_frames():
     assert not [name for name in frames if name.startswith(_PACKAGE + os.sep)], frames
 
 
+def test_ahead_of_time_stages_raise_without_filterjits_frames():
+    @filter_jit
+    def f(a, b, n=1):
+        return a @ b
+
+    bad, good = (
+        (jnp.ones((2, 3)), jnp.ones((4, 5))),
+        (jnp.ones((2, 3)), jnp.ones((3, 5))),
+    )
+    compiled = f.lower(*good).compile()
+    stages = {
+        "lower": (lambda: f.lower(*bad), TypeError),
+        "trace": (lambda: f.trace(*bad), TypeError),
+        "eval_shape": (lambda: f.eval_shape(*bad), TypeError),
+        "Compiled.__call__": (lambda: compiled(*good, n=2), ValueError),
+    }
+    for name, (stage, error) in stages.items():
+        with pytest.raises(error) as info:
+            stage()
+        files = [
+            frame.f_code.co_filename for frame, _ in _walk(info.value.__traceback__)
+        ]
+        ours = [file for file in files if file.startswith(_PACKAGE + os.sep)]
+        assert ours == [], (name, ours)
+
+
 def _walk(tb):
     while tb is not None:
         yield tb.tb_frame, tb.tb_lineno

@@ -107,6 +107,7 @@ class Dispatcher:
             and options.inline is False
             and options.in_shardings is UNSPECIFIED
             and options.out_shardings is UNSPECIFIED
+            and "compiler_options" not in dict(options.jitkwargs)
         )
         # Held only while a new entry is stored (never while the function runs),
         # so that concurrent first calls of one key share one entry. Re-entrant:

@@ -209,6 +209,9 @@ def make_entry(
     jitkwargs = dict(options.jitkwargs)
     if staged:
         jitkwargs["inline"] = _INLINE if options.inline is True else options.inline
+        # The outer program is compiled with its own options (jax.jit refuses them
+        # nested, where the undecorated function runs).
+        jitkwargs.pop("compiler_options", None)
     if boxed:  # never staged
         jitkwargs["out_shardings"] = options.out_shardings
     if options.in_shardings is not UNSPECIFIED and not staged:

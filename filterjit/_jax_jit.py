@@ -20,10 +20,9 @@ from ._options import make_options
 
 
 # The jax.jit keywords that mean the same nested. Not the others: nested, every leaf
-# not a tracer is static, nothing is donated, shardings are the outer program's.
-_NESTED_KEYWORDS = frozenset(
-    ("keep_unused", "inline", "compiler_options", "device", "backend")
-)
+# not a tracer is static, nothing is donated, shardings and compiler options are the
+# outer program's.
+_NESTED_KEYWORDS = frozenset(("keep_unused", "inline", "device", "backend"))
 # Keywords that, given as `None` or empty, mean what leaving them out means.
 _EMPTY_KEYWORDS = frozenset(
     (
@@ -33,6 +32,7 @@ _EMPTY_KEYWORDS = frozenset(
         "donate_argnames",
         "in_shardings",
         "out_shardings",
+        "compiler_options",
     )
 )
 
@@ -244,11 +244,11 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     Inside a staged trace (an outer `jax.jit`, a `lax.scan` body, ...), a call is
     `filterjit.filter_jit`'s nested call: only leaves that are tracers already are
     traced; Python values, NumPy values and concrete arrays reach `fun` unchanged,
-    so the decorator changes nothing the program computes. Donation and shardings
-    do not apply there; `keep_unused`, `inline` and `compiler_options` do. Where
-    every leaf is a tracer and `jit_kwargs` has no static arguments, donation or
-    shardings (given as `None` or empty, they are none), it is `jax.jit`'s own call,
-    sharing its traces with the top level.
+    so the decorator changes nothing the program computes. Donation, shardings and
+    compiler options do not apply there; `keep_unused` and `inline` do. Where every
+    leaf is a tracer and `jit_kwargs` has no static arguments, donation, shardings
+    or compiler options (given as `None` or empty, they are none), it is
+    `jax.jit`'s own call, sharing its traces with the top level.
 
     **Arguments:**
 

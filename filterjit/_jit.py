@@ -287,7 +287,8 @@ def filter_jit(
     - `jitkwargs`: passed on to `jax.jit` (`keep_unused`, `compiler_options`,
         `device`, `backend`), except `in_shardings`, a pytree prefix of the
         positional arguments whose entries on static leaves are ignored, and
-        `out_shardings`, a prefix of the output; both apply at the top level only.
+        `out_shardings`, a prefix of the output; both apply at the top level only,
+        as do `compiler_options`.
         `static_argnums`, `static_argnames`, `donate_argnums` and
         `donate_argnames` are rejected, with what to use instead.
 

@@ -389,6 +389,29 @@ def test_nested_calls_trace_tracers_only_and_once():
     assert equation.params["keep_unused"] and len(equation.invars) == 2
 
 
+@pytest.mark.parametrize("decorate", [filterjit.jit, filterjit.filter_jit])
+def test_nested_calls_leave_compiler_options_to_the_outer_program(decorate):
+    # jax.jit refuses compiler_options nested; undecorated, the function runs.
+    def inner(x, c):
+        return jnp.sin(x) * c
+
+    options = {"xla_embed_ir_in_executable": True}
+    f = decorate(inner, compiler_options=options)
+    x = jnp.arange(3.0)
+    with pytest.raises(ValueError, match="top-level"):
+        jax.jit(lambda y: jax.jit(inner, compiler_options=options)(y, y))(x)
+    for c in (2.0, jnp.float32(2.0), None):  # static, concrete, a tracer
+
+        def outer(y, c=c):
+            return f(y, y if c is None else c)
+
+        assert_tree_equal(
+            jax.jit(outer)(x),
+            jax.jit(lambda y, c=c: inner(y, y if c is None else c))(x),
+        )
+    assert_tree_equal(f(x, 2.0), inner(x, 2.0))  # applied at the top level
+
+
 def test_nested_calls_share_filter_jits_caches():
     counter = TraceCounter(lambda x, c: x * c)
     ours, filtered = filterjit.jit(counter), filterjit.filter_jit(counter)

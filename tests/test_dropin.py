@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from differential import assert_same_outcome, outcome
+from differential import assert_same_outcome, JAX_ERRORS, outcome
 from helpers import assert_tree_equal, run_program, TraceCounter
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -359,6 +359,7 @@ print(
 
 
 def test_patched_wrappers_pickle_by_reference(tmp_path: Path):
+    pytest.importorskip("diffrax")  # not in the `test` extra: the matrix legs lack it
     user = """
     import equinox as eqx
 
@@ -435,19 +436,26 @@ def test_jit_takes_the_inline_values_jax_jit_takes(inline):
         lambda: filterjit.jit(inner, inline=inline),
         lambda: jax.jit(inner, inline=inline),
     )
+    if outcome(lambda: jax.jit(inner, inline=inline), JAX_ERRORS).error is not None:
+        return  # this JAX refuses the value, as filterjit.jit does (checked above)
     ours = filterjit.jit(inner, inline=inline)
     x = jnp.ones(3)
     assert_tree_equal(ours(x, 2.0), jax.jit(inner, inline=inline)(x, 2.0))
     # Nested: with a static `n`, inlined as jax.jit inlines; of tracers alone, its call.
     with_static = jax.jit(lambda y: inner(y, 3.0), inline=inline)
     theirs = jax.jit(inner, inline=inline)
-    for call, reference in (
-        (lambda y: ours(y, 3.0), lambda y: with_static(y)),
-        (lambda y: ours(y, y), lambda y: theirs(y, y)),
+    for static, call, reference in (
+        (True, lambda y: ours(y, 3.0), lambda y: with_static(y)),
+        (False, lambda y: ours(y, y), lambda y: theirs(y, y)),
     ):
-        got = equations(jax.make_jaxpr(call)(x).jaxpr)
-        expected = equations(jax.make_jaxpr(reference)(x).jaxpr)
-        assert [name for name, _ in got] == [name for name, _ in expected]
+        got = [name for name, _ in equations(jax.make_jaxpr(call)(x).jaxpr)]
+        expected = [name for name, _ in equations(jax.make_jaxpr(reference)(x).jaxpr)]
+        if static and inline is True and hasattr(jax, "Inline"):
+            # Where JAX reads True as JAX_LATE, filterjit's own nested call inlines
+            # while tracing (docs/compatibility.md): no nested equation.
+            assert "jit" not in got
+        else:
+            assert got == expected
 
 
 # Finding 6.

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import subprocess_env
 
 import filterjit
 from filterjit import _fastpath, filter_jit
@@ -61,12 +62,10 @@ def _tracebacks(tmp_path, mode: str | None) -> dict[str, str]:
     JAX_TRACEBACK_FILTERING mode (`None`: JAX's default)."""
     script = tmp_path / "script.py"
     script.write_text(_TRACEBACKS)
-    env = dict(os.environ)
+    env = subprocess_env()
     env.pop("JAX_TRACEBACK_FILTERING", None)
     if mode is not None:
         env["JAX_TRACEBACK_FILTERING"] = mode
-    # The worktree's filterjit, whatever the current directory.
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(_PACKAGE), *sys.path])
     done = subprocess.run(
         [sys.executable, str(script)],
         capture_output=True,

@@ -333,9 +333,9 @@ def _hit_functions(call):
 @pytest.mark.skipif(not _trace.private_api_available, reason="the public fallback")
 def test_a_warm_hit_runs_few_of_filterjits_functions():
     """At most 4 for a plain function, 5 for a Module method and 6 nested (2, 3
-    and 5 now): at the top level the level check and `top`; nested the level check,
-    the dispatcher, the reader (which keys the call too) and `_run`; nothing that
-    calls back up the house."""
+    and 3 now): at the top level the level check and `top`; nested the level check,
+    `Dispatcher.nested` and the reader (which keys the call too); nothing that calls
+    back up the house."""
     x = jnp.ones(3)
     g = filter_jit(raises)  # `x + n`: arrays out
     plain_hit = _hit_functions(lambda: g(x, 2))

@@ -152,10 +152,10 @@ def test_install_is_the_one_in_getting_started():
 
 
 def test_ci_runs_the_matrix():
-    """CI runs the floor and newest legs after the main one, and each leg runs the
-    README's test command."""
+    """CI runs the floor, Python 3.12 and newest legs after the main one, and each
+    leg runs the README's test command."""
     commands = _ci_commands()
-    matrix_legs = ".ci/matrix --parallel floor newest"
+    matrix_legs = ".ci/matrix --parallel floor py312 newest"
     assert matrix_legs in commands
     assert commands.index(matrix_legs) > commands.index("python -m pytest --full")
     matrix = (README.parent / ".ci" / "matrix").read_text()

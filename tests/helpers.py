@@ -56,6 +56,16 @@ def run_program(
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def traceback_frames(error: BaseException) -> list[types.FrameType]:
+    """The frames of `error`'s traceback, outermost first."""
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
 class TraceCounter:
     """Wraps a function and counts how often its Python body runs."""
 

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import traceback_frames
 from jax import lax
 
 import filterjit
@@ -250,16 +251,6 @@ def test_traceback_filtering_private_api_is_available():
     assert not traceback_util.include_filename(generated)
 
 
-def _traceback_files(error: BaseException) -> list[str]:
-    """The file of each frame in `error`'s traceback, outermost first."""
-    files = []
-    tb = error.__traceback__
-    while tb is not None:
-        files.append(tb.tb_frame.f_code.co_filename)
-        tb = tb.tb_next
-    return files
-
-
 def test_traceback_fallback_leaves_the_traceback_whole(monkeypatch):
     # Simulate a JAX that moved its traceback filtering: the error is raised as it
     # was, with filterjit's frames in its traceback.
@@ -271,10 +262,10 @@ def test_traceback_fallback_leaves_the_traceback_whole(monkeypatch):
 
     with pytest.raises(TypeError, match="dot_general requires") as info:
         f(jnp.ones((2, 3)), jnp.ones((4, 5)))
-    files = _traceback_files(info.value)
+    files = [frame.f_code.co_filename for frame in traceback_frames(info.value)]
     assert any(name.startswith(_trace._package_dir + os.sep) for name in files)
     monkeypatch.undo()
     with pytest.raises(TypeError, match="dot_general requires") as info:
         f(jnp.ones((2, 3)), jnp.ones((4, 5)))
-    files = _traceback_files(info.value)
+    files = [frame.f_code.co_filename for frame in traceback_frames(info.value)]
     assert not any(name.startswith(_trace._package_dir + os.sep) for name in files)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import subprocess_env
+from helpers import subprocess_env, traceback_frames
 
 import filterjit
 from filterjit import _fastpath, filter_jit
@@ -118,11 +118,11 @@ def test_a_filterjit_error_of_its_own_is_raised_without_its_frames():
 
     with pytest.raises(TypeError, match="takes 2 positional") as info:
         f(jnp.ones(2), 1, 2)  # pyright: ignore[reportCallIssue]
-    frames = [frame.f_code.co_filename for frame, _ in _walk(info.value.__traceback__)]
+    frames = [frame.f_code.co_filename for frame in traceback_frames(info.value)]
     assert not [name for name in frames if name.startswith(_PACKAGE + os.sep)], frames
     with pytest.raises(TypeError, match="takes 2 positional") as info:
         filterjit.explain(f, jnp.ones(2), 1, 2)
-    frames = [frame.f_code.co_filename for frame, _ in _walk(info.value.__traceback__)]
+    frames = [frame.f_code.co_filename for frame in traceback_frames(info.value)]
     assert not [name for name in frames if name.startswith(_PACKAGE + os.sep)], frames
 
 
@@ -145,17 +145,9 @@ def test_ahead_of_time_stages_raise_without_filterjits_frames():
     for name, (stage, error) in stages.items():
         with pytest.raises(error) as info:
             stage()
-        files = [
-            frame.f_code.co_filename for frame, _ in _walk(info.value.__traceback__)
-        ]
+        files = [frame.f_code.co_filename for frame in traceback_frames(info.value)]
         ours = [file for file in files if file.startswith(_PACKAGE + os.sep)]
         assert ours == [], (name, ours)
-
-
-def _walk(tb):
-    while tb is not None:
-        yield tb.tb_frame, tb.tb_lineno
-        tb = tb.tb_next
 
 
 # What Python needs the value of a traced scalar for, at the top level.
@@ -421,7 +413,7 @@ def test_under_tracebackhide_filterjit_frames_are_marked_hidden():
         jax.config.update("jax_traceback_filtering", previous)
     ours = [
         frame
-        for frame, _ in _walk(info.value.__traceback__)
+        for frame in traceback_frames(info.value)
         if frame.f_code.co_filename.startswith(_PACKAGE + os.sep)
     ]
     assert ours

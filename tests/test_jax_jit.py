@@ -409,7 +409,7 @@ def test_nested_calls_leave_compiler_options_to_the_outer_program(decorate):
             jax.jit(outer)(x),
             jax.jit(lambda y, c=c: inner(y, y if c is None else c))(x),
         )
-    assert_tree_equal(f(x, 2.0), inner(x, 2.0))  # applied at the top level
+    assert_tree_equal(f(x, 2.0), inner(x, 2.0))  # the top level takes them
 
 
 def test_nested_calls_share_filter_jits_caches():

@@ -9,7 +9,6 @@ from typing import Any, overload
 
 import jax
 import jax.tree_util as jtu
-from jax.core import Tracer
 
 from . import _trace
 from ._diagnostics import Explanation, Row, row
@@ -23,19 +22,6 @@ from ._options import make_options
 # not a tracer is static, nothing is donated, shardings and compiler options are the
 # outer program's.
 _NESTED_KEYWORDS = frozenset(("keep_unused", "inline", "device", "backend"))
-# Keywords that, given as `None` or empty, mean what leaving them out means.
-_EMPTY_KEYWORDS = frozenset(
-    (
-        "static_argnums",
-        "static_argnames",
-        "donate_argnums",
-        "donate_argnames",
-        "in_shardings",
-        "out_shardings",
-        "compiler_options",
-    )
-)
-
 _NOT_GIVEN: Any = object()
 
 
@@ -70,7 +56,6 @@ class JitWrapper(Wrapper[_P, _R]):
         "_outside",
         "_function",
         "_jit_kwargs",
-        "_shares_traces",
         "_nested",
         "__dict__",
         "__weakref__",
@@ -78,7 +63,6 @@ class JitWrapper(Wrapper[_P, _R]):
     _outside: Any  # the `jax.jit` object
     _function: Callable[_P, _R]
     _jit_kwargs: dict[str, Any]
-    _shares_traces: bool  # whether a nested call of tracers alone is jax.jit's
     _nested: FilterJitWrapper[_P, _R] | None  # made on first use: most never nest
 
     # `fun: Any`: jax.jit checks it, and no runtime type checker must pre-empt it.
@@ -86,7 +70,6 @@ class JitWrapper(Wrapper[_P, _R]):
         self._outside = jax.jit(fun, **jit_kwargs)
         self._function = fun
         self._jit_kwargs = jit_kwargs
-        self._shares_traces = all(map(_same_nested, jit_kwargs.items()))
         self._nested = None
         self.__dict__.update(vars(self._outside))
 
@@ -94,16 +77,9 @@ class JitWrapper(Wrapper[_P, _R]):
         __call__ = level_switch(_trace.level_reader)
 
     def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
-        if self._is_jax_jits(args, kwargs):
-            return self._outside(*args, **kwargs)
+        # Also where every leaf is a tracer: what the function returns that is not
+        # a traced array comes back unchanged, as undecorated (not as jax.jit's).
         return self._nested_wrapper()(*args, **kwargs)
-
-    def _is_jax_jits(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        # Only tracers, no keyword that differs nested: jax.jit's call, traces shared.
-        if not self._shares_traces:
-            return False
-        leaves = jtu.tree_leaves((args, kwargs))
-        return bool(leaves) and all(isinstance(leaf, Tracer) for leaf in leaves)
 
     def _nested_wrapper(self) -> FilterJitWrapper[_P, _R]:
         # Its options are made here, at the first nested call: where jax.jit reads
@@ -156,7 +132,7 @@ class JitWrapper(Wrapper[_P, _R]):
 
     def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
         level = _trace.trace_level()
-        if level == STAGED and not self._is_jax_jits(args, kwargs):
+        if level == STAGED:
             return self._nested_wrapper()._explain(args, kwargs)
         # jax.jit's roles: an argument is static as a whole, or its leaves traced.
         signature = signature_of(self._function, follow_wrapped=True)
@@ -203,19 +179,6 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
     return (value,) if isinstance(value, int | str) else tuple(value)
 
 
-def _same_nested(keyword: tuple[str, Any]) -> bool:
-    """Whether a `jax.jit` keyword and its value mean the same in a nested call as
-    leaving it out: `inline` and the like, or static, donated or sharded nothing."""
-    name, value = keyword
-    if name in _NESTED_KEYWORDS:
-        return True
-    if name not in _EMPTY_KEYWORDS or isinstance(value, str):
-        return False
-    if value is None:
-        return True
-    return isinstance(value, tuple | list | set | frozenset) and not value
-
-
 def _inline_as_jax_reads_it(inline: Any) -> Any:
     """`inline` as `jax.jit` reads it: a member of `jax.Inline` (jax >= 0.11) as it
     is, anything else by its truth, as jax.jit tests it."""
@@ -244,11 +207,10 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     Inside a staged trace (an outer `jax.jit`, a `lax.scan` body, ...), a call is
     `filterjit.filter_jit`'s nested call: only leaves that are tracers already are
     traced; Python values, NumPy values and concrete arrays reach `fun` unchanged,
-    so the decorator changes nothing the program computes. Donation, shardings and
-    compiler options do not apply there; `keep_unused` and `inline` do. Where every
-    leaf is a tracer and `jit_kwargs` has no static arguments, donation, shardings
-    or compiler options (given as `None` or empty, they are none), it is
-    `jax.jit`'s own call, sharing its traces with the top level.
+    so the decorator changes nothing the program computes, also where every leaf is a
+    tracer: a Python value, a string or a dict the function returns comes back as
+    it was returned. Donation, shardings and compiler options do not apply there;
+    `keep_unused` and `inline` do.
 
     **Arguments:**
 

@@ -223,18 +223,24 @@ def test_pickling_and_weak_references():
     assert weakref.ref(decorated)() is decorated
 
 
-def test_a_nested_call_of_tracers_alone_is_jax_jits():
-    # Finding 4 (JAX's test_inner_jit_function_retracing, jax-ml/jax#7155).
+def test_a_nested_call_of_tracers_alone_shares_one_trace():
+    # Finding 4 (JAX's test_inner_jit_function_retracing, jax-ml/jax#7155): nested
+    # calls share one trace. The top-level call is jax.jit's own, with its own
+    # trace (nested, filterjit.jit is filter_jit's no-op, whatever the leaves).
     (ours, our_count), (theirs, their_count) = _pair({}, lambda x: 2 * x)
     x = jnp.arange(5.0)
     for jit, counter in ((ours, our_count), (theirs, their_count)):
         jax.jit(lambda y: jit(jit(y)) * 2)(x)
-        jit(x)
         assert counter.count == 1
+    ours(x)
+    assert our_count.count == 2
     # The same jaxpr, one `jit` equation per call.
-    assert str(jax.make_jaxpr(lambda y: ours(y) + ours(y))(x)) == str(
-        jax.make_jaxpr(lambda y: theirs(y) + theirs(y))(x)
-    )
+    double = lambda y: 2 * y  # noqa: E731 - jax.jit names a callable object apart
+    jaxprs = [
+        str(jax.make_jaxpr(lambda y, jit=jit: jit(y) + jit(y))(x))
+        for jit in (filterjit.jit(double), jax.jit(double))
+    ]
+    assert jaxprs[0] == jaxprs[1]
     # A concrete leaf keeps it the nested no-op, and so do keywords that mean
     # something else nested.
     concrete = TraceCounter(lambda y, c: y * c)
@@ -541,3 +547,27 @@ def test_the_parity_harness_swaps_every_spelling(tmp_path):
     # jax.eval_shape's own jit, from JAX's module: left to JAX. filterjit's own
     # calls: one per wrapper, and the decorator factory's check of its keywords.
     assert "(jax._src.api 1); made by filterjit itself: 13" in swapped[0], swapped
+
+
+def test_a_nested_call_of_tracers_alone_returns_what_the_function_returns():
+    # Core v6, finding 12: undecorated, a Python value, a string and a dict in its
+    # insertion order come back as they were returned (jax.jit: a weak int32
+    # tracer, a TypeError, sorted keys).
+    settings = {"b": 1, "a": 2}
+
+    def f(x: jax.Array) -> Any:
+        return x * 2, 7, "s", settings
+
+    for decorate in (filterjit.jit, lambda g: filterjit.jit(g, keep_unused=True)):
+        wrapped = decorate(f)
+        seen = []
+
+        def outer(x: jax.Array, wrapped: Any = wrapped, seen: list = seen) -> Any:
+            out = wrapped(x)
+            seen.append(out[1:])
+            return out[0]
+
+        assert_tree_equal(jax.jit(outer)(jnp.float32(1)), jnp.float32(2))
+        ((seven, text, returned),) = seen
+        assert type(seven) is int and seven == 7 and text == "s"
+        assert returned == settings and list(returned) == ["b", "a"]

@@ -302,7 +302,9 @@ class Dispatcher:
             partition = cache.get((treedef, types))
             if partition is not None and partition.exact is not None:
                 if not partition.exactly(treedef):
-                    partition = cache.get((treedef, types, exact_aux(treedef)))
+                    partition = cache.get(
+                        (treedef, types, exact_aux(treedef, level == STAGED))
+                    )
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, None, e) from e
         if partition is None:

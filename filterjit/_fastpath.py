@@ -268,7 +268,9 @@ class _Writer:
         self.namespace: dict[str, Any] = {
             "_count_of": operator.countOf,
             "_dict_of": object.__getattribute__,  # not a Module's own
-            "_exact_key": exact_key,
+            # Staged keys (identity where `==` cannot be seen through): a static
+            # field equal but not the object recorded takes the reference path.
+            "_exact_key": lambda value: exact_key(value, True),
             "_is": operator.is_,
         }
         self.names = itertools.count()
@@ -465,7 +467,7 @@ class _Writer:
                 statics = self.items(fields, static)
                 same = f"all(map(_is, {statics}, {recorded}))"
             differs = f"{statics} != {recorded}"
-            exact = exact_key(data[1:])
+            exact = exact_key(data[1:], True)
             if exact is not None:
                 differs += f" or _exact_key({statics}) != {self.constant(exact)}"
             self.check(f"not ({same}) and ({differs})")

@@ -1,7 +1,6 @@
 """Which leaves of a call are traced, and the cache key made from the others."""
 
 import operator
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,7 +9,7 @@ import numpy as np
 
 from . import _exact
 from ._binding import LeafParameter
-from ._leaves import ARRAY_TYPES, traced_types, weakly_keyed
+from ._leaves import ARRAY_TYPES, traced_types
 from ._level import Level, STAGED
 from ._structure import dict_orders, has_sorted_dicts
 from ._trace import aux_data
@@ -35,13 +34,7 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
         return _exact.generic_key
     if staged and issubclass(kind, jax.Array):
         return id  # immutable and held by the entry: its id is not reused while keyed
-    if issubclass(kind, float):
-        return _exact.float_key
-    if issubclass(kind, complex):
-        return _exact.complex_key
-    if issubclass(kind, frozenset):  # optimistix's `tags`: {1} and {1.0} differ
-        return lambda x: (x, _exact.set_key(x))
-    return weakref.ref if weakly_keyed(kind) else None
+    return _exact.static_key_function(kind, staged)
 
 
 def static_key(leaf: Any) -> Any:
@@ -82,6 +75,7 @@ class Partition:
         "leaf_parameters",
         "call_readers",
         "exact",
+        "staged",
         "_aux",
         "orders",
         "shares_top",
@@ -111,11 +105,12 @@ class Partition:
         )
         # The static leaves that caches hold only weakly (see `weakly_keyed`).
         self.weak_positions = tuple(
-            static[i] for i, rekey in rekeys if rekey is weakref.ref
+            static[i] for i, rekey in rekeys if rekey is _exact.WeakIdentity
         )
         # What `==` does not see of the auxiliary data (see `_exact`).
         aux = aux_data(treedef)
-        self.exact = _exact.exact_key(aux)
+        self.staged = staged
+        self.exact = _exact.exact_key(aux, staged)
         self._aux = aux if self.exact is not None else None
         # Nested, `orders(tree)`: the order of the call's dicts, also keyed.
         self.orders = dict_orders if staged and has_sorted_dicts(treedef) else None
@@ -146,7 +141,7 @@ class Partition:
         """Whether `treedef`, equal to this partition's by `==`, is exactly equal
         (for a partition whose `exact` is not `None`)."""
         assert self._aux is not None
-        return _exact.same_exact(treedef, self._aux, self.exact)
+        return _exact.same_exact(treedef, self._aux, self.exact, self.staged)
 
     def statics(self, leaves: list[Any]) -> Sequence[Any]:
         """The keys of the static leaves."""

@@ -4,11 +4,12 @@ trace that one level made serving the other. Each test runs on both paths (the
 fast path, and the reference path alone) and, where it applies, at the top level
 and nested; the reference is the undecorated function."""
 
+import dataclasses
 import functools as ft
 import gc
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -334,3 +335,99 @@ def test_calls_bind_the_defaults_as_they_are_now(level):
 def test_each_path_has_dispatchers_of_its_own(path):
     g = filter_jit(_scale)
     assert g._dispatcher._fast is (path == "fast")
+
+
+# Core v6, finding 1: values equal by `==` that trace differently.
+@dataclasses.dataclass(frozen=True)
+class _Loss:
+    weight: Any
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x * _weight(self)
+
+    @filter_jit
+    def method(self, x: jax.Array) -> jax.Array:
+        return x / _weight(self)
+
+
+def _weight(loss: _Loss) -> Any:
+    # Inside a tuple or a namedtuple, or a dataclass in the dataclass.
+    weight = loss.weight
+    if isinstance(weight, _Loss):
+        weight = weight.weight
+    return weight[0] if isinstance(weight, tuple) else weight
+
+
+class _Liar:
+    """Equal to every other, and hashed alike; computes with its own value."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Liar)
+
+    def __hash__(self) -> int:
+        return 0
+
+
+class _Pair(NamedTuple):
+    first: Any
+    second: Any
+
+
+# Pairs equal by `==` (and hash) that a trace tells apart: a frozen dataclass
+# holding another number type, or -0.0, or a namedtuple of another type, in tuples.
+_CONFUSABLE = [
+    (np.float32(2), 2.0),
+    (2.0, np.float32(2)),
+    (1, 1.0),
+    (True, 1),
+    (0.0, -0.0),
+    ((np.float32(2),), (2.0,)),
+    ((-0.0,), (0.0,)),
+    (_Loss(np.float32(2)), _Loss(2.0)),
+    (_Pair(2.0, 1), _Pair(np.float32(2), 1)),
+]
+
+
+def _as_callable(weight: Any) -> Callable[[jax.Array], jax.Array]:
+    return filter_jit(_Loss(weight))
+
+
+def _as_static(weight: Any) -> Callable[[jax.Array], jax.Array]:
+    return lambda x: filter_jit(lambda y, loss: loss(y))(x, _Loss(weight))
+
+
+def _as_receiver(weight: Any) -> Callable[[jax.Array], jax.Array]:
+    return _Loss(weight).method
+
+
+def _undecorated(weight: Any, how: Callable[..., Any]) -> Callable[..., Any]:
+    if how is _as_receiver:
+        return lambda x: x / _weight(_Loss(weight))
+    return _Loss(weight)
+
+
+@LEVELS
+@pytest.mark.parametrize("how", [_as_callable, _as_static, _as_receiver])
+@pytest.mark.parametrize("pair", _CONFUSABLE, ids=repr)
+def test_values_equal_by_eq_that_trace_differently_share_no_trace(level, how, pair):
+    x = jnp.ones(2, jnp.float16)
+    with jax.numpy_dtype_promotion("standard"):
+        for weight in (*pair, *pair):
+            expected = level(_undecorated(weight, how))(x)
+            assert_tree_equal(level(how(weight))(x), expected)
+
+
+def test_a_lying_eq_is_keyed_by_identity_nested():
+    # Nested, a type whose `__eq__` cannot be seen through shares no trace with
+    # another object (the undecorated program traces each); at the top level it
+    # is keyed as jax.jit keys a static argument, by `==` and `hash`.
+    x = jnp.ones(2)
+    g = filter_jit(lambda y, liar: y * liar.value)
+    for value in (2.0, 3.0, 2.0):
+        assert_tree_equal(jax.jit(lambda y: g(y, _Liar(value)))(x), x * value)
+    theirs = jax.jit(lambda y, liar: y * liar.value, static_argnums=1)
+    for value in (2.0, 3.0):
+        assert_tree_equal(g(x, _Liar(value)), theirs(x, _Liar(value)))

@@ -21,10 +21,16 @@ from ._binding import (
 from ._leaves import is_array
 
 
+def _is_partial(fun: Any) -> bool:
+    """Whether a call of `fun` is its partial's call (`jtu.Partial` included; not a
+    subclass with a `__call__` of its own, an opaque callable)."""
+    return isinstance(fun, ft.partial) and type(fun).__call__ is ft.partial.__call__
+
+
 def _inside(fun: Any) -> tuple[Any, str] | None:
     """What a partial (`jtu.Partial` included) or a method (bound, an `eqx.Module`'s,
     any method-like object) calls, and the attribute that holds it; else `None`."""
-    if isinstance(fun, ft.partial):
+    if _is_partial(fun):
         return fun.func, ".func"
     func = getattr(fun, "__func__", None)
     return None if func is None else (func, ".__func__")
@@ -64,7 +70,7 @@ def python_function(fun: Any) -> tuple[types.FunctionType, str] | None:
 
 
 def name_of(fun: Any) -> str:
-    while isinstance(fun, ft.partial):
+    while _is_partial(fun):
         fun = fun.func
     return getattr(fun, "__qualname__", None) or type(fun).__qualname__
 
@@ -96,7 +102,7 @@ def call_signature(fun: Any) -> inspect.Signature | None:
 def _bound_by(fun: Any, signature: inspect.Signature | None) -> Any:
     """`signature`, what the partial `fun` binds by keyword made `BOUND` (so that
     no signature keeps a partial's values alive)."""
-    if signature is None or not isinstance(fun, ft.partial) or not fun.keywords:
+    if signature is None or not _is_partial(fun) or not fun.keywords:
         return signature
     parameters = [
         p.replace(default=BOUND) if p.name in fun.keywords else p
@@ -129,6 +135,48 @@ def in_call_tree(fun: Any) -> bool:
     return not leaf or type(fun).__eq__ is not object.__eq__
 
 
+class Bound(jtu.Partial):
+    """A `functools.partial` of a callable that is a pytree node (an `eqx.Module`,
+    its bound method), as `filter_jit` holds it: the callable a child, partitioned
+    like an argument, never auxiliary data (compared by `==`)."""
+
+
+_FUNC, _ARGS, _KEYWORDS = map(jtu.GetAttrKey, ("func", "args", "keywords"))
+jtu.register_pytree_with_keys(
+    Bound,
+    lambda p: (((_FUNC, p.func), (_ARGS, p.args), (_KEYWORDS, p.keywords)), None),
+    lambda _, children: Bound(children[0], *children[1], **children[2]),
+    flatten_func=lambda p: ((p.func, p.args, p.keywords), None),
+)
+
+
+def as_held(fun: Any) -> Any:
+    """The callable `filter_jit` holds for `fun`, whose pytree each call partitions:
+    a `functools.partial` as a `jtu.Partial` (its arguments children), of the
+    callable itself where that is a pytree node (`Bound`), of a bound method's
+    function with its receiver first; a bound method (an `eqx.Module`'s too) as a
+    `Method`; any other callable (a partial subclass with a `__call__` of its own)
+    as it is."""
+    if type(fun) is ft.partial:
+        func, args = fun.func, fun.args
+        if isinstance(func, types.MethodType):
+            func, args = func.__func__, (func.__self__, *args)
+        node = not jtu.treedef_is_leaf(jtu.tree_structure(func))
+        return (Bound if node else jtu.Partial)(func, *args, **fun.keywords)
+    if isinstance(fun, types.MethodType) or _is_module_method(fun):
+        return Method(fun.__func__, fun.__self__)
+    return fun
+
+
+def _is_module_method(fun: Any) -> bool:
+    # `module.method`: a Module holding the function and the instance.
+    return (
+        isinstance(fun, eqx.Module)
+        and isinstance(getattr(fun, "__func__", None), types.FunctionType)
+        and isinstance(getattr(fun, "__self__", None), eqx.Module)
+    )
+
+
 class Method(jtu.Partial):
     """A bound method as `filter_jit` holds it: a `jtu.Partial` of the function and
     its `self`, which (unlike what a partial binds) is its first argument."""
@@ -153,7 +201,7 @@ def receiver_of(fun: Any) -> str | None:
     leaves are its receiver's (a bound method, a callable Module), else `None`."""
     if type(fun) is Method:
         return first_parameter(fun.func) or "self"
-    if isinstance(fun, ft.partial) or not in_call_tree(fun) or not jtu.tree_leaves(fun):
+    if _is_partial(fun) or not in_call_tree(fun) or not jtu.tree_leaves(fun):
         return None
     func = getattr(fun, "__func__", None) or getattr(type(fun), "__call__", None)
     return first_parameter(func) or "self"

@@ -10,14 +10,13 @@ import typing
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
-import equinox as eqx
 import jax.tree_util as jtu
 
 from . import _trace
 from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
-from ._function import Method, name_of, unwrapped
+from ._function import as_held, name_of, unwrapped
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
 from ._owners import dispatcher_for
@@ -28,15 +27,6 @@ _Q = ParamSpec("_Q")
 _R = TypeVar("_R")
 _S = TypeVar("_S")
 _W = TypeVar("_W", bound="Wrapper[Any, Any]")
-
-
-def _is_module_method(fun: Any) -> bool:
-    # `module.method`: a Module holding the function and the instance.
-    return (
-        isinstance(fun, eqx.Module)
-        and isinstance(getattr(fun, "__func__", None), types.FunctionType)
-        and isinstance(getattr(fun, "__self__", None), eqx.Module)
-    )
 
 
 def _copy_metadata(wrapper: Any, fun: Any) -> None:
@@ -131,18 +121,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
     __globals__: dict[str, Any]
 
     def __init__(self, fun: Callable[_P, _R], options: Options):
-        if isinstance(fun, ft.partial) and not isinstance(fun, jtu.Partial):
-            # A jtu.Partial is a pytree, whose arrays are traced; a bound method in
-            # it is unbound, so that its function owns the caches.
-            func, args = fun.func, fun.args
-            if isinstance(func, types.MethodType):
-                func, args = func.__func__, (func.__self__, *args)
-            fun = jtu.Partial(func, *args, **fun.keywords)
-        elif isinstance(fun, types.MethodType) or _is_module_method(fun):
-            # Likewise a bound method (an `eqx.Module`'s too): its `self` is
-            # partitioned, and is its first argument (donation).
-            method: Any = fun
-            fun = Method(method.__func__, method.__self__)
+        fun = as_held(fun)
         self._fun = fun
         self._options = options
         self._dispatcher = dispatcher_for(fun, options)

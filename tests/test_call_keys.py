@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
@@ -431,3 +432,45 @@ def test_a_lying_eq_is_keyed_by_identity_nested():
     theirs = jax.jit(lambda y, liar: y * liar.value, static_argnums=1)
     for value in (2.0, 3.0):
         assert_tree_equal(g(x, _Liar(value)), theirs(x, _Liar(value)))
+
+
+class _Model(eqx.Module):
+    w: jax.Array
+
+    def __call__(self, x: jax.Array, inference: bool = False) -> jax.Array:
+        return jnp.sum(self.w * x) * (2.0 if inference else 1.0)
+
+
+def test_a_partial_of_a_module_is_differentiated_through_its_arrays():
+    # Core v6, finding 2: the partial was rebuilt with the Module as auxiliary data,
+    # compared with Equinox's `__eq__`: under eager grad, tracers of equal value
+    # compared equal and a concrete trace was reused (a zero gradient).
+    x = jnp.arange(3.0)
+    model = _Model(jnp.ones(3))
+
+    def loss(m: _Model, decorate: Callable[..., Any]) -> jax.Array:
+        return decorate(ft.partial(m, inference=True))(x)
+
+    expected = jax.grad(loss)(model, lambda f: f)
+    loss(model, filter_jit)
+    assert_tree_equal(jax.grad(loss)(model, filter_jit), expected)
+    assert_tree_equal(
+        jax.jit(jax.grad(loss), static_argnums=1)(model, filter_jit), expected
+    )
+    # Nested, with another model of the same structure: no equality of arrays asked.
+    other = eqx.tree_at(lambda m: m.w, model, jnp.zeros(3))
+    for m in (model, other, model):
+        assert_tree_equal(jax.jit(lambda: loss(m, filter_jit))(), loss(m, lambda f: f))
+
+
+class _Scaled(ft.partial):
+    def __call__(self, /, *args: Any, **kwargs: Any) -> Any:
+        return 10 * super().__call__(*args, **kwargs)
+
+
+@LEVELS
+def test_a_partial_subclass_keeps_its_own_call(level):
+    # Core v6, finding 3: it was rebuilt as a `jtu.Partial`, its `__call__` lost.
+    x = jnp.ones(2)
+    assert_tree_equal(level(filter_jit(_Scaled(_scale, k=2.0)))(x), x * 20.0)
+    assert_tree_equal(level(filter_jit(_Scaled(_scale, k=3.0)))(x), x * 30.0)

@@ -1,6 +1,7 @@
 """Binding a call's arguments to the function's parameters, defaults filled in."""
 
 import inspect
+import operator
 from typing import Any, NamedTuple
 
 import jax.tree_util as jtu
@@ -39,11 +40,28 @@ FUNCTION = "<function>"
 class DefaultsGuard(NamedTuple):
     """What a reader of calls that take defaults checks on every call: that the
     function reached from the callable `f` by the expression `path` still has the
-    `defaults` and `kwdefaults` objects read (they may be reassigned)."""
+    `defaults` and `kwdefaults` objects read (they may be reassigned), and that
+    `kwdefaults`, a dict, still holds the very values `kwdefault_values` (it may be
+    changed in place)."""
 
     path: str
     defaults: Any
     kwdefaults: Any
+    kwdefault_values: tuple[Any, ...] = ()
+
+
+def kwdefault_values(kwdefaults: dict[str, Any] | None) -> tuple[Any, ...]:
+    """The values of a function's `__kwdefaults__`, in order, to tell a change."""
+    return () if kwdefaults is None else tuple(kwdefaults.values())
+
+
+def same_kwdefaults(kwdefaults: dict[str, Any] | None, read: tuple[Any, ...]) -> bool:
+    """Whether `kwdefaults` holds the very values `read` (see `kwdefault_values`)."""
+    if kwdefaults is None:
+        return not read
+    return len(kwdefaults) == len(read) and all(
+        map(operator.is_, kwdefaults.values(), read)
+    )
 
 
 class _Bound:

@@ -43,7 +43,15 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 
-from ._binding import Args, DefaultsGuard, Keywords, Kwargs, Source, Sources
+from ._binding import (
+    Args,
+    DefaultsGuard,
+    Keywords,
+    Kwargs,
+    same_kwdefaults,
+    Source,
+    Sources,
+)
 from ._exact import exact_key, float_key
 from ._leaves import is_leaf_type
 from ._level import Level, TOP
@@ -136,11 +144,16 @@ def bound_call_reader(
         return None
     writer = _Writer()
     if defaults is not None and takes_defaults(sources):
-        path, read, read_kw = defaults
+        path, read, read_kw, read_kw_values = defaults
         writer.check(
             f"{path}.__defaults__ is not {writer.constant(read)} or "
             f"{path}.__kwdefaults__ is not {writer.constant(read_kw)}"
         )
+        if read_kw is not None:  # a dict, which may be changed in place
+            writer.check(
+                f"not {writer.constant(same_kwdefaults)}({path}.__kwdefaults__, "
+                f"{writer.constant(read_kw_values)})"
+            )
     leaves = writer.call(treedef, types, fun_is_leaf, sources)
     return writer.compile("read_call", "f, a, k", leaves, keyed, key_suffix)
 

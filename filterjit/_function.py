@@ -15,8 +15,10 @@ from ._binding import (
     DefaultsGuard,
     FUNCTION,
     Keywords,
+    kwdefault_values,
     LeafParameter,
     positional_names,
+    same_kwdefaults,
 )
 from ._leaves import is_array
 
@@ -218,6 +220,8 @@ class Function:
         # The defaults the signature holds, as they were when it was read.
         self.defaults_source = defaults_source(fun)
         self.defaults = self._read_defaults()
+        # `__kwdefaults__` is a dict: what it held when read.
+        self.kwdefault_values = kwdefault_values(self.defaults[1])
         parameters = () if signature is None else signature.parameters.values()
         self._bound_positional = positional_names(parameters)
         # Calls of this many positional args and no keywords bind as given (-1: none).
@@ -251,12 +255,18 @@ class Function:
         """What a reader of calls taking defaults checks (`None`: nothing can)."""
         if self.defaults_source is None:
             return None
-        return DefaultsGuard(self.defaults_source.path, *self.defaults)
+        return DefaultsGuard(
+            self.defaults_source.path, *self.defaults, self.kwdefault_values
+        )
 
     def defaults_changed(self) -> bool:
         """Whether the function's defaults were reassigned since it was read."""
         now = self._read_defaults()
-        return now[0] is not self.defaults[0] or now[1] is not self.defaults[1]
+        return (
+            now[0] is not self.defaults[0]
+            or now[1] is not self.defaults[1]
+            or not same_kwdefaults(now[1], self.kwdefault_values)
+        )
 
     def defaulted(self, shape: tuple[Any, ...]) -> tuple[str, ...]:
         """The parameters that calls of `shape` (the number of positional arguments,

@@ -474,3 +474,17 @@ def test_a_partial_subclass_keeps_its_own_call(level):
     x = jnp.ones(2)
     assert_tree_equal(level(filter_jit(_Scaled(_scale, k=2.0)))(x), x * 20.0)
     assert_tree_equal(level(filter_jit(_Scaled(_scale, k=3.0)))(x), x * 30.0)
+
+
+@LEVELS
+def test_defaults_changed_in_place_are_seen(level):
+    # Core v6, finding 6: `__kwdefaults__` is a dict, changed in place.
+    def f(x, *, n=3.0):
+        return x * n
+
+    wrapped = filter_jit(f)
+    x = jnp.ones(2)
+    for n in (5.0, 5, 3.0):
+        assert_tree_equal(level(wrapped)(x), level(f)(x))
+        f.__kwdefaults__["n"] = n
+        assert_tree_equal(level(wrapped)(x), level(f)(x))

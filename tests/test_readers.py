@@ -578,7 +578,8 @@ def test_a_reader_of_calls_taking_defaults_checks_they_are_those_read():
     leaves, treedef = jtu.default_registry.flatten(Keywords(bound, bound_kwargs))
     sources = binder.sources((1,))
     assert sources is not None and takes_defaults(sources)
-    guard = DefaultsGuard("f", f.__defaults__, f.__kwdefaults__)
+    kwdefaults = f.__kwdefaults__
+    guard = DefaultsGuard("f", f.__defaults__, kwdefaults, (*kwdefaults.values(),))
     read = bound_call_reader(
         treedef, tuple(map(type, leaves)), True, sources, None, None, guard
     )
@@ -588,6 +589,10 @@ def test_a_reader_of_calls_taking_defaults_checks_they_are_those_read():
     assert read(f, args, {}) is None
     f.__kwdefaults__ = guard.kwdefaults
     f.__defaults__ = tuple([2.0])  # equal, another object
+    assert read(f, args, {}) is None
+    f.__defaults__ = guard.defaults
+    assert read(f, args, {}) is not None
+    kwdefaults["m"] = 4.0  # changed in place (core v6, finding 6)
     assert read(f, args, {}) is None
 
 

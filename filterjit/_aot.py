@@ -19,6 +19,17 @@ class Specialisation:
         entry, self.partition, self.dynamic, self.leaves = self._abstract(args, kwargs)
         self.jitted: Any = entry.jitted  # a `jax.jit` object
         self.statics = list(self.partition.statics(self.leaves))
+        # Where donation applies, the parameters holding arrays this call left to
+        # defaults (never donated): a call that leaves others would donate them.
+        self._donates = dispatcher.options.donate != "none"
+        self._defaulted = self._left_to_defaults(args, kwargs)
+
+    def _left_to_defaults(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str, ...]:
+        if not self._donates:
+            return ()
+        return self._function.defaulted((len(args), *kwargs))
 
     def check(self, /, *args: Any, **kwargs: Any) -> tuple[Sequence[Any], list[Any]]:
         """A call's traced leaves and leaves; raises if it differs in anything but its
@@ -30,6 +41,15 @@ class Specialisation:
                 f"{name}: called with arguments whose structure differs from the one "
                 f"it was lowered with.\n  lowered with: {lowered.treedef}\n  called "
                 f"with:  {partition.treedef}\nLower again for the new structure."
+            )
+        defaulted = self._left_to_defaults(args, kwargs)
+        if defaulted != self._defaulted:
+            raise TypeError(
+                f"{name}: compiled to donate the arguments passed when lowered, and "
+                f"this call leaves other array parameters to their defaults ("
+                f"{', '.join(defaulted) or 'none'}, where the lowered call left "
+                f"{', '.join(self._defaulted) or 'none'}), which would be donated. "
+                "Pass the same arguments as when lowering, or lower again."
             )
         labels = [p.label for p in function.leaf_parameters(partition.treedef)]
         traced = set(lowered.dynamic_positions)

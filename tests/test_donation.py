@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import pytest
+from helpers import assert_tree_equal
 
 from filterjit import filter_jit
 
@@ -234,3 +235,21 @@ def test_with_donation_a_scalar_default_given_or_not_is_one_key():
     g(jnp.ones(3), n=3)
     g(jnp.ones(3), 3)
     assert traces == [3]
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+def test_a_compiled_call_never_donates_a_default():
+    # Core v6, finding 7: lowered with `w` passed, the compiled call left `w` to its
+    # default array, and donated (deleted) it; jax.jit's compiled object refuses.
+    w0 = jnp.ones(3)
+
+    def f(x, w=w0):
+        return x + w
+
+    g = filter_jit(f, donate="all")
+    compiled = g.lower(jnp.ones(3), jnp.ones(3)).compile()
+    with pytest.raises(TypeError, match="defaults \\(w"):
+        compiled(jnp.ones(3))
+    assert not w0.is_deleted()
+    assert_tree_equal(g(jnp.ones(3)), jnp.full(3, 2.0))
+    assert_tree_equal(compiled(jnp.ones(3), jnp.ones(3)), jnp.full(3, 2.0))

@@ -204,6 +204,7 @@ class Dispatcher:
         made = entry is None
         if entry is None:
             entry = self._make(level, fun, partition, leaves, called, cache, key)
+        keyed_aliases = self._keys_aliases
         try:
             out = self._run(level, entry, tree, leaves, dynamic)
         except BaseException as error:
@@ -220,6 +221,12 @@ class Dispatcher:
             if isinstance(error, TypeError):  # a leaf JAX cannot trace, named
                 self._check_traceable(partition, leaves)
             raise
+        if self._keys_aliases and not keyed_aliases:
+            # Its trace made keys say which static leaves are one object: the entry
+            # serves calls whose leaves are one object as this call's were.
+            shared = cache is not self.entries[level]
+            aliased = self._key(partition, tree, leaves, shared, called, True)
+            cache.put(aliased, entry, partition.captured_bytes(leaves))
         return out
 
     def _specialise(self, partition: Partition, spec: OutputSpec) -> None:
@@ -265,14 +272,7 @@ class Dispatcher:
         shared = partition.shares_top and (
             partition.orders is None or _in_jax_order(partition.orders(tree))
         )
-        key = partition.reference_key(leaves)
-        if partition.orders is not None and not shared:
-            key = (key, partition.orders(tree))
-        if self._keys_aliases:
-            ids = [id(leaves[position]) for position in partition.static_positions]
-            key = (key, tuple(map(ids.index, ids)))
-        if called is not None:
-            key = (key, self._defaulted(called))
+        key = self._key(partition, tree, leaves, shared, called, self._keys_aliases)
         cache = self.entries[TOP if shared else level]
         try:
             entry = cache.get(key)
@@ -281,6 +281,27 @@ class Dispatcher:
         if entry is not None and entry.captured and not entry.valid():
             entry = None
         return partition, cache, key, entry
+
+    def _key(
+        self,
+        partition: Partition,
+        tree: Any,
+        leaves: list[Any],
+        shared: bool,
+        called: Shape | None,
+        aliases: bool,
+    ) -> Any:
+        """A call's cache key (see `_lookup`); `aliases`: with which static leaves
+        are one object."""
+        key = partition.reference_key(leaves)
+        if partition.orders is not None and not shared:
+            key = (key, partition.orders(tree))
+        if aliases:
+            ids = [id(leaves[position]) for position in partition.static_positions]
+            key = (key, tuple(map(ids.index, ids)))
+        if called is not None:
+            key = (key, self._defaulted(called))
+        return key
 
     def _partition(
         self,

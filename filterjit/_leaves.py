@@ -93,3 +93,14 @@ def weakly_keyed(kind: type) -> bool:
         and kind.__hash__ is object.__hash__
         and kind.__weakrefoffset__ != 0
     )
+
+
+# Immutable values: which of two equal ones a function hands back is nothing it can
+# tell (`is` aside), so calls need not be keyed by which are one object.
+_IMMUTABLE = frozenset({int, float, complex, bool, str, bytes, type(None)})
+
+
+def identity_is_moot(kind: type) -> bool:
+    """Whether which object of type `kind` a static output is cannot matter: it is
+    compared by identity (the key tells objects apart) or immutable."""
+    return kind.__eq__ is object.__eq__ or kind in _IMMUTABLE

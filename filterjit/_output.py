@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
-from ._leaves import is_array
+from ._leaves import identity_is_moot, is_array
 from ._structure import dict_orders, restore_orders
 
 
@@ -149,8 +149,9 @@ class OutputSpec:
                 # (JAX keeps it): an object keyed by identity is freed with its caller.
                 positions = input_positions[id(leaf)]
                 passthrough.append((position, positions[0]))
-                # Where `==` is identity, the key already tells aliases apart.
-                if len(positions) > 1 and type(leaf).__eq__ is not object.__eq__:
+                # Where `==` is identity, the key already tells aliases apart; an
+                # immutable value's identity is nothing a program can rely on.
+                if len(positions) > 1 and not identity_is_moot(type(leaf)):
                     aliases.add(tuple(positions))
             elif is_array(leaf):
                 dynamic.append(position)

@@ -488,3 +488,56 @@ def test_defaults_changed_in_place_are_seen(level):
         assert_tree_equal(level(wrapped)(x), level(f)(x))
         f.__kwdefaults__["n"] = n
         assert_tree_equal(level(wrapped)(x), level(f)(x))
+
+
+def test_one_float_passed_twice_is_not_keyed_by_aliasing():
+    # Core v6, finding 9: `g(x, 0.0, 0.0)` (one object twice) made every later value
+    # trace twice; an immutable value's identity is nothing a program relies on.
+    traces: list[None] = []
+
+    def f(x, a, b):
+        traces.append(None)
+        return x * a * b, a
+
+    g = filter_jit(f)
+    x = jnp.ones(2)
+    zero = float("0")
+    g(x, zero, zero)
+    for text in ("2", "3", "4"):
+        one = float(text)
+        for a, b in [(one, one), (float(text), float(text)), (one, one)]:
+            y, back = g(x, a, b)
+            assert back == a
+            assert_tree_equal(y, x * a * b)
+    assert len(traces) == 4
+
+
+class _Setting:
+    """Mutable and compared by value: which of two equal ones comes back matters."""
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Setting) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+
+@LEVELS
+def test_one_static_object_passed_twice_traces_once(level):
+    # Core v6, finding 14: the entry the first call made was dropped when the
+    # aliasing was noticed, and the same call traced again.
+    for setting in (2, _Setting(2.0)):
+        traces: list[None] = []
+
+        def inner(x, a, b):
+            traces.append(None)
+            return x * (a if isinstance(a, int) else a.value), b
+
+        g = filter_jit(inner)
+        for _ in range(2):
+            y = level(lambda x: g(x, setting, setting)[0])(jnp.ones(2))
+            assert_tree_equal(y, jnp.ones(2) * 2)
+        assert len(traces) == 1

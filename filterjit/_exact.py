@@ -249,8 +249,8 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
     if key_of is _by_eq:
         identity = kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__
         return weakly if identity else None
-    if key_of is _number_key:
-        return None
+    if key_of is _number_key or kind is set:
+        return None  # a set: mutable and unhashable, refused as jax.jit refuses it
 
     def key(value: Any) -> Hashable:
         found = key_of(value, staged, 0)

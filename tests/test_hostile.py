@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import TraceCounter
+from helpers import assert_tree_equal, TraceCounter
 
 from filterjit import filter_jit
 
@@ -93,10 +93,10 @@ def test_static_leaf_with_broken_eq_is_named(make):
     f(jnp.ones(1), {"strategy": make()})
     with pytest.raises(TypeError, match=r"argument `options\['strategy'\]`"):
         f(jnp.ones(1), {"strategy": make()})
-    with pytest.raises(TypeError, match=r"argument `options\['strategy'\]`"):
-        jax.jit(lambda x: f(f(x, {"strategy": make()}), {"strategy": make()}))(
-            jnp.ones(1)
-        )
+    # Nested, a type whose `__eq__` cannot be seen through is keyed by identity
+    # (core v6, finding 1): no comparison is asked, as undecorated.
+    nested = jax.jit(lambda x: f(f(x, {"strategy": make()}), {"strategy": make()}))
+    assert_tree_equal(nested(jnp.ones(1)), jnp.ones(1))
 
 
 def test_nan_static_hits_the_cache_and_signed_zero_does_not():

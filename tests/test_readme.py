@@ -105,6 +105,52 @@ def test_readme_says_how_to_install_to_use_and_to_develop():
     assert "<its URL>" not in text
 
 
+def test_readme_is_a_short_pitch_and_contributing_holds_the_rest():
+    """The README reads in two minutes: what filterjit is, the before and after,
+    the top-level caveat, the speed against `jax.jit` and `equinox.filter_jit`,
+    install, three commands and links. How to develop, test and benchmark is in
+    CONTRIBUTING.md."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    headings = re.findall(r"^## (.*)$", text, re.M)
+    assert headings[:3] == ["Before and after", "Speed", "Install"], headings
+    # One plain sentence first: what it is.
+    first = text.split("\n\n")[1]
+    assert first.startswith("filterjit ") and "equinox.filter_jit" in first
+    # The caveat: NumPy values are traced at the top level and under eager
+    # transforms, as at jax.jit.
+    before_after = text.split("## Before and after", 1)[1].split("\n## ", 1)[0]
+    caveat = " ".join(before_after.split())
+    assert "NumPy scalars and arrays are traced" in caveat
+    assert "eager transforms" in caveat and "top level" in caveat
+    # The speed, quoted from the recorded run (test_quoted_ratios_are_the_recorded
+    # _runs checks each figure): filterjit's and Equinox's, as multiples of jax.jit.
+    speed = text.split("## Speed", 1)[1].split("\n## ", 1)[0]
+    assert "recorded" in speed and "jax.jit" in speed
+    rows = [line for line in speed.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) >= 3
+    for row in rows:
+        assert len(re.findall(r"\d\.\d+×", row)) >= 2, row
+    # Contributor material is in CONTRIBUTING.md, which the README links.
+    contributing = README.parent / "CONTRIBUTING.md"
+    assert "(CONTRIBUTING.md)" in text
+    guide = contributing.read_text()
+    for detail in ("FILTERJIT_FASTPATH=0", "--full", "benchmarks/run.py --record"):
+        assert detail not in text, detail
+    for detail in (
+        "FILTERJIT_FASTPATH=0 python -m pytest",
+        "python -m pytest --full",
+        "python benchmarks/run.py --plot docs/performance.svg --record",
+        "python tests/test_docs.py docs/page.md --update",
+    ):
+        assert detail in guide, detail
+    bash = re.compile(r"```bash\n(.*?)```", re.S)
+    develop = text.split("## Develop and test", 1)[1]
+    assert bash.findall(develop)[0] == bash.findall(guide)[0]
+    for target in re.findall(r"\]\(([^)]+)\)", guide):
+        assert (README.parent / target).exists(), target
+
+
 def test_readme_states_version_license_and_supported_versions():
     """The README's facts line says what pyproject.toml and the package say."""
     import tomllib

@@ -201,6 +201,39 @@ def test_every_api_page_is_in_the_nav():
         assert str(page.relative_to(DOCS)) in config, page
 
 
+def test_module_names_in_the_pages_exist():
+    """A page that names filterjit's code (`_trace.level_reader`,
+    `Dispatcher._call`) names what is there."""
+    import importlib
+
+    for page in DOCS.rglob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        for module, name in re.findall(r"`(_[a-z]+)\.([A-Za-z_]\w*)", text):
+            if name == "py":
+                assert (ROOT / "filterjit" / f"{module}.py").exists(), module
+                continue
+            imported = importlib.import_module(f"filterjit.{module}")
+            assert hasattr(imported, name), f"{page.name}: {module}.{name}"
+
+
+def test_navigation():
+    """Users' pages first; the pages for contributors in a section of their own;
+    the examples page lists every example; libraries.md says how to install the
+    libraries it runs; and what a block prints wraps its long lines."""
+    config = (ROOT / "mkdocs.yml").read_text()
+    nav = config.split("\nnav:\n", 1)[1]
+    contributing = nav.split("  - Contributing:\n", 1)[1]
+    for page in ("internals.md", "call-flow.md"):
+        assert page in contributing and nav.count(page) == 1, page
+    shown = re.findall(r"^## (\w+\.py)$", (DOCS / "examples.md").read_text(), re.M)
+    assert sorted(shown) == sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+    libraries = (DOCS / "libraries.md").read_text()
+    assert "```bash\npip install diffrax optimistix lineax\n```" in libraries
+    assert "  - stylesheets/extra.css" in config
+    css = (DOCS / "stylesheets" / "extra.css").read_text()
+    assert "white-space: pre-wrap" in css
+
+
 def test_fenced_block_parser():
     page = (
         'text\n```python\nprint(1)\n```\n\n```text title="Output"\n1\n```\n'

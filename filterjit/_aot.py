@@ -78,7 +78,15 @@ class Specialisation:
 
 class Compiled:
     """A `filter_jit` function compiled ahead of time. Call it like the wrapped
-    function; it checks that the static arguments are those it was lowered with."""
+    function; it checks that the static arguments are those it was lowered with.
+
+    **Raises** (when called):
+
+    - `TypeError`: the arguments' structure differs from the one it was lowered
+        with, a leaf that was traced is static now or the reverse, or an array's
+        shape or dtype differs (JAX's message).
+    - `ValueError`: a static argument differs from the value it was lowered with.
+    """
 
     def __init__(self, compiled: Any, specialisation: Specialisation):
         self.compiled = compiled

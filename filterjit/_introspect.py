@@ -40,9 +40,14 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
     fewest leaves): the table marks the rows that differ, with that trace's values,
     and says why each traces (`misses` lists their paths).
 
-    Equinox's `filter_jit` wrapper raises a `TypeError` (`explain` says what
-    filterjit's wrapper does); a `jax.jit` function, or another library's jit
-    wrapper, is explained as `filter_jit` wrapped around it, with a warning.
+    A `jax.jit` function, or another library's jit wrapper, is explained as
+    `filter_jit` wrapped around it, with a warning.
+
+    **Raises:**
+
+    - `TypeError`: `fun` is wrapped by `equinox.filter_jit` (explain the function
+        itself, or call `filterjit.patch_equinox()` first), or the arguments do not
+        fit its signature.
 
     A decorated method may be given read from an instance
     (`explain(model.__call__, x)`) or through its class
@@ -167,6 +172,10 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     **Returns:**
 
     The number of traces so far.
+
+    **Raises:**
+
+    - `TypeError`: `fun` is neither a `filter_jit` nor a `filterjit.jit` function.
     """
     fun, _ = _unbind(fun, ())
     if isinstance(fun, JitWrapper):

@@ -48,9 +48,13 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
 
 
 class JitWrapper(Wrapper[_P, _R]):
-    """A function compiled with `filterjit.jit`. Its `__dict__` is what `jax.jit`'s
-    object holds in its own; its methods are on its type, so that a transform that
-    copies the `__dict__` (`jax.vmap`, `jax.grad` and `jax.jit` do) copies none."""
+    """A function compiled with `filterjit.jit`: `jax.jit`'s object at the top level
+    and under eager transforms, `filter_jit`'s nested call inside a staged trace.
+    See `filterjit.jit`."""
+
+    # Its `__dict__` is what `jax.jit`'s object holds in its own; its methods are on
+    # its type, so that a transform that copies the `__dict__` (`jax.vmap`,
+    # `jax.grad` and `jax.jit` do) copies none.
 
     __slots__ = (
         "_outside",

@@ -159,6 +159,11 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         and compiled in: the `Compiled` object raises if called with different
         static values.
 
+        **Arguments:**
+
+        - `*args`, `**kwargs`: the arguments of a call of the function, with
+            `jax.ShapeDtypeStruct`s for arrays if you like.
+
         **Returns:**
 
         A `Lowered`, with `.as_text()` and `.compile()`.
@@ -170,6 +175,11 @@ class FilterJitWrapper(Wrapper[_P, _R]):
     def trace(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Traced:
         """Traces the function for these arguments, as `jax.jit(...).trace`.
 
+        **Arguments:**
+
+        - `*args`, `**kwargs`: the arguments of a call of the function, with
+            `jax.ShapeDtypeStruct`s for arrays if you like.
+
         **Returns:**
 
         A `Traced`, with `.jaxpr`, `.out_info` and `.lower()`.
@@ -179,8 +189,18 @@ class FilterJitWrapper(Wrapper[_P, _R]):
 
     @_trace.hiding_frames
     def eval_shape(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Any:
-        """The output's shapes and dtypes, as `jax.eval_shape`: traced output
-        leaves as `jax.ShapeDtypeStruct`s, every other leaf unchanged."""
+        """The output's shapes and dtypes, as `jax.eval_shape`, without compiling.
+
+        **Arguments:**
+
+        - `*args`, `**kwargs`: the arguments of a call of the function, with
+            `jax.ShapeDtypeStruct`s for arrays if you like.
+
+        **Returns:**
+
+        The output, with traced leaves as `jax.ShapeDtypeStruct`s and every other
+        leaf as the function returned it.
+        """
         called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
         return finish(called.jitted.eval_shape(*called.dynamic), called.leaves)
 
@@ -273,7 +293,16 @@ def filter_jit(
 
     **Returns:**
 
-    A wrapper with the signature of `fun`, usable as a method.
+    A `FilterJitWrapper` with the signature of `fun`, usable as a method; without
+    `fun`, a decorator that makes one.
+
+    **Raises:**
+
+    - `TypeError`: `fun` is not callable, or a keyword is not one of `jax.jit`'s.
+    - `ValueError`: `donate` or `inline` is not an option, `donate` names a
+        parameter that no call can pass, or a keyword is one that `filter_jit`
+        replaces (`static_argnums`, `donate_argnums`, ...; the message says what
+        to use instead).
 
     !!! example
 

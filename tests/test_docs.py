@@ -3,28 +3,26 @@ in the pages runs and prints what the page says it prints.
 
 Conventions in `docs/**/*.md`:
 
-- A ```` ```python ```` block is run. The blocks of one page run in order, in one
-  namespace, in a fresh Python process (the way a reader would paste them).
+- A ```` ```python ```` block is run alone: its text as a script of its own, in
+  a fresh Python process, in an empty folder (the way a reader copies one block).
+  So each block holds its imports and its setup.
 - A ```` ```text title="Output" ```` block right after a `python` block is what that
   block prints (stdout and stderr); it is compared exactly, trailing spaces aside.
 - A ```` ```py ```` block is shown but not run: a fragment, or a signature.
 
-Running the pages takes a while, so that test is in the slow tier
+Running every block takes a while, so that test is in the slow tier
 (`python -m pytest --full`). `python tests/test_docs.py docs/page.md` prints what
-each block of a page prints; add `--update` to write that into the page's `Output`
-blocks.
+each block of a page prints, run alone; add `--update` to write that into the
+page's `Output` blocks (when every block of the page ran).
 """
 
 import ast
 import concurrent.futures
-import contextlib
-import io
-import json
 import os
 import re
 import subprocess
 import sys
-import traceback
+import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -90,44 +88,66 @@ def _normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
 
 
-def run_page(path: Path) -> list[str]:
-    """Runs the `python` blocks of a page in a fresh process and returns what each
-    printed."""
+def _block_env() -> dict[str, str]:
     env = subprocess_env()
     for name in ("FILTERJIT_EXPLAIN_RETRACES", "FILTERJIT_RETRACE_WARNING_THRESHOLD"):
         env.pop(name, None)
-    result = subprocess.run(
-        [sys.executable, __file__, "--run", str(path)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=600,
-    )
+    env["PYTHONUNBUFFERED"] = "1"  # stdout and stderr in the order they were written
+    return env
+
+
+# Pages whose blocks still build on the blocks above them: each block runs after
+# those, their output discarded. Remove a page once its blocks run alone.
+AFTER_THE_BLOCKS_ABOVE = {"how-to/export.md"}
+
+_SILENTLY = """\
+import contextlib as _contextlib, io as _io
+with _contextlib.redirect_stdout(_io.StringIO()), \\
+        _contextlib.redirect_stderr(_io.StringIO()):
+    exec(compile({source!r}, "the blocks above", "exec"))
+del _contextlib, _io
+"""
+
+
+def runs_alone(path: Path) -> bool:
+    return path.relative_to(DOCS).as_posix() not in AFTER_THE_BLOCKS_ABOVE
+
+
+def run_block(path: Path, block: Block) -> str:
+    """Runs one `python` block alone, as a reader who copies it would: its text as
+    a script of its own, in a fresh interpreter, in an empty folder. Returns what
+    it printed (stdout and stderr together)."""
+    name = f"{path.relative_to(DOCS).with_suffix('')}".replace(os.sep, "-")
+    source = block.text + "\n"
+    if not runs_alone(path):
+        pairs = examples(path.read_text(encoding="utf-8"))
+        above = "\n".join(b.text for b, _ in pairs if b.line < block.line)
+        source = _SILENTLY.format(source=above + "\n") + source
+    with tempfile.TemporaryDirectory(prefix="filterjit-docs-") as folder:
+        script = Path(folder) / f"{name}-line{block.line}.py"
+        script.write_text(source, encoding="utf-8")
+        result = subprocess.run(
+            [sys.executable, script.name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=folder,
+            env=_block_env(),
+            timeout=600,
+        )
     if result.returncode != 0:
         raise AssertionError(
-            f"{path.relative_to(ROOT)}: {result.stdout[-4000:]}{result.stderr[-4000:]}"
+            f"{path.relative_to(ROOT)}, block at line {block.line} fails when run "
+            f"alone:\n{result.stdout[-6000:]}"
         )
-    return json.loads(result.stdout.splitlines()[-1])
+    return result.stdout
 
 
-def _run_blocks_here(path: Path) -> None:
-    """In the subprocess: run each block, capturing what it prints."""
-    namespace: dict[str, Any] = {"__name__": "__main__"}
-    outputs = []
-    for block, _ in examples(path.read_text()):
-        buffer = io.StringIO()
-        filename = f"{path.relative_to(ROOT)}:{block.line + 1}"
-        code = compile(ast.parse(block.text, filename), filename, "exec")
-        with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
-            try:
-                exec(code, namespace)
-            except BaseException:
-                traceback.print_exc()
-                sys.__stdout__.write(buffer.getvalue())  # pyright: ignore[reportOptionalMemberAccess]
-                raise SystemExit(f"block at line {block.line} of {path} failed")
-        outputs.append(buffer.getvalue())
-    print(json.dumps(outputs))
+def run_page(path: Path, workers: int = 1) -> list[str]:
+    """What each `python` block of a page prints, each run alone."""
+    blocks = [block for block, _ in examples(path.read_text(encoding="utf-8"))]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda block: run_block(path, block), blocks))
 
 
 def pages_with_examples() -> list[Path]:
@@ -181,6 +201,39 @@ def test_every_api_page_is_in_the_nav():
         assert str(page.relative_to(DOCS)) in config, page
 
 
+def test_module_names_in_the_pages_exist():
+    """A page that names filterjit's code (`_trace.level_reader`,
+    `Dispatcher._call`) names what is there."""
+    import importlib
+
+    for page in DOCS.rglob("*.md"):
+        text = page.read_text(encoding="utf-8")
+        for module, name in re.findall(r"`(_[a-z]+)\.([A-Za-z_]\w*)", text):
+            if name == "py":
+                assert (ROOT / "filterjit" / f"{module}.py").exists(), module
+                continue
+            imported = importlib.import_module(f"filterjit.{module}")
+            assert hasattr(imported, name), f"{page.name}: {module}.{name}"
+
+
+def test_navigation():
+    """Users' pages first; the pages for contributors in a section of their own;
+    the examples page lists every example; libraries.md says how to install the
+    libraries it runs; and what a block prints wraps its long lines."""
+    config = (ROOT / "mkdocs.yml").read_text()
+    nav = config.split("\nnav:\n", 1)[1]
+    contributing = nav.split("  - Contributing:\n", 1)[1]
+    for page in ("internals.md", "call-flow.md"):
+        assert page in contributing and nav.count(page) == 1, page
+    shown = re.findall(r"^## (\w+\.py)$", (DOCS / "examples.md").read_text(), re.M)
+    assert sorted(shown) == sorted(p.name for p in (ROOT / "examples").glob("*.py"))
+    libraries = (DOCS / "libraries.md").read_text()
+    assert "```bash\npip install diffrax optimistix lineax\n```" in libraries
+    assert "  - stylesheets/extra.css" in config
+    css = (DOCS / "stylesheets" / "extra.css").read_text()
+    assert "white-space: pre-wrap" in css
+
+
 def test_fenced_block_parser():
     page = (
         'text\n```python\nprint(1)\n```\n\n```text title="Output"\n1\n```\n'
@@ -198,38 +251,71 @@ def test_pages_have_examples():
     assert {"index.md", "getting-started.md", "composition.md"} <= pages
 
 
-_outputs: dict[Path, "concurrent.futures.Future[list[str]]"] = {}
+_outputs: dict[tuple[Path, int], "concurrent.futures.Future[str]"] = {}
 
 
-def page_outputs(page: Path) -> list[str]:
-    """What each block of `page` prints. The first call starts every page at once,
-    one process each, so that the pages run in parallel."""
+def block_output(page: Path, block: Block) -> str:
+    """What `block` of `page` prints, run alone. The first call starts every block
+    of every page, one process each, over the CPUs, so that they run in parallel."""
     if not _outputs:
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2)
         for path in pages_with_examples():
-            _outputs[path] = pool.submit(run_page, path)
+            for each, _ in examples(path.read_text(encoding="utf-8")):
+                _outputs[path, each.line] = pool.submit(run_block, path, each)
         pool.shutdown(wait=False)
-    return _outputs[page].result()
+    return _outputs[page, block.line].result()
+
+
+def _all_blocks() -> list[tuple[Path, Block, Block | None]]:
+    return [
+        (page, block, shown)
+        for page in pages_with_examples()
+        for block, shown in examples(page.read_text(encoding="utf-8"))
+    ]
 
 
 def pytest_generate_tests(metafunc: Any) -> None:
-    if "page" in metafunc.fixturenames:
-        pages = pages_with_examples()
-        ids = [str(p.relative_to(DOCS)) for p in pages]
-        metafunc.parametrize("page", pages, ids=ids)
+    if "page_block" in metafunc.fixturenames:
+        found = _all_blocks()
+        ids = [f"{page.relative_to(DOCS)}:{block.line}" for page, block, _ in found]
+        metafunc.parametrize("page_block", found, ids=ids)
 
 
-@pytest.mark.slow  # every page in a process of its own: about a minute on 2 CPUs
-def test_examples_print_what_the_page_shows(page: Path):
-    outputs = page_outputs(page)
-    pairs = examples(page.read_text())
-    assert len(outputs) == len(pairs)
-    for (block, shown), printed in zip(pairs, outputs):
-        if shown is not None:
-            assert _normalise(printed) == _normalise(shown.text), (
-                f"{page.relative_to(ROOT)}, block at line {block.line}: it prints\n"
-                f"{printed}\nbut the page shows\n{shown.text}"
-            )
+def test_blocks_import_what_they_use():
+    """Each block is a script of its own: it imports every module it names (a
+    quick check of what the slow test below finds by running the blocks)."""
+    modules = {"jax", "jnp", "np", "eqx", "lax", "filterjit", "optax", "jtu"}
+    for page, block, _ in _all_blocks():
+        if not runs_alone(page):
+            continue
+        tree = ast.parse(block.text)
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        used = {
+            node.value.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        }
+        missing = sorted((used & modules) - imported)
+        assert not missing, (
+            f"{page.relative_to(ROOT)}, block at line {block.line} uses {missing} "
+            "without importing them: each block must run when copied alone"
+        )
+
+
+@pytest.mark.slow  # every block in a process of its own: minutes on 2 CPUs
+def test_each_block_alone_prints_what_the_page_shows(
+    page_block: tuple[Path, Block, Block | None],
+):
+    page, block, shown = page_block
+    printed = block_output(page, block)
+    if shown is not None:
+        assert _normalise(printed) == _normalise(shown.text), (
+            f"{page.relative_to(ROOT)}, block at line {block.line}, run alone, "
+            f"prints\n{printed}\nbut the page shows\n{shown.text}"
+        )
 
 
 # -- Command line
@@ -257,14 +343,20 @@ def _update(path: Path, outputs: list[str]) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    if args[:1] == ["--run"]:
-        _run_blocks_here(Path(args[1]).resolve())
-    else:
-        update = "--update" in args
-        for name in [a for a in args if a != "--update"]:
-            path = Path(name).resolve()
-            outputs = run_page(path)
-            if update:
-                _update(path, outputs)
-            for (block, _), printed in zip(examples(path.read_text()), outputs):
-                print(f"--- line {block.line}\n{printed}", end="")
+    update = "--update" in args
+    for name in [a for a in args if a != "--update"]:
+        path = Path(name).resolve()
+        blocks = [block for block, _ in examples(path.read_text(encoding="utf-8"))]
+        outputs, failed = [], False
+        for block in blocks:
+            try:
+                outputs.append(run_block(path, block))
+            except AssertionError as error:
+                outputs.append(str(error))
+                failed = True
+        if update and not failed:
+            _update(path, outputs)
+        for block, printed in zip(blocks, outputs):
+            print(f"--- line {block.line}\n{printed}", end="")
+        if failed:
+            print(f"--- {name}: a block failed; the page was not updated")

@@ -105,6 +105,52 @@ def test_readme_says_how_to_install_to_use_and_to_develop():
     assert "<its URL>" not in text
 
 
+def test_readme_is_a_short_pitch_and_contributing_holds_the_rest():
+    """The README reads in two minutes: what filterjit is, the before and after,
+    the top-level caveat, the speed against `jax.jit` and `equinox.filter_jit`,
+    install, three commands and links. How to develop, test and benchmark is in
+    CONTRIBUTING.md."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 200
+    headings = re.findall(r"^## (.*)$", text, re.M)
+    assert headings[:3] == ["Before and after", "Speed", "Install"], headings
+    # One plain sentence first: what it is.
+    first = text.split("\n\n")[1]
+    assert first.startswith("filterjit ") and "equinox.filter_jit" in first
+    # The caveat: NumPy values are traced at the top level and under eager
+    # transforms, as at jax.jit.
+    before_after = text.split("## Before and after", 1)[1].split("\n## ", 1)[0]
+    caveat = " ".join(before_after.split())
+    assert "NumPy scalars and arrays are traced" in caveat
+    assert "eager transforms" in caveat and "top level" in caveat
+    # The speed, quoted from the recorded run (test_quoted_ratios_are_the_recorded
+    # _runs checks each figure): filterjit's and Equinox's, as multiples of jax.jit.
+    speed = text.split("## Speed", 1)[1].split("\n## ", 1)[0]
+    assert "recorded" in speed and "jax.jit" in speed
+    rows = [line for line in speed.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) >= 3
+    for row in rows:
+        assert len(re.findall(r"\d\.\d+×", row)) >= 2, row
+    # Contributor material is in CONTRIBUTING.md, which the README links.
+    contributing = README.parent / "CONTRIBUTING.md"
+    assert "(CONTRIBUTING.md)" in text
+    guide = contributing.read_text()
+    for detail in ("FILTERJIT_FASTPATH=0", "--full", "benchmarks/run.py --record"):
+        assert detail not in text, detail
+    for detail in (
+        "FILTERJIT_FASTPATH=0 python -m pytest",
+        "python -m pytest --full",
+        "python benchmarks/run.py --plot docs/performance.svg --record",
+        "python tests/test_docs.py docs/page.md --update",
+    ):
+        assert detail in guide, detail
+    bash = re.compile(r"```bash\n(.*?)```", re.S)
+    develop = text.split("## Develop and test", 1)[1]
+    assert bash.findall(develop)[0] == bash.findall(guide)[0]
+    for target in re.findall(r"\]\(([^)]+)\)", guide):
+        assert (README.parent / target).exists(), target
+
+
 def test_readme_states_version_license_and_supported_versions():
     """The README's facts line says what pyproject.toml and the package say."""
     import tomllib
@@ -253,9 +299,41 @@ def test_user_pages_tell_no_history():
     assert not internal.findall(changelog), internal.findall(changelog)
 
 
-def test_api_signatures_are_readable(tmp_path):
-    """The API pages' signatures show no private type variables (`_P`, `_R`) and
-    no unexported type (`DonateOption`)."""
+def _rendered_text(page: pathlib.Path) -> str:
+    """The text of a built page's article, tags removed."""
+    import html
+
+    article = re.search(r"<article.*?</article>", page.read_text(), re.S)
+    assert article, page
+    text = re.sub(r"<(p|div|h\d|li|tr|pre)\b[^>]*>", "\n", article.group(0))
+    return html.unescape(re.sub(r"<[^>]+>", "", text))
+
+
+def _top_level_items(text: str) -> list[str]:
+    """The comma-separated items of `text` up to its first unmatched `)`, then what
+    follows: `a: dict[str, int], b) -> int` gives `a: dict[str, int]`, `b` and
+    `-> int`."""
+    items, depth, current = [], 0, ""
+    for index, char in enumerate(text):
+        depth += 1 if char in "[(" else -1 if char in "])" else 0
+        if depth < 0:
+            items.append(current)
+            return [item.strip() for item in items if item.strip()] + [
+                text[index + 1 :].strip()
+            ]
+        if char == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    raise AssertionError(f"no closing parenthesis: {text}")
+
+
+def test_api_pages_render_for_users(tmp_path):
+    """The built API pages show what a user calls: signatures with types and no
+    type variables (`_P`, `_R`, `_T`), no unexported type (`DonateOption`), no
+    private name, no `x = x` attribute values, no implementation details of the
+    wrappers (`__dict__`, `_fun`); and each "Raises" names the exception type."""
     pytest.importorskip("mkdocs")
     pytest.importorskip("mkdocstrings")
     import html
@@ -272,21 +350,54 @@ def test_api_signatures_are_readable(tmp_path):
         text=True,
     )
     assert build.returncode == 0, build.stderr
-    # The pages of filter_jit, the diagnostics and the AOT objects (`jit`'s page
-    # is checked where its signature is written).
-    for page in ("filter_jit", "diagnostics", "aot"):
-        rendered = (site / "api" / page / "index.html").read_text()
+    pages = sorted((README.parent / "docs" / "api").glob("*.md"))
+    assert len(pages) >= 6
+    private = re.compile(r"(?<![\w.])_{1,2}[A-Za-z]\w*")
+    for page in pages:
+        built = site / "api" / page.stem / "index.html"
+        rendered = built.read_text()
         signatures = [
             html.unescape(re.sub(r"<[^>]+>", "", block))
             for block in re.findall(
                 r'<div class="doc-signature.*?</div>', rendered, re.S
             )
         ]
-        assert signatures, page
         for signature in signatures:
-            assert not re.search(r"\b_[A-Z]\b|DonateOption", signature), signature
-    rendered = (site / "api" / "filter_jit" / "index.html").read_text()
-    assert "DonateOption" not in html.unescape(re.sub(r"<[^>]+>", "", rendered))
+            assert not private.search(signature), (page.name, signature)
+            assert "DonateOption" not in signature, (page.name, signature)
+            if "(" not in signature:  # an attribute: `name: type`
+                assert re.fullmatch(r"\s*\w+: .+", signature, re.S), signature
+                continue
+            # Parameters have types: `name: type`, or `*args`/`**kwargs`.
+            inside = signature.split("(", 1)[1]
+            for parameter in _top_level_items(inside)[:-1]:
+                assert (
+                    parameter in ("*", "/")
+                    or ":" in parameter
+                    or (parameter.startswith("*"))
+                ), (page.name, signature)
+        text = _rendered_text(built)
+        assert not re.search(r"^(\w+) = \1$", text, re.M), page.name
+        for internal in (
+            "__dict__",
+            "_fun",
+            "_jit_info",
+            "_cache_size",
+            "__getstate__",
+        ):
+            assert internal not in text, (page.name, internal)
+        assert not re.search(r"\b_[PRT]\b", text), page.name
+        # "Raises" names the exception: `ValueError`, `TypeError`, ...
+        for sentence in re.findall(r"Raises\b[^.]*", text):
+            if page.stem == "export":
+                continue  # the export pages are written apart
+            assert re.search(r"\w+(Error|Exception|Warning)\b", sentence) or (
+                sentence.strip() in ("Raises:", "Raises (when called):")
+            ), (page.name, sentence)
+    # The signatures the pages quote: filter_jit's, with its parameters' types.
+    text = _rendered_text(site / "api" / "filter_jit" / "index.html")
+    assert "donate: str | tuple[str, ...] = " in text
+    assert "fun: Callable | None = None" in text
 
 
 RESULTS = README.parent / "benchmarks" / "results.md"

@@ -32,7 +32,8 @@ class BoundedCache(Generic[_V]):
             self._values.pop(key, None)
             self._values[key] = value
             self._sizes[key] = nbytes
-            while len(self._values) > 1 and (
+            # A lone entry too: one that pins more than `maxbytes` is not kept.
+            while self._values and (
                 len(self._values) > self.maxsize
                 or (self.maxbytes is not None and self._bytes > self.maxbytes)
             ):

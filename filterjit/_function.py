@@ -21,6 +21,7 @@ from ._binding import (
     same_kwdefaults,
 )
 from ._leaves import is_array
+from ._trace import boxed_partial
 
 
 def _is_partial(fun: Any) -> bool:
@@ -159,15 +160,26 @@ def as_held(fun: Any) -> Any:
     function with its receiver first; a bound method (an `eqx.Module`'s too) as a
     `Method`; any other callable (a partial subclass with a `__call__` of its own)
     as it is."""
+    if type(fun) is jtu.Partial:
+        # Its `func` is auxiliary data, held and compared by `==`: a bound method, a
+        # partial (boxed by JAX) or a pytree node is a child of the partial instead.
+        func = boxed_partial(fun.func) or fun.func
+        if isinstance(func, ft.partial | types.MethodType) or _is_node(func):
+            fun = ft.partial(func, *fun.args, **fun.keywords)
     if type(fun) is ft.partial:
         func, args = fun.func, fun.args
         if isinstance(func, types.MethodType):
             func, args = func.__func__, (func.__self__, *args)
-        node = not jtu.treedef_is_leaf(jtu.tree_structure(func))
-        return (Bound if node else jtu.Partial)(func, *args, **fun.keywords)
+        held = Bound if _is_node(func) else jtu.Partial
+        return held(func, *args, **fun.keywords)
     if isinstance(fun, types.MethodType) or _is_module_method(fun):
         return Method(fun.__func__, fun.__self__)
     return fun
+
+
+def _is_node(fun: Any) -> bool:
+    """Whether `fun` is a pytree node (an `eqx.Module`), not a leaf."""
+    return not jtu.treedef_is_leaf(jtu.tree_structure(fun))
 
 
 def _is_module_method(fun: Any) -> bool:

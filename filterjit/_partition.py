@@ -103,7 +103,9 @@ class Partition:
         self.array_positions = tuple(
             p for p in static if staged and issubclass(types[p], ARRAY_TYPES)
         )
-        # The static leaves that caches hold only weakly (see `weakly_keyed`).
+        # The static leaves that caches hold only weakly (see `_exact.WeakIdentity`).
+        # Not concrete jax Arrays: the nested program holds them as constants, and
+        # so the entry pins them (counted in its bytes).
         self.weak_positions = tuple(
             static[i] for i, rekey in rekeys if rekey is _exact.WeakIdentity
         )
@@ -162,5 +164,13 @@ class Partition:
         ]
 
     def captured_bytes(self, leaves: list[Any]) -> int:
-        """Bytes of the concrete arrays that an entry for these leaves pins."""
-        return sum(leaves[position].nbytes for position in self.array_positions)
+        """Bytes of the concrete arrays that an entry for these leaves pins (its
+        program holds them as constants): a NumPy view pins its base."""
+        return sum(_pinned_bytes(leaves[p]) for p in self.array_positions)
+
+
+def _pinned_bytes(array: Any) -> int:
+    """The bytes that holding `array` keeps alive: a NumPy view's base's."""
+    while isinstance(getattr(array, "base", None), np.ndarray):
+        array = array.base
+    return array.nbytes

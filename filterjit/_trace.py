@@ -275,3 +275,28 @@ def _choose_block_leaves() -> Any:
 
 # `block_leaves(arrays)`: waits for a list of `jax.Array`s, raising what one raised.
 block_leaves = _choose_block_leaves()
+
+
+def _boxed_partial_public(func: Any) -> Any:
+    return None  # JAX's box unknown: a `jtu.Partial` of a partial is held as it is
+
+
+def _choose_boxed_partial() -> Any:
+    # `jtu.Partial(partial)` boxes the partial (so that its arguments are not
+    # merged), copying its `func`, `args` and `keywords` onto the box.
+    try:
+        from jax._src.tree_util import _HashableCallableShim as box
+    except ImportError:  # pragma: no cover - the tests simulate this
+        return _boxed_partial_public
+
+    def _boxed_partial_private(func: Any) -> Any:
+        if type(func) is not box:
+            return None
+        return functools.partial(func.func, *func.args, **func.keywords)
+
+    return _boxed_partial_private
+
+
+# `boxed_partial(func)`: the `functools.partial` a `jtu.Partial`'s `func` boxes
+# (as `partial(inner.func, *inner.args, **inner.keywords)`), else `None`.
+boxed_partial = _choose_boxed_partial()

@@ -3,9 +3,12 @@
 import gc
 import weakref
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.tree_util as jtu
 import numpy as np
+from helpers import assert_tree_equal
 
 from filterjit import filter_jit
 from filterjit._dispatch import STAGED_MAXBYTES
@@ -155,3 +158,58 @@ def test_a_static_compared_by_identity_is_freed_whether_or_not_returned():
     tag = _Tag()
     assert returned(jnp.ones(2), tag)[1] is tag
     assert returned(jnp.ones(2), tag)[1] is tag
+
+
+class _Big(eqx.Module):
+    weight: jax.Array
+
+    @filter_jit
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x * self.weight.sum()
+
+
+def test_a_models_weights_used_nested_are_freed_beyond_the_byte_bound():
+    # Core v6, finding 4: the method's cache lives with the class, and a lone entry
+    # was never evicted, whatever its bytes: 20 MB of weights stayed after the model
+    # was dropped. (Below the bound they stay, counted, until evicted.)
+    model = _Big(jnp.ones(5 * 2**20))  # 20 MiB, over STAGED_MAXBYTES
+    weight = weakref.ref(model.weight)
+    assert_tree_equal(
+        jax.jit(lambda x, m=model: m(x))(jnp.float32(1)), jnp.float32(5 * 2**20)
+    )
+    del model
+    gc.collect()
+    assert weight() is None
+
+
+def test_a_numpy_view_counts_its_base():
+    # Core v6, finding 4: a 3-element view of an 80 MB array pinned the whole base,
+    # while its own 24 bytes were counted.
+    f = filter_jit(lambda x, v: x * v.sum())
+    base = np.ones(10 * 2**20)
+    view = base[:3]
+    freed = weakref.ref(base)
+    assert_tree_equal(
+        jax.jit(lambda x, v=view: f(x, v))(jnp.float32(1)), jnp.float32(3)
+    )
+    del base, view
+    gc.collect()
+    assert freed() is None
+    assert f._dispatcher.entries[2]._bytes <= STAGED_MAXBYTES
+
+
+class _Owner:
+    def apply(self, x: jax.Array) -> jax.Array:
+        return x * 2
+
+
+def test_a_jtu_partial_of_a_bound_method_frees_its_receiver():
+    # Core v6, finding 5: the owner of its caches was `types.MethodType`, a class
+    # that lives for the process, and its key held the method (and so `obj`).
+    obj = _Owner()
+    receiver = weakref.ref(obj)
+    wrapped = filter_jit(jtu.Partial(obj.apply))
+    _use(wrapped, jnp.ones(2))
+    del obj, wrapped
+    gc.collect()
+    assert receiver() is None

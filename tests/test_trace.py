@@ -1,6 +1,7 @@
 """The private-JAX access in `filterjit._trace`, and its fallback."""
 
 import collections
+import functools
 import os
 import subprocess
 import sys
@@ -269,3 +270,23 @@ def test_traceback_fallback_leaves_the_traceback_whole(monkeypatch):
         f(jnp.ones((2, 3)), jnp.ones((4, 5)))
     files = [frame.f_code.co_filename for frame in traceback_frames(info.value)]
     assert not any(name.startswith(_trace._package_dir + os.sep) for name in files)
+
+
+def test_boxed_partial_reads_jaxs_box():
+    # If this fails, JAX has moved or changed `_HashableCallableShim`, the box that
+    # `jtu.Partial(partial)` puts a partial in: update filterjit/_trace.py. The
+    # fallback holds such a `jtu.Partial` as it is (its partial auxiliary data).
+    assert _trace.boxed_partial.__name__ == "_boxed_partial_private"
+    table = {"k": 3.0}
+    inner = functools.partial(_lookup, table, scale=2.0)
+    outer = jax.tree_util.Partial(inner, 1.0)
+    unboxed = _trace.boxed_partial(outer.func)
+    assert type(unboxed) is functools.partial
+    assert unboxed.func is _lookup and unboxed.args == (table,)
+    assert unboxed.keywords == {"scale": 2.0}
+    assert _trace.boxed_partial(_lookup) is None
+    assert _trace._boxed_partial_public(outer.func) is None
+
+
+def _lookup(table: dict[str, float], x: float, scale: float = 1.0) -> float:
+    return table["k"] * x * scale

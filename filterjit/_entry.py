@@ -160,6 +160,7 @@ def make_entry(
     arguments = [not p.of_function for p in leaf_parameters]
     log = trace_log if level in (TOP, EAGER) else None
     staged = level == STAGED
+    deep = partition.deep
     boxed = not staged and options.out_shardings is not UNSPECIFIED
     arrays = [leaves[p] for p in partition.array_positions]
     captured = [(a, ndarray_key(a)) for a in arrays if isinstance(a, np.ndarray)]
@@ -183,6 +184,7 @@ def make_entry(
         if under_way is None:
             for position in weak_positions:
                 inputs[position] = inputs[position]()
+        if under_way is None or deep:  # deep: JAX's rebuild (see `_structure`)
             call = jtu.tree_unflatten(treedef, inputs)
         else:  # the caller's own arguments, traced leaves replaced
             call = replace_leaves(under_way[1], lambda position, _: inputs[position])

@@ -57,6 +57,7 @@ from ._leaves import is_leaf_type
 from ._level import Level, TOP
 from ._output import Carried, OutputSpec
 from ._partition import Partition, TopCaller
+from ._structure import MAX_DEPTH, shape_of
 
 
 # Read when a reader or builder is made: a test that changes it clears
@@ -289,6 +290,7 @@ class _Writer:
         self.names = itertools.count()
         self.counts: dict[str, int] = {}  # how many leaves each `*values` has
         self.lists: set[str] = set()  # the values that are lists (the user's)
+        self.depth = 0  # of the node being read
 
     def compile(
         self,
@@ -361,7 +363,9 @@ class _Writer:
     ) -> str | None:
         """`treedef.unflatten` of an output's leaves as one expression (see
         `output_builder`), the traced leaf `i` being `{out}[i]`; `None` where a
-        node is of another kind."""
+        node is of another kind, or it is nested deeper than `MAX_DEPTH`."""
+        if shape_of(treedef)[1]:
+            return None
         leaves = iter(sources)
 
         def expression(node: Any) -> str | None:
@@ -417,7 +421,17 @@ class _Writer:
 
     def node(self, treedef: Any, types: tuple[type, ...], x: str) -> list[str] | None:
         """Checks the value `x` against `treedef`; the expressions of its leaves,
-        or `None` where it has no reader."""
+        or `None` where it has no reader (nor for a structure nested deeper than
+        `_structure.MAX_DEPTH`)."""
+        self.depth += 1
+        try:
+            if self.depth > MAX_DEPTH:
+                return None
+            return self._node(treedef, types, x)
+        finally:
+            self.depth -= 1
+
+    def _node(self, treedef: Any, types: tuple[type, ...], x: str) -> list[str] | None:
         if treedef.num_nodes == 1 and len(types) == 1:
             if not is_leaf_type(types[0]):
                 return None

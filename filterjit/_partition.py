@@ -11,7 +11,7 @@ from . import _exact
 from ._binding import LeafParameter
 from ._leaves import ARRAY_TYPES, traced_types
 from ._level import Level, STAGED
-from ._structure import dict_orders, has_sorted_dicts
+from ._structure import dict_orders, shape_of
 from ._trace import aux_data
 
 
@@ -78,6 +78,7 @@ class Partition:
         "staged",
         "_aux",
         "orders",
+        "deep",
         "shares_top",
         "get",
         "top",
@@ -115,7 +116,8 @@ class Partition:
         self.exact = _exact.exact_key(aux, staged)
         self._aux = aux if self.exact is not None else None
         # Nested, `orders(tree)`: the order of the call's dicts, also keyed.
-        self.orders = dict_orders if staged and has_sorted_dicts(treedef) else None
+        sorted_dicts, self.deep = shape_of(treedef)
+        self.orders = dict_orders if staged and sorted_dicts else None
         static_types = tuple(types[p] for p in static)
         self.signature = (treedef, self.dynamic_positions, static_types, self.exact)
         self.program = program_of(self.signature)

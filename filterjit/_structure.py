@@ -34,11 +34,25 @@ def _like(node: Any, values: dict[Any, Any]) -> Any:
     return collections.defaultdict(node.default_factory, values)
 
 
-def has_sorted_dicts(treedef: Any) -> bool:
-    """Whether a structure holds a dict whose flatten sorts its keys."""
-    data = treedef.node_data()  # `None` for a leaf, which has no children
-    sorted_here = data is not None and data[0] in _SORTED_DICTS
-    return sorted_here or any(map(has_sorted_dicts, treedef.children()))
+# Structures nested deeper than this are walked by JAX alone (it takes any depth):
+# what a nested call's function gets is JAX's rebuild, not the caller's containers.
+MAX_DEPTH = 100
+
+
+def shape_of(treedef: Any) -> tuple[bool, bool]:
+    """Whether a structure holds a dict whose flatten sorts its keys, and whether
+    it is nested deeper than `MAX_DEPTH`; without recursion."""
+    sorted_dicts = False
+    pending = [(treedef, 0)]
+    while pending:
+        node, depth = pending.pop()
+        if depth > MAX_DEPTH:
+            return sorted_dicts, True
+        data = node.node_data()  # `None` for a leaf, which has no children
+        if data is not None and data[0] in _SORTED_DICTS:
+            sorted_dicts = True
+        pending += [(child, depth + 1) for child in node.children()]
+    return sorted_dicts, False
 
 
 def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:

@@ -541,3 +541,27 @@ def test_one_static_object_passed_twice_traces_once(level):
             y = level(lambda x: g(x, setting, setting)[0])(jnp.ones(2))
             assert_tree_equal(y, jnp.ones(2) * 2)
         assert len(traces) == 1
+
+
+@LEVELS
+def test_a_deeply_nested_argument_and_output(level):
+    # Core v6, finding 11: a 600-level nested tuple raised RecursionError (the fast
+    # path's reader and builder at the top level, the structure's walk nested),
+    # where JAX, Equinox and the undecorated function run.
+    tree: Any = jnp.ones(2)
+    for _ in range(600):
+        tree = (tree,)
+
+    def innermost(t, n):
+        while isinstance(t, tuple):
+            t = t[0]
+        return t * n, t
+
+    def f(t, n):
+        return innermost(t, n)[0], t
+
+    wrapped = filter_jit(f)
+    for n in (2, 3, 2):
+        out, back = level(lambda t: wrapped(t, n))(tree)
+        assert_tree_equal(out, jnp.ones(2) * n)
+        assert_tree_equal(innermost(back, 1)[1], jnp.ones(2))

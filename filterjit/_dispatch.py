@@ -186,7 +186,7 @@ class Dispatcher:
         finally:
             pending.call = previous
         if type(out) is Carried:
-            return self._finish(STAGED, out, leaves)
+            return self._finish(STAGED, out, leaves, tree=tree)
         return out
 
     def _call(self, level: Level, fun: Any, args: Args, kwargs: Kwargs) -> Any:
@@ -431,11 +431,16 @@ class Dispatcher:
             name = self.function.name
             out = call_checked(entry.jitted, dynamic, name, ready, entry.labels)
         if type(out) is Carried:
-            return self._finish(level, out, leaves, waited=True)
+            return self._finish(level, out, leaves, waited=True, tree=tree)
         return out
 
     def _finish(
-        self, level: Level, out: Carried, leaves: list[Any], waited: bool = False
+        self,
+        level: Level,
+        out: Carried,
+        leaves: list[Any],
+        waited: bool = False,
+        tree: Any = None,
     ) -> Any:
         """The user's output from a `Carried` one: the trace's own spec finishes
         it with this call's leaves. At the top level, a trace that holds a runtime
@@ -444,7 +449,7 @@ class Dispatcher:
         if spec.aliases and not self._keys_aliases:
             self._key_aliases()
         if level == STAGED:
-            return spec.build_nested(out.leaves, leaves)
+            return spec.finish_nested(out.leaves, leaves, tree)
         if spec.runtime_check and level == TOP and not waited:
             wait_checked(spec.awaited(out.leaves), self.function.name)
         return spec.build(out.leaves, leaves)

@@ -199,7 +199,8 @@ def make_entry(
         if log is not None and not nested:  # traced at the top level
             rows = list(map(row, labels, roles, inputs, arguments))
             log.record(rows, None if entry is None else entry.traces)
-        return jit_output(output, inputs, runtime_check, boxed, compile_build)
+        seen = None if deep else call  # the containers it may have handed back
+        return jit_output(output, inputs, runtime_check, boxed, compile_build, seen)
 
     # So that JAX's messages point at the user's function and name its arguments.
     run.__name__ = function.name.rpartition(".")[2]

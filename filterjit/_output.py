@@ -8,14 +8,20 @@ the jit), its auxiliary data the `OutputSpec` that finishes it."""
 
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
 from ._leaves import identity_is_moot, is_array
-from ._structure import dict_orders, restore_orders
+from ._structure import (
+    container_nodes,
+    dict_orders,
+    hand_back,
+    restore_orders,
+    shape_of,
+)
 
 
 def items_getter(keys: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
@@ -122,6 +128,8 @@ class OutputSpec:
         "plain",
         "from_traced",
         "leaf_sources",
+        "handed",
+        "orders",
     )
 
     def __init__(
@@ -132,6 +140,7 @@ class OutputSpec:
         runtime_check: bool,
         orders: tuple[tuple[Any, ...], ...] | None,
         compile_build: BuilderCompiler | None = None,
+        handed: "HandedNodes | None" = None,
     ):
         input_positions: dict[int, list[int]] = {}
         for position, leaf in enumerate(inputs):
@@ -190,11 +199,15 @@ class OutputSpec:
             )
             take = items_getter(kept)
             self.build_nested = lambda out, inputs: nested(take(out), inputs)
-        if orders is not None:
+        if orders is not None and handed is None:
             unordered = self.build_nested
             self.build_nested = lambda out, inputs: restore_orders(
                 unordered(out, inputs), orders
             )
+        # Nested, the caller's own containers that the function handed back (see
+        # `HandedNodes`), found in the call's pytree; then the other dicts ordered.
+        self.handed = handed
+        self.orders = orders
         # Whether a top-level call needs nothing but `build`; `from_traced`, where
         # it needs not even the call's leaves: `build` of the traced leaves alone.
         self.plain = not (aliases or runtime_check)
@@ -204,6 +217,20 @@ class OutputSpec:
         self.leaf_sources = None
         if self.from_traced is not None:
             self.leaf_sources = treedef, leaf_sources(template, dynamic, passthrough)
+
+    def finish_nested(self, out: Any, inputs: list[Any], tree: Any) -> Any:
+        """A nested call's output, from the traced leaves `out`, the call's leaves
+        `inputs` and its pytree `tree` (whose containers it may hand back)."""
+        built = self.build_nested(out, inputs)
+        if self.handed is None:
+            return built
+        view, handed, _ = self.handed
+        nodes = container_nodes(tree)
+        built = hand_back(built, view, handed, nodes)
+        if self.orders is None:
+            return built
+        skip = frozenset(id(nodes[index]) for index in handed.values())
+        return restore_orders(built, self.orders, skip)
 
     def awaited(self, out: Any) -> Any:
         """What of the traced leaves `out` a top-level call waits for."""
@@ -243,12 +270,43 @@ def finish(out: Any, inputs: list[Any]) -> Any:
     return out
 
 
+class HandedNodes(NamedTuple):
+    """Where an output holds containers of the call that the function handed back,
+    unchanged (no traced leaf): `view`, the output's structure with each of them a
+    leaf, and by leaf position of `view`, the container's index among the call's
+    (`_structure.container_nodes`). Nested, such a call's output holds the
+    caller's own containers, as the undecorated function's does."""
+
+    view: Any
+    positions: dict[int, int]
+    ids: frozenset[int]  # of the containers handed back, in this trace
+
+
+def _handed_nodes(output: Any, call: Any) -> HandedNodes | None:
+    """The containers of the pytree `call` that `output` holds (see `HandedNodes`)."""
+    index = {}
+    for position, node in enumerate(container_nodes(call)):
+        if not any(isinstance(leaf, Tracer) for leaf in jtu.tree_leaves(node)):
+            index.setdefault(id(node), position)
+    if not index:
+        return None
+    leaves, view = jtu.tree_flatten(output, is_leaf=lambda x: id(x) in index)
+    positions = {
+        p: index[id(leaf)] for p, leaf in enumerate(leaves) if id(leaf) in index
+    }
+    if not positions or shape_of(view)[1]:
+        return None
+    ids = frozenset(id(leaves[p]) for p in positions)
+    return HandedNodes(view, positions, ids)
+
+
 def jit_output(
     output: Any,
     inputs: list[Any],
     runtime_check: bool,
     boxed: bool,
     compile_build: BuilderCompiler | None = None,
+    call: Any = None,
 ) -> Any:
     """What the jitted function returns for the user's `output`, traced with
     `inputs` (the call's leaves, tracers for traced ones): every array leaf is an
@@ -257,8 +315,11 @@ def jit_output(
     call's (equal to this call's: they are keyed by value). `compile_build`: how
     the output's builders may be compiled."""
     leaves, treedef = jtu.tree_flatten(output)
-    # Dicts whose order JAX's rebuild changes: restored for nested calls.
-    found = dict_orders(output)
+    handed = None if call is None or boxed else _handed_nodes(output, call)
+    # Dicts whose order JAX's rebuild changes: restored for nested calls (not in
+    # the containers handed back, which are the caller's own).
+    skip = frozenset() if handed is None else handed.ids
+    found = dict_orders(output, skip)
     in_order = not found or found == dict_orders(treedef.unflatten(leaves))
     if not runtime_check and in_order and all(isinstance(x, Tracer) for x in leaves):
         return output
@@ -267,5 +328,7 @@ def jit_output(
             [leaf if is_array(leaf) else _Static(leaf) for leaf in leaves]
         )
     orders = None if in_order else found
-    spec = OutputSpec(treedef, leaves, inputs, runtime_check, orders, compile_build)
+    spec = OutputSpec(
+        treedef, leaves, inputs, runtime_check, orders, compile_build, handed
+    )
     return Carried(spec, [leaves[p] for p in spec.dynamic_positions])

@@ -55,14 +55,17 @@ def shape_of(treedef: Any) -> tuple[bool, bool]:
     return sorted_dicts, False
 
 
-def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
-    """The keys of each dict in `tree` in insertion order, dict by dict, depth first."""
+def dict_orders(
+    tree: Any, skip: frozenset[int] = frozenset()
+) -> tuple[tuple[Any, ...], ...]:
+    """The keys of each dict in `tree` in insertion order, dict by dict, depth first;
+    not inside the nodes whose ids are in `skip`."""
     orders: list[tuple[Any, ...]] = []
     pending = [tree]
     while pending:
         node = pending.pop()
         kind = type(node)
-        if node is None or is_leaf_type(kind):
+        if node is None or is_leaf_type(kind) or id(node) in skip:
             continue
         if kind in _SORTED_DICTS:
             orders.append(tuple(node))
@@ -74,21 +77,28 @@ def dict_orders(tree: Any) -> tuple[tuple[Any, ...], ...]:
     return tuple(orders)
 
 
-def restore_orders(tree: Any, orders: Iterable[tuple[Any, ...]]) -> Any:
-    """`tree`, rebuilt by JAX from one whose `dict_orders` were `orders`, so ordered."""
+def restore_orders(
+    tree: Any, orders: Iterable[tuple[Any, ...]], skip: frozenset[int] = frozenset()
+) -> Any:
+    """`tree`, rebuilt by JAX from one whose `dict_orders` (with `skip`) were
+    `orders`, so ordered; the nodes whose ids are in `skip` as they are."""
     orders = iter(orders)  # one iterator through the recursion (`iter` of it is it)
     kind = type(tree)
-    if tree is None or is_leaf_type(kind):
+    if tree is None or is_leaf_type(kind) or id(tree) in skip:
         return tree
     if kind in _SORTED_DICTS:
         keys = next(orders)
-        return _like(tree, {key: restore_orders(tree[key], orders) for key in keys})
+        return _like(
+            tree, {key: restore_orders(tree[key], orders, skip) for key in keys}
+        )
     if kind is list or kind is tuple:
-        return kind(restore_orders(child, orders) for child in tree)
+        return kind(restore_orders(child, orders, skip) for child in tree)
     if (found := _children(tree)) is None:
         return tree
     children, structure = found
-    return structure.unflatten([restore_orders(child, orders) for child in children])
+    return structure.unflatten(
+        [restore_orders(child, orders, skip) for child in children]
+    )
 
 
 def replace_leaves(
@@ -112,3 +122,46 @@ def replace_leaves(
                 return _like(tree, {key: rebuilt[key] for key in tree})
             return rebuilt
     return replace(next(count), tree)
+
+
+def container_nodes(tree: Any) -> list[Any]:
+    """`tree`'s nodes that are not leaves, depth first in JAX's order (its root
+    first), without recursion: two trees of one structure list theirs alike."""
+    found: list[Any] = []
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        if is_leaf_type(type(node)):
+            continue
+        children = _children(node)
+        if children is None:
+            continue
+        found.append(node)
+        pending += reversed(children[0])
+    return found
+
+
+def hand_back(output: Any, view: Any, handed: dict[int, int], nodes: list[Any]) -> Any:
+    """`output` with the subtrees at the leaves `handed` of the structure `view`
+    (a prefix of `output`'s) replaced by `nodes[handed[position]]`: the caller's
+    own containers, which the function handed back. Unchanged nodes are `output`'s
+    own, and a changed dict keeps its order."""
+    count = itertools.count()
+
+    def walk(tree: Any, structure: Any) -> Any:
+        if structure.node_data() is None:  # a leaf of the view
+            node = handed.get(next(count))
+            return tree if node is None else nodes[node]
+        found = _children(tree)
+        if found is None:
+            return tree
+        children, rebuild = found
+        new = [walk(c, s) for c, s in zip(children, structure.children())]
+        if all(map(operator.is_, new, children)):
+            return tree
+        rebuilt = rebuild.unflatten(new)
+        if type(tree) in _SORTED_DICTS:
+            return _like(tree, {key: rebuilt[key] for key in tree})
+        return rebuilt
+
+    return walk(output, view)

@@ -565,3 +565,27 @@ def test_a_deeply_nested_argument_and_output(level):
         out, back = level(lambda t: wrapped(t, n))(tree)
         assert_tree_equal(out, jnp.ones(2) * n)
         assert_tree_equal(innermost(back, 1)[1], jnp.ones(2))
+
+
+def test_nested_containers_handed_back_are_the_callers():
+    # Core v6, finding 10: nested, the containers a function hands back were
+    # copies (`out is settings` False; undecorated returns the same object), dicts
+    # in insertion order included, and a container inside another.
+    settings = {"b": 1, "a": [2, 3]}
+    options = (1, "z")
+
+    def f(x, s, t):
+        return x * 2, s, t, s["a"], {"new": s["b"]}
+
+    wrapped = filter_jit(f)
+    for decorate in (lambda g: g, lambda g: wrapped):
+        seen = []
+        for _ in range(3):  # the first traces; the others hit the cache
+
+            def outer(x, decorate=decorate, seen=seen):
+                y, s, t, a, new = decorate(f)(x, settings, options)
+                seen.append((s is settings, t is options, a is settings["a"], new))
+                return y
+
+            assert_tree_equal(jax.jit(outer)(jnp.float32(1)), jnp.float32(2))
+        assert seen == [(True, True, True, {"new": 1})] * 3

@@ -585,6 +585,7 @@ class Exported(Generic[_P, _T]):
             index = None if data is None else _first_opaque(data)
             if index is not None and argument.given:
                 where, value = self._opaque[index]
+                _encoded(value, where, self.fun_name, Encoding())  # says why
                 raise TypeError(
                     f"{self.fun_name}: cannot save `{where}`, a "
                     f"`{type(value).__qualname__}`. {_SAVES}"

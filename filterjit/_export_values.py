@@ -303,6 +303,9 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
 
 def _encode_enum(value: enum.Enum, where: str, encoding: Encoding) -> Any:
     kind = type(value)
+    if id(kind) not in _names_by_id and encoding.opaque is not None:
+        encoding.opaque.append((where, value))
+        return ["opaque", len(encoding.opaque) - 1]
     if id(kind) not in _names_by_id:
         raise Unsavable(
             where,

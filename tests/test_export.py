@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _export_models import Affine, Pair, Scale
+from _export_models import Affine, Mode, Pair, Scale
 from helpers import assert_tree_equal, subprocess_env, TraceCounter
 
 import filterjit
@@ -22,7 +22,7 @@ from filterjit import filter_jit
 
 ROOT = Path(__file__).resolve().parent.parent
 
-for _kind in (Scale, Affine, Pair):
+for _kind in (Scale, Affine, Pair, Mode):
     filterjit.register_serializable(_kind)
 
 
@@ -520,3 +520,221 @@ def test_static_values_round_trip_exactly():
     assert [type(x) for x in found] == [type(x) for x in statics]
     assert repr(found) == repr(statics)  # -0.0 and nan included
     assert np.signbit(found[3]) and found[4] != found[4]
+
+
+# -- Equinox's own models as arguments, loaded by a process that imports nothing of
+# the test's (findings 1-8): it builds the same models from the same keys.
+
+
+def _serve(model: Any, xs: jax.Array) -> jax.Array:
+    return jax.vmap(model)(xs)
+
+
+def _pools(pools: tuple[Any, Any], x: jax.Array) -> Any:
+    return pools[0](x), pools[1](x)
+
+
+def _sequential(model: Any, x: jax.Array) -> jax.Array:
+    return model(x)
+
+
+def _batch_norm(model: Any, state: Any, xs: jax.Array) -> Any:
+    vmapped = jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))
+    return vmapped(xs, state)
+
+
+def _statics(x: jax.Array, dtype: Any, storage: Any, mode: Mode) -> Any:
+    return x.astype(dtype).astype(storage), dtype, storage, mode
+
+
+def _size(xs: jax.Array) -> Any:
+    return xs * 2, xs.shape[0], {"rows": xs.shape[0] + 1}
+
+
+def _models() -> dict[str, Any]:
+    # As LOADER builds them.
+    return {
+        "mlp": eqx.nn.MLP(2, 1, 8, 2, key=jax.random.key(0)),
+        "pools": (eqx.nn.MaxPool2d(2), eqx.nn.AvgPool2d(2, stride=2)),
+        "sequential": eqx.nn.Sequential(
+            [eqx.nn.Linear(2, 3, key=jax.random.key(1)), eqx.nn.Lambda(jax.nn.relu)]
+        ),
+        "batch_norm": eqx.nn.make_with_state(eqx.nn.BatchNorm)(
+            3, "batch", mode="batch"
+        ),
+    }
+
+
+LOADER = """
+import json, sys
+from pathlib import Path
+
+import equinox as eqx
+import jax, jax.numpy as jnp, numpy as np
+import filterjit
+
+folder = Path(sys.argv[1])
+imported = sorted(m for m in sys.modules if m.startswith(("_export_models", "test_")))
+models = {
+    "mlp": eqx.nn.MLP(2, 1, 8, 2, key=jax.random.key(0)),
+    "pools": (eqx.nn.MaxPool2d(2), eqx.nn.AvgPool2d(2, stride=2)),
+    "sequential": eqx.nn.Sequential(
+        [eqx.nn.Linear(2, 3, key=jax.random.key(1)), eqx.nn.Lambda(jax.nn.relu)]
+    ),
+    "batch_norm": eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="batch"),
+}
+load = lambda name: filterjit.deserialize((folder / f"{name}.bin").read_bytes())
+xs = jnp.arange(6.0, dtype=jnp.float32).reshape(3, 2) / 4
+report = {"imported": imported}
+
+mlp = load("mlp")
+report["mlp"] = mlp.call(models["mlp"], xs).tolist()
+grads = eqx.filter_grad(lambda m: mlp.call(m, xs).sum())(models["mlp"])
+grads = jax.tree.leaves(eqx.filter(grads, eqx.is_array))
+report["mlp_grad"] = [g.tolist() for g in grads]
+report["mlp_in_avals"] = list(mlp.in_avals)[:2]
+
+image = jnp.arange(32.0, dtype=jnp.float32).reshape(2, 4, 4)
+report["pools"] = [y.tolist() for y in load("pools").call(models["pools"], image)]
+report["sequential"] = load("sequential").call(models["sequential"], xs[0]).tolist()
+bn, state = models["batch_norm"]
+ys, new_state = load("batch_norm").call(bn, state, jnp.arange(12.0).reshape(4, 3))
+report["batch_norm"] = [ys.tolist(), type(new_state).__name__]
+report["batch_norm_state"] = [x.tolist() for x in jax.tree.leaves(new_state)]
+
+try:
+    load("statics")
+except TypeError as e:
+    report["statics_refused"] = str(e)
+from _export_models import Mode
+filterjit.register_serializable(Mode)
+y, dtype, storage, mode = load("statics").call(
+    jnp.arange(3.0), jnp.bfloat16, np.dtype("float16"), Mode.SERVE
+)
+report["statics"] = [
+    str(y.dtype), dtype is jnp.bfloat16, repr(storage), mode is Mode.SERVE
+]
+
+y, rows, extra = load("size").call(jnp.ones((5, 2)))
+report["size"] = [type(rows).__name__, rows, extra]
+
+donor = jnp.ones(3)
+load("donate").call(donor)
+report["donated"] = donor.is_deleted()
+print(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def loaded_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What a fresh interpreter that imports only JAX, Equinox and filterjit gets
+    from exports of Equinox's own models and of statics Export v1 refused."""
+    folder = tmp_path_factory.mktemp("models")
+    models = _models()
+    rows = jax.ShapeDtypeStruct((_batch(), 2), jnp.float32)
+    bn, state = models["batch_norm"]
+    payloads = {
+        "mlp": filterjit.export(_serve)(models["mlp"], rows).serialize(vjp_order=1),
+        "pools": filterjit.export(_pools)(models["pools"], jnp.ones((2, 4, 4))),
+        "sequential": filterjit.export(_sequential)(models["sequential"], jnp.ones(2)),
+        "batch_norm": filterjit.export(_batch_norm)(bn, state, jnp.ones((4, 3))),
+        "statics": filterjit.export(_statics)(
+            jnp.ones(3), jnp.bfloat16, np.dtype("float16"), Mode.SERVE
+        ),
+        "size": filterjit.export(_size)(rows),
+        "donate": filterjit.export(filter_jit(lambda x: x + 1, donate="all"))(
+            jnp.ones(3)
+        ),
+    }
+    for name, payload in payloads.items():
+        data = payload if isinstance(payload, bytes) else payload.serialize()
+        (folder / f"{name}.bin").write_bytes(data)
+    env = subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-c", LOADER, str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+_xs = jnp.arange(6.0, dtype=jnp.float32).reshape(3, 2) / 4
+
+
+def test_an_eqx_mlp_is_saved_as_an_argument_and_differentiated_after_loading(
+    loaded_models: dict[str, Any],
+) -> None:
+    # Findings 1 and 5: its activations (custom_jvp functions, Equinox's identity)
+    # are saved by reference; `vjp_order=1` makes the loaded call differentiable.
+    mlp = _models()["mlp"]
+    assert loaded_models["imported"] == []
+    np.testing.assert_allclose(loaded_models["mlp"], _serve(mlp, _xs), rtol=1e-6)
+    grads = eqx.filter_grad(lambda m: _serve(m, _xs).sum())(mlp)
+    expected = jax.tree.leaves(eqx.filter(grads, eqx.is_array))
+    assert len(loaded_models["mlp_grad"]) == len(expected) == 6
+    for got, want in zip(loaded_models["mlp_grad"], expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert loaded_models["mlp_in_avals"] == [
+        "model.layers[0].weight",
+        "model.layers[0].bias",
+    ]
+
+
+def test_pools_and_sequential_with_lambda_are_saved_as_arguments(
+    loaded_models: dict[str, Any],
+) -> None:
+    models = _models()
+    image = jnp.arange(32.0, dtype=jnp.float32).reshape(2, 4, 4)
+    for got, want in zip(loaded_models["pools"], _pools(models["pools"], image)):
+        np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose(
+        loaded_models["sequential"],
+        _sequential(models["sequential"], _xs[0]),
+        rtol=1e-6,
+    )
+
+
+def test_eqx_state_is_an_argument_and_an_output(loaded_models: dict[str, Any]) -> None:
+    # Finding 3.
+    bn, state = _models()["batch_norm"]
+    ys, new_state = _batch_norm(bn, state, jnp.arange(12.0).reshape(4, 3))
+    assert loaded_models["batch_norm"][1] == "State"
+    np.testing.assert_allclose(loaded_models["batch_norm"][0], ys, rtol=1e-6)
+    for got, want in zip(loaded_models["batch_norm_state"], jax.tree.leaves(new_state)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_dtype_and_registered_enum_statics(loaded_models: dict[str, Any]) -> None:
+    # Finding 4: an output enum must be registered to be rebuilt; dtypes need not.
+    assert "_export_models.Mode" in loaded_models["statics_refused"]
+    assert loaded_models["statics"] == ["float16", True, "dtype('float16')", True]
+
+
+def test_a_symbolic_size_comes_back_as_the_calls_size(
+    loaded_models: dict[str, Any],
+) -> None:
+    # Finding 8, loaded; and in this process, also under an outer `jax.jit`.
+    assert loaded_models["size"] == ["int", 5, {"rows": 6}]
+    rows = jax.ShapeDtypeStruct((_batch(), 2), jnp.float32)
+    exported = filterjit.export(_size)(rows)
+    assert exported.call(jnp.ones((3, 2)))[1:] == (3, {"rows": 4})
+    assert filter_jit(_size)(jnp.ones((3, 2)))[1:] == (3, {"rows": 4})
+    scaled = jax.jit(lambda x: x * exported.call(x)[1])(jnp.ones((4, 2)))
+    assert scaled.tolist() == [[4.0, 4.0]] * 4
+    assert list(exported.out_avals) == ["output[0]"]
+
+
+def test_donation_is_kept_by_the_export(loaded_models: dict[str, Any]) -> None:
+    # Finding 7.
+    assert loaded_models["donated"] is True
+    exported = filterjit.export(filter_jit(lambda x: x + 1, donate="all"))(jnp.ones(3))
+    x = jnp.ones(3)
+    exported.call(x)
+    assert x.is_deleted()
+    kept = filterjit.export(lambda x: x + 1)(jnp.ones(3))
+    y = jnp.ones(3)
+    kept.call(y)
+    assert not y.is_deleted()

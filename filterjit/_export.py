@@ -6,7 +6,7 @@ unpickling anything it names."""
 import dataclasses
 import inspect
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
@@ -65,30 +65,33 @@ class _Template:
     """A pytree's structure, and its leaves: static values, `TRACED` where traced,
     `SIZE` where a symbolic size is (returned as the call's concrete size)."""
 
-    def __init__(self, treedef: Any, leaves: list[Any], label: str):
+    def __init__(self, treedef: Any, leaves: list[Any], label: str, data: Any = None):
         self.treedef = treedef
         self.leaves = leaves
         self.label = label
         self.exact = exact_aux(treedef)
-        prototype = treedef.unflatten(leaves)
-        paths = jtu.tree_flatten_with_path(prototype)[0]
+        # Loaded: the saved data, from which each output is built (no `__init__`).
+        self.data = data
+        paths = jtu.tree_flatten_with_path(self.prototype())[0]
         self.labels = [label + jtu.keystr(path) for path, _ in paths]
         self.traced = sum(leaf is TRACED or leaf is SIZE for leaf in leaves)
 
     @classmethod
-    def of(cls, prototype: Any, label: str) -> "_Template":
-        leaves, treedef = jtu.tree_flatten(prototype)
-        return cls(treedef, leaves, label)
+    def loaded(cls, data: Any, label: str) -> "_Template":
+        """The template of saved data, its classes registered in this process."""
+        leaves, treedef = jtu.tree_flatten(decode(data))
+        return cls(treedef, leaves, label, data)
 
     def prototype(self) -> Any:
+        if self.data is not None:
+            return decode(self.data)
         return self.treedef.unflatten(self.leaves)
-
-    def same_structure(self, treedef: Any) -> bool:
-        return treedef == self.treedef and exact_aux(treedef) == self.exact
 
     def encode(self, fun_name: str) -> Any:
         """As JSON data; raises if a part cannot be saved, or is not rebuilt as it
         is (a pytree node whose structure does not come from its fields)."""
+        if self.data is not None:
+            return self.data
         encoding = Encoding()
         data = _encoded(self.prototype(), self.label, fun_name, encoding)
         _check_rebuilt(
@@ -96,16 +99,19 @@ class _Template:
         )
         return data
 
-    def finish(self, outputs: Any) -> Any:
+    def finish(self, outputs: Iterator[Any]) -> Any:
         """The output of a call, from the program's outputs."""
-        leaves = []
-        for leaf in self.leaves:
-            if leaf is TRACED:
-                leaves.append(next(outputs))
-            elif leaf is SIZE:  # an empty array whose last axis has that size
-                leaves.append(int(next(outputs).shape[-1]))
-            else:
-                leaves.append(leaf)
+
+        def fill(leaf: Any) -> Any:
+            if leaf is SIZE:  # an empty array whose last axis has that size
+                return int(next(outputs).shape[-1])
+            return next(outputs)
+
+        if self.data is not None:
+            return decode(self.data, fill=fill)
+        leaves = [
+            x if x is not TRACED and x is not SIZE else fill(x) for x in self.leaves
+        ]
         return self.treedef.unflatten(leaves)
 
 
@@ -757,7 +763,7 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
         raise _malformed() from None
     fun_name, parameters, arguments, output_data, donated, vjp_order = parts
     try:
-        output = _Template.of(decode(output_data), "output")
+        output = _Template.loaded(output_data, "output")
     except (Malformed, KeyError, IndexError, ValueError, AttributeError):
         raise _malformed() from None
     try:

@@ -71,7 +71,9 @@ def unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
         )
     expected = _START + header_length + program_length + _DIGEST
     if len(data) != expected:
-        state = "truncated" if len(data) < expected else "corrupt"
+        state = (
+            "truncated (or its lengths corrupt)" if len(data) < expected else "corrupt"
+        )
         raise _refuse(
             f"the payload is {state}: it has {len(data)} bytes where its header "
             f"gives {expected}. Save it again."

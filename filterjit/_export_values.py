@@ -9,7 +9,7 @@ import dataclasses
 import enum
 import sys
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -416,87 +416,101 @@ def decode_enum(name: Any, member: Any, classes: Mapping[str, Any]) -> Any:
     return kind.__members__[member]
 
 
-def decode(data: Any, classes: Mapping[str, Any] | None = None) -> Any:
+def decode(
+    data: Any,
+    classes: Mapping[str, Any] | None = None,
+    fill: Callable[[Any], Any] | None = None,
+) -> Any:
     """The prototype that `encode` saved, its classes found in `classes` (those
-    registered here if omitted). Raises `Malformed` for data `encode` cannot have
-    written."""
-    classes = _by_name if classes is None else classes
-    _need(isinstance(data, list) and len(data) >= 1)
-    tag = data[0]
-    if tag == "traced":
-        return TRACED
-    if tag == "size":
-        return SIZE
-    if tag in SCALAR_TAGS:
-        return decode_scalar(data)
-    if tag in ("tuple", "list", "frozenset"):
-        _need(isinstance(data[1], list))
-        items = [decode(item, classes) for item in data[1]]
-        return {"tuple": tuple, "list": list, "frozenset": frozenset}[tag](items)
-    if tag == "dict":
-        _need(isinstance(data[1], list))
-        pairs = [_decode_pair(pair, classes) for pair in data[1]]
-        return dict(pairs)
-    if tag == "dtype":
-        return decode_dtype(data[1])
-    if tag == "enum":
-        return decode_enum(data[1], data[2], classes)
-    if tag == "ref":
-        _need(isinstance(data[1], str))
-        found = resolve_reference(data[1])
-        if found is None:
-            raise _unresolved(data[1])
-        return found
-    if tag == "state":
-        return _decode_state(data, classes)
-    if tag == "node":
-        return _decode_node(data, classes)
-    raise Malformed
+    registered here if omitted), built without calling their `__init__`; with
+    `fill`, each traced leaf (`TRACED` or `SIZE`) replaced by `fill(leaf)`. Raises
+    `Malformed` for data `encode` cannot have written."""
+    return _Decoder(_by_name if classes is None else classes, fill).decode(data)
 
 
-def _decode_pair(pair: Any, classes: Mapping[str, Any]) -> tuple[Any, Any]:
-    _need(isinstance(pair, list) and len(pair) == 2)
-    return decode(pair[0], classes), decode(pair[1], classes)
+class _Decoder:
+    def __init__(self, classes: Mapping[str, Any], fill: Callable[[Any], Any] | None):
+        self.classes = classes
+        self.fill = fill
 
+    def decode(self, data: Any) -> Any:
+        _need(isinstance(data, list) and len(data) >= 1)
+        tag = data[0]
+        if tag in ("traced", "size"):
+            leaf = TRACED if tag == "traced" else SIZE
+            return leaf if self.fill is None else self.fill(leaf)
+        if tag in SCALAR_TAGS:
+            return decode_scalar(data)
+        if tag in ("tuple", "list", "frozenset"):
+            _need(len(data) == 2 and isinstance(data[1], list))
+            items = [self.decode(item) for item in data[1]]
+            return {"tuple": tuple, "list": list, "frozenset": frozenset}[tag](items)
+        if tag == "dict":
+            _need(len(data) == 2 and isinstance(data[1], list))
+            return dict(self._pair(pair) for pair in data[1])
+        if tag == "dtype":
+            _need(len(data) == 2)
+            return decode_dtype(data[1])
+        if tag == "enum":
+            _need(len(data) == 3)
+            return decode_enum(data[1], data[2], self.classes)
+        if tag == "ref":
+            _need(len(data) == 2 and isinstance(data[1], str))
+            found = resolve_reference(data[1])
+            if found is None:
+                raise _unresolved(data[1])
+            return found
+        if tag == "state":
+            return self._state(data)
+        if tag == "node":
+            return self._node(data)
+        raise Malformed
 
-def _decode_state(data: Any, classes: Mapping[str, Any]) -> Any:
-    kind = getattr(getattr(sys.modules.get("equinox"), "nn", None), "State", None)
-    if kind is None:
-        raise TypeError(
-            "filterjit.deserialize: the payload returns an `eqx.nn.State`: import "
-            "equinox before loading it (loading never imports it)."
-        )
-    _need(len(data) == 3)
-    keys, children = decode(data[1], classes), data[2]
-    _need(isinstance(keys, tuple) and isinstance(children, list))
-    _need(len(keys) == len(children))
-    return kind.tree_unflatten(keys, [decode(child, classes) for child in children])
+    def _pair(self, pair: Any) -> tuple[Any, Any]:
+        _need(isinstance(pair, list) and len(pair) == 2)
+        return self.decode(pair[0]), self.decode(pair[1])
 
+    def _state(self, data: Any) -> Any:
+        nn = getattr(sys.modules.get("equinox"), "nn", None)
+        kind = getattr(nn, "State", None)
+        if kind is None:
+            raise TypeError(
+                "filterjit.deserialize: the payload returns an `eqx.nn.State`: "
+                "import equinox before loading it (loading never imports it)."
+            )
+        _need(len(data) == 3)
+        keys, children = self.decode(data[1]), data[2]
+        _need(isinstance(keys, tuple) and isinstance(children, list))
+        _need(len(keys) == len(children))
+        return kind.tree_unflatten(keys, [self.decode(child) for child in children])
 
-def _decode_node(data: Any, classes: Mapping[str, Any]) -> Any:
-    _need(len(data) == 3 and isinstance(data[1], str) and isinstance(data[2], list))
-    name, saved = data[1], data[2]
-    kind = classes.get(name)
-    if kind is None:
-        raise unregistered(name)
-    _need(isinstance(kind, type))
-    for pair in saved:
-        _need(isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str))
-    fields = [field for field, _ in saved]
-    values = [decode(item, classes) for _, item in saved]
-    expected = fields_of(kind)
-    if fields != expected:
-        raise TypeError(
-            f"filterjit.deserialize: the payload's `{name}` has the fields "
-            f"{fields}, but the class registered under that name has {expected}. "
-            "Load it with the version of the class it was saved with."
-        )
-    if is_namedtuple_type(kind):
-        return tuple.__new__(kind, values)
-    node = object.__new__(kind)  # as jax.tree_util unflattens a Module: no __init__
-    for field, item in zip(fields, values):
-        object.__setattr__(node, field, item)
-    return node
+    def _node(self, data: Any) -> Any:
+        _need(len(data) == 3 and isinstance(data[1], str))
+        _need(isinstance(data[2], list))
+        name, saved = data[1], data[2]
+        kind = self.classes.get(name)
+        if kind is None:
+            raise unregistered(name)
+        _need(isinstance(kind, type))
+        for pair in saved:
+            _need(isinstance(pair, list) and len(pair) == 2)
+            _need(isinstance(pair[0], str))
+        fields = [field for field, _ in saved]
+        expected = fields_of(kind)
+        if fields != expected:
+            raise TypeError(
+                f"filterjit.deserialize: the payload's `{name}` has the fields "
+                f"{fields}, but the class registered under that name has "
+                f"{expected}. Load it with the version of the class it was saved "
+                "with."
+            )
+        values = [self.decode(item) for _, item in saved]
+        if is_namedtuple_type(kind):
+            return tuple.__new__(kind, values)
+        node = object.__new__(kind)  # as jax.tree_util unflattens a Module
+        for field, item in zip(fields, values):
+            object.__setattr__(node, field, item)  # no __init__, no __post_init__
+        return node
 
 
 def describe(data: Any) -> str:

@@ -1,7 +1,9 @@
 """`filterjit.export`: a filtered function saved, loaded in a fresh interpreter and
 called; the errors; JAX's ahead-of-time signature on filterjit's stages."""
 
+import dataclasses
 import functools as ft
+import hashlib
 import json
 import subprocess
 import sys
@@ -738,3 +740,249 @@ def test_donation_is_kept_by_the_export(loaded_models: dict[str, Any]) -> None:
     y = jnp.ones(3)
     kept.call(y)
     assert not y.is_deleted()
+
+
+# -- A loader that trusts nothing it reads (findings 9 and 10).
+
+_WEIGHTS = jnp.arange(64, dtype=jnp.float32) + 0.5
+
+
+class _Weighted(eqx.Module):
+    weight: jax.Array
+
+    def __call__(self, x: jax.Array) -> Any:
+        return self.weight * x, {"n": 3}
+
+
+FUZZ = """
+import json, sys
+from pathlib import Path
+
+import filterjit
+
+data = Path(sys.argv[1]).read_bytes()
+mutations = json.loads(Path(sys.argv[2]).read_text())
+outcomes = []
+for kind, position, bit in mutations:
+    if kind == "truncate":
+        mutated = data[:position]
+    elif kind == "append":
+        mutated = data + b"\\x00"
+    else:
+        mutated = bytearray(data)
+        mutated[position] ^= 1 << bit
+        mutated = bytes(mutated)
+    try:
+        filterjit.deserialize(mutated)
+    except ValueError as e:
+        outcomes.append(["ValueError", str(e)])
+    except BaseException as e:
+        outcomes.append([type(e).__name__, str(e)])
+    else:
+        outcomes.append(["accepted", ""])
+print(json.dumps(outcomes))
+"""
+
+
+def _regions(data: bytes) -> dict[str, range]:
+    """Where a payload's parts lie: as `filterjit/_export_payload.py` lays them out."""
+    magic = len(b"filterjit.export\n")
+    header_length = int.from_bytes(data[magic + 4 : magic + 12], "big")
+    program_start = magic + 20 + header_length
+    weights = data.find(np.asarray(_WEIGHTS).tobytes())
+    assert weights > program_start  # the compiled-in weights, inside the program
+    return {
+        "magic": range(0, magic),
+        "format": range(magic, magic + 4),
+        "lengths": range(magic + 4, magic + 20),
+        "header": range(magic + 20, program_start),
+        "program": range(program_start, len(data) - 32),
+        "weights": range(weights, weights + _WEIGHTS.nbytes),
+        "checksum": range(len(data) - 32, len(data)),
+    }
+
+
+def test_no_truncated_or_bit_flipped_payload_is_accepted(tmp_path: Path) -> None:
+    # Run in a fresh interpreter, so that a crash fails this test, not the session.
+    data = filterjit.export(_Weighted(_WEIGHTS))(jnp.ones(64)).serialize()
+    assert filterjit.deserialize(data).call(jnp.ones(64))[1] == {"n": 3}
+    regions = _regions(data)
+    rng = np.random.default_rng(0)
+    mutations: list[tuple[str, int, int]] = []
+    for region in regions.values():
+        count = min(len(region), 24)
+        for position in rng.choice(np.asarray(region), count, replace=False):
+            mutations.append(("flip", int(position), int(rng.integers(8))))
+    cuts = {0, 1, 16, 17, 20, 36, 37, len(data) - 33, len(data) - 32, len(data) - 1}
+    for region in regions.values():
+        cuts |= {region.start, region.start + len(region) // 2, region.stop - 1}
+    mutations += [("truncate", cut, 0) for cut in sorted(cuts) if cut < len(data)]
+    mutations.append(("append", 0, 0))
+    (tmp_path / "payload.bin").write_bytes(data)
+    (tmp_path / "mutations.json").write_text(json.dumps(mutations))
+    result = subprocess.run(
+        [sys.executable, "-c", FUZZ, str(tmp_path / "payload.bin")]
+        + [str(tmp_path / "mutations.json")],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu"),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    outcomes = json.loads(result.stdout.splitlines()[-1])
+    assert len(outcomes) == len(mutations) > 150
+    wrong = [(m, o) for m, o in zip(mutations, outcomes) if o[0] != "ValueError"]
+    assert wrong == []
+    messages = [message for _, message in outcomes]
+    assert any("is truncated" in m for m in messages)
+    assert any("checksum does not match" in m for m in messages)
+    flipped = [o for m, o in zip(mutations, outcomes) if m[0] == "flip"]
+    assert all(
+        "corrupt" in message or "not made by" in message or "format" in message
+        for _, message in flipped
+    )
+
+
+def _pack(header: dict[str, Any], program: bytes) -> bytes:
+    from filterjit._export_payload import pack
+
+    return pack(header, program)
+
+
+def _unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
+    from filterjit._export_payload import unpack
+
+    return unpack(data)
+
+
+def test_other_versions_and_formats_are_named() -> None:
+    data = filterjit.export(_with_static_outputs)(jnp.ones(3), 2).serialize()
+    header, program = _unpack(data)
+    assert header["jax"] == jax.__version__
+    assert header["filterjit"] == filterjit.__version__
+    with pytest.raises(ValueError, match=r"exported with JAX 99\.0\.0, and this"):
+        filterjit.deserialize(_pack({**header, "jax": "99.0.0"}, program))
+    older = filterjit.deserialize(_pack({**header, "jax": "0.4.30"}, program))
+    assert older.call(jnp.ones(3), 2)[1] == {"n": 2, "tag": "x"}
+    # A payload of format 1 (filterjit before Export v2), and one of a newer format.
+    magic = b"filterjit.export\n"
+    encoded = json.dumps({"format": 1}).encode()
+    version_1 = magic + len(encoded).to_bytes(8, "big") + encoded + program
+    with pytest.raises(ValueError, match=r"earlier version of filterjit \(format 1\)"):
+        filterjit.deserialize(version_1)
+    newer = magic + (3).to_bytes(4, "big") + data[len(magic) + 4 :]
+    with pytest.raises(ValueError, match=r"filterjit \(format 3\)"):
+        filterjit.deserialize(newer)
+    with pytest.raises(ValueError, match="truncated"):
+        filterjit.deserialize(magic[:5])
+
+
+def test_a_crafted_header_with_a_valid_checksum_is_refused_clearly() -> None:
+    data = filterjit.export(_with_static_outputs)(jnp.ones(3), 2).serialize()
+    header, program = _unpack(data)
+    argument = header["arguments"][0]
+    crafted = [
+        {k: v for k, v in header.items() if k != "output"},
+        {**header, "output": ["eval", "os.system"]},
+        {**header, "output": ["node"]},
+        {**header, "output": ["int", "9" * 6000]},
+        {**header, "output": ["float", "not hex"]},
+        {**header, "output": ["dtype", "object"]},
+        {**header, "output": ["tuple", [["traced"]] * 3]},
+        {**header, "parameters": [["x; import os", 1, False]]},
+        {**header, "arguments": [{**argument, "value": ["node", "a", "b"]}]},
+        {**header, "arguments": [{**argument, "labels": [1]}]},
+        {**header, "vjp_order": 10**9},
+        {**header, "fun_name": None},
+    ]
+    for bad in crafted:
+        with pytest.raises(ValueError, match="header is not valid"):
+            filterjit.deserialize(_pack(bad, program))
+    with pytest.raises(ValueError, match="cannot read the payload's program"):
+        filterjit.deserialize(_pack(header, b"\x00" * 64))
+    # Nested past any recursion limit, behind a valid checksum.
+    magic = b"filterjit.export\n"
+    deep = b"[" * 100_000
+    body = magic + b"".join(
+        n.to_bytes(size, "big") for n, size in ((2, 4), (len(deep), 8), (0, 8))
+    )
+    body += deep
+    with pytest.raises(ValueError, match="header is not valid"):
+        filterjit.deserialize(body + hashlib.sha256(body).digest())
+
+
+def _kernel(x: jax.Array) -> jax.Array:
+    return jax.ffi.ffi_call("my_kernel", jax.ShapeDtypeStruct(x.shape, x.dtype))(x) + 1
+
+
+def _host_callback(x: jax.Array) -> jax.Array:
+    # The target name of `jax.pure_callback` on CPU, as a crafted payload calls it.
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return jax.ffi.ffi_call("xla_ffi_python_cpu_callback", out)(x)
+
+
+def test_custom_calls_are_refused_on_load_unless_allowed_at_export() -> None:
+    # Findings 6 and 10: the user's own FFI kernel, allowed with `disabled_checks`.
+    allowed = [jax.export.DisabledSafetyCheck.custom_call("my_kernel")]
+    exported = filterjit.export(_kernel, disabled_checks=allowed)(jnp.ones(3))
+    loaded = filterjit.deserialize(exported.serialize())
+    assert loaded.exported.disabled_safety_checks == tuple(allowed)
+    with pytest.raises(ValueError, match="custom calls whose targets"):
+        filterjit.export(_kernel)(jnp.ones(3))  # as jax.export refuses it
+    # A payload whose program calls a target the export did not allow.
+    exported.exported = dataclasses.replace(
+        exported.exported, disabled_safety_checks=()
+    )
+    with pytest.raises(ValueError, match="custom call `my_kernel`, which is not"):
+        filterjit.deserialize(exported.serialize())
+    # A host callback's target holds an address of the exporting process: refused
+    # even where the export allowed it (its first call would crash the process).
+    target = "xla_ffi_python_cpu_callback"
+    callback = filterjit.export(
+        _host_callback,
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(target)],
+    )(jnp.ones(3))
+    with pytest.raises(ValueError, match="`xla_ffi_python_cpu_callback`, a host"):
+        filterjit.deserialize(callback.serialize())
+
+
+def test_canary_private_jax_for_loading() -> None:
+    from filterjit import _jax_private_export as private
+
+    # The private reads are in use on this JAX: if one fails here, JAX moved it.
+    assert private.stable_targets_private and private.custom_call_targets_private
+    assert {"shape_assertion", "Sharding"} <= private.STABLE_TARGETS
+    assert private._STABLE_TARGETS_PUBLIC <= private.STABLE_TARGETS
+    allowed = [jax.export.DisabledSafetyCheck.custom_call("my_kernel")]
+    exported = filterjit.export(_kernel, disabled_checks=allowed)(jnp.ones(3))
+    # The public fallback reads the same targets from the module's text.
+    assert private._targets_public(exported.exported) == ["my_kernel"]
+    assert set(private._targets_private(exported.exported)) == {"my_kernel"}
+    plain = filterjit.export(jnp.sin)(jnp.ones(3)).exported
+    assert private._targets_private(plain) == private._targets_public(plain) == []
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    value: jax.Array
+    tag: str = dataclasses.field(metadata={"static": True})
+
+    def __post_init__(self) -> None:
+        if self.tag == "loaded":
+            raise AssertionError("__post_init__ ran on load")
+
+
+def test_loading_runs_no_init_of_a_registered_class() -> None:
+    # Finding 10: a `register_dataclass` class whose `__post_init__` refuses the
+    # payload's value; the payload is rebuilt without running it.
+    filterjit.register_serializable(_Checked)
+    exported = filterjit.export(lambda x: _Checked(x, "exported"))(jnp.ones(2))
+    header, program = _unpack(exported.serialize())
+    assert header["output"][2][1] == ["tag", ["str", "exported"]]
+    header["output"][2][1][1][1] = "loaded"
+    loaded = filterjit.deserialize(_pack(header, program))
+    for _ in range(2):
+        checked = loaded.call(jnp.ones(2))
+        assert type(checked) is _Checked and checked.tag == "loaded"
+        assert checked.value.tolist() == [1.0, 1.0]

@@ -323,8 +323,15 @@ class _Parameters:
     """The exported function's parameters: names, kinds and whether each has a
     default (whose value, where the export left it so, is the template's)."""
 
-    def __init__(self, parameters: Sequence[tuple[str, int, bool]] | None):
+    def __init__(
+        self,
+        parameters: Sequence[tuple[str, int, bool]] | None,
+        aliases: Sequence[str] = (),
+    ):
         self.parameters = None if parameters is None else list(parameters)
+        # For a wrapper taking `*args` (`jax.vmap(f)`): the names of the positional
+        # parameters of the function it wraps, to name its arguments by.
+        self.aliases = list(aliases)
         self._signature = None
         if parameters is not None:
             self._signature = inspect.Signature(
@@ -347,7 +354,8 @@ class _Parameters:
             [
                 (p.name, int(p.kind), p.default is not p.empty)
                 for p in signature.parameters.values()
-            ]
+            ],
+            _aliases(fun, signature),
         )
 
     def bind(self, fun_name: str, args: Any, kwargs: Any) -> list[tuple[Any, Any]]:
@@ -369,6 +377,8 @@ class _Parameters:
 
     def name(self, key: Any) -> str:
         """How to name the argument bound at `key` to a user."""
+        if isinstance(key, int) and 0 <= key < len(self.aliases):
+            return self.aliases[key]
         if isinstance(key, str) or self.parameters is None:
             return key if isinstance(key, str) else f"args[{key}]"
         kinds = (
@@ -382,6 +392,24 @@ class _Parameters:
             if kind == inspect.Parameter.VAR_POSITIONAL:
                 return f"{name}[{key - len(positional)}]"
         return f"args[{key}]"
+
+
+def _aliases(fun: Any, signature: inspect.Signature) -> list[str]:
+    """The positional parameters' names of the function that a wrapper taking only
+    `*args` and `**kwargs` wraps (`jax.vmap(f)`, `functools.wraps`): names only, as
+    the wrapper binds a call by its own signature."""
+    kinds = [p.kind for p in signature.parameters.values()]
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    if not kinds or any(kind not in variadic for kind in kinds):
+        return []
+    wrapped = signature_of(fun, follow_wrapped=True)
+    if wrapped is None:
+        return []
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    return [p.name for p in wrapped.parameters.values() if p.kind in positional]
 
 
 class _Argument:
@@ -622,6 +650,7 @@ class Exported(Generic[_P, _T]):
             "jax": jax.__version__,
             "fun_name": self.fun_name,
             "parameters": self._parameters.parameters,
+            "aliases": self._parameters.aliases,
             "arguments": arguments,
             "output": self._output.encode(self.fun_name),
             "donated": list(self._donated),
@@ -790,10 +819,14 @@ def _read_header(
     saved_parameters = header["parameters"]
     if not isinstance(fun_name, str):
         raise Malformed
+    aliases = header["aliases"]
+    if not all(isinstance(name, str) and name.isidentifier() for name in aliases):
+        raise Malformed
     parameters = _Parameters(
         None
         if saved_parameters is None
-        else [_parameter(*saved) for saved in saved_parameters]
+        else [_parameter(*saved) for saved in saved_parameters],
+        aliases,
     )
     arguments = []
     for saved in header["arguments"]:

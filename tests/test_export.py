@@ -986,3 +986,50 @@ def test_loading_runs_no_init_of_a_registered_class() -> None:
         checked = loaded.call(jnp.ones(2))
         assert type(checked) is _Checked and checked.tag == "loaded"
         assert checked.value.tolist() == [1.0, 1.0]
+
+
+# -- Errors and avals by the user's names (finding 11).
+
+
+def _add(x: jax.Array, y: jax.Array) -> jax.Array:
+    return x + y
+
+
+def test_a_symbolic_size_that_disagrees_names_both_arguments() -> None:
+    spec = jax.ShapeDtypeStruct((_batch(),), jnp.float32)
+    for exported in _both(filterjit.export(_add)(spec, spec)):
+        with pytest.raises(
+            TypeError,
+            match=r"`y.shape\[0\]` is 4, but `x.shape\[0\]` is 3, and the export "
+            r"has `batch` for both",
+        ):
+            exported.call(jnp.ones(3), jnp.ones(4))
+        assert exported.call(jnp.ones(2), jnp.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_a_vmapped_function_is_named_by_the_function_it_wraps() -> None:
+    vmapped = jax.vmap(_add)
+    for exported in _both(
+        filterjit.export(vmapped)(jnp.ones((2, 3)), jnp.ones((2, 3)))
+    ):
+        assert exported.fun_name == "_add"
+        assert list(exported.in_avals) == ["x", "y"]
+        with pytest.raises(TypeError, match=r"_add: argument `y` is an array of"):
+            exported.call(jnp.ones((2, 3)), jnp.ones((2, 4)))
+
+
+def test_in_and_out_avals_by_name() -> None:
+    spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
+    for exported in _both(filterjit.export(_affine)(_params, spec, 3)):
+        avals = exported.in_avals
+        assert list(avals) == ["params['b']", "params['w']", "x"]
+        assert avals["x"].str_short() == "float32[batch,3]"
+        assert list(exported.out_avals) == ["output"]
+    exported = filterjit.export(_with_static_outputs)(spec, 3)
+    assert list(exported.out_avals) == ["output[0]"]
+    model = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
+    exported = filterjit.export(_serve)(model, jnp.ones((5, 2)))
+    assert list(exported.in_avals)[:2] == [
+        "model.layers[0].weight",
+        "model.layers[0].bias",
+    ]

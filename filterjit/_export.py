@@ -20,6 +20,7 @@ from ._export_payload import pack, unpack
 from ._export_values import (
     decode,
     describe,
+    describe_value,
     encode,
     Encoding,
     fields_of,
@@ -569,7 +570,8 @@ class Exported(Generic[_P, _T]):
                 )
             raise ValueError(
                 f"{fun_name}: static argument `{found.where}` was {found.then} when "
-                f"exported and is {found.now!r} now. Static values are compiled in: "
+                f"exported and is {describe_value(found.now)} now. Static values are "
+                "compiled in: "
                 "export again with the new value, or make it an array so that it "
                 "is traced."
             )

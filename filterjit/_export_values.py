@@ -533,3 +533,12 @@ def describe(data: Any) -> str:
     if tag == "enum":
         return f"{data[1].rpartition('.')[2]}.{data[2]}"
     return f"a saved {tag}"
+
+
+def describe_value(value: Any) -> str:
+    """A value as an error names it: a function of JAX or Equinox by its name."""
+    found = _names_by_id.get(id(value))
+    name = found[0] if found is not None else None
+    if name is None and callable(value) and not isinstance(value, type):
+        name = _library_name(value)
+    return repr(value) if name is None else name.replace(":", ".")

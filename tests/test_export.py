@@ -215,6 +215,20 @@ def _close(found: dict[str, Any], expected: dict[str, Any]) -> None:
             assert got[-1] == want[-1]
 
 
+def _in_a_fresh_interpreter(script: str, *arguments: Path) -> Any:
+    """The last line that `script` prints, as JSON, run by a fresh interpreter
+    that imports this checkout's filterjit, with `tests/` importable."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu"),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any]:
     """The report of one fresh interpreter that loaded and called every case."""
@@ -223,16 +237,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], An
     for name, case in cases.items():
         (folder / f"{name}.bin").write_bytes(case.exported.serialize())
         (folder / f"{name}.json").write_text(json.dumps(case.calls))
-    env = subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu")
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(folder)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.splitlines()[-1]), cases
+    return _in_a_fresh_interpreter(SCRIPT, folder), cases
 
 
 @pytest.mark.parametrize(
@@ -651,16 +656,7 @@ def loaded_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name, payload in payloads.items():
         data = payload if isinstance(payload, bytes) else payload.serialize()
         (folder / f"{name}.bin").write_bytes(data)
-    env = subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu")
-    result = subprocess.run(
-        [sys.executable, "-c", LOADER, str(folder)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.splitlines()[-1])
+    return _in_a_fresh_interpreter(LOADER, folder)
 
 
 _xs = jnp.arange(6.0, dtype=jnp.float32).reshape(3, 2) / 4
@@ -820,16 +816,9 @@ def test_no_truncated_or_bit_flipped_payload_is_accepted(tmp_path: Path) -> None
     mutations.append(("append", 0, 0))
     (tmp_path / "payload.bin").write_bytes(data)
     (tmp_path / "mutations.json").write_text(json.dumps(mutations))
-    result = subprocess.run(
-        [sys.executable, "-c", FUZZ, str(tmp_path / "payload.bin")]
-        + [str(tmp_path / "mutations.json")],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu"),
-        timeout=300,
+    outcomes = _in_a_fresh_interpreter(
+        FUZZ, tmp_path / "payload.bin", tmp_path / "mutations.json"
     )
-    assert result.returncode == 0, result.stderr
-    outcomes = json.loads(result.stdout.splitlines()[-1])
     assert len(outcomes) == len(mutations) > 150
     wrong = [(m, o) for m, o in zip(mutations, outcomes) if o[0] != "ValueError"]
     assert wrong == []

@@ -25,6 +25,7 @@ from ._export_values import (
     Encoding,
     fields_of,
     is_namedtuple_type,
+    is_state_type,
     Malformed,
     resolve_reference,
     SCALAR_TAGS,
@@ -242,10 +243,9 @@ def _difference(
             return _Difference(where, describe(then), now, False)
         children = [(f".{f}", item, getattr(now, f)) for f, item in then[2]]
     elif tag == "state":
-        flatten = getattr(now, "tree_flatten", None)
-        if type(now).__qualname__ != "State" or flatten is None:
+        if not is_state_type(type(now)):
             return _Difference(where, "an `eqx.nn.State`", now, False)
-        values, keys = flatten()
+        values, keys = now.tree_flatten()
         if _static_data(keys) != then[1] or len(values) != len(then[2]):
             return _Difference(where, "another `eqx.nn.State`", now, False)
         children = [(f"[{i}]", a, b) for i, (a, b) in enumerate(zip(then[2], values))]

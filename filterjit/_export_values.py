@@ -53,7 +53,8 @@ def _default_name(thing: Any) -> str:
     return f"{thing.__module__}.{thing.__qualname__}"
 
 
-def _is_state_type(kind: type) -> bool:
+def is_state_type(kind: object) -> bool:
+    """Whether `kind` is `eqx.nn.State` (Equinox imported)."""
     equinox = sys.modules.get("equinox")
     nn = getattr(equinox, "nn", None)
     return kind is getattr(nn, "State", None)
@@ -65,7 +66,7 @@ def _registrable(thing: Any) -> bool:
             is_namedtuple_type(thing)
             or dataclasses.is_dataclass(thing)
             or issubclass(thing, enum.Enum)
-            or _is_state_type(thing)
+            or is_state_type(thing)
         )
     return callable(thing) and hasattr(thing, "__qualname__")
 
@@ -112,7 +113,7 @@ def register_serializable(nodetype: _T, name: str | None = None) -> _T:
             "register_serializable takes an eqx.Module class, a dataclass, a "
             f"namedtuple class, an enum class or a function, not {nodetype!r}."
         )
-    if _is_state_type(nodetype):  # pyright: ignore[reportArgumentType]
+    if is_state_type(nodetype):
         return nodetype  # saved and rebuilt as it is, with no registration
     name = _default_name(nodetype) if name is None else name
     known = _by_name.get(name)
@@ -271,7 +272,7 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
         return ["dtype", str(value)]
     if isinstance(value, enum.Enum):
         return _encode_enum(value, where, encoding)
-    if _is_state_type(kind):
+    if is_state_type(kind):
         children, keys = value.tree_flatten()
         return [
             "state",

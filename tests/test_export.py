@@ -1022,3 +1022,35 @@ def test_in_and_out_avals_by_name() -> None:
         "model.layers[0].weight",
         "model.layers[0].bias",
     ]
+
+
+def test_functions_are_saved_by_reference_and_found_without_importing() -> None:
+    # Finding 1: JAX's and Equinox's functions by name; a user's once registered.
+    def returns(x: jax.Array) -> Any:
+        return x, (jax.nn.relu, jnp.tanh, jax.lax.max, _scaled_relu)
+
+    with pytest.raises(TypeError, match=r"cannot save `output\[1\]\[3\]`, a `funct"):
+        filterjit.export(returns)(jnp.ones(2)).serialize()
+    filterjit.register_serializable(_scaled_relu, name="tests._scaled_relu")
+    data = filterjit.export(returns)(jnp.ones(2)).serialize()
+    header, program = _unpack(data)
+    assert header["output"][1][1][1] == [
+        ["ref", "jax.nn:relu"],
+        ["ref", "jax.nn:tanh"],  # jnp.tanh, where jax.nn names it
+        ["ref", "jax.lax:max"],
+        ["ref", "tests._scaled_relu"],
+    ]
+    _, functions = filterjit.deserialize(data).call(jnp.ones(2))
+    assert functions == (jax.nn.relu, jnp.tanh, jax.lax.max, _scaled_relu)
+    # A name outside JAX and Equinox, or in a module not imported, is not resolved
+    # (and nothing is imported to try).
+    before = set(sys.modules)
+    for name in ("os:system", "builtins:eval", "jax.not_a_module:f", "json:loads"):
+        header["output"][1][1][1][0] = ["ref", name]
+        with pytest.raises(TypeError, match="neither a JAX or Equinox function"):
+            filterjit.deserialize(_pack(header, program))
+    assert set(sys.modules) == before
+
+
+def _scaled_relu(x: jax.Array) -> jax.Array:
+    return 2 * jax.nn.relu(x)

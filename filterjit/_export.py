@@ -18,6 +18,7 @@ from ._aot import Specialisation
 from ._exact import exact_aux
 from ._export_payload import pack, unpack
 from ._export_values import (
+    check,
     decode,
     describe,
     describe_value,
@@ -264,45 +265,6 @@ def _same_static(now: Any, then: Any) -> bool:
         return bool(static_key(now) == static_key(then))
     except Exception:  # an `==` that does not answer a bool: not the same
         return False
-
-
-def _check_data(data: Any) -> None:
-    """Raises `Malformed` unless `data` is an argument as `encode` saves it."""
-    if not isinstance(data, list) or not data or not isinstance(data[0], str):
-        raise Malformed
-    tag = data[0]
-    if tag in ("traced", "size"):
-        return
-    if tag in SCALAR_TAGS:
-        decode(data)
-    elif tag in ("tuple", "list", "frozenset") and isinstance(data[1], list):
-        for item in data[1]:
-            _check_data(item)
-    elif tag == "dict" and isinstance(data[1], list):
-        for pair in data[1]:
-            if not (isinstance(pair, list) and len(pair) == 2):
-                raise Malformed
-            _check_data(pair[0])
-            _check_data(pair[1])
-    elif tag == "node" and len(data) == 3 and isinstance(data[1], str):
-        if not isinstance(data[2], list):
-            raise Malformed
-        for pair in data[2]:
-            if not (
-                isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)
-            ):
-                raise Malformed
-            _check_data(pair[1])
-    elif tag == "state" and len(data) == 3 and isinstance(data[2], list):
-        _check_data(data[1])
-        for item in data[2]:
-            _check_data(item)
-    elif tag in ("ref", "dtype") and len(data) == 2 and isinstance(data[1], str):
-        return
-    elif tag == "enum" and len(data) == 3 and all(isinstance(x, str) for x in data[1:]):
-        return
-    else:
-        raise Malformed
 
 
 # -- The call's parameters, to bind a call in a process without the function.
@@ -726,8 +688,8 @@ def _check_custom_calls(exported: Any, depth: int) -> None:
     """Raises for a custom call outside JAX's stable targets and those the export
     allowed, in the program and in its `depth` orders of derivatives."""
     allowed = set(STABLE_TARGETS)
-    for check in exported.disabled_safety_checks:
-        target = check.is_custom_call()
+    for disabled in exported.disabled_safety_checks:
+        target = disabled.is_custom_call()
         if target is not None:
             allowed.add(target)
     for target in custom_call_targets(exported):
@@ -790,12 +752,12 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
     header, program = unpack(bytes(data))
     try:
         parts = _read_header(header)
-    except (Malformed, KeyError, IndexError, TypeError, ValueError, AttributeError):
+    except (Malformed, LookupError, TypeError, ValueError, RecursionError):
         raise _malformed() from None
     fun_name, parameters, arguments, output_data, donated, vjp_order = parts
     try:
         output = _Template.loaded(output_data, "output")
-    except (Malformed, KeyError, IndexError, ValueError, AttributeError):
+    except (Malformed, LookupError, ValueError, RecursionError):
         raise _malformed() from None
     try:
         exported = jax.export.deserialize(bytearray(program))
@@ -843,7 +805,7 @@ def _read_header(
         if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
             raise Malformed
         if value is not None:
-            _check_data(value)
+            check(value)
         arguments.append(_Argument(key, given, value, labels))
     donated, vjp_order = header["donated"], header["vjp_order"]
     if not (isinstance(donated, list) and all(type(i) is int for i in donated)):

@@ -429,15 +429,37 @@ def decode(
     return _Decoder(_by_name if classes is None else classes, fill).decode(data)
 
 
+def check(data: Any) -> None:
+    """Raises `Malformed` unless `data` is what `encode` writes, building nothing:
+    the classes, enums and functions it names need not be found here (a call's
+    argument is checked against their names)."""
+    _Decoder({}, None, build=False).decode(data)
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        raise Malformed from None
+    return value
+
+
 class _Decoder:
-    def __init__(self, classes: Mapping[str, Any], fill: Callable[[Any], Any] | None):
+    def __init__(
+        self,
+        classes: Mapping[str, Any],
+        fill: Callable[[Any], Any] | None,
+        build: bool = True,
+    ):
         self.classes = classes
         self.fill = fill
+        self.build = build  # else only check: classes, enums and names unresolved
 
     def decode(self, data: Any) -> Any:
         _need(isinstance(data, list) and len(data) >= 1)
         tag = data[0]
         if tag in ("traced", "size"):
+            _need(len(data) == 1)
             leaf = TRACED if tag == "traced" else SIZE
             return leaf if self.fill is None else self.fill(leaf)
         if tag in SCALAR_TAGS:
@@ -445,7 +467,9 @@ class _Decoder:
         if tag in ("tuple", "list", "frozenset"):
             _need(len(data) == 2 and isinstance(data[1], list))
             items = [self.decode(item) for item in data[1]]
-            return {"tuple": tuple, "list": list, "frozenset": frozenset}[tag](items)
+            if tag == "frozenset":
+                return frozenset(map(_hashable, items))
+            return tuple(items) if tag == "tuple" else items
         if tag == "dict":
             _need(len(data) == 2 and isinstance(data[1], list))
             return dict(self._pair(pair) for pair in data[1])
@@ -453,10 +477,14 @@ class _Decoder:
             _need(len(data) == 2)
             return decode_dtype(data[1])
         if tag == "enum":
-            _need(len(data) == 3)
+            _need(len(data) == 3 and isinstance(data[2], str))
+            if not self.build:
+                return _need(isinstance(data[1], str))
             return decode_enum(data[1], data[2], self.classes)
         if tag == "ref":
             _need(len(data) == 2 and isinstance(data[1], str))
+            if not self.build:
+                return None
             found = resolve_reference(data[1])
             if found is None:
                 raise _unresolved(data[1])
@@ -469,12 +497,12 @@ class _Decoder:
 
     def _pair(self, pair: Any) -> tuple[Any, Any]:
         _need(isinstance(pair, list) and len(pair) == 2)
-        return self.decode(pair[0]), self.decode(pair[1])
+        return _hashable(self.decode(pair[0])), self.decode(pair[1])
 
     def _state(self, data: Any) -> Any:
         nn = getattr(sys.modules.get("equinox"), "nn", None)
-        kind = getattr(nn, "State", None)
-        if kind is None:
+        kind = getattr(nn, "State", None) if self.build else None
+        if kind is None and self.build:
             raise TypeError(
                 "filterjit.deserialize: the payload returns an `eqx.nn.State`: "
                 "import equinox before loading it (loading never imports it)."
@@ -483,19 +511,27 @@ class _Decoder:
         keys, children = self.decode(data[1]), data[2]
         _need(isinstance(keys, tuple) and isinstance(children, list))
         _need(len(keys) == len(children))
-        return kind.tree_unflatten(keys, [self.decode(child) for child in children])
+        _need(all(isinstance(key, (str, int)) for key in keys))
+        values = [self.decode(child) for child in children]
+        if kind is None:  # only checking
+            return None
+        return kind.tree_unflatten(keys, values)
 
     def _node(self, data: Any) -> Any:
         _need(len(data) == 3 and isinstance(data[1], str))
         _need(isinstance(data[2], list))
         name, saved = data[1], data[2]
+        for pair in saved:
+            _need(isinstance(pair, list) and len(pair) == 2)
+            _need(isinstance(pair[0], str))
+        if not self.build:
+            for _, item in saved:
+                self.decode(item)
+            return None
         kind = self.classes.get(name)
         if kind is None:
             raise unregistered(name)
         _need(isinstance(kind, type))
-        for pair in saved:
-            _need(isinstance(pair, list) and len(pair) == 2)
-            _need(isinstance(pair[0], str))
         fields = [field for field, _ in saved]
         expected = fields_of(kind)
         if fields != expected:

@@ -456,18 +456,15 @@ class Exported(Generic[_P, _T]):
         """The shape and dtype of each array the call returns, by its place in the
         output (`"output[0]"`); a symbolic size returned as a Python value is not an
         array, and is not named here."""
-        labels = [
-            label
-            for leaf, label in zip(self._output.leaves, self._output.labels)
+        output = self._output
+        outputs = [
+            (leaf, label)
+            for leaf, label in zip(output.leaves, output.labels)
             if leaf is TRACED or leaf is SIZE
         ]
         return {
             label: aval
-            for label, aval, leaf in zip(
-                labels,
-                self.exported.out_avals,
-                [x for x in self._output.leaves if x is TRACED or x is SIZE],
-            )
+            for (leaf, label), aval in zip(outputs, self.exported.out_avals)
             if leaf is TRACED
         }
 

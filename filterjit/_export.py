@@ -15,6 +15,7 @@ import jax.tree_util as jtu
 from jax.core import Tracer
 
 from ._aot import Specialisation
+from ._binding import BOUND
 from ._exact import exact_aux
 from ._export_payload import pack, unpack
 from ._export_values import (
@@ -35,7 +36,7 @@ from ._export_values import (
     type_name,
     Unsavable,
 )
-from ._function import Function, signature_of
+from ._function import call_signature, Function, signature_of
 from ._jax_private_export import custom_call_targets, STABLE_TARGETS
 from ._jit import filter_jit, FilterJitWrapper
 from ._leaves import is_array
@@ -290,8 +291,11 @@ class _Parameters:
         self,
         parameters: Sequence[tuple[str, int, bool]] | None,
         aliases: Sequence[str] = (),
+        bound: Sequence[str] = (),
     ):
         self.parameters = None if parameters is None else list(parameters)
+        # Keywords a partial binds: not arguments unless a call passes them.
+        self.bound = list(bound)
         # For a wrapper taking `*args` (`jax.vmap(f)`): the names of the positional
         # parameters of the function it wraps, to name its arguments by.
         self.aliases = list(aliases)
@@ -310,15 +314,14 @@ class _Parameters:
 
     @classmethod
     def of(cls, fun: Any) -> "_Parameters":
-        signature = signature_of(fun, follow_wrapped=False)
+        signature = call_signature(fun)
         if signature is None:
             return cls(None)
+        parameters = signature.parameters.values()
         return cls(
-            [
-                (p.name, int(p.kind), p.default is not p.empty)
-                for p in signature.parameters.values()
-            ],
+            [(p.name, int(p.kind), p.default is not p.empty) for p in parameters],
             _aliases(fun, signature),
+            [p.name for p in parameters if p.default is BOUND],
         )
 
     def bind(self, fun_name: str, args: Any, kwargs: Any) -> list[tuple[Any, Any]]:
@@ -333,6 +336,9 @@ class _Parameters:
                 raise TypeError(f"{fun_name}(): {e}.") from None
             bound.apply_defaults()
             positional, keywords = list(bound.args), bound.kwargs
+            for name in self.bound:
+                if keywords.get(name) is _DEFAULT:
+                    del keywords[name]  # the partial passes its own
         return [
             *enumerate(positional),
             *((name, keywords[name]) for name in sorted(keywords)),
@@ -612,6 +618,7 @@ class Exported(Generic[_P, _T]):
             "fun_name": self.fun_name,
             "parameters": self._parameters.parameters,
             "aliases": self._parameters.aliases,
+            "bound": self._parameters.bound,
             "arguments": arguments,
             "output": self._output.encode(self.fun_name),
             "donated": list(self._donated),
@@ -780,14 +787,16 @@ def _read_header(
     saved_parameters = header["parameters"]
     if not isinstance(fun_name, str):
         raise Malformed
-    aliases = header["aliases"]
-    if not all(isinstance(name, str) and name.isidentifier() for name in aliases):
-        raise Malformed
+    aliases, bound = header["aliases"], header["bound"]
+    for name in [*aliases, *bound]:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise Malformed
     parameters = _Parameters(
         None
         if saved_parameters is None
         else [_parameter(*saved) for saved in saved_parameters],
         aliases,
+        bound,
     )
     arguments = []
     for saved in header["arguments"]:

@@ -1058,3 +1058,17 @@ def test_functions_are_saved_by_reference_and_found_without_importing() -> None:
 
 def _scaled_relu(x: jax.Array) -> jax.Array:
     return 2 * jax.nn.relu(x)
+
+
+def _scaled(x: jax.Array, *, factor: float = 1.0, shift: float = 0.0) -> jax.Array:
+    return x * factor + shift
+
+
+def test_a_partial_binding_a_keyword_is_exported() -> None:
+    # Its keyword is the function's, not an argument (this raised from `zip`).
+    exported = filterjit.export(ft.partial(_scaled, factor=3.0))(jnp.ones(2))
+    for exported in _both(exported):
+        assert exported.call(jnp.ones(2)).tolist() == [3.0, 3.0]
+        assert exported.call(jnp.ones(2), shift=0.0).tolist() == [3.0, 3.0]
+        with pytest.raises(TypeError, match=r"called with the arguments \(x, factor"):
+            exported.call(jnp.ones(2), factor=2.0)

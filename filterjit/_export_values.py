@@ -270,6 +270,8 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
         ]
     if isinstance(value, np.dtype):
         return ["dtype", str(value)]
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return ["scalar_type", str(np.dtype(value))]  # np.float32, ml_dtypes
     if isinstance(value, enum.Enum):
         return _encode_enum(value, where, encoding)
     if is_state_type(kind):
@@ -473,9 +475,10 @@ class _Decoder:
         if tag == "dict":
             _need(len(data) == 2 and isinstance(data[1], list))
             return dict(self._pair(pair) for pair in data[1])
-        if tag == "dtype":
+        if tag in ("dtype", "scalar_type"):
             _need(len(data) == 2)
-            return decode_dtype(data[1])
+            dtype = decode_dtype(data[1])
+            return dtype if tag == "dtype" else dtype.type
         if tag == "enum":
             _need(len(data) == 3 and isinstance(data[2], str))
             if not self.build:
@@ -567,6 +570,8 @@ def describe(data: Any) -> str:
         return data[1].replace(":", ".")
     if tag == "dtype":
         return f"dtype({data[1]!r})"
+    if tag == "scalar_type":
+        return f"the scalar type {data[1]}"
     if tag == "enum":
         return f"{data[1].rpartition('.')[2]}.{data[2]}"
     return f"a saved {tag}"

@@ -709,6 +709,26 @@ def test_dtype_and_registered_enum_statics(loaded_models: dict[str, Any]) -> Non
     # Finding 4: an output enum must be registered to be rebuilt; dtypes need not.
     assert "_export_models.Mode" in loaded_models["statics_refused"]
     assert loaded_models["statics"] == ["float16", True, "dtype('float16')", True]
+    # NumPy's and ml_dtypes' scalar types, in this process.
+    exported = filterjit.export(_statics)(
+        jnp.ones(3), np.float16, jnp.bfloat16, Mode.TRAIN
+    )
+    loaded = filterjit.deserialize(exported.serialize())
+    y, dtype, storage, mode = loaded.call(
+        jnp.ones(3), np.float16, jnp.bfloat16, Mode.TRAIN
+    )
+    assert (y.dtype, dtype, storage, mode) == (
+        jnp.bfloat16,
+        np.float16,
+        jnp.bfloat16,
+        Mode.TRAIN,
+    )
+    bfloat16 = jnp.dtype("bfloat16").type  # ml_dtypes' type, not jnp's
+    exported = filterjit.export(_statics)(jnp.ones(3), bfloat16, np.int8, Mode.TRAIN)
+    loaded = filterjit.deserialize(exported.serialize())
+    assert loaded.call(jnp.ones(3), bfloat16, np.int8, Mode.TRAIN)[1] is bfloat16
+    with pytest.raises(ValueError, match="`dtype` was the scalar type bfloat16 when"):
+        loaded.call(jnp.ones(3), np.float16, np.int8, Mode.TRAIN)
 
 
 def test_a_symbolic_size_comes_back_as_the_calls_size(

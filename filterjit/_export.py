@@ -448,6 +448,16 @@ class Exported(Generic[_P, _T]):
         return tuple(self.exported.platforms)
 
     @property
+    def nr_devices(self) -> int:
+        """The number of devices the program was lowered for."""
+        return int(self.exported.nr_devices)
+
+    def mlir_module(self) -> str:
+        """The program's StableHLO, as text (`jax.export.Exported.mlir_module`):
+        its inputs are the arrays of `in_avals`, in that order."""
+        return self.exported.mlir_module()
+
+    @property
     def in_avals(self) -> dict[str, Any]:
         """The shape and dtype of each array the call takes, by the name of the
         argument it is (`"x"`, `"model.layers[0].weight"`), in the program's order."""

@@ -1040,6 +1040,8 @@ def test_in_and_out_avals_by_name() -> None:
         assert list(exported.out_avals) == ["output"]
     exported = filterjit.export(_with_static_outputs)(spec, 3)
     assert list(exported.out_avals) == ["output[0]"]
+    assert exported.nr_devices == 1
+    assert "func.func public @main(%arg0: tensor<?x3xf32>" in exported.mlir_module()
     model = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
     exported = filterjit.export(_serve)(model, jnp.ones((5, 2)))
     assert list(exported.in_avals)[:2] == [

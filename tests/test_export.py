@@ -975,6 +975,27 @@ def test_canary_private_jax_for_loading() -> None:
     assert private._targets_private(plain) == private._targets_public(plain) == []
 
 
+def test_the_loader_without_private_jax(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fallbacks: targets read from the module's text, and a shorter safe list.
+    from filterjit import _export, _jax_private_export as private
+
+    monkeypatch.setattr(_export, "custom_call_targets", private._targets_public)
+    monkeypatch.setattr(_export, "STABLE_TARGETS", private._STABLE_TARGETS_PUBLIC)
+    allowed = [jax.export.DisabledSafetyCheck.custom_call("my_kernel")]
+    exported = filterjit.export(_kernel, disabled_checks=allowed)(jnp.ones(3))
+    filterjit.deserialize(exported.serialize())
+    exported.exported = dataclasses.replace(
+        exported.exported, disabled_safety_checks=()
+    )
+    with pytest.raises(ValueError, match="custom call `my_kernel`, which is not"):
+        filterjit.deserialize(exported.serialize())
+    spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
+    loaded = filterjit.deserialize(
+        filterjit.export(_affine)(_params, spec, 3).serialize()
+    )
+    assert_tree_equal(loaded.call(_params, _x(2), 3), _affine(_params, _x(2), 3))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class _Checked:

@@ -9,8 +9,8 @@ from ._export import (
     deserialize as deserialize,
     export as export,
     Exported as Exported,
-    register_serializable as register_serializable,
 )
+from ._export_values import register_serializable as register_serializable
 from ._introspect import (
     clear_caches as clear_caches,
     explain as explain,

@@ -3,12 +3,10 @@ what `filter_jit` keeps static (the arguments' structure and static leaves, the
 output's structure and static leaves) as data that loads without importing or
 unpickling anything it names."""
 
-import base64
 import dataclasses
 import inspect
 import json
-import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
@@ -17,8 +15,29 @@ import jax.tree_util as jtu
 from jax.core import Tracer
 
 from ._aot import Specialisation
+from ._binding import BOUND
 from ._exact import exact_aux
-from ._function import Function, signature_of
+from ._export_payload import pack, unpack
+from ._export_values import (
+    check,
+    decode,
+    describe,
+    describe_value,
+    encode,
+    Encoding,
+    fields_of,
+    is_namedtuple_type,
+    is_state_type,
+    Malformed,
+    resolve_reference,
+    SCALAR_TAGS,
+    SIZE,
+    TRACED,
+    type_name,
+    Unsavable,
+)
+from ._function import call_signature, Function, signature_of
+from ._jax_private_export import custom_call_targets, STABLE_TARGETS
 from ._jit import filter_jit, FilterJitWrapper
 from ._leaves import is_array
 from ._output import finish
@@ -27,19 +46,6 @@ from ._partition import static_key
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
-
-_MAGIC = b"filterjit.export\n"
-_FORMAT_VERSION = 1
-
-
-class _Traced:
-    """Where a leaf is traced, in the templates of arguments and outputs."""
-
-    def __repr__(self) -> str:
-        return "<traced>"
-
-
-_TRACED = _Traced()
 
 
 class _Default:
@@ -51,270 +57,114 @@ class _Default:
 
 _DEFAULT = _Default()
 
-# -- Registration: the node types a payload may name, by the name it names them by.
 
-_types_by_name: dict[str, type] = {}
-_names_by_type: dict[type, str] = {}
-
-
-def _is_namedtuple_type(kind: type) -> bool:
-    return issubclass(kind, tuple) and hasattr(kind, "_fields")
+def _is_traced(leaf: Any) -> bool:
+    return is_array(leaf) or isinstance(leaf, Tracer)
 
 
-def _fields_of(kind: type) -> list[str]:
-    """The fields a node of a registrable type is saved and rebuilt by."""
-    if _is_namedtuple_type(kind):
-        return list(kind._fields)  # pyright: ignore[reportAttributeAccessIssue]
-    return [field.name for field in dataclasses.fields(kind)]
-
-
-def _default_name(kind: type) -> str:
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
-def register_serializable(nodetype: type[_T], name: str | None = None) -> type[_T]:
-    """Lets `filterjit.deserialize` rebuild arguments and outputs holding
-    `nodetype`: an `eqx.Module` class, a dataclass or a namedtuple.
-
-    A payload names the types in it; loading never imports them. The loading
-    process registers each type it expects, once, before `filterjit.deserialize`.
-    Saving needs no registration: a type is saved under its registered name, or
-    else under `module.QualifiedName`, the name that registering it without `name`
-    gives.
-
-    **Arguments:**
-
-    - `nodetype`: the class. An instance is rebuilt from its fields (dataclasses
-        and Modules) or its items (namedtuples), without calling `__init__`, as
-        `jax.tree_util` unflattens it.
-    - `name`: the name to save and load it by; `module.QualifiedName` if omitted.
-
-    **Returns:**
-
-    `nodetype`, so that it may be used as a class decorator.
-
-    !!! example
-
-        ```python
-        @filterjit.register_serializable
-        class Linear(eqx.Module):
-            weight: jax.Array
-            activation: str = eqx.field(static=True)
-        ```
-    """
-    if not isinstance(nodetype, type) or not (
-        _is_namedtuple_type(nodetype) or dataclasses.is_dataclass(nodetype)
-    ):
-        raise TypeError(
-            f"register_serializable takes an eqx.Module class, a dataclass or a "
-            f"namedtuple class, not {nodetype!r}."
-        )
-    name = _default_name(nodetype) if name is None else name
-    known = _types_by_name.get(name)
-    if known is not None and known is not nodetype:
-        raise ValueError(
-            f"register_serializable: the name {name!r} is registered for {known!r} "
-            f"already; register {nodetype!r} under another name (`name=`)."
-        )
-    _types_by_name[name] = nodetype
-    _names_by_type[nodetype] = name
-    return nodetype
-
-
-# -- Saving a pytree, its traced leaves marked, as JSON, and loading it back.
-
-
-class _Unsavable(TypeError):
-    """A part of a pytree that cannot be saved: `where` it is, and what."""
-
-    def __init__(self, where: str, what: str):
-        super().__init__(where, what)
-        self.where = where
-        self.what = what
-
-
-def _encode(value: Any, where: str, names: dict[str, type]) -> Any:
-    """`value` (a prototype: `_TRACED` at traced leaves) as JSON data. `names`
-    collects the node types it names."""
-    kind = type(value)
-    if value is _TRACED:
-        return ["traced"]
-    if value is None:
-        return ["none"]
-    if kind is bool:
-        return ["bool", value]
-    if kind is int:
-        return ["int", str(value)]
-    if kind is float:
-        return ["float", value.hex()]
-    if kind is complex:
-        return ["complex", value.real.hex(), value.imag.hex()]
-    if kind is str:
-        return ["str", value]
-    if kind is bytes:
-        return ["bytes", base64.b64encode(value).decode("ascii")]
-    if kind in (tuple, list, frozenset):
-        items = sorted(value, key=repr) if kind is frozenset else value
-        return [
-            kind.__name__,
-            [_encode(item, f"{where}[{i}]", names) for i, item in enumerate(items)],
-        ]
-    if kind is dict:
-        return [
-            "dict",
-            [
-                [
-                    _encode(k, f"{where} (a key)", names),
-                    _encode(v, f"{where}[{k!r}]", names),
-                ]
-                for k, v in value.items()
-            ],
-        ]
-    if _is_namedtuple_type(kind) or (
-        dataclasses.is_dataclass(value) and not isinstance(value, type)
-    ):
-        name = _names_by_type.get(kind) or _default_name(kind)
-        if names.setdefault(name, kind) is not kind:
-            raise _Unsavable(where, f"a `{name}`, a name two types have here")
-        fields = [(field, getattr(value, field)) for field in _fields_of(kind)]
-        saved = [
-            [field, _encode(item, f"{where}.{field}", names)] for field, item in fields
-        ]
-        return ["node", name, saved]
-    raise _Unsavable(where, f"a `{kind.__qualname__}`")
-
-
-def _unregistered(name: str) -> TypeError:
-    short = name.rpartition(".")[2]
-    return TypeError(
-        f"filterjit.deserialize: the payload holds a `{name}`, a type that this "
-        "process has not registered, so it is not loaded (loading never imports "
-        "what a payload names). Import the class and register it under that "
-        f"name first: `filterjit.register_serializable({short})` where it is "
-        f"`{name}` here too, else `filterjit.register_serializable({short}, "
-        f"name={name!r})`."
-    )
-
-
-def _decode(data: Any, resolve: Callable[[str], type]) -> Any:
-    """The prototype that `_encode` saved, its node types found by `resolve`."""
-    tag = data[0]
-    if tag == "traced":
-        return _TRACED
-    if tag == "none":
-        return None
-    if tag == "bool":
-        return bool(data[1])
-    if tag == "int":
-        return int(data[1])
-    if tag == "float":
-        return float.fromhex(data[1])
-    if tag == "complex":
-        return complex(float.fromhex(data[1]), float.fromhex(data[2]))
-    if tag == "str":
-        return str(data[1])
-    if tag == "bytes":
-        return base64.b64decode(data[1])
-    if tag in ("tuple", "list", "frozenset"):
-        items = [_decode(item, resolve) for item in data[1]]
-        return {"tuple": tuple, "list": list, "frozenset": frozenset}[tag](items)
-    if tag == "dict":
-        return {_decode(k, resolve): _decode(v, resolve) for k, v in data[1]}
-    if tag == "node":
-        name, saved = data[1], data[2]
-        kind = resolve(name)
-        fields = [field for field, _ in saved]
-        values = [_decode(item, resolve) for _, item in saved]
-        expected = _fields_of(kind)
-        if fields != expected:
-            raise TypeError(
-                f"filterjit.deserialize: the payload's `{name}` has the fields "
-                f"{fields}, but the class registered under that name has {expected}. "
-                "Load it with the version of the class it was saved with."
-            )
-        if _is_namedtuple_type(kind):
-            return kind(*values)
-        node = object.__new__(kind)  # as jax.tree_util unflattens a Module
-        for field, item in zip(fields, values):
-            object.__setattr__(node, field, item)
-        return node
-    raise ValueError(f"filterjit.deserialize: not a filterjit payload (tag {tag!r}).")
-
-
-def _registered(name: str) -> type:
-    kind = _types_by_name.get(name)
-    if kind is None:
-        raise _unregistered(name)
-    return kind
-
-
-# -- What is static: a tree's structure with its static leaves, traced leaves marked.
+# -- The output: its structure with its static leaves, traced leaves marked.
 
 
 class _Template:
-    """A pytree's structure, and its leaves: static values, `_TRACED` where traced."""
+    """A pytree's structure, and its leaves: static values, `TRACED` where traced,
+    `SIZE` where a symbolic size is (returned as the call's concrete size)."""
 
-    def __init__(self, treedef: Any, leaves: list[Any], label: str):
+    def __init__(self, treedef: Any, leaves: list[Any], label: str, data: Any = None):
         self.treedef = treedef
         self.leaves = leaves
         self.label = label
         self.exact = exact_aux(treedef)
-        prototype = treedef.unflatten(leaves)
-        paths = jtu.tree_flatten_with_path(prototype)[0]
+        # Loaded: the saved data, from which each output is built (no `__init__`).
+        self.data = data
+        paths = jtu.tree_flatten_with_path(self.prototype())[0]
         self.labels = [label + jtu.keystr(path) for path, _ in paths]
-        self.traced = sum(leaf is _TRACED for leaf in leaves)
+        self.traced = sum(leaf is TRACED or leaf is SIZE for leaf in leaves)
 
     @classmethod
-    def of(cls, prototype: Any, label: str) -> "_Template":
-        leaves, treedef = jtu.tree_flatten(prototype)
-        return cls(treedef, leaves, label)
+    def loaded(cls, data: Any, label: str) -> "_Template":
+        """The template of saved data, its classes registered in this process."""
+        leaves, treedef = jtu.tree_flatten(decode(data))
+        return cls(treedef, leaves, label, data)
 
     def prototype(self) -> Any:
+        if self.data is not None:
+            return decode(self.data)
         return self.treedef.unflatten(self.leaves)
 
-    def same_structure(self, treedef: Any) -> bool:
-        return treedef == self.treedef and exact_aux(treedef) == self.exact
-
-    def encode(self, fun_name: str, names: dict[str, type]) -> Any:
+    def encode(self, fun_name: str) -> Any:
         """As JSON data; raises if a part cannot be saved, or is not rebuilt as it
         is (a pytree node whose structure does not come from its fields)."""
-        prototype, label = self.prototype(), self.label
-        try:
-            data = _encode(prototype, label, names)
-        except _Unsavable as e:
-            raise TypeError(
-                f"{fun_name}: cannot save `{e.where}`, {e.what}. A payload holds "
-                "None, bools, ints, floats, complex numbers, strings and bytes, in "
-                "tuples, lists, dicts, namedtuples, dataclasses and eqx.Modules. "
-                "Make it part of the exported function (a Module field or a "
-                "`functools.partial` argument), which is compiled in, or an array."
-            ) from None
-        rebuilt = _Template.of(_decode(data, names.__getitem__), label)
-        if not self.same_structure(rebuilt.treedef):
-            raise TypeError(
-                f"{fun_name}: cannot save `{label}`: its structure {self.treedef} is "
-                f"rebuilt from its types' fields as {rebuilt.treedef}. A payload "
-                "saves namedtuples, dataclasses and eqx.Modules by their fields."
-            )
+        if self.data is not None:
+            return self.data
+        encoding = Encoding()
+        data = _encoded(self.prototype(), self.label, fun_name, encoding)
+        _check_rebuilt(
+            self.treedef, self.exact, data, self.label, fun_name, encoding.names
+        )
         return data
 
+    def finish(self, outputs: Iterator[Any]) -> Any:
+        """The output of a call, from the program's outputs."""
 
-def _same_static(now: Any, then: Any) -> bool:
-    if type(now) is not type(then):
-        return False
+        def fill(leaf: Any) -> Any:
+            if leaf is SIZE:  # an empty array whose last axis has that size
+                return int(next(outputs).shape[-1])
+            return next(outputs)
+
+        if self.data is not None:
+            return decode(self.data, fill=fill)
+        leaves = [
+            x if x is not TRACED and x is not SIZE else fill(x) for x in self.leaves
+        ]
+        return self.treedef.unflatten(leaves)
+
+
+_SAVES = (
+    "A payload holds None, bools, ints, floats, complex numbers, strings and "
+    "bytes, dtypes, registered enums and functions, JAX's and Equinox's own "
+    "functions, in tuples, lists, dicts, namedtuples, dataclasses, eqx.Modules and "
+    "eqx.nn.State. Make it part of the exported function (a Module field or a "
+    "`functools.partial` argument), which is compiled in, or an array."
+)
+
+
+def _encoded(value: Any, label: str, fun_name: str, encoding: Encoding) -> Any:
     try:
-        return bool(static_key(now) == static_key(then))
-    except Exception:  # an `==` that does not answer a bool: not the same
-        return False
+        return encode(value, label, encoding)
+    except Unsavable as e:
+        raise TypeError(
+            f"{fun_name}: cannot save `{e.where}`, {e.what}. {_SAVES}"
+        ) from None
+
+
+def _check_rebuilt(
+    treedef: Any,
+    exact: Any,
+    data: Any,
+    label: str,
+    fun_name: str,
+    classes: dict[str, type],
+) -> None:
+    """Raises unless `data`, rebuilt with the classes it names, has `treedef`."""
+    rebuilt = jtu.tree_structure(decode(data, classes))
+    if rebuilt != treedef or exact_aux(rebuilt) != exact:
+        raise TypeError(
+            f"{fun_name}: cannot save `{label}`: its structure {treedef} is "
+            f"rebuilt from its types' fields as {rebuilt}. A payload saves "
+            "namedtuples, dataclasses and eqx.Modules by their fields."
+        )
+
+
+# -- An argument: checked against its saved data, which names classes, not holds them.
 
 
 class _Difference:
-    """Where two pytrees of different structures first differ: `static` if in a
-    static value of one type (a static field), else in their structure."""
+    """Where an argument first differs from what the export saved: `static` if in a
+    static value, else in its structure."""
 
-    def __init__(self, where: str, then: Any, now: Any, static: bool):
+    def __init__(self, where: str, then: str, now: Any, static: bool):
         self.where = where
-        self.then = then
+        self.then = then  # as an error names it
         self.now = now
         self.static = static
 
@@ -326,38 +176,96 @@ def _shape_of(node: Any) -> str:
         return f"a dict with keys {sorted(map(repr, node))}"
     if type(node) in (tuple, list):
         return f"a {kind} of length {len(node)}"
-    return "an array" if node is _TRACED else f"a `{kind}`"
+    return "an array" if _is_traced(node) else f"a `{kind}`"
 
 
-def _difference(then: Any, now: Any, where: str) -> _Difference | None:
-    """The first difference of a pytree `now` from the prototype `then`."""
-    kind = type(then)
-    if then is _TRACED:
-        return None  # arrays are checked leaf by leaf
-    if kind is not type(now):
-        return _Difference(where, then, now, static=False)
+def _is_leaf(value: Any) -> bool:
+    return value is not None and jtu.treedef_is_leaf(jtu.tree_structure(value))
+
+
+def _static_data(value: Any) -> Any:
+    try:
+        return encode(value, "", Encoding())
+    except Unsavable:
+        return None
+
+
+def _leaf_difference(
+    then: Any, now: Any, where: str, opaque: Sequence[Any]
+) -> _Difference | None:
+    """The difference of a static leaf `now` from the saved leaf `then`."""
+    tag = then[0]
+    if tag == "opaque":
+        same = _same_static(now, opaque[then[1]])
+        return None if same else _Difference(where, repr(opaque[then[1]]), now, True)
+    if tag == "ref":
+        if resolve_reference(then[1]) is now:
+            return None
+    elif _static_data(now) == then:
+        return None
+    structure = not _is_leaf(now) and tag in SCALAR_TAGS and tag != "none"
+    return _Difference(where, describe(then), now, not structure)
+
+
+def _difference(
+    then: Any, now: Any, where: str, opaque: Sequence[Any]
+) -> _Difference | None:
+    """The first difference of a value `now` from the saved data `then`."""
+    tag = then[0]
+    if tag == "traced" or _is_traced(now):
+        if tag == "traced" and _is_traced(now):
+            return None  # arrays are checked leaf by leaf
+        leaf_then = tag not in ("tuple", "list", "dict", "node", "state")
+        static = _is_leaf(now) if tag == "traced" else leaf_then
+        return _Difference(where, describe(then), now, static)
     children: list[tuple[str, Any, Any]] = []
-    if kind in (tuple, list) or _is_namedtuple_type(kind):
-        if len(then) != len(now):
-            return _Difference(where, then, now, static=False)
-        steps = _fields_of(kind) if _is_namedtuple_type(kind) else None
-        for i, (a, b) in enumerate(zip(then, now)):
-            children.append((f".{steps[i]}" if steps else f"[{i}]", a, b))
-    elif kind is dict:
-        if list(then) != list(now):
-            return _Difference(where, then, now, static=False)
-        children = [(f"[{key!r}]", then[key], now[key]) for key in then]
-    elif dataclasses.is_dataclass(then):
+    if tag in ("tuple", "list"):
+        if type(now) is not {"tuple": tuple, "list": list}[tag] or len(now) != len(
+            then[1]
+        ):
+            return _Difference(where, describe(then), now, False)
+        children = [(f"[{i}]", a, b) for i, (a, b) in enumerate(zip(then[1], now))]
+    elif tag == "dict":
+        if type(now) is not dict:
+            return _Difference(where, describe(then), now, False)
+        saved = {json.dumps(k): (k, v) for k, v in then[1]}
+        found = {json.dumps(_static_data(k)): k for k in now}
+        if set(saved) != set(found):
+            return _Difference(where, describe(then), now, False)
         children = [
-            (f".{field}", getattr(then, field), getattr(now, field))
-            for field in _fields_of(kind)
+            (f"[{found[k]!r}]", saved[k][1], now[found[k]]) for k in sorted(saved)
         ]
-    elif not _same_static(now, then):
-        return _Difference(where, then, now, static=True)
+    elif tag == "node":
+        kind = type(now)
+        is_node = is_namedtuple_type(kind) or (
+            dataclasses.is_dataclass(now) and not isinstance(now, type)
+        )
+        fields = [field for field, _ in then[2]]
+        if not is_node or type_name(kind) != then[1] or fields_of(kind) != fields:
+            return _Difference(where, describe(then), now, False)
+        children = [(f".{f}", item, getattr(now, f)) for f, item in then[2]]
+    elif tag == "state":
+        if not is_state_type(type(now)):
+            return _Difference(where, "an `eqx.nn.State`", now, False)
+        values, keys = now.tree_flatten()
+        if _static_data(keys) != then[1] or len(values) != len(then[2]):
+            return _Difference(where, "another `eqx.nn.State`", now, False)
+        children = [(f"[{i}]", a, b) for i, (a, b) in enumerate(zip(then[2], values))]
+    else:
+        return _leaf_difference(then, now, where, opaque)
     for step, a, b in children:
-        if (found := _difference(a, b, where + step)) is not None:
-            return found
+        if (found_difference := _difference(a, b, where + step, opaque)) is not None:
+            return found_difference
     return None
+
+
+def _same_static(now: Any, then: Any) -> bool:
+    if type(now) is not type(then):
+        return False
+    try:
+        return bool(static_key(now) == static_key(then))
+    except Exception:  # an `==` that does not answer a bool: not the same
+        return False
 
 
 # -- The call's parameters, to bind a call in a process without the function.
@@ -379,8 +287,18 @@ class _Parameters:
     """The exported function's parameters: names, kinds and whether each has a
     default (whose value, where the export left it so, is the template's)."""
 
-    def __init__(self, parameters: Sequence[tuple[str, int, bool]] | None):
+    def __init__(
+        self,
+        parameters: Sequence[tuple[str, int, bool]] | None,
+        aliases: Sequence[str] = (),
+        bound: Sequence[str] = (),
+    ):
         self.parameters = None if parameters is None else list(parameters)
+        # Keywords a partial binds: not arguments unless a call passes them.
+        self.bound = list(bound)
+        # For a wrapper taking `*args` (`jax.vmap(f)`): the names of the positional
+        # parameters of the function it wraps, to name its arguments by.
+        self.aliases = list(aliases)
         self._signature = None
         if parameters is not None:
             self._signature = inspect.Signature(
@@ -396,14 +314,14 @@ class _Parameters:
 
     @classmethod
     def of(cls, fun: Any) -> "_Parameters":
-        signature = signature_of(fun, follow_wrapped=False)
+        signature = call_signature(fun)
         if signature is None:
             return cls(None)
+        parameters = signature.parameters.values()
         return cls(
-            [
-                (p.name, int(p.kind), p.default is not p.empty)
-                for p in signature.parameters.values()
-            ]
+            [(p.name, int(p.kind), p.default is not p.empty) for p in parameters],
+            _aliases(fun, signature),
+            [p.name for p in parameters if p.default is BOUND],
         )
 
     def bind(self, fun_name: str, args: Any, kwargs: Any) -> list[tuple[Any, Any]]:
@@ -418,6 +336,9 @@ class _Parameters:
                 raise TypeError(f"{fun_name}(): {e}.") from None
             bound.apply_defaults()
             positional, keywords = list(bound.args), bound.kwargs
+            for name in self.bound:
+                if keywords.get(name) is _DEFAULT:
+                    del keywords[name]  # the partial passes its own
         return [
             *enumerate(positional),
             *((name, keywords[name]) for name in sorted(keywords)),
@@ -425,6 +346,8 @@ class _Parameters:
 
     def name(self, key: Any) -> str:
         """How to name the argument bound at `key` to a user."""
+        if isinstance(key, int) and 0 <= key < len(self.aliases):
+            return self.aliases[key]
         if isinstance(key, str) or self.parameters is None:
             return key if isinstance(key, str) else f"args[{key}]"
         kinds = (
@@ -440,15 +363,38 @@ class _Parameters:
         return f"args[{key}]"
 
 
+def _aliases(fun: Any, signature: inspect.Signature) -> list[str]:
+    """The positional parameters' names of the function that a wrapper taking only
+    `*args` and `**kwargs` wraps (`jax.vmap(f)`, `functools.wraps`): names only, as
+    the wrapper binds a call by its own signature."""
+    kinds = [p.kind for p in signature.parameters.values()]
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    if not kinds or any(kind not in variadic for kind in kinds):
+        return []
+    wrapped = signature_of(fun, follow_wrapped=True)
+    if wrapped is None:
+        return []
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    return [p.name for p in wrapped.parameters.values() if p.kind in positional]
+
+
 class _Argument:
     """One bound argument: where it binds, whether the exporting call passed it
-    (else left it to its default), and its template."""
+    (else left it to its default), its saved data (`None`: a default that could not
+    be saved, so must be left as it is), and the labels of its traced leaves."""
 
-    def __init__(self, key: Any, given: bool, template: _Template | None):
+    def __init__(self, key: Any, given: bool, data: Any, labels: list[str]):
         self.key = key
         self.given = given
-        # `None`: a default that could not be saved (so must be left as it is).
-        self.template = template
+        self.data = data
+        self.labels = labels
+        # Where exported in this process: its structure, and the classes it names.
+        self.treedef: Any = None
+        self.exact: Any = None
+        self.classes: dict[str, type] = {}
 
 
 # -- The exported object.
@@ -466,6 +412,8 @@ class Exported(Generic[_P, _T]):
         parameters: _Parameters,
         arguments: list[_Argument],
         output: _Template,
+        donated: Sequence[int] = (),
+        opaque: Sequence[tuple[str, Any]] = (),
     ):
         self.exported = exported
         """The `jax.export.Exported` of the array leaves: its inputs the traced
@@ -476,14 +424,17 @@ class Exported(Generic[_P, _T]):
         self._parameters = parameters
         self._arguments = {argument.key: argument for argument in arguments}
         self._output = output
+        self._donated = tuple(donated)
+        # Statics of the arguments that a payload cannot hold: `(where, value)`.
+        self._opaque = list(opaque)
         # `jax.export.Exported.call` traces its program anew on every call (about
         # 200 µs); under `jax.jit`, JAX's cache keeps one trace per set of avals.
-        self._program = jax.jit(exported.call)
+        self._program = jax.jit(exported.call, donate_argnums=self._donated)
         avals = list(exported.in_avals)
         self._avals: dict[Any, list[Any]] = {}
         for argument in arguments:
-            if argument.given and argument.template is not None:
-                count = argument.template.traced
+            if argument.given:
+                count = len(argument.labels)
                 self._avals[argument.key], avals = avals[:count], avals[count:]
         if avals or len(exported.out_avals) != output.traced:
             raise ValueError(
@@ -495,6 +446,43 @@ class Exported(Generic[_P, _T]):
     def platforms(self) -> tuple[str, ...]:
         """The platforms the program was lowered for."""
         return tuple(self.exported.platforms)
+
+    @property
+    def nr_devices(self) -> int:
+        """The number of devices the program was lowered for."""
+        return int(self.exported.nr_devices)
+
+    def mlir_module(self) -> str:
+        """The program's StableHLO, as text (`jax.export.Exported.mlir_module`):
+        its inputs are the arrays of `in_avals`, in that order."""
+        return self.exported.mlir_module()
+
+    @property
+    def in_avals(self) -> dict[str, Any]:
+        """The shape and dtype of each array the call takes, by the name of the
+        argument it is (`"x"`, `"model.layers[0].weight"`), in the program's order."""
+        found = {}
+        for argument in self._arguments.values():
+            if argument.given:
+                found.update(zip(argument.labels, self._avals[argument.key]))
+        return found
+
+    @property
+    def out_avals(self) -> dict[str, Any]:
+        """The shape and dtype of each array the call returns, by its place in the
+        output (`"output[0]"`); a symbolic size returned as a Python value is not an
+        array, and is not named here."""
+        output = self._output
+        outputs = [
+            (leaf, label)
+            for leaf, label in zip(output.leaves, output.labels)
+            if leaf is TRACED or leaf is SIZE
+        ]
+        return {
+            label: aval
+            for (leaf, label), aval in zip(outputs, self.exported.out_avals)
+            if leaf is TRACED
+        }
 
     def call(self, *args: _P.args, **kwargs: _P.kwargs) -> _T:
         """Calls the exported function, as `filter_jit(function)(*args, **kwargs)`.
@@ -513,16 +501,17 @@ class Exported(Generic[_P, _T]):
                 f"({', '.join(map(self._parameters.name, self._arguments))}). Pass "
                 "the arguments the export was made with, or export again."
             )
+        sizes: dict[str, tuple[str, int]] = {}
         for key, value in bound:
-            inputs += self._check(self._arguments[key], value)
-        outputs = iter(self._program(*inputs))
-        leaves = [next(outputs) if x is _TRACED else x for x in self._output.leaves]
-        return self._output.treedef.unflatten(leaves)
+            inputs += self._check(self._arguments[key], value, sizes)
+        return self._output.finish(iter(self._program(*inputs)))
 
-    def _check(self, argument: _Argument, value: Any) -> list[Any]:
-        """The traced leaves of one argument of a call, checked against the export."""
+    def _check(
+        self, argument: _Argument, value: Any, sizes: dict[str, tuple[str, int]]
+    ) -> list[Any]:
+        """The traced leaves of one argument of a call, checked against the export.
+        `sizes`: the size each symbolic dimension has in this call, and where."""
         fun_name, name = self.fun_name, self._parameters.name(argument.key)
-        template = argument.template
         if value is _DEFAULT:
             if argument.given:
                 raise TypeError(
@@ -530,121 +519,228 @@ class Exported(Generic[_P, _T]):
                     "is left to its default now. Pass it, or export again."
                 )
             return []
-        if template is None:
+        if argument.data is None:
             raise TypeError(
                 f"{fun_name}: argument `{name}` was left to its default when "
                 "exported (a default that could not be saved). Leave it so."
             )
-        leaves, treedef = jtu.tree_flatten(value)
-        if not template.same_structure(treedef):
-            found = _difference(template.prototype(), value, name)
-            if found is not None and found.static:  # a static field, compiled in
-                raise ValueError(
-                    f"{fun_name}: static argument `{found.where}` was "
-                    f"{found.then!r} when exported and is {found.now!r} now. Static "
-                    "values are compiled in: export again with the new value."
+        opaque = [item for _, item in self._opaque]
+        found = _difference(argument.data, value, name, opaque)
+        if found is None and argument.treedef is not None:
+            treedef = jtu.tree_structure(value)
+            if treedef != argument.treedef or exact_aux(treedef) != argument.exact:
+                found = _Difference(name, "another structure", value, False)
+        if found is not None and found.static:
+            if found.then == "an array":
+                raise TypeError(
+                    f"{fun_name}: argument `{found.where}` was an array when "
+                    f"exported and is {found.now!r} now (a "
+                    f"`{type(found.now).__name__}`). Pass an array, or export again."
                 )
-            where = name if found is None else found.where
-            differs = (
-                ""
-                if found is None
-                else (
-                    f" (`{where}` is {_shape_of(found.now)}, where the export has "
-                    f"{_shape_of(found.then)})"
+            if _is_traced(found.now):
+                raise TypeError(
+                    f"{fun_name}: argument `{found.where}` was static ({found.then}) "
+                    "when exported and is an array now. Pass the same value, or "
+                    "export again."
                 )
+            raise ValueError(
+                f"{fun_name}: static argument `{found.where}` was {found.then} when "
+                f"exported and is {describe_value(found.now)} now. Static values are "
+                "compiled in: "
+                "export again with the new value, or make it an array so that it "
+                "is traced."
             )
+        paths = jtu.tree_flatten_with_path(value)[0]
+        traced = [(name + jtu.keystr(p), leaf) for p, leaf in paths if _is_traced(leaf)]
+        if found is not None or len(traced) != len(argument.labels):
+            differs = ""
+            if found is not None:
+                differs = (
+                    f" (`{found.where}` is {_shape_of(found.now)}, where the export "
+                    f"has {found.then})"
+                )
             raise TypeError(
                 f"{fun_name}: argument `{name}` has another structure than the "
                 f"export was made for{differs}. Pass an argument of that structure, "
-                "or export again.\n  exported for: "
-                f"{template.treedef}\n  called with:  {treedef}"
+                "or export again."
             )
-        avals = iter(self._avals.get(argument.key, ()))
-        traced = []
-        for leaf, then, label in zip(leaves, template.leaves, template.labels):
-            if then is _TRACED:
-                if not (is_array(leaf) or isinstance(leaf, Tracer)):
-                    raise TypeError(
-                        f"{fun_name}: argument `{label}` was an array when exported "
-                        f"and is {leaf!r} now (a `{type(leaf).__name__}`). Pass an "
-                        "array, or export again."
-                    )
-                if not argument.given:
-                    raise TypeError(
-                        f"{fun_name}: argument `{label}` was left to its default "
-                        "when exported, which is compiled in. Leave it so, or "
-                        "export again passing it."
-                    )
-                _check_aval(fun_name, label, leaf, next(avals))
-                traced.append(leaf)
-            elif is_array(leaf) or isinstance(leaf, Tracer):
-                raise TypeError(
-                    f"{fun_name}: argument `{label}` was static ({then!r}) when "
-                    "exported and is an array now. Pass the same value, or export "
-                    "again."
-                )
-            elif not _same_static(leaf, then):
-                raise ValueError(
-                    f"{fun_name}: static argument `{label}` was {then!r} when "
-                    f"exported and is {leaf!r} now. Static values are compiled in: "
-                    "export again with the new value, or make it an array so that "
-                    "it is traced."
-                )
-        return traced
+        if traced and not argument.given:
+            raise TypeError(
+                f"{fun_name}: argument `{traced[0][0]}` was left to its default "
+                "when exported, which is compiled in. Leave it so, or export again "
+                "passing it."
+            )
+        for (label, leaf), aval in zip(traced, self._avals.get(argument.key, ())):
+            _check_aval(fun_name, label, leaf, aval, sizes)
+        return [leaf for _, leaf in traced]
 
-    def serialize(self) -> bytes:
-        """The export as bytes, for `filterjit.deserialize` in any process with the
-        same versions of filterjit and JAX. Raises naming what cannot be saved."""
-        names: dict[str, type] = {}
+    def serialize(self, *, vjp_order: int = 0) -> bytes:
+        """The export as bytes, for `filterjit.deserialize` in any process with this
+        version of filterjit and this or a newer JAX. Raises naming what cannot be
+        saved.
+
+        **Arguments:**
+
+        - `vjp_order`: how many orders of derivatives the loaded export can take,
+            as in `jax.export.Exported.serialize`: with `1`, `jax.grad` of the
+            loaded `call` works. Each order saves another program.
+
+        **Returns:**
+
+        The payload: a header (format, filterjit's and JAX's versions, the
+        arguments' and output's structures) and the program, with a checksum.
+        """
         arguments = []
         for argument in self._arguments.values():
-            data = None
-            if argument.template is not None:
-                try:
-                    data = argument.template.encode(self.fun_name, names)
-                except TypeError:
-                    if argument.given:
-                        raise
+            data = argument.data
+            index = None if data is None else _first_opaque(data)
+            if index is not None and argument.given:
+                where, value = self._opaque[index]
+                _encoded(value, where, self.fun_name, Encoding())  # says why
+                raise TypeError(
+                    f"{self.fun_name}: cannot save `{where}`, a "
+                    f"`{type(value).__qualname__}`. {_SAVES}"
+                )
+            if index is not None:
+                data = None  # a default, left as it was: compiled in
+            if data is not None and argument.treedef is not None:
+                name = self._parameters.name(argument.key)
+                _check_rebuilt(
+                    argument.treedef,
+                    argument.exact,
+                    data,
+                    name,
+                    self.fun_name,
+                    argument.classes,
+                )
             arguments.append(
-                {"key": argument.key, "given": argument.given, "value": data}
+                {
+                    "key": argument.key,
+                    "given": argument.given,
+                    "value": data,
+                    "labels": argument.labels,
+                }
             )
         header = {
-            "format": _FORMAT_VERSION,
+            "format": "filterjit.export",
+            "filterjit": _filterjit_version(),
+            "jax": jax.__version__,
             "fun_name": self.fun_name,
             "parameters": self._parameters.parameters,
+            "aliases": self._parameters.aliases,
+            "bound": self._parameters.bound,
             "arguments": arguments,
-            "output": self._output.encode(self.fun_name, names),
+            "output": self._output.encode(self.fun_name),
+            "donated": list(self._donated),
+            "vjp_order": vjp_order,
         }
-        encoded = json.dumps(header).encode("utf-8")
-        program = bytes(self.exported.serialize())
-        return _MAGIC + struct.pack(">Q", len(encoded)) + encoded + program
+        program = bytes(self.exported.serialize(vjp_order=vjp_order))
+        return pack(header, program)
 
     def __repr__(self) -> str:
         return f"<filterjit.Exported {self.fun_name} for {self.platforms}>"
 
 
-def _check_aval(fun_name: str, label: str, leaf: Any, aval: Any) -> None:
+def _filterjit_version() -> str:
+    from . import __version__  # set once the package has loaded
+
+    return __version__
+
+
+def _first_opaque(data: Any) -> int | None:
+    """The index of the first static in `data` that a payload cannot hold."""
+    if not isinstance(data, list) or not data:
+        return None
+    if data[0] == "opaque":
+        return data[1]
+    for item in data[1:]:
+        if (found := _first_opaque(item)) is not None:
+            return found
+    return None
+
+
+def _check_aval(
+    fun_name: str, label: str, leaf: Any, aval: Any, sizes: dict[str, tuple[str, int]]
+) -> None:
     found = jax.typeof(leaf)
     shape, dtype = found.shape, found.dtype  # pyright: ignore[reportAttributeAccessIssue]
     fits = len(shape) == len(aval.shape) and all(
         not isinstance(expected, int) or size == expected
         for size, expected in zip(shape, aval.shape)
     )
-    if fits and dtype == aval.dtype:
-        return
-    raise TypeError(
-        f"{fun_name}: argument `{label}` is an array of {dtype}{list(shape)}, but the "
-        f"export was made for {aval.str_short()}. Pass an array of that shape and "
-        "dtype, or export again."
+    if not fits or dtype != aval.dtype:
+        raise TypeError(
+            f"{fun_name}: argument `{label}` is an array of {dtype}{list(shape)}, but "
+            f"the export was made for {aval.str_short()}. Pass an array of that "
+            "shape and dtype, or export again."
+        )
+    for axis, (size, expected) in enumerate(zip(shape, aval.shape)):
+        symbol = str(expected)
+        if isinstance(expected, int) or not symbol.isidentifier():
+            continue  # a constant, or an expression JAX checks
+        where = f"{label}.shape[{axis}]"
+        first = sizes.setdefault(symbol, (where, size))
+        if first[1] != size:
+            raise TypeError(
+                f"{fun_name}: `{where}` is {size}, but `{first[0]}` is {first[1]}, "
+                f"and the export has `{symbol}` for both. Pass arrays whose sizes "
+                "agree."
+            )
+
+
+# -- Loading.
+
+
+_NOT_LOADED = "filterjit.deserialize"
+
+# Targets that hold an address in the process that made the program: never valid
+# in a payload, whatever the export allowed.
+_NEVER_ALLOWED = ("xla_python_", "xla_ffi_python_", "xla_ffi_partitioned_python_")
+
+
+def _check_custom_calls(exported: Any, depth: int) -> None:
+    """Raises for a custom call outside JAX's stable targets and those the export
+    allowed, in the program and in its `depth` orders of derivatives."""
+    allowed = set(STABLE_TARGETS)
+    for disabled in exported.disabled_safety_checks:
+        target = disabled.is_custom_call()
+        if target is not None:
+            allowed.add(target)
+    for target in custom_call_targets(exported):
+        if target.startswith(_NEVER_ALLOWED):
+            raise ValueError(
+                f"{_NOT_LOADED}: the payload's program calls `{target}`, a host "
+                "callback of the process that made it, which no other process can "
+                "run. It is refused: such a payload is corrupt or crafted."
+            )
+        if target not in allowed and "ALL" not in allowed:
+            raise ValueError(
+                f"{_NOT_LOADED}: the payload's program calls the custom call "
+                f"`{target}`, which is not among the targets JAX guarantees stable, "
+                "and the export did not allow it. Export with `disabled_checks="
+                f"[jax.export.DisabledSafetyCheck.custom_call({target!r})]` if this "
+                "process provides it."
+            )
+    if depth > 0:
+        _check_custom_calls(exported.vjp(), depth - 1)
+
+
+def _malformed() -> ValueError:
+    return ValueError(
+        f"{_NOT_LOADED}: the payload's header is not valid (a corrupt or crafted "
+        "payload). Save it again."
     )
 
 
 def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
     """Loads what `Exported.serialize()` saved.
 
-    Nothing that the data names is imported or unpickled: the node types of the
-    arguments and outputs (other than tuples, lists, dicts and `None`) must be
-    registered in this process with `filterjit.register_serializable` first.
+    Nothing that the data names is imported, unpickled or initialised: classes of
+    static outputs must be registered in this process with
+    `filterjit.register_serializable` first (arguments need no registration), and
+    their instances are rebuilt without calling `__init__`. The payload's checksum,
+    versions and structure are checked, and its program may call no custom call
+    outside JAX's stable targets unless the export allowed it (`disabled_checks`).
 
     **Arguments:**
 
@@ -654,6 +750,12 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
 
     A `filterjit.Exported`, called with the arguments of the exported function.
 
+    **Raises:**
+
+    A `ValueError` saying what is wrong for a truncated, corrupt or crafted
+    payload, one of another format or of a newer JAX; a `TypeError` naming the
+    class or function to register for a static output this process cannot rebuild.
+
     !!! example
 
         ```python
@@ -661,49 +763,90 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
         exported.call(x)
         ```
     """
-    data = bytes(data)
-    if not data.startswith(_MAGIC):
+    header, program = unpack(bytes(data))
+    try:
+        parts = _read_header(header)
+    except (Malformed, LookupError, TypeError, ValueError, RecursionError):
+        raise _malformed() from None
+    fun_name, parameters, arguments, output_data, donated, vjp_order = parts
+    try:
+        output = _Template.loaded(output_data, "output")
+    except (Malformed, LookupError, ValueError, RecursionError):
+        raise _malformed() from None
+    try:
+        exported = jax.export.deserialize(bytearray(program))
+    except Exception:
         raise ValueError(
-            "filterjit.deserialize: these bytes were not made by "
-            "`filterjit.Exported.serialize()`."
-        )
-    start = len(_MAGIC) + 8
-    (length,) = struct.unpack(">Q", data[len(_MAGIC) : start])
-    header = json.loads(data[start : start + length].decode("utf-8"))
-    if header.get("format") != _FORMAT_VERSION:
-        raise ValueError(
-            f"filterjit.deserialize: a payload of format {header.get('format')!r}; "
-            f"this version of filterjit reads format {_FORMAT_VERSION}."
-        )
+            f"{_NOT_LOADED}: JAX cannot read the payload's program (a corrupt "
+            "payload, or one of an incompatible JAX). Export it again."
+        ) from None
+    _check_custom_calls(exported, vjp_order)
+    try:
+        return Exported(exported, fun_name, parameters, arguments, output, donated)
+    except ValueError:
+        raise _malformed() from None
+
+
+def _read_header(
+    header: dict[str, Any],
+) -> tuple[str, _Parameters, list[_Argument], Any, list[int], int]:
+    """The parts of a payload's header, each checked; raises if one is malformed."""
+    if header["format"] != "filterjit.export":
+        raise Malformed
     fun_name = header["fun_name"]
     saved_parameters = header["parameters"]
+    if not isinstance(fun_name, str):
+        raise Malformed
+    aliases, bound = header["aliases"], header["bound"]
+    for name in [*aliases, *bound]:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise Malformed
     parameters = _Parameters(
         None
         if saved_parameters is None
-        else [
-            (str(name), int(kind), bool(default))
-            for name, kind, default in saved_parameters
-        ]
+        else [_parameter(*saved) for saved in saved_parameters],
+        aliases,
+        bound,
     )
     arguments = []
     for saved in header["arguments"]:
-        key = saved["key"]
-        value = saved["value"]
-        template = None
+        key, given, value, labels = (
+            saved["key"],
+            saved["given"],
+            saved["value"],
+            saved["labels"],
+        )
+        if not (type(key) in (int, str) and type(given) is bool):
+            raise Malformed
+        if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+            raise Malformed
         if value is not None:
-            label = parameters.name(key)
-            template = _Template.of(_decode(value, _registered), label)
-        arguments.append(_Argument(key, saved["given"], template))
-    output = _Template.of(_decode(header["output"], _registered), "output")
-    exported = jax.export.deserialize(bytearray(data[start + length :]))
-    return Exported(exported, fun_name, parameters, arguments, output)
+            check(value)
+        arguments.append(_Argument(key, given, value, labels))
+    donated, vjp_order = header["donated"], header["vjp_order"]
+    if not (isinstance(donated, list) and all(type(i) is int for i in donated)):
+        raise Malformed
+    if type(vjp_order) is not int or not 0 <= vjp_order < 8:
+        raise Malformed
+    return fun_name, parameters, arguments, header["output"], donated, vjp_order
+
+
+def _parameter(name: Any, kind: Any, default: Any) -> tuple[str, int, bool]:
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise Malformed
+    if type(kind) is not int or kind not in _KINDS or type(default) is not bool:
+        raise Malformed
+    return name, kind, default
 
 
 # -- Exporting.
 
 
 def export(
-    fun: Callable[_P, _T], *, platforms: Sequence[str] | None = None
+    fun: Callable[_P, _T],
+    *,
+    platforms: Sequence[str] | None = None,
+    disabled_checks: Sequence[jax.export.DisabledSafetyCheck] = (),
 ) -> Callable[..., Exported[_P, _T]]:
     """Exports a function for another process, as `jax.export.export(jax.jit(fun))`
     does, with `filter_jit`'s partition of the arguments.
@@ -714,13 +857,19 @@ def export(
     partitions them. The arrays of `fun` itself (an `eqx.Module`, a bound method's
     `self`, a `functools.partial`'s arguments) and of defaults the call leaves are
     compiled into the program, with its static leaves: a saved model carries its
-    weights.
+    weights. A symbolic size that `fun` returns as a Python value (`xs.shape[0]`)
+    is returned by `call` as the call's concrete size, as `filter_jit` returns it.
 
     **Arguments:**
 
-    - `fun`: the function, or a `filter_jit` wrapper of it (whose options apply).
+    - `fun`: the function, or a `filter_jit` wrapper of it (whose options apply:
+        its donated arguments are donated by `Exported.call`, also once loaded).
     - `platforms`: the platforms to lower for (`"cpu"`, `"cuda"`, `"rocm"`,
         `"tpu"`), as in `jax.export.export`; the default backend's if omitted.
+    - `disabled_checks`: as in `jax.export.export`: a
+        `jax.export.DisabledSafetyCheck.custom_call(name)` lets the program call a
+        custom call of your own (an FFI kernel) that JAX does not guarantee stable.
+        `filterjit.deserialize` refuses any other.
 
     **Returns:**
 
@@ -736,10 +885,11 @@ def export(
         ```
     """
     wrapper = fun if isinstance(fun, FilterJitWrapper) else filter_jit(fun)
+    checks = tuple(disabled_checks)
 
     # Untyped: arrays may be given as `jax.ShapeDtypeStruct`s.
     def exporting(*args: Any, **kwargs: Any) -> Exported[_P, _T]:
-        return _export(wrapper, platforms, args, kwargs)
+        return _export(wrapper, platforms, checks, args, kwargs)
 
     return exporting
 
@@ -755,8 +905,9 @@ def _bound_arguments(
     called: Specialisation,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    encoding: Encoding,
 ) -> tuple[list[_Argument], list[int]]:
-    """Each bound argument of the exporting call with its template, and the
+    """Each bound argument of the exporting call with its saved data, and the
     positions (among the bound call's leaves) of the traced leaves of the arguments
     it passed: the program's inputs."""
     given = parameters.bind(function.name, args, kwargs)
@@ -769,11 +920,15 @@ def _bound_arguments(
     inputs: list[int] = []
     for (key, passed), value in zip(given, values, strict=True):
         span = range(start, start + _leaf_count(value))
-        template_leaves = [_TRACED if p in traced else leaves[p] for p in span]
-        template = _Template(
-            jtu.tree_structure(value), template_leaves, parameters.name(key)
-        )
-        arguments.append(_Argument(key, passed is not _DEFAULT, template))
+        template_leaves = [TRACED if p in traced else leaves[p] for p in span]
+        treedef, label = jtu.tree_structure(value), parameters.name(key)
+        prototype = treedef.unflatten(template_leaves)
+        data = _encoded(prototype, label, function.name, encoding)
+        paths = jtu.tree_flatten_with_path(prototype)[0]
+        labels = [label + jtu.keystr(p) for p, leaf in paths if leaf is TRACED]
+        argument = _Argument(key, passed is not _DEFAULT, data, labels)
+        argument.treedef, argument.exact = treedef, exact_aux(treedef)
+        arguments.append(argument)
         if passed is not _DEFAULT:
             inputs += [p for p in span if p in traced]
         start = span.stop
@@ -806,9 +961,31 @@ def _compiled_in(
     return found
 
 
+def _donated_inputs(called: Specialisation, inputs: list[int]) -> list[int]:
+    """Which of the program's inputs the wrapper donates, as JAX lowers its call."""
+    lowered = called.jitted.lower(*called.dynamic)
+    flags = [info.donated for info in jtu.tree_leaves(lowered.args_info)]
+    positions = called.partition.dynamic_positions
+    donated = {positions[i] for i, flag in enumerate(flags) if flag}
+    return [i for i, position in enumerate(inputs) if position in donated]
+
+
+def _output_leaf(leaf: Any) -> Any:
+    """What the program returns for an output leaf: an array for a traced one, and
+    for a symbolic size an empty array whose last axis has that size."""
+    if _is_traced(leaf):
+        return jnp.asarray(leaf)
+    return jnp.zeros((0, leaf), jnp.int8)
+
+
+def _is_symbolic(leaf: Any) -> bool:
+    return not isinstance(leaf, int) and jax.export.is_symbolic_dim(leaf)
+
+
 def _export(
     wrapper: FilterJitWrapper[..., Any],
     platforms: Sequence[str] | None,
+    disabled_checks: Sequence[Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Exported[..., Any]:
@@ -817,8 +994,9 @@ def _export(
     # The very partition and jitted function of a top-level call with these arrays.
     called = Specialisation(dispatcher, fun, *args, **kwargs)
     parameters = _Parameters.of(fun)
+    encoding = Encoding(opaque=[])
     arguments, inputs = _bound_arguments(
-        fun, function, parameters, called, args, kwargs
+        fun, function, parameters, called, args, kwargs, encoding
     )
     compiled_in = _compiled_in(function, called, inputs)
     positions, leaves, jitted = (
@@ -836,14 +1014,37 @@ def _export(
         ]
         output = finish(jitted(*dynamic), leaves)
         out_leaves, treedef = jtu.tree_flatten(output)
-        arrays = [is_array(x) or isinstance(x, Tracer) for x in out_leaves]
-        template = [_TRACED if a else x for x, a in zip(out_leaves, arrays)]
+        template = [
+            TRACED if _is_traced(x) else SIZE if _is_symbolic(x) else x
+            for x in out_leaves
+        ]
         found.append(_Template(treedef, template, "output"))
-        return [jnp.asarray(x) for x, a in zip(out_leaves, arrays) if a]
+        return [
+            _output_leaf(x)
+            for x, kind in zip(out_leaves, template)
+            if kind is TRACED or kind is SIZE
+        ]
 
     program.__name__ = function.name.rpartition(".")[2]
     program.__qualname__ = function.name
     specs = [leaves[p] for p in inputs]
-    exported = jax.export.export(jax.jit(program), platforms=platforms)(*specs)
+    donated = [] if dispatcher.options.donate == "none" else None
+    if donated is None:
+        donated = _donated_inputs(called, inputs)
+    exported = jax.export.export(
+        jax.jit(program, donate_argnums=tuple(donated)),
+        platforms=platforms,
+        disabled_checks=disabled_checks,
+    )(*specs)
     (output,) = found
-    return Exported(exported, function.name, parameters, arguments, output)
+    for argument in arguments:
+        argument.classes = encoding.names
+    return Exported(
+        exported,
+        function.name,
+        parameters,
+        arguments,
+        output,
+        donated,
+        encoding.opaque or (),
+    )

@@ -1,6 +1,7 @@
 """Node types of the arguments and outputs that tests/test_export.py saves, which the
 process that loads them imports and registers itself (loading never imports)."""
 
+import enum
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -31,3 +32,10 @@ class Affine(eqx.Module):
 class Pair(NamedTuple):
     first: Any  # an array (a jax.ShapeDtypeStruct where exported)
     second: int
+
+
+class Mode(enum.Enum):
+    """An enum static: saved by member name once registered."""
+
+    TRAIN = "train"
+    SERVE = "serve"

@@ -1,7 +1,9 @@
 """`filterjit.export`: a filtered function saved, loaded in a fresh interpreter and
 called; the errors; JAX's ahead-of-time signature on filterjit's stages."""
 
+import dataclasses
 import functools as ft
+import hashlib
 import json
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _export_models import Affine, Pair, Scale
+from _export_models import Affine, Mode, Pair, Scale
 from helpers import assert_tree_equal, subprocess_env, TraceCounter
 
 import filterjit
@@ -22,7 +24,7 @@ from filterjit import filter_jit
 
 ROOT = Path(__file__).resolve().parent.parent
 
-for _kind in (Scale, Affine, Pair):
+for _kind in (Scale, Affine, Pair, Mode):
     filterjit.register_serializable(_kind)
 
 
@@ -127,7 +129,9 @@ def _cases() -> dict[str, _Case]:
 # Run by a fresh interpreter: loads each payload and calls it with the arguments its
 # case names (built here, with the same arrays as `_cases`' references), printing
 # one JSON line of results. First, before importing or registering any node type,
-# it tries to load a payload that names one.
+# it loads a payload whose arguments name one (no registration needed), and tries
+# to load one whose output names one (refused). It registers only `Pair`, a class of
+# an output.
 SCRIPT = """
 import json, sys
 from pathlib import Path
@@ -137,15 +141,16 @@ import filterjit
 
 folder = Path(sys.argv[1])
 report = {}
+unregistered = filterjit.deserialize((folder / "module_vmap.bin").read_bytes())
+report["loaded_unregistered"] = repr(unregistered)
 try:
-    filterjit.deserialize((folder / "module_vmap.bin").read_bytes())
+    filterjit.deserialize((folder / "namedtuple.bin").read_bytes())
 except TypeError as e:
     report["refused"] = str(e)
 report["imported_before"] = [m for m in sys.modules if m.startswith("_export_models")]
 
-from _export_models import Affine, Pair, Scale
-for kind in (Scale, Affine, Pair):
-    filterjit.register_serializable(kind)
+from _export_models import Pair, Scale
+filterjit.register_serializable(Pair)
 
 def x(batch, width=3):
     return jnp.arange(batch * width, dtype=jnp.float32).reshape(batch, width) / 10
@@ -210,6 +215,20 @@ def _close(found: dict[str, Any], expected: dict[str, Any]) -> None:
             assert got[-1] == want[-1]
 
 
+def _in_a_fresh_interpreter(script: str, *arguments: Path) -> Any:
+    """The last line that `script` prints, as JSON, run by a fresh interpreter
+    that imports this checkout's filterjit, with `tests/` importable."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu"),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Any]:
     """The report of one fresh interpreter that loaded and called every case."""
@@ -218,16 +237,7 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], An
     for name, case in cases.items():
         (folder / f"{name}.bin").write_bytes(case.exported.serialize())
         (folder / f"{name}.json").write_text(json.dumps(case.calls))
-    env = subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu")
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(folder)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout.splitlines()[-1]), cases
+    return _in_a_fresh_interpreter(SCRIPT, folder), cases
 
 
 @pytest.mark.parametrize(
@@ -276,13 +286,24 @@ def test_exported_for_several_platforms(loaded: tuple[dict[str, Any], Any]) -> N
     assert report["dict_and_int"]["platforms"] == [jax.default_backend()]
 
 
-def test_a_payload_naming_an_unregistered_type_is_refused_without_import(
+def test_an_output_naming_an_unregistered_type_is_refused_without_import(
     loaded: tuple[dict[str, Any], Any],
 ) -> None:
     report, _ = loaded
     assert report["imported_before"] == []
-    assert "`_export_models.Scale`" in report["refused"]
-    assert "filterjit.register_serializable(Scale)" in report["refused"]
+    assert "`_export_models.Pair`" in report["refused"]
+    assert "filterjit.register_serializable(Pair)" in report["refused"]
+
+
+def test_arguments_need_no_registration_to_load_and_call(
+    loaded: tuple[dict[str, Any], Any],
+) -> None:
+    # Finding 2: `Scale` is an argument's class, checked by its saved name and
+    # static fields; the loading process never registers it (SCRIPT), and the
+    # module_vmap results above come from calling it with a `Scale`.
+    report, _ = loaded
+    assert report["loaded_unregistered"].startswith("<filterjit.Exported _vmapped")
+    assert len(report["module_vmap"]["results"]) == 2
 
 
 # -- In one process: the exporting process's own `Exported`, and one loaded back.
@@ -388,7 +409,14 @@ class _NotRegistered(eqx.Module):
 
 
 def test_an_unregistered_node_type_names_the_type_and_how_to_register():
+    # As an argument, a class needs no registration (finding 2); as an output, it
+    # must be rebuilt, so it must be registered.
     exported = filterjit.export(lambda m: m.weight * 2)(_NotRegistered(jnp.ones(2)))
+    loaded = filterjit.deserialize(exported.serialize())
+    assert_tree_equal(loaded.call(_NotRegistered(jnp.ones(2))), jnp.full(2, 2.0))
+    with pytest.raises(TypeError, match="another structure"):
+        loaded.call(Scale(jnp.ones(2), 1))
+    exported = filterjit.export(lambda x: _NotRegistered(x * 2))(jnp.ones(2))
     data = exported.serialize()  # saving needs no registration
     with pytest.raises(TypeError) as caught:
         filterjit.deserialize(data)
@@ -399,17 +427,18 @@ def test_an_unregistered_node_type_names_the_type_and_how_to_register():
 
 
 def test_what_cannot_be_saved_is_named_when_saving():
-    exported = filterjit.export(lambda x, act: act(x))(jnp.ones(2), jnp.tanh)
-    assert_tree_equal(exported.call(jnp.ones(2), jnp.tanh), jnp.tanh(jnp.ones(2)))
-    with pytest.raises(
-        TypeError, match="cannot save `act`, a `PjitFunction`|cannot save `act`"
-    ):
+    act = lambda x: x + 1  # noqa: E731  (not JAX's, not registered)
+    exported = filterjit.export(lambda x, act: act(x))(jnp.ones(2), act)
+    assert_tree_equal(exported.call(jnp.ones(2), act), act(jnp.ones(2)))
+    with pytest.raises(ValueError, match="static argument `act` was"):
+        exported.call(jnp.ones(2), jnp.tanh)
+    with pytest.raises(TypeError, match="cannot save `act`, a `function`"):
         exported.serialize()
 
 
 def test_register_serializable_rejects_what_it_cannot_rebuild():
     with pytest.raises(
-        TypeError, match="eqx.Module class, a dataclass or a namedtuple"
+        TypeError, match="an eqx.Module class, a dataclass, a namedtuple class"
     ):
         filterjit.register_serializable(dict)
     with pytest.raises(ValueError, match="registered for"):
@@ -498,3 +527,591 @@ def test_static_values_round_trip_exactly():
     assert [type(x) for x in found] == [type(x) for x in statics]
     assert repr(found) == repr(statics)  # -0.0 and nan included
     assert np.signbit(found[3]) and found[4] != found[4]
+
+
+# -- Equinox's own models as arguments, loaded by a process that imports nothing of
+# the test's (findings 1-8): it builds the same models from the same keys.
+
+
+def _serve(model: Any, xs: jax.Array) -> jax.Array:
+    return jax.vmap(model)(xs)
+
+
+def _pools(pools: tuple[Any, Any], x: jax.Array) -> Any:
+    return pools[0](x), pools[1](x)
+
+
+def _sequential(model: Any, x: jax.Array) -> jax.Array:
+    return model(x)
+
+
+def _batch_norm(model: Any, state: Any, xs: jax.Array) -> Any:
+    vmapped = jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))
+    return vmapped(xs, state)
+
+
+def _statics(x: jax.Array, dtype: Any, storage: Any, mode: Mode) -> Any:
+    return x.astype(dtype).astype(storage), dtype, storage, mode
+
+
+def _size(xs: jax.Array) -> Any:
+    return xs * 2, xs.shape[0], {"rows": xs.shape[0] + 1}
+
+
+def _models() -> dict[str, Any]:
+    # As LOADER builds them.
+    return {
+        "mlp": eqx.nn.MLP(2, 1, 8, 2, key=jax.random.key(0)),
+        "pools": (eqx.nn.MaxPool2d(2), eqx.nn.AvgPool2d(2, stride=2)),
+        "sequential": eqx.nn.Sequential(
+            [eqx.nn.Linear(2, 3, key=jax.random.key(1)), eqx.nn.Lambda(jax.nn.relu)]
+        ),
+        "batch_norm": eqx.nn.make_with_state(eqx.nn.BatchNorm)(
+            3, "batch", mode="batch"
+        ),
+    }
+
+
+LOADER = """
+import json, sys
+from pathlib import Path
+
+import equinox as eqx
+import jax, jax.numpy as jnp, numpy as np
+import filterjit
+
+folder = Path(sys.argv[1])
+imported = sorted(m for m in sys.modules if m.startswith(("_export_models", "test_")))
+models = {
+    "mlp": eqx.nn.MLP(2, 1, 8, 2, key=jax.random.key(0)),
+    "pools": (eqx.nn.MaxPool2d(2), eqx.nn.AvgPool2d(2, stride=2)),
+    "sequential": eqx.nn.Sequential(
+        [eqx.nn.Linear(2, 3, key=jax.random.key(1)), eqx.nn.Lambda(jax.nn.relu)]
+    ),
+    "batch_norm": eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="batch"),
+}
+load = lambda name: filterjit.deserialize((folder / f"{name}.bin").read_bytes())
+xs = jnp.arange(6.0, dtype=jnp.float32).reshape(3, 2) / 4
+report = {"imported": imported}
+
+mlp = load("mlp")
+report["mlp"] = mlp.call(models["mlp"], xs).tolist()
+grads = eqx.filter_grad(lambda m: mlp.call(m, xs).sum())(models["mlp"])
+grads = jax.tree.leaves(eqx.filter(grads, eqx.is_array))
+report["mlp_grad"] = [g.tolist() for g in grads]
+report["mlp_in_avals"] = list(mlp.in_avals)[:2]
+
+image = jnp.arange(32.0, dtype=jnp.float32).reshape(2, 4, 4)
+report["pools"] = [y.tolist() for y in load("pools").call(models["pools"], image)]
+report["sequential"] = load("sequential").call(models["sequential"], xs[0]).tolist()
+bn, state = models["batch_norm"]
+ys, new_state = load("batch_norm").call(bn, state, jnp.arange(12.0).reshape(4, 3))
+report["batch_norm"] = [ys.tolist(), type(new_state).__name__]
+report["batch_norm_state"] = [x.tolist() for x in jax.tree.leaves(new_state)]
+
+try:
+    load("statics")
+except TypeError as e:
+    report["statics_refused"] = str(e)
+from _export_models import Mode
+filterjit.register_serializable(Mode)
+y, dtype, storage, mode = load("statics").call(
+    jnp.arange(3.0), jnp.bfloat16, np.dtype("float16"), Mode.SERVE
+)
+report["statics"] = [
+    str(y.dtype), dtype is jnp.bfloat16, repr(storage), mode is Mode.SERVE
+]
+
+y, rows, extra = load("size").call(jnp.ones((5, 2)))
+report["size"] = [type(rows).__name__, rows, extra]
+
+donor = jnp.ones(3)
+load("donate").call(donor)
+report["donated"] = donor.is_deleted()
+print(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def loaded_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What a fresh interpreter that imports only JAX, Equinox and filterjit gets
+    from exports of Equinox's own models and of statics Export v1 refused."""
+    folder = tmp_path_factory.mktemp("models")
+    models = _models()
+    rows = jax.ShapeDtypeStruct((_batch(), 2), jnp.float32)
+    bn, state = models["batch_norm"]
+    payloads = {
+        "mlp": filterjit.export(_serve)(models["mlp"], rows).serialize(vjp_order=1),
+        "pools": filterjit.export(_pools)(models["pools"], jnp.ones((2, 4, 4))),
+        "sequential": filterjit.export(_sequential)(models["sequential"], jnp.ones(2)),
+        "batch_norm": filterjit.export(_batch_norm)(bn, state, jnp.ones((4, 3))),
+        "statics": filterjit.export(_statics)(
+            jnp.ones(3), jnp.bfloat16, np.dtype("float16"), Mode.SERVE
+        ),
+        "size": filterjit.export(_size)(rows),
+        "donate": filterjit.export(filter_jit(lambda x: x + 1, donate="all"))(
+            jnp.ones(3)
+        ),
+    }
+    for name, payload in payloads.items():
+        data = payload if isinstance(payload, bytes) else payload.serialize()
+        (folder / f"{name}.bin").write_bytes(data)
+    return _in_a_fresh_interpreter(LOADER, folder)
+
+
+_xs = jnp.arange(6.0, dtype=jnp.float32).reshape(3, 2) / 4
+
+
+def test_an_eqx_mlp_is_saved_as_an_argument_and_differentiated_after_loading(
+    loaded_models: dict[str, Any],
+) -> None:
+    # Findings 1 and 5: its activations (custom_jvp functions, Equinox's identity)
+    # are saved by reference; `vjp_order=1` makes the loaded call differentiable.
+    mlp = _models()["mlp"]
+    assert loaded_models["imported"] == []
+    np.testing.assert_allclose(loaded_models["mlp"], _serve(mlp, _xs), rtol=1e-6)
+    grads = eqx.filter_grad(lambda m: _serve(m, _xs).sum())(mlp)
+    expected = jax.tree.leaves(eqx.filter(grads, eqx.is_array))
+    assert len(loaded_models["mlp_grad"]) == len(expected) == 6
+    for got, want in zip(loaded_models["mlp_grad"], expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert loaded_models["mlp_in_avals"] == [
+        "model.layers[0].weight",
+        "model.layers[0].bias",
+    ]
+
+
+def test_pools_and_sequential_with_lambda_are_saved_as_arguments(
+    loaded_models: dict[str, Any],
+) -> None:
+    models = _models()
+    image = jnp.arange(32.0, dtype=jnp.float32).reshape(2, 4, 4)
+    for got, want in zip(loaded_models["pools"], _pools(models["pools"], image)):
+        np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose(
+        loaded_models["sequential"],
+        _sequential(models["sequential"], _xs[0]),
+        rtol=1e-6,
+    )
+
+
+def test_eqx_state_is_an_argument_and_an_output(loaded_models: dict[str, Any]) -> None:
+    # Finding 3.
+    bn, state = _models()["batch_norm"]
+    ys, new_state = _batch_norm(bn, state, jnp.arange(12.0).reshape(4, 3))
+    assert loaded_models["batch_norm"][1] == "State"
+    np.testing.assert_allclose(loaded_models["batch_norm"][0], ys, rtol=1e-6)
+    for got, want in zip(loaded_models["batch_norm_state"], jax.tree.leaves(new_state)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_dtype_and_registered_enum_statics(loaded_models: dict[str, Any]) -> None:
+    # Finding 4: an output enum must be registered to be rebuilt; dtypes need not.
+    assert "_export_models.Mode" in loaded_models["statics_refused"]
+    assert loaded_models["statics"] == ["float16", True, "dtype('float16')", True]
+    # NumPy's and ml_dtypes' scalar types, in this process.
+    exported = filterjit.export(_statics)(
+        jnp.ones(3), np.float16, jnp.bfloat16, Mode.TRAIN
+    )
+    loaded = filterjit.deserialize(exported.serialize())
+    y, dtype, storage, mode = loaded.call(
+        jnp.ones(3), np.float16, jnp.bfloat16, Mode.TRAIN
+    )
+    assert (y.dtype, dtype, storage, mode) == (
+        jnp.bfloat16,
+        np.float16,
+        jnp.bfloat16,
+        Mode.TRAIN,
+    )
+    bfloat16 = jnp.dtype("bfloat16").type  # ml_dtypes' type, not jnp's
+    exported = filterjit.export(_statics)(jnp.ones(3), bfloat16, np.int8, Mode.TRAIN)
+    loaded = filterjit.deserialize(exported.serialize())
+    assert loaded.call(jnp.ones(3), bfloat16, np.int8, Mode.TRAIN)[1] is bfloat16
+    with pytest.raises(ValueError, match="`dtype` was the scalar type bfloat16 when"):
+        loaded.call(jnp.ones(3), np.float16, np.int8, Mode.TRAIN)
+
+
+def test_a_symbolic_size_comes_back_as_the_calls_size(
+    loaded_models: dict[str, Any],
+) -> None:
+    # Finding 8, loaded; and in this process, also under an outer `jax.jit`.
+    assert loaded_models["size"] == ["int", 5, {"rows": 6}]
+    rows = jax.ShapeDtypeStruct((_batch(), 2), jnp.float32)
+    exported = filterjit.export(_size)(rows)
+    assert exported.call(jnp.ones((3, 2)))[1:] == (3, {"rows": 4})
+    assert filter_jit(_size)(jnp.ones((3, 2)))[1:] == (3, {"rows": 4})
+    scaled = jax.jit(lambda x: x * exported.call(x)[1])(jnp.ones((4, 2)))
+    assert scaled.tolist() == [[4.0, 4.0]] * 4
+    assert list(exported.out_avals) == ["output[0]"]
+
+
+def test_donation_is_kept_by_the_export(loaded_models: dict[str, Any]) -> None:
+    # Finding 7.
+    assert loaded_models["donated"] is True
+    exported = filterjit.export(filter_jit(lambda x: x + 1, donate="all"))(jnp.ones(3))
+    x = jnp.ones(3)
+    exported.call(x)
+    assert x.is_deleted()
+    kept = filterjit.export(lambda x: x + 1)(jnp.ones(3))
+    y = jnp.ones(3)
+    kept.call(y)
+    assert not y.is_deleted()
+
+
+# -- A loader that trusts nothing it reads (findings 9 and 10).
+
+_WEIGHTS = jnp.arange(64, dtype=jnp.float32) + 0.5
+
+
+class _Weighted(eqx.Module):
+    weight: jax.Array
+
+    def __call__(self, x: jax.Array) -> Any:
+        return self.weight * x, {"n": 3}
+
+
+FUZZ = """
+import json, sys
+from pathlib import Path
+
+import filterjit
+
+data = Path(sys.argv[1]).read_bytes()
+mutations = json.loads(Path(sys.argv[2]).read_text())
+outcomes = []
+for kind, position, bit in mutations:
+    if kind == "truncate":
+        mutated = data[:position]
+    elif kind == "append":
+        mutated = data + b"\\x00"
+    else:
+        mutated = bytearray(data)
+        mutated[position] ^= 1 << bit
+        mutated = bytes(mutated)
+    try:
+        filterjit.deserialize(mutated)
+    except ValueError as e:
+        outcomes.append(["ValueError", str(e)])
+    except BaseException as e:
+        outcomes.append([type(e).__name__, str(e)])
+    else:
+        outcomes.append(["accepted", ""])
+print(json.dumps(outcomes))
+"""
+
+
+def _regions(data: bytes) -> dict[str, range]:
+    """Where a payload's parts lie: as `filterjit/_export_payload.py` lays them out."""
+    magic = len(b"filterjit.export\n")
+    header_length = int.from_bytes(data[magic + 4 : magic + 12], "big")
+    program_start = magic + 20 + header_length
+    weights = data.find(np.asarray(_WEIGHTS).tobytes())
+    assert weights > program_start  # the compiled-in weights, inside the program
+    return {
+        "magic": range(0, magic),
+        "format": range(magic, magic + 4),
+        "lengths": range(magic + 4, magic + 20),
+        "header": range(magic + 20, program_start),
+        "program": range(program_start, len(data) - 32),
+        "weights": range(weights, weights + _WEIGHTS.nbytes),
+        "checksum": range(len(data) - 32, len(data)),
+    }
+
+
+def test_no_truncated_or_bit_flipped_payload_is_accepted(tmp_path: Path) -> None:
+    # Run in a fresh interpreter, so that a crash fails this test, not the session.
+    data = filterjit.export(_Weighted(_WEIGHTS))(jnp.ones(64)).serialize()
+    assert filterjit.deserialize(data).call(jnp.ones(64))[1] == {"n": 3}
+    regions = _regions(data)
+    rng = np.random.default_rng(0)
+    mutations: list[tuple[str, int, int]] = []
+    for region in regions.values():
+        count = min(len(region), 24)
+        for position in rng.choice(np.asarray(region), count, replace=False):
+            mutations.append(("flip", int(position), int(rng.integers(8))))
+    cuts = {0, 1, 16, 17, 20, 36, 37, len(data) - 33, len(data) - 32, len(data) - 1}
+    for region in regions.values():
+        cuts |= {region.start, region.start + len(region) // 2, region.stop - 1}
+    mutations += [("truncate", cut, 0) for cut in sorted(cuts) if cut < len(data)]
+    mutations.append(("append", 0, 0))
+    (tmp_path / "payload.bin").write_bytes(data)
+    (tmp_path / "mutations.json").write_text(json.dumps(mutations))
+    outcomes = _in_a_fresh_interpreter(
+        FUZZ, tmp_path / "payload.bin", tmp_path / "mutations.json"
+    )
+    assert len(outcomes) == len(mutations) > 150
+    wrong = [(m, o) for m, o in zip(mutations, outcomes) if o[0] != "ValueError"]
+    assert wrong == []
+    messages = [message for _, message in outcomes]
+    assert any("is truncated" in m for m in messages)
+    assert any("checksum does not match" in m for m in messages)
+    flipped = [o for m, o in zip(mutations, outcomes) if m[0] == "flip"]
+    assert all(
+        "corrupt" in message or "not made by" in message or "format" in message
+        for _, message in flipped
+    )
+
+
+def _pack(header: dict[str, Any], program: bytes) -> bytes:
+    from filterjit._export_payload import pack
+
+    return pack(header, program)
+
+
+def _unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
+    from filterjit._export_payload import unpack
+
+    return unpack(data)
+
+
+def test_other_versions_and_formats_are_named() -> None:
+    data = filterjit.export(_with_static_outputs)(jnp.ones(3), 2).serialize()
+    header, program = _unpack(data)
+    assert header["jax"] == jax.__version__
+    assert header["filterjit"] == filterjit.__version__
+    with pytest.raises(ValueError, match=r"exported with JAX 99\.0\.0, and this"):
+        filterjit.deserialize(_pack({**header, "jax": "99.0.0"}, program))
+    older = filterjit.deserialize(_pack({**header, "jax": "0.4.30"}, program))
+    assert older.call(jnp.ones(3), 2)[1] == {"n": 2, "tag": "x"}
+    # A payload of format 1 (filterjit before Export v2), and one of a newer format.
+    magic = b"filterjit.export\n"
+    encoded = json.dumps({"format": 1}).encode()
+    version_1 = magic + len(encoded).to_bytes(8, "big") + encoded + program
+    with pytest.raises(ValueError, match=r"earlier version of filterjit \(format 1\)"):
+        filterjit.deserialize(version_1)
+    newer = magic + (3).to_bytes(4, "big") + data[len(magic) + 4 :]
+    with pytest.raises(ValueError, match=r"filterjit \(format 3\)"):
+        filterjit.deserialize(newer)
+    with pytest.raises(ValueError, match="truncated"):
+        filterjit.deserialize(magic[:5])
+
+
+def test_a_crafted_header_with_a_valid_checksum_is_refused_clearly() -> None:
+    data = filterjit.export(_with_static_outputs)(jnp.ones(3), 2).serialize()
+    header, program = _unpack(data)
+    argument = header["arguments"][0]
+    crafted = [
+        {k: v for k, v in header.items() if k != "output"},
+        {**header, "output": ["eval", "os.system"]},
+        {**header, "output": ["node"]},
+        {**header, "output": ["int", "9" * 6000]},
+        {**header, "output": ["float", "not hex"]},
+        {**header, "output": ["dtype", "object"]},
+        {**header, "output": ["tuple", [["traced"]] * 3]},
+        {**header, "output": ["dict", [[["list", []], ["none"]]]]},
+        {**header, "output": ["frozenset", [["list", []]]]},
+        {**header, "output": ["state", ["tuple", [["list", []]]], [["none"]]]},
+        {**header, "output": ["list", [["list", []]] * 10] + [["x"]]},
+        {**header, "parameters": [["x; import os", 1, False]]},
+        {**header, "arguments": [{**argument, "value": ["node", "a", "b"]}]},
+        {**header, "arguments": [{**argument, "labels": [1]}]},
+        {**header, "vjp_order": 10**9},
+        {**header, "fun_name": None},
+    ]
+    for bad in crafted:
+        with pytest.raises(ValueError, match="header is not valid"):
+            filterjit.deserialize(_pack(bad, program))
+    with pytest.raises(ValueError, match="cannot read the payload's program"):
+        filterjit.deserialize(_pack(header, b"\x00" * 64))
+    # Nested past any recursion limit, behind a valid checksum.
+    magic = b"filterjit.export\n"
+    deep = b"[" * 100_000
+    body = magic + b"".join(
+        n.to_bytes(size, "big") for n, size in ((2, 4), (len(deep), 8), (0, 8))
+    )
+    body += deep
+    with pytest.raises(ValueError, match="header is not valid"):
+        filterjit.deserialize(body + hashlib.sha256(body).digest())
+
+
+def _kernel(x: jax.Array) -> jax.Array:
+    return jax.ffi.ffi_call("my_kernel", jax.ShapeDtypeStruct(x.shape, x.dtype))(x) + 1
+
+
+def _host_callback(x: jax.Array) -> jax.Array:
+    # The target name of `jax.pure_callback` on CPU, as a crafted payload calls it.
+    out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    return jax.ffi.ffi_call("xla_ffi_python_cpu_callback", out)(x)
+
+
+def test_custom_calls_are_refused_on_load_unless_allowed_at_export() -> None:
+    # Findings 6 and 10: the user's own FFI kernel, allowed with `disabled_checks`.
+    allowed = [jax.export.DisabledSafetyCheck.custom_call("my_kernel")]
+    exported = filterjit.export(_kernel, disabled_checks=allowed)(jnp.ones(3))
+    loaded = filterjit.deserialize(exported.serialize())
+    assert loaded.exported.disabled_safety_checks == tuple(allowed)
+    with pytest.raises(ValueError, match="custom calls whose targets"):
+        filterjit.export(_kernel)(jnp.ones(3))  # as jax.export refuses it
+    # A payload whose program calls a target the export did not allow.
+    exported.exported = dataclasses.replace(
+        exported.exported, disabled_safety_checks=()
+    )
+    with pytest.raises(ValueError, match="custom call `my_kernel`, which is not"):
+        filterjit.deserialize(exported.serialize())
+    # A host callback's target holds an address of the exporting process: refused
+    # even where the export allowed it (its first call would crash the process).
+    target = "xla_ffi_python_cpu_callback"
+    callback = filterjit.export(
+        _host_callback,
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(target)],
+    )(jnp.ones(3))
+    with pytest.raises(ValueError, match="`xla_ffi_python_cpu_callback`, a host"):
+        filterjit.deserialize(callback.serialize())
+
+
+def test_canary_private_jax_for_loading() -> None:
+    from filterjit import _jax_private_export as private
+
+    # The private reads are in use on this JAX: if one fails here, JAX moved it.
+    assert private.stable_targets_private and private.custom_call_targets_private
+    assert {"shape_assertion", "Sharding"} <= private.STABLE_TARGETS
+    assert private._STABLE_TARGETS_PUBLIC <= private.STABLE_TARGETS
+    allowed = [jax.export.DisabledSafetyCheck.custom_call("my_kernel")]
+    exported = filterjit.export(_kernel, disabled_checks=allowed)(jnp.ones(3))
+    # The public fallback reads the same targets from the module's text.
+    assert private._targets_public(exported.exported) == ["my_kernel"]
+    assert set(private._targets_private(exported.exported)) == {"my_kernel"}
+    plain = filterjit.export(jnp.sin)(jnp.ones(3)).exported
+    assert private._targets_private(plain) == private._targets_public(plain) == []
+
+
+def test_the_loader_without_private_jax(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fallbacks: targets read from the module's text, and a shorter safe list.
+    from filterjit import _export, _jax_private_export as private
+
+    monkeypatch.setattr(_export, "custom_call_targets", private._targets_public)
+    monkeypatch.setattr(_export, "STABLE_TARGETS", private._STABLE_TARGETS_PUBLIC)
+    allowed = [jax.export.DisabledSafetyCheck.custom_call("my_kernel")]
+    exported = filterjit.export(_kernel, disabled_checks=allowed)(jnp.ones(3))
+    filterjit.deserialize(exported.serialize())
+    exported.exported = dataclasses.replace(
+        exported.exported, disabled_safety_checks=()
+    )
+    with pytest.raises(ValueError, match="custom call `my_kernel`, which is not"):
+        filterjit.deserialize(exported.serialize())
+    spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
+    loaded = filterjit.deserialize(
+        filterjit.export(_affine)(_params, spec, 3).serialize()
+    )
+    assert_tree_equal(loaded.call(_params, _x(2), 3), _affine(_params, _x(2), 3))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Checked:
+    value: jax.Array
+    tag: str = dataclasses.field(metadata={"static": True})
+
+    def __post_init__(self) -> None:
+        if self.tag == "loaded":
+            raise AssertionError("__post_init__ ran on load")
+
+
+def test_loading_runs_no_init_of_a_registered_class() -> None:
+    # Finding 10: a `register_dataclass` class whose `__post_init__` refuses the
+    # payload's value; the payload is rebuilt without running it.
+    filterjit.register_serializable(_Checked)
+    exported = filterjit.export(lambda x: _Checked(x, "exported"))(jnp.ones(2))
+    header, program = _unpack(exported.serialize())
+    assert header["output"][2][1] == ["tag", ["str", "exported"]]
+    header["output"][2][1][1][1] = "loaded"
+    loaded = filterjit.deserialize(_pack(header, program))
+    for _ in range(2):
+        checked = loaded.call(jnp.ones(2))
+        assert type(checked) is _Checked and checked.tag == "loaded"
+        assert checked.value.tolist() == [1.0, 1.0]
+
+
+# -- Errors and avals by the user's names (finding 11).
+
+
+def _add(x: jax.Array, y: jax.Array) -> jax.Array:
+    return x + y
+
+
+def test_a_symbolic_size_that_disagrees_names_both_arguments() -> None:
+    spec = jax.ShapeDtypeStruct((_batch(),), jnp.float32)
+    for exported in _both(filterjit.export(_add)(spec, spec)):
+        with pytest.raises(
+            TypeError,
+            match=r"`y.shape\[0\]` is 4, but `x.shape\[0\]` is 3, and the export "
+            r"has `batch` for both",
+        ):
+            exported.call(jnp.ones(3), jnp.ones(4))
+        assert exported.call(jnp.ones(2), jnp.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_a_vmapped_function_is_named_by_the_function_it_wraps() -> None:
+    vmapped = jax.vmap(_add)
+    for exported in _both(
+        filterjit.export(vmapped)(jnp.ones((2, 3)), jnp.ones((2, 3)))
+    ):
+        assert exported.fun_name == "_add"
+        assert list(exported.in_avals) == ["x", "y"]
+        with pytest.raises(TypeError, match=r"_add: argument `y` is an array of"):
+            exported.call(jnp.ones((2, 3)), jnp.ones((2, 4)))
+
+
+def test_in_and_out_avals_by_name() -> None:
+    spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
+    for exported in _both(filterjit.export(_affine)(_params, spec, 3)):
+        avals = exported.in_avals
+        assert list(avals) == ["params['b']", "params['w']", "x"]
+        assert avals["x"].str_short() == "float32[batch,3]"
+        assert list(exported.out_avals) == ["output"]
+    exported = filterjit.export(_with_static_outputs)(spec, 3)
+    assert list(exported.out_avals) == ["output[0]"]
+    assert exported.nr_devices == 1
+    assert "func.func public @main(%arg0: tensor<?x3xf32>" in exported.mlir_module()
+    model = eqx.nn.MLP(2, 1, 4, 1, key=jax.random.key(0))
+    exported = filterjit.export(_serve)(model, jnp.ones((5, 2)))
+    assert list(exported.in_avals)[:2] == [
+        "model.layers[0].weight",
+        "model.layers[0].bias",
+    ]
+
+
+def test_functions_are_saved_by_reference_and_found_without_importing() -> None:
+    # Finding 1: JAX's and Equinox's functions by name; a user's once registered.
+    def returns(x: jax.Array) -> Any:
+        return x, (jax.nn.relu, jnp.tanh, jax.lax.max, _scaled_relu)
+
+    with pytest.raises(TypeError, match=r"cannot save `output\[1\]\[3\]`, a `funct"):
+        filterjit.export(returns)(jnp.ones(2)).serialize()
+    filterjit.register_serializable(_scaled_relu, name="tests._scaled_relu")
+    data = filterjit.export(returns)(jnp.ones(2)).serialize()
+    header, program = _unpack(data)
+    assert header["output"][1][1][1] == [
+        ["ref", "jax.nn:relu"],
+        ["ref", "jax.nn:tanh"],  # jnp.tanh, where jax.nn names it
+        ["ref", "jax.lax:max"],
+        ["ref", "tests._scaled_relu"],
+    ]
+    _, functions = filterjit.deserialize(data).call(jnp.ones(2))
+    assert functions == (jax.nn.relu, jnp.tanh, jax.lax.max, _scaled_relu)
+    # A name outside JAX and Equinox, or in a module not imported, is not resolved
+    # (and nothing is imported to try).
+    before = set(sys.modules)
+    for name in ("os:system", "builtins:eval", "jax.not_a_module:f", "json:loads"):
+        header["output"][1][1][1][0] = ["ref", name]
+        with pytest.raises(TypeError, match="neither a JAX or Equinox function"):
+            filterjit.deserialize(_pack(header, program))
+    assert set(sys.modules) == before
+
+
+def _scaled_relu(x: jax.Array) -> jax.Array:
+    return 2 * jax.nn.relu(x)
+
+
+def _scaled(x: jax.Array, *, factor: float = 1.0, shift: float = 0.0) -> jax.Array:
+    return x * factor + shift
+
+
+def test_a_partial_binding_a_keyword_is_exported() -> None:
+    # Its keyword is the function's, not an argument (this raised from `zip`).
+    exported = filterjit.export(ft.partial(_scaled, factor=3.0))(jnp.ones(2))
+    for exported in _both(exported):
+        assert exported.call(jnp.ones(2)).tolist() == [3.0, 3.0]
+        assert exported.call(jnp.ones(2), shift=0.0).tolist() == [3.0, 3.0]
+        with pytest.raises(TypeError, match=r"called with the arguments \(x, factor"):
+            exported.call(jnp.ones(2), factor=2.0)

@@ -1,0 +1,109 @@
+"""The bytes of a saved export: a versioned header and the program, checked by a
+checksum. Unpacking trusts nothing it reads: every malformed, truncated, corrupt
+or mismatched payload raises one `ValueError` that says which."""
+
+import hashlib
+import json
+import re
+import struct
+from typing import Any
+
+import jax
+
+
+MAGIC = b"filterjit.export\n"
+FORMAT = 2
+"""The payload format this version of filterjit writes and reads."""
+
+# After the magic: the format, the header's length and the program's length; after
+# the header and the program, the SHA-256 of everything before it.
+_PREFIX = struct.Struct(">IQQ")
+_DIGEST = 32
+_START = len(MAGIC) + _PREFIX.size
+_WHERE = "filterjit.deserialize"
+
+
+def _version_tuple(version: str) -> tuple[int, ...] | None:
+    match = re.match(r"^(\d+)\.(\d+)\.(\d+)", version)
+    return None if match is None else tuple(int(part) for part in match.groups())
+
+
+def pack(header: dict[str, Any], program: bytes) -> bytes:
+    """A payload of `header` (JSON data) and `program` (a serialized
+    `jax.export.Exported`)."""
+    encoded = json.dumps(header, allow_nan=False).encode("utf-8")
+    body = MAGIC + _PREFIX.pack(FORMAT, len(encoded), len(program)) + encoded + program
+    return body + hashlib.sha256(body).digest()
+
+
+def _refuse(what: str) -> ValueError:
+    return ValueError(f"{_WHERE}: {what}")
+
+
+def unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
+    """The header and the program of a payload that `pack` made, its checksum and
+    versions checked. Raises a `ValueError` saying what is wrong otherwise."""
+    if not data.startswith(MAGIC):
+        if MAGIC.startswith(data):
+            raise _refuse(
+                f"the payload is truncated ({len(data)} bytes, not even its "
+                "header). Save it again."
+            )
+        raise _refuse(
+            "these bytes were not made by `filterjit.Exported.serialize()` (they do "
+            "not begin as a filterjit payload does)."
+        )
+    if len(data) < _START + _DIGEST:
+        raise _refuse(
+            f"the payload is truncated ({len(data)} bytes, shorter than its fixed "
+            "header and checksum). Save it again."
+        )
+    form, header_length, program_length = _PREFIX.unpack_from(data, len(MAGIC))
+    if form != FORMAT:
+        made_by = (
+            "an earlier version of filterjit (format 1)"
+            if form == 0
+            else f"another version of filterjit (format {form})"
+        )
+        raise _refuse(
+            f"the payload was made by {made_by}, or is corrupt; this version reads "
+            f"format {FORMAT}. Export it again with this version of filterjit."
+        )
+    expected = _START + header_length + program_length + _DIGEST
+    if len(data) != expected:
+        state = (
+            "truncated (or its lengths corrupt)" if len(data) < expected else "corrupt"
+        )
+        raise _refuse(
+            f"the payload is {state}: it has {len(data)} bytes where its header "
+            f"gives {expected}. Save it again."
+        )
+    body, digest = data[:-_DIGEST], data[-_DIGEST:]
+    if hashlib.sha256(body).digest() != digest:
+        raise _refuse(
+            "the payload is corrupt: its checksum does not match its contents (a "
+            "changed or damaged byte). Save it again."
+        )
+    try:
+        header = json.loads(data[_START : _START + header_length].decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        header = None
+    if not isinstance(header, dict):
+        raise _refuse("the payload's header is not valid (a corrupt payload).")
+    _check_versions(header)
+    return header, data[_START + header_length : -_DIGEST]
+
+
+def _check_versions(header: dict[str, Any]) -> None:
+    made_with = header.get("jax")
+    version = _version_tuple(made_with) if isinstance(made_with, str) else None
+    here = _version_tuple(jax.__version__)
+    if version is None or not isinstance(header.get("filterjit"), str):
+        raise _refuse("the payload's header names no valid JAX or filterjit version.")
+    if here is not None and version > here:
+        raise _refuse(
+            f"the payload was exported with JAX {made_with}, and this process has "
+            f"JAX {jax.__version__}, which may not run a newer JAX's program. Load "
+            f"it with JAX {made_with} or newer, or export it again with JAX "
+            f"{jax.__version__}."
+        )

@@ -1,0 +1,586 @@
+"""The static values of a saved export as JSON data, and back: Python scalars and
+containers by value, registered classes and Equinox's `State` by their fields,
+dtypes and registered enums by name, and functions by reference (JAX's and
+Equinox's own where they are already imported, and registered ones). Loading
+imports nothing, unpickles nothing and calls no user `__init__`."""
+
+import base64
+import dataclasses
+import enum
+import sys
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+
+
+_T = TypeVar("_T")
+
+
+class _Sentinel:
+    def __init__(self, name: str):
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+TRACED = _Sentinel("<traced>")
+"""Where a leaf is traced, in the templates of arguments and outputs."""
+SIZE = _Sentinel("<size>")
+"""Where an output is a symbolic size, returned as the call's concrete size."""
+
+
+# -- Registration: what a payload may name, by the name it names it by.
+
+_by_name: dict[str, Any] = {}
+_names_by_id: dict[int, tuple[str, Any]] = {}  # by identity: `==` is the user's
+
+
+def is_namedtuple_type(kind: type) -> bool:
+    return issubclass(kind, tuple) and hasattr(kind, "_fields")
+
+
+def fields_of(kind: type) -> list[str]:
+    """The fields a node of a registrable type is saved and rebuilt by."""
+    if is_namedtuple_type(kind):
+        return list(kind._fields)  # pyright: ignore[reportAttributeAccessIssue]
+    return [field.name for field in dataclasses.fields(kind)]
+
+
+def _default_name(thing: Any) -> str:
+    return f"{thing.__module__}.{thing.__qualname__}"
+
+
+def is_state_type(kind: object) -> bool:
+    """Whether `kind` is `eqx.nn.State` (Equinox imported)."""
+    equinox = sys.modules.get("equinox")
+    nn = getattr(equinox, "nn", None)
+    return kind is getattr(nn, "State", None)
+
+
+def _registrable(thing: Any) -> bool:
+    if isinstance(thing, type):
+        return (
+            is_namedtuple_type(thing)
+            or dataclasses.is_dataclass(thing)
+            or issubclass(thing, enum.Enum)
+            or is_state_type(thing)
+        )
+    return callable(thing) and hasattr(thing, "__qualname__")
+
+
+def register_serializable(nodetype: _T, name: str | None = None) -> _T:
+    """Lets a saved export hold `nodetype`, and `filterjit.deserialize` rebuild it:
+    an `eqx.Module` class, a dataclass, a namedtuple, an `enum.Enum`, or a
+    function (saved by reference).
+
+    A payload names the types and functions in it; loading never imports them. The
+    loading process registers what it must rebuild, once, before
+    `filterjit.deserialize`: the classes of static outputs, enums, and functions of
+    its own. Arguments need no registration (a call's arguments are checked
+    against the saved class names and static fields), nor do JAX's and Equinox's
+    own functions (`jax.nn.relu`, `jnp.tanh`, `lax.max`: saved by name, found among
+    the modules already imported), nor `eqx.nn.State`. Saving needs no
+    registration: a type is saved under its registered name, or else under
+    `module.QualifiedName`, the name that registering it without `name` gives.
+
+    **Arguments:**
+
+    - `nodetype`: the class or function. An instance of a class is rebuilt from its
+        fields (dataclasses and Modules) or its items (namedtuples), without
+        calling `__init__` or `__post_init__`, as `jax.tree_util` unflattens a
+        Module; an enum member by its name; a function is the very object
+        registered.
+    - `name`: the name to save and load it by; `module.QualifiedName` if omitted.
+
+    **Returns:**
+
+    `nodetype`, so that it may be used as a class decorator.
+
+    !!! example
+
+        ```python
+        @filterjit.register_serializable
+        class Linear(eqx.Module):
+            weight: jax.Array
+            activation: str = eqx.field(static=True)
+        ```
+    """
+    if not _registrable(nodetype):
+        raise TypeError(
+            "register_serializable takes an eqx.Module class, a dataclass, a "
+            f"namedtuple class, an enum class or a function, not {nodetype!r}."
+        )
+    if is_state_type(nodetype):
+        return nodetype  # saved and rebuilt as it is, with no registration
+    name = _default_name(nodetype) if name is None else name
+    known = _by_name.get(name)
+    if known is not None and known is not nodetype:
+        raise ValueError(
+            f"register_serializable: the name {name!r} is registered for {known!r} "
+            f"already; register {nodetype!r} under another name (`name=`)."
+        )
+    _by_name[name] = nodetype
+    _names_by_id[id(nodetype)] = (name, nodetype)
+    return nodetype
+
+
+def type_name(kind: type) -> str:
+    """The name a payload saves a class by."""
+    found = _names_by_id.get(id(kind))
+    return _default_name(kind) if found is None else found[0]
+
+
+# -- JAX's and Equinox's own functions, by the name of a module already imported.
+
+# The modules whose functions (and dtypes) are saved by reference, best name first;
+# and the packages whose modules a payload may name.
+_LIBRARY_MODULES = (
+    "jax.nn",
+    "jax.numpy",
+    "jax.lax",
+    "jax.scipy.special",
+    "jax.random",
+    "equinox.nn",
+    "equinox",
+)
+_LIBRARY_PACKAGES = ("jax.", "equinox.")
+_references: dict[int, tuple[str, Any]] = {}
+_scanned: set[str] = set()
+
+
+def _library_modules() -> list[str]:
+    extra = sorted(
+        name
+        for name in list(sys.modules)
+        if name.startswith("equinox.") and name not in _LIBRARY_MODULES
+    )
+    return [name for name in (*_LIBRARY_MODULES, *extra) if name in sys.modules]
+
+
+def _referable(value: Any) -> bool:
+    return callable(value) and not isinstance(value, types.ModuleType)
+
+
+def _library_name(value: Any) -> str | None:
+    """`module:attribute` where an imported module of JAX or Equinox holds `value`."""
+    found = _references.get(id(value))
+    if found is None:
+        for module_name in _library_modules():
+            if module_name in _scanned:
+                continue
+            _scanned.add(module_name)
+            namespace = vars(sys.modules[module_name])
+            for attribute, item in list(namespace.items()):
+                if _referable(item) and id(item) not in _references:
+                    _references[id(item)] = (f"{module_name}:{attribute}", item)
+        found = _references.get(id(value))
+    return None if found is None or found[1] is not value else found[0]
+
+
+def resolve_reference(name: str) -> Any:
+    """What a saved reference names, if this process has it (registered, or in an
+    imported module of JAX or Equinox), else `None`. Imports nothing."""
+    if name in _by_name:
+        return _by_name[name]
+    module_name, colon, attribute = name.partition(":")
+    library = module_name in _LIBRARY_MODULES or module_name.startswith(
+        _LIBRARY_PACKAGES
+    )
+    module = sys.modules.get(module_name) if colon and library else None
+    if module is None:
+        return None
+    value = vars(module).get(attribute)
+    return value if _referable(value) else None
+
+
+# -- Encoding.
+
+
+class Unsavable(TypeError):
+    """A part of a pytree that cannot be saved: `where` it is, and what."""
+
+    def __init__(self, where: str, what: str):
+        super().__init__(where, what)
+        self.where = where
+        self.what = what
+
+
+class Encoding:
+    """What an encoding collects: the classes it names (`names`), and, where
+    `opaque` is a list (an export in this process, not saved), the statics it
+    cannot save, kept by index."""
+
+    def __init__(self, opaque: list[tuple[str, Any]] | None = None):
+        self.names: dict[str, type] = {}
+        self.opaque = opaque
+
+
+_SCALARS = (bool, int, float, complex, str, bytes)
+
+
+def encode_scalar(value: Any) -> list[Any] | None:
+    """A `None`, bool, int, float, complex, str or bytes as data; else `None`."""
+    kind = type(value)
+    if value is None:
+        return ["none"]
+    if kind is bool:
+        return ["bool", value]
+    if kind is int:
+        return ["int", str(value)]
+    if kind is float:
+        return ["float", value.hex()]
+    if kind is complex:
+        return ["complex", value.real.hex(), value.imag.hex()]
+    if kind is str:
+        return ["str", value]
+    if kind is bytes:
+        return ["bytes", base64.b64encode(value).decode("ascii")]
+    return None
+
+
+def encode(value: Any, where: str, encoding: Encoding) -> Any:
+    """`value` (a prototype: `TRACED` or `SIZE` at traced leaves) as JSON data."""
+    kind = type(value)
+    if value is TRACED:
+        return ["traced"]
+    if value is SIZE:
+        return ["size"]
+    scalar = encode_scalar(value)
+    if scalar is not None:
+        return scalar
+    if kind in (tuple, list, frozenset):
+        items = sorted(value, key=repr) if kind is frozenset else value
+        return [
+            kind.__name__,
+            [encode(item, f"{where}[{i}]", encoding) for i, item in enumerate(items)],
+        ]
+    if kind is dict:
+        return [
+            "dict",
+            [
+                [
+                    encode(k, f"{where} (a key)", encoding),
+                    encode(v, f"{where}[{k!r}]", encoding),
+                ]
+                for k, v in value.items()
+            ],
+        ]
+    if isinstance(value, np.dtype):
+        return ["dtype", str(value)]
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return ["scalar_type", str(np.dtype(value))]  # np.float32, ml_dtypes
+    if isinstance(value, enum.Enum):
+        return _encode_enum(value, where, encoding)
+    if is_state_type(kind):
+        children, keys = value.tree_flatten()
+        return [
+            "state",
+            encode(keys, f"{where} (its keys)", encoding),
+            [
+                encode(child, f"{where}[{i}]", encoding)
+                for i, child in enumerate(children)
+            ],
+        ]
+    if is_namedtuple_type(kind) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    ):
+        return _encode_node(value, where, encoding)
+    reference = _names_by_id.get(id(value))
+    name = reference[0] if reference is not None else _library_name(value)
+    if name is not None:
+        return ["ref", name]
+    if encoding.opaque is not None:
+        encoding.opaque.append((where, value))
+        return ["opaque", len(encoding.opaque) - 1]
+    hint = ""
+    if callable(value):
+        hint = (
+            " (a function is saved by reference where it is JAX's or Equinox's own, "
+            "or registered with `filterjit.register_serializable`)"
+        )
+    raise Unsavable(where, f"a `{kind.__qualname__}`{hint}")
+
+
+def _encode_enum(value: enum.Enum, where: str, encoding: Encoding) -> Any:
+    kind = type(value)
+    if id(kind) not in _names_by_id and encoding.opaque is not None:
+        encoding.opaque.append((where, value))
+        return ["opaque", len(encoding.opaque) - 1]
+    if id(kind) not in _names_by_id:
+        raise Unsavable(
+            where,
+            f"a `{kind.__qualname__}` member, an enum not registered (register it "
+            f"with `filterjit.register_serializable({kind.__qualname__})`)",
+        )
+    name = type_name(kind)
+    encoding.names.setdefault(name, kind)
+    return ["enum", name, value.name]
+
+
+def _encode_node(value: Any, where: str, encoding: Encoding) -> Any:
+    kind = type(value)
+    name = type_name(kind)
+    if encoding.names.setdefault(name, kind) is not kind:
+        raise Unsavable(where, f"a `{name}`, a name two types have here")
+    fields = [(field, getattr(value, field)) for field in fields_of(kind)]
+    saved = [
+        [field, encode(item, f"{where}.{field}", encoding)] for field, item in fields
+    ]
+    return ["node", name, saved]
+
+
+# -- Decoding: what `encode` saved, every part checked.
+
+
+class Malformed(ValueError):
+    """Data that `encode` cannot have written."""
+
+
+def _need(condition: bool) -> None:
+    if not condition:
+        raise Malformed
+
+
+def _float(text: Any) -> float:
+    _need(isinstance(text, str) and len(text) < 64)
+    return float.fromhex(text)
+
+
+def decode_scalar(data: Any) -> Any:
+    """What `encode_scalar` saved."""
+    tag = data[0]
+    if tag == "none":
+        return None
+    if tag == "bool":
+        _need(type(data[1]) is bool)
+        return data[1]
+    if tag == "int":
+        _need(isinstance(data[1], str) and len(data[1]) < 5000)
+        return int(data[1])
+    if tag == "float":
+        return _float(data[1])
+    if tag == "complex":
+        return complex(_float(data[1]), _float(data[2]))
+    if tag == "str":
+        _need(isinstance(data[1], str))
+        return data[1]
+    if tag == "bytes":
+        _need(isinstance(data[1], str))
+        return base64.b64decode(data[1], validate=True)
+    raise Malformed
+
+
+SCALAR_TAGS = frozenset({"none", "bool", "int", "float", "complex", "str", "bytes"})
+
+
+def unregistered(name: str) -> TypeError:
+    short = name.rpartition(".")[2]
+    return TypeError(
+        f"filterjit.deserialize: the payload returns a `{name}`, a type that this "
+        "process has not registered, so it is not loaded (loading never imports "
+        "what a payload names). Import the class and register it under that "
+        f"name first: `filterjit.register_serializable({short})` where it is "
+        f"`{name}` here too, else `filterjit.register_serializable({short}, "
+        f"name={name!r})`."
+    )
+
+
+def _unresolved(name: str) -> TypeError:
+    return TypeError(
+        f"filterjit.deserialize: the payload returns `{name}`, which is neither a "
+        "JAX or Equinox function of a module already imported here nor registered "
+        "(loading never imports what a payload names). Import that module, or "
+        "register the function with `filterjit.register_serializable(f, "
+        f"name={name!r})`."
+    )
+
+
+def decode_dtype(name: Any) -> np.dtype:
+    _need(isinstance(name, str) and name.isidentifier() and len(name) < 40)
+    import jax.numpy as jnp
+
+    try:
+        dtype = jnp.dtype(name)
+    except TypeError:
+        raise Malformed from None
+    _need(str(dtype) == name)
+    return dtype
+
+
+def decode_enum(name: Any, member: Any, classes: Mapping[str, Any]) -> Any:
+    kind = classes.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise unregistered(str(name))
+    _need(isinstance(kind, type) and issubclass(kind, enum.Enum))
+    _need(isinstance(member, str) and member in kind.__members__)
+    return kind.__members__[member]
+
+
+def decode(
+    data: Any,
+    classes: Mapping[str, Any] | None = None,
+    fill: Callable[[Any], Any] | None = None,
+) -> Any:
+    """The prototype that `encode` saved, its classes found in `classes` (those
+    registered here if omitted), built without calling their `__init__`; with
+    `fill`, each traced leaf (`TRACED` or `SIZE`) replaced by `fill(leaf)`. Raises
+    `Malformed` for data `encode` cannot have written."""
+    return _Decoder(_by_name if classes is None else classes, fill).decode(data)
+
+
+def check(data: Any) -> None:
+    """Raises `Malformed` unless `data` is what `encode` writes, building nothing:
+    the classes, enums and functions it names need not be found here (a call's
+    argument is checked against their names)."""
+    _Decoder({}, None, build=False).decode(data)
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        raise Malformed from None
+    return value
+
+
+class _Decoder:
+    def __init__(
+        self,
+        classes: Mapping[str, Any],
+        fill: Callable[[Any], Any] | None,
+        build: bool = True,
+    ):
+        self.classes = classes
+        self.fill = fill
+        self.build = build  # else only check: classes, enums and names unresolved
+
+    def decode(self, data: Any) -> Any:
+        _need(isinstance(data, list) and len(data) >= 1)
+        tag = data[0]
+        if tag in ("traced", "size"):
+            _need(len(data) == 1)
+            leaf = TRACED if tag == "traced" else SIZE
+            return leaf if self.fill is None else self.fill(leaf)
+        if tag in SCALAR_TAGS:
+            return decode_scalar(data)
+        if tag in ("tuple", "list", "frozenset"):
+            _need(len(data) == 2 and isinstance(data[1], list))
+            items = [self.decode(item) for item in data[1]]
+            if tag == "frozenset":
+                return frozenset(map(_hashable, items))
+            return tuple(items) if tag == "tuple" else items
+        if tag == "dict":
+            _need(len(data) == 2 and isinstance(data[1], list))
+            return dict(self._pair(pair) for pair in data[1])
+        if tag in ("dtype", "scalar_type"):
+            _need(len(data) == 2)
+            dtype = decode_dtype(data[1])
+            return dtype if tag == "dtype" else dtype.type
+        if tag == "enum":
+            _need(len(data) == 3 and isinstance(data[2], str))
+            if not self.build:
+                return _need(isinstance(data[1], str))
+            return decode_enum(data[1], data[2], self.classes)
+        if tag == "ref":
+            _need(len(data) == 2 and isinstance(data[1], str))
+            if not self.build:
+                return None
+            found = resolve_reference(data[1])
+            if found is None:
+                raise _unresolved(data[1])
+            return found
+        if tag == "state":
+            return self._state(data)
+        if tag == "node":
+            return self._node(data)
+        raise Malformed
+
+    def _pair(self, pair: Any) -> tuple[Any, Any]:
+        _need(isinstance(pair, list) and len(pair) == 2)
+        return _hashable(self.decode(pair[0])), self.decode(pair[1])
+
+    def _state(self, data: Any) -> Any:
+        nn = getattr(sys.modules.get("equinox"), "nn", None)
+        kind = getattr(nn, "State", None) if self.build else None
+        if kind is None and self.build:
+            raise TypeError(
+                "filterjit.deserialize: the payload returns an `eqx.nn.State`: "
+                "import equinox before loading it (loading never imports it)."
+            )
+        _need(len(data) == 3)
+        keys, children = self.decode(data[1]), data[2]
+        _need(isinstance(keys, tuple) and isinstance(children, list))
+        _need(len(keys) == len(children))
+        _need(all(isinstance(key, (str, int)) for key in keys))
+        values = [self.decode(child) for child in children]
+        if kind is None:  # only checking
+            return None
+        return kind.tree_unflatten(keys, values)
+
+    def _node(self, data: Any) -> Any:
+        _need(len(data) == 3 and isinstance(data[1], str))
+        _need(isinstance(data[2], list))
+        name, saved = data[1], data[2]
+        for pair in saved:
+            _need(isinstance(pair, list) and len(pair) == 2)
+            _need(isinstance(pair[0], str))
+        if not self.build:
+            for _, item in saved:
+                self.decode(item)
+            return None
+        kind = self.classes.get(name)
+        if kind is None:
+            raise unregistered(name)
+        _need(isinstance(kind, type))
+        fields = [field for field, _ in saved]
+        expected = fields_of(kind)
+        if fields != expected:
+            raise TypeError(
+                f"filterjit.deserialize: the payload's `{name}` has the fields "
+                f"{fields}, but the class registered under that name has "
+                f"{expected}. Load it with the version of the class it was saved "
+                "with."
+            )
+        values = [self.decode(item) for _, item in saved]
+        if is_namedtuple_type(kind):
+            return tuple.__new__(kind, values)
+        node = object.__new__(kind)  # as jax.tree_util unflattens a Module
+        for field, item in zip(fields, values):
+            object.__setattr__(node, field, item)  # no __init__, no __post_init__
+        return node
+
+
+def describe(data: Any) -> str:
+    """A saved value as an error names it."""
+    tag = data[0]
+    if tag in SCALAR_TAGS:
+        return repr(decode_scalar(data))
+    if tag == "traced":
+        return "an array"
+    if tag == "dict":
+        return f"a dict with keys {sorted(describe(k) for k, _ in data[1])}"
+    if tag in ("tuple", "list"):
+        return f"a {tag} of length {len(data[1])}"
+    if tag == "node":
+        return f"a `{data[1].rpartition('.')[2]}`"
+    if tag == "ref":
+        return data[1].replace(":", ".")
+    if tag == "dtype":
+        return f"dtype({data[1]!r})"
+    if tag == "scalar_type":
+        return f"the scalar type {data[1]}"
+    if tag == "enum":
+        return f"{data[1].rpartition('.')[2]}.{data[2]}"
+    return f"a saved {tag}"
+
+
+def describe_value(value: Any) -> str:
+    """A value as an error names it: a function of JAX or Equinox by its name."""
+    found = _names_by_id.get(id(value))
+    name = found[0] if found is not None else None
+    if name is None and callable(value) and not isinstance(value, type):
+        name = _library_name(value)
+    return repr(value) if name is None else name.replace(":", ".")

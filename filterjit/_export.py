@@ -37,11 +37,11 @@ from ._export_values import (
     Unsavable,
 )
 from ._function import call_signature, Function, signature_of
-from ._jax_private_export import custom_call_targets, STABLE_TARGETS
 from ._jit import filter_jit, FilterJitWrapper
 from ._leaves import is_array
 from ._output import finish
 from ._partition import static_key
+from ._trace import custom_call_targets, STABLE_TARGETS
 
 
 _P = ParamSpec("_P")

@@ -960,7 +960,7 @@ def test_custom_calls_are_refused_on_load_unless_allowed_at_export() -> None:
 
 
 def test_canary_private_jax_for_loading() -> None:
-    from filterjit import _jax_private_export as private
+    from filterjit import _trace as private
 
     # The private reads are in use on this JAX: if one fails here, JAX moved it.
     assert private.stable_targets_private and private.custom_call_targets_private
@@ -977,7 +977,7 @@ def test_canary_private_jax_for_loading() -> None:
 
 def test_the_loader_without_private_jax(monkeypatch: pytest.MonkeyPatch) -> None:
     # The fallbacks: targets read from the module's text, and a shorter safe list.
-    from filterjit import _export, _jax_private_export as private
+    from filterjit import _export, _trace as private
 
     monkeypatch.setattr(_export, "custom_call_targets", private._targets_public)
     monkeypatch.setattr(_export, "STABLE_TARGETS", private._STABLE_TARGETS_PUBLIC)

@@ -429,6 +429,13 @@ def test_a_lying_eq_is_keyed_by_identity_nested():
     g = filter_jit(lambda y, liar: y * liar.value)
     for value in (2.0, 3.0, 2.0):
         assert_tree_equal(jax.jit(lambda y: g(y, _Liar(value)))(x), x * value)
+    # Inside a container, a dataclass or a Module's static field alike.
+    inside = filter_jit(lambda y, liars: y * liars[0].value)
+    held = filter_jit(lambda y, loss: y * loss.weight.value)
+    for value in (2.0, 3.0, 2.0):
+        assert_tree_equal(jax.jit(lambda y: inside(y, (_Liar(value),)))(x), x * value)
+        in_dataclass = jax.jit(lambda y: held(y, _Loss(_Liar(value))))
+        assert_tree_equal(in_dataclass(x), x * value)
     theirs = jax.jit(lambda y, liar: y * liar.value, static_argnums=1)
     for value in (2.0, 3.0):
         assert_tree_equal(g(x, _Liar(value)), theirs(x, _Liar(value)))

@@ -112,6 +112,10 @@ def _current_equations_public() -> list[Any] | None:
     return None  # unknown: the caller assumes the worst
 
 
+def _current_inputs_public() -> list[Any] | None:
+    return None  # unknown
+
+
 class LevelReader(NamedTuple):
     """How a wrapper finds the level of a call in a step or two: `jit_disabled()`,
     whether inside `jax.disable_jit()`; `current()`, the innermost trace, whose
@@ -180,6 +184,7 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     private_api_available = False
     trace_level = _trace_level_public
     current_equations = _current_equations_public
+    current_inputs = _current_inputs_public
     level_reader = PUBLIC_READER
 else:
     private_api_available = True
@@ -204,8 +209,15 @@ else:
         get_eqns = getattr(frame, "get_eqns", None)
         return None if get_eqns is None else list(get_eqns())
 
+    def _current_inputs_private() -> list[Any] | None:
+        # The innermost staged trace's input variables, in the traced function's
+        # order of arguments.
+        invars = getattr(getattr(_current_trace.value, "frame", None), "invars", None)
+        return None if invars is None else list(invars)
+
     trace_level = _trace_level_private
     current_equations = _current_equations_private
+    current_inputs = _current_inputs_private
     # Each read a C call: the state's getter, bound to it.
     level_reader = LevelReader(
         functools.partial(_disable_jit_value, _disable_jit_state),
@@ -275,3 +287,67 @@ def _choose_block_leaves() -> Any:
 
 # `block_leaves(arrays)`: waits for a list of `jax.Array`s, raising what one raised.
 block_leaves = _choose_block_leaves()
+
+
+def made_by(source: object, function_name: str) -> bool:
+    """Whether the stack `source` (see `equation_source`) holds a call of a function
+    named `function_name` (JAX's `"fori_loop"`, say); `False` for `None`."""
+    frames = getattr(source, "frames", None) or ()
+    return any(frame.function_name == function_name for frame in frames)
+
+
+def equation_source(eqn: Any) -> object:
+    """The stack JAX recorded where `eqn` was bound (`None` if none): equal, as a
+    key, to `current_source()` while a transformation of the equation runs."""
+    return getattr(getattr(eqn, "source_info", None), "traceback", None)
+
+
+def current_source() -> object:
+    """The stack of the equation JAX is transforming now, if any (see
+    `equation_source`)."""
+    return getattr(jax.extend.source_info_util.current(), "traceback", None)
+
+
+def _attach_source_now(error: ValueError) -> None:
+    """Has JAX attach to `error` now, before a note is added, the cause it attaches
+    when the error leaves the equation's context (the stack where the loop was
+    made, with the error's message quoted): so that the note is shown once."""
+    source = current_source()
+    traceback = error.__traceback__
+    try:
+        with jax.extend.source_info_util.user_context(source):
+            raise error
+    except ValueError:
+        pass  # raised again by the caller, with its own traceback
+    error.with_traceback(traceback)
+
+
+def note_on_loop_transpose_error(note: Callable[[ValueError], None]) -> None:
+    """Has `note(error)` called on the error JAX raises when reverse-mode
+    differentiation reaches a `lax.while_loop` (its transpose rule, which only
+    raises), then the error raised as it is. Installed once; where JAX keeps its
+    rules elsewhere, nothing is installed and JAX's error stays bare."""
+    try:
+        from jax.interpreters import ad
+
+        rules: Any = ad.primitive_transposes
+        rule = rules[jax.lax.while_p]
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return
+    if rule in _installed:
+        return  # installed already
+
+    @functools.wraps(rule)
+    def transpose(*args: Any, **params: Any) -> Any:
+        try:
+            return rule(*args, **params)
+        except ValueError as error:
+            _attach_source_now(error)
+            note(error)
+            raise
+
+    _installed.append(transpose)
+    rules[jax.lax.while_p] = transpose
+
+
+_installed: list[Callable[..., Any]] = []  # the rule installed, once

@@ -160,6 +160,32 @@ def test_current_equations_reads_the_innermost_trace():
     assert _trace.current_equations() is None  # no staged trace
 
 
+def test_the_loop_readers_read_the_trace_in_progress_and_the_loops_stack():
+    # If this fails, JAX has moved a trace's inputs, the stack it records with an
+    # equation, or its `while_loop` transpose rule: the note on the reverse-mode
+    # loop error names every traced scalar, or is missing (tests/test_user_errors).
+    from jax.interpreters import ad
+
+    assert ad.primitive_transposes[jax.lax.while_p] in _trace._installed
+    seen = []
+
+    @jax.jit
+    def f(x, n):
+        y = lax.fori_loop(0, n, lambda _, y: y * 2, x)
+        (loop,) = _trace.current_equations() or []
+        inputs = _trace.current_inputs() or []
+        seen.append((loop.invars[1] is inputs[1], loop))
+        return y
+
+    f(1.0, 3)
+    ((same, loop),) = seen
+    assert same
+    source = _trace.equation_source(loop)
+    assert _trace.made_by(source, "fori_loop")
+    assert not _trace.made_by(source, "scan") and not _trace.made_by(None, "fori_loop")
+    assert _trace.current_inputs() is None  # no staged trace
+
+
 def _levels_seen(run) -> list[int]:
     seen = []
 

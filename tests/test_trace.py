@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import traceback_frames
+from helpers import subprocess_env, traceback_frames
 from jax import lax
 
 import filterjit
@@ -131,13 +131,19 @@ def test_block_leaves_is_jaxs_batched_wait():
 def test_importing_filterjit_starts_no_backend():
     # A program (Equinox's own test suite, for one) may configure JAX's devices
     # after its imports: importing filterjit must not run anything on a device.
+    # The CPU platform's devices, asked for by name: on a machine with a GPU,
+    # `jax.devices()` lists the GPU's.
     code = (
         "import jax, filterjit\n"
         "jax.config.update('jax_num_cpu_devices', 2)\n"
-        "assert len(jax.devices()) == 2\n"
+        "assert len(jax.devices('cpu')) == 2, jax.devices('cpu')\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
     )
     assert done.returncode == 0, done.stderr[-2000:]
 

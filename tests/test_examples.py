@@ -177,3 +177,7 @@ def test_outputs_are_compared_with_the_page_but_for_their_digits():
     assert without_digits("traces of step: 1") != without_digits("traces of step: x")
     assert without_digits("step 1\nstep 2") != without_digits("step 1")
     assert without_digits("1.0e-05 ulp") == ["# ulp"]
+
+
+def test_examples_page_shows_outputs():
+    assert set(documented_outputs()) == {"seed_case.py", "train_mlp.py", "scan_vmap.py"}

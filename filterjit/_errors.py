@@ -43,8 +43,8 @@ def traced_a_check() -> bool:
     them later (see `_note_loop`)."""
     if (eqns := _trace.current_equations()) is None:
         return True
-    call = getattr(_under_way, "call", None)
-    scalars = [] if call is None else _traced_scalars(call.labels(), call.dynamic)
+    call: _Call | None = getattr(_under_way, "call", None)
+    scalars = [] if call is None else _scalars_of(call)
     # Loops are looked for where they may get a note, or lose one made before.
     find_loops = call is not None and bool(scalars or _loop_notes)
     found = False
@@ -58,7 +58,7 @@ def traced_a_check() -> bool:
             elif find_loops and _is_fori_loop(inner):
                 loops.append((position, inner))
     if loops and call is not None:
-        _record_loops(call.name, scalars, eqns, loops)
+        _record_loops(call[0], scalars, eqns, loops)
     return found
 
 
@@ -92,17 +92,15 @@ def _is_fori_loop(eqn: Any) -> bool:
     return eqn.primitive is jax.lax.while_p and _trace.made_by(source, "fori_loop")
 
 
-class _Call(NamedTuple):
-    """A checked call under way: its function's name, its traced leaves and (where
-    known) their names."""
+# A checked call under way: its function's name, `jitted`, its traced leaves and
+# (where known) their names; a plain tuple, made on every checked call.
+_Call = tuple[str, Callable[..., Any], Sequence[Any], Sequence[str] | None]
 
-    name: str
-    jitted: Callable[..., Any]
-    dynamic: Sequence[Any]
-    given_labels: Sequence[str] | None
 
-    def labels(self) -> Sequence[str]:
-        return _labels(self.jitted, self.dynamic, self.given_labels)
+def _scalars_of(call: _Call) -> list["_Scalar"]:
+    """The traced NumPy or JAX integer or bool scalars of a checked call."""
+    _, jitted, dynamic, labels = call
+    return _traced_scalars(_labels(jitted, dynamic, labels), dynamic)
 
 
 # The checked call under way in each thread, while its entry may trace.
@@ -114,6 +112,7 @@ _under_way = threading.local()
 # note outlives the call, and keeps no array alive. The latest few are kept.
 _loop_notes: dict[object, str] = {}
 _MAX_LOOP_NOTES = 256
+_loop_notes_lock = threading.Lock()  # traces run in any thread
 
 
 def _record_loops(
@@ -132,9 +131,10 @@ def _record_loops(
         source = _trace.equation_source(loop)
         if source is None:
             continue
-        _loop_notes.pop(source, None)
-        if named:
-            _loop_notes[source] = _loop_note(name, named)
+        with _loop_notes_lock:
+            _loop_notes.pop(source, None)  # re-inserted: the latest last
+            if named:
+                _loop_notes[source] = _loop_note(name, named)
             while len(_loop_notes) > _MAX_LOOP_NOTES:
                 del _loop_notes[next(iter(_loop_notes))]
 
@@ -218,7 +218,7 @@ def call_checked(
     # Not a context manager: one costs microseconds, on every checked call.
     _checked_calls.append(None)
     previous = getattr(_under_way, "call", None)
-    _under_way.call = _Call(name, jitted, dynamic, labels)
+    _under_way.call = (name, jitted, dynamic, labels)
     try:
         out = jitted(*dynamic)
         if ready is not None and (arrays := ready(out)):
@@ -356,7 +356,7 @@ _LOOP_ERROR = "Reverse-mode differentiation does not work for lax.while_loop"
 def _loop_note(name: str, scalars: list[_Scalar]) -> str:
     # Whether each was NumPy's or JAX's is not said: a later call of the same trace
     # (the error of which the note is for) may pass the other.
-    listed = "; ".join(f"`{s.label}`, an {s.dtype} scalar" for s in scalars)
+    listed = "; ".join(f"`{s.label}`, a scalar of dtype {s.dtype}" for s in scalars)
     first = scalars[0].label
     return (
         f"{_LOOP_NOTE} here has bounds that `{name}` traced: it traces NumPy and "
@@ -383,10 +383,10 @@ def _note_loop(error: ValueError) -> None:
         return
     source = _trace.current_source()
     note = _loop_notes.get(source) if source is not None else None
-    call = getattr(_under_way, "call", None)
+    call: _Call | None = getattr(_under_way, "call", None)
     if note is None and call is not None and _trace.made_by(source, "fori_loop"):
-        if scalars := _traced_scalars(call.labels(), call.dynamic):
-            note = _loop_note(call.name, scalars)
+        if scalars := _scalars_of(call):
+            note = _loop_note(call[0], scalars)
     if note is not None:
         error.add_note(note)
 

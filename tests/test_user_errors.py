@@ -205,7 +205,7 @@ def test_a_prng_key_among_the_traced_arguments_leaves_the_users_error_as_it_is()
     with pytest.raises(ValueError, match="Reverse-mode") as info:
         jax.grad(g)(0.0, jax.random.key(0), np.int32(0))
     (note,) = [n for n in info.value.__notes__ if "filter_jit" in n]
-    assert "(here `lower`, an int32 scalar)" in note
+    assert "(here `lower`, a scalar of dtype int32)" in note
 
 
 def _count_up(init, lower):
@@ -242,7 +242,7 @@ def test_the_reverse_mode_loop_error_names_the_traced_scalar_and_the_fix(
         notes = [n for n in getattr(info.value, "__notes__", ()) if "filter_jit" in n]
         assert len(notes) == 1, (str(info.value), getattr(info.value, "__notes__", ()))
         assert f"`{loop.__name__}` traced" in notes[0]
-        assert f"(here `{bound}`, an int32 scalar)" in notes[0]
+        assert f"(here `{bound}`, a scalar of dtype int32)" in notes[0]
         assert "`jax.grad`" in notes[0]  # why it was traced there
         assert f"`int({bound})`" in notes[0]
         assert (
@@ -266,7 +266,7 @@ def test_the_loop_note_names_only_the_scalars_the_loop_depends_on():
     with pytest.raises(ValueError, match="Reverse-mode") as info:
         jax.grad(f)(1.0, np.int32(3), np.int32(0))
     (note,) = [n for n in info.value.__notes__ if "filter_jit" in n]
-    assert "(here `lower`, an int32 scalar)" in note, note
+    assert "(here `lower`, a scalar of dtype int32)" in note, note
 
 
 def test_a_loop_error_no_traced_scalar_caused_gets_no_note():

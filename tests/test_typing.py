@@ -45,6 +45,7 @@ def _pyright_messages(tmp_path: pathlib.Path, source: str) -> list[str]:
         capture_output=True,
         text=True,
         timeout=300,
+        env=subprocess_env(),  # the interpreter's path starts at this checkout
     )
     report = json.loads(result.stdout)
     return [d["message"] for d in report["generalDiagnostics"]]

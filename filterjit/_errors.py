@@ -24,6 +24,7 @@ from jax.errors import (
     TracerIntegerConversionError,
 )
 from jax.extend.core import Var
+from jax.extend.core.primitives import while_p
 
 from . import _trace
 from ._donated import check_not_deleted
@@ -89,7 +90,7 @@ def _is_check(eqn: Any) -> bool:
 def _is_fori_loop(eqn: Any) -> bool:
     """Whether `eqn` is the `while_loop` a `lax.fori_loop` with traced bounds binds."""
     source = _trace.equation_source(eqn)
-    return eqn.primitive is jax.lax.while_p and _trace.made_by(source, "fori_loop")
+    return eqn.primitive is while_p and _trace.made_by(source, "fori_loop")
 
 
 # A checked call under way: its function's name, `jitted`, its traced leaves and

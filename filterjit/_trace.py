@@ -328,10 +328,10 @@ def note_on_loop_transpose_error(note: Callable[[ValueError], None]) -> None:
     raises), then the error raised as it is. Installed once; where JAX keeps its
     rules elsewhere, nothing is installed and JAX's error stays bare."""
     try:
-        from jax.interpreters import ad
+        from jax._src.interpreters.ad import primitive_transposes as rules
+        from jax.extend.core.primitives import while_p
 
-        rules: Any = ad.primitive_transposes
-        rule = rules[jax.lax.while_p]
+        rule = rules[while_p]
     except (ImportError, AttributeError, KeyError, TypeError):
         return
     if rule in _installed:
@@ -347,7 +347,7 @@ def note_on_loop_transpose_error(note: Callable[[ValueError], None]) -> None:
             raise
 
     _installed.append(transpose)
-    rules[jax.lax.while_p] = transpose
+    rules[while_p] = transpose
 
 
 _installed: list[Callable[..., Any]] = []  # the rule installed, once

@@ -170,9 +170,10 @@ def test_the_loop_readers_read_the_trace_in_progress_and_the_loops_stack():
     # If this fails, JAX has moved a trace's inputs, the stack it records with an
     # equation, or its `while_loop` transpose rule: the note on the reverse-mode
     # loop error names every traced scalar, or is missing (tests/test_user_errors).
-    from jax.interpreters import ad
+    from jax._src.interpreters.ad import primitive_transposes
+    from jax.extend.core.primitives import while_p
 
-    assert ad.primitive_transposes[jax.lax.while_p] in _trace._installed
+    assert primitive_transposes[while_p] in _trace._installed
     seen = []
 
     @jax.jit

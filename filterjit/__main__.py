@@ -4,7 +4,8 @@ known at trace time; traced by a nested `jax.jit` or `equinox.filter_jit`, it fa
 `jnp.zeros(n)`, makes a `fori_loop` a `while_loop` (not reverse-differentiable),
 and cannot unroll `range(n)`."""
 
-from collections.abc import Callable
+import argparse
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -54,8 +55,23 @@ DECORATORS: tuple[tuple[str, Decorator], ...] = (
 )
 
 
-def main() -> None:
-    """Runs every case under every decorator and prints the outcomes."""
+def _parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(
+        prog="python -m filterjit",
+        description=(
+            "Shows the three ways a nested jit changes a program: each case calls "
+            "a helper with a NumPy scalar inside an outer jax.jit, undecorated and "
+            "decorated with jax.jit, equinox.filter_jit and filterjit.filter_jit, "
+            "and prints what each gives."
+        ),
+        epilog="Takes no arguments: run it as `python -m filterjit`.",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Runs every case under every decorator and prints the outcomes; with `--help`
+    (or `-h`), prints the usage instead."""
+    _parser().parse_args(argv)  # exits after printing the usage, or for a bad one
     width = max(len(name) for name, _ in DECORATORS)
     for title, case in CASES:
         print(title)

@@ -39,6 +39,13 @@ class RetraceWarning(UserWarning):
     the threshold of `filterjit.set_retrace_warning_threshold` (10 unless changed)
     only because a Python scalar, or a function made anew by the same code (a
     lambda or closure made on every call), took a new value. It names that argument.
+    Also emitted, once per piece of code, where more functions than the threshold
+    made anew by that code in one loop were traced one after another, each by a
+    wrapper of its own (`for c in cs: filter_jit(lambda x: x + c)(x)`): it names
+    what the function closes over.
+
+    Not emitted for the wrappers that [`filterjit.patch_equinox`][] makes (Equinox's
+    give none); their retraces are logged where asked for.
 
     Traces for new shapes, dtypes, structures, strings or other functions are the
     ordinary work of a library's entry point: they do not count, and they end a run
@@ -218,6 +225,68 @@ def _changes(old: dict[str, Row], new: dict[str, Row]) -> list[Change]:
     return [(path, a, b) for path, a, b in pairs if compared(a) != compared(b)]
 
 
+def _threshold(module: str) -> float:
+    """The retrace-warning threshold of functions defined in `module`: its own, or
+    its package's, or the global one (infinite where disabled)."""
+    while module and module not in _thresholds:
+        module = module.rpartition(".")[0]
+    threshold = _thresholds[module or None]
+    return float("inf") if threshold is None else float(threshold)
+
+
+def _warn(message: str) -> None:
+    """Emits a `RetraceWarning` at the first frame outside filterjit and JAX: the
+    user's call that traced."""
+    frame, depth = sys._getframe(), 1
+    while frame.f_back and frame.f_code.co_filename.startswith(_INTERNAL):
+        frame, depth = frame.f_back, depth + 1
+    warnings.warn(message, RetraceWarning, stacklevel=depth)
+
+
+class _Run:
+    """The functions made anew in one loop by one code object traced so far: the
+    ids of the latest's closure cells (ids: a cell is not weakly referable, and
+    holding it would keep what the closure holds alive), and how many were traced
+    before it."""
+
+    __slots__ = ("cells", "before")
+
+    def __init__(self, cells: tuple[int, ...]):
+        self.cells = cells
+        self.before = 0
+
+
+# By code object: the latest run of functions it made anew and traced.
+_runs: "weakref.WeakKeyDictionary[types.CodeType, _Run]" = weakref.WeakKeyDictionary()
+
+# Codes warned about: once each.
+_warned_codes: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
+
+
+def _remade_run(log: "TraceLog") -> int:
+    """Called on each trace at the top level or under eager transforms, of the
+    function of `log`: on its first, how many functions made by the same code in
+    one run of it (a loop) were traced before it, each for the first time (0 for a
+    function made otherwise, which starts a new run, and for any other trace).
+
+    In one run of the code that makes them, functions are made by a module's code
+    (a script's, a notebook cell's, the REPL's: one run), or share closure cells,
+    which belong to the one call of the function that made them. Functions made by
+    separate calls (a test parametrized over cases) have cells of their own, and
+    are not counted. (The previous function's cells, while its loop runs, are
+    alive: their ids are theirs.)"""
+    code = log.code
+    if log.count != 1 or code is None:
+        return 0
+    cells = tuple(map(id, log.cells))
+    run = _runs.get(code)
+    if run is not None and (cells == run.cells if cells else log.module_level):
+        run.before += 1
+        return run.before
+    _runs[code] = _Run(cells)
+    return 0
+
+
 _MAX_SEEN = 64  # values remembered per static argument, for the RetraceWarning
 # Cached traces compared with a new one (the latest), to find the nearest.
 _MAX_COMPARED = 1024
@@ -258,6 +327,23 @@ class TraceLog:
         self._change_counts: collections.Counter[str] = collections.Counter()
         self._hints: dict[str, str] = {}
         self._warned = False
+        # False: no RetraceWarning (the retrace log stays): the wrappers that
+        # `patch_equinox()` makes, as Equinox's own give none.
+        self.warns = True
+        # The code of the function, where it is one that owns its caches: another
+        # function made by the same code (a lambda made anew) has its own log.
+        self.code: types.CodeType | None = None
+        self.cells: tuple[Any, ...] = ()  # its closure's cells (the function's own)
+        self.module_level = False  # made by a module's code (a script, a notebook)
+
+    def made_for(self, fun: Any) -> None:
+        """Records that a wrapper of `fun` keeps this log: for a Python function
+        (which owns its caches, so that one made anew traces anew), its code, and
+        what tells one made anew in a loop (see `_remade_run`)."""
+        if self.code is None and type(fun) is types.FunctionType:
+            self.code = fun.__code__
+            self.cells = fun.__closure__ or ()
+            self.module_level = "<locals>" not in fun.__qualname__
 
     def nearest(self, rows: list[Row]) -> "Nearest | None":
         """The cached trace nearest `rows` (the one with fewest leaves that differ;
@@ -285,6 +371,15 @@ class TraceLog:
         the `Traces` of the entry that keeps it (`None`: kept by none)."""
         self.count += 1
         current = {row.path: row for row in rows}
+        explain = os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1"
+        explain = explain or bool(getattr(jax.config, "jax_explain_cache_misses"))
+        remade = _remade_run(self)
+        if remade and explain:
+            logger.warning(self._remade_message(remade, warning=False))
+        if remade > _threshold(self.module) and self.warns and self.code is not None:
+            if self.code not in _warned_codes:
+                _warned_codes.add(self.code)
+                _warn(self._remade_message(remade, warning=True))
         if self.count > 1:
             nearest = self._nearest(current)
             changes = [] if nearest is None else nearest.changes
@@ -298,8 +393,7 @@ class TraceLog:
             else:
                 self.in_a_row = 0
                 self._change_counts.clear()
-            explain = os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1"
-            if explain or getattr(jax.config, "jax_explain_cache_misses"):  # untyped
+            if explain:
                 logger.warning(self._retrace_message(nearest))
         if held_by is not None:
             held_by.rows.append((self.count, current))
@@ -308,17 +402,9 @@ class TraceLog:
         for path, now in current.items():
             if now.role == "static" and len(self._seen[path]) <= _MAX_SEEN:
                 self._seen[path].add(now.value)
-        module = self.module  # its threshold, or its package's, or the global one
-        while module and module not in _thresholds:
-            module = module.rpartition(".")[0]
-        threshold = _thresholds[module or None]
-        if not self._warned and threshold is not None and self.in_a_row > threshold:
+        if not self._warned and self.warns and self.in_a_row > _threshold(self.module):
             self._warned = True
-            # At the first frame outside filterjit and JAX: the user's call that traced.
-            frame, depth = sys._getframe(), 1
-            while frame.f_back and frame.f_code.co_filename.startswith(_INTERNAL):
-                frame, depth = frame.f_back, depth + 1
-            warnings.warn(self._warning_message(), RetraceWarning, stacklevel=depth)
+            _warn(self._warning_message())
 
     def _retrace_message(self, nearest: "Nearest | None") -> str:
         assert nearest is not None  # called from the second trace on
@@ -346,6 +432,40 @@ class TraceLog:
             + "; ".join(parts)
             + f" (against {against})"
         )
+
+    def _remade_message(self, in_a_row: int, warning: bool) -> str:
+        """What a trace of a function made anew by the same code as the functions
+        traced just before it says: in the warning, or in the retrace log."""
+        code = self.code
+        assert code is not None  # `_remade_run` counts only functions with one
+        where = f"{code.co_filename}:{code.co_firstlineno}"
+        closes = ", ".join(f"`{name}`" for name in code.co_freevars)
+        passed = f"what it closes over ({closes})" if closes else "what changes"
+        advice = (
+            f"define it once, outside the loop, and pass {passed} as arguments, as "
+            "arrays where the values change (`jnp.asarray(value)`: a Python scalar "
+            "is static, and each new value traces anew)"
+        )
+        said = (
+            f"filter_jit: {in_a_row + 1} functions `{self.name}` made anew by the "
+            f"same code ({where}) were traced one after another"
+            if warning
+            else f"filter_jit: `{self.name}` traced, a function made anew by the "
+            f"same code ({where}) as the {in_a_row} traced just before it"
+        )
+        message = (
+            f"{said}: a function made anew (a lambda or closure inside a loop) is a "
+            "new function, with caches of its own, and is traced anew. To trace it "
+            f"once, {advice}."
+        )
+        if warning:
+            message += (
+                " Set FILTERJIT_EXPLAIN_RETRACES=1 (or jax_explain_cache_misses) to "
+                "log every retrace to the 'filterjit' logger; "
+                "filterjit.set_retrace_warning_threshold(None, module=...) silences "
+                "this warning for one library."
+            )
+        return message
 
     def _warning_message(self) -> str:
         path, times = self._change_counts.most_common(1)[0]

@@ -8,11 +8,13 @@ import contextlib
 import inspect
 import logging
 import re
-from collections.abc import Callable, Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax.extend.core
+import numpy as np
 from jax.core import Tracer
 from jax.errors import (
     ConcretizationTypeError,
@@ -21,6 +23,8 @@ from jax.errors import (
     TracerBoolConversionError,
     TracerIntegerConversionError,
 )
+from jax.extend.core import Var
+from jax.extend.core.primitives import while_p
 
 from . import _trace
 from ._donated import check_not_deleted
@@ -34,16 +38,37 @@ _MARKER = "_EquinoxRuntimeError: "
 def traced_a_check() -> bool:
     """Called at the end of a function's trace: whether it traced a runtime check, a
     `pure_callback` into Equinox, at any depth (`True` where that cannot be known,
-    so that errors are never lost)."""
-    if (stack := _trace.current_equations()) is None:  # its own list, emptied here
+    so that errors are never lost). In a trace of a checked call (the top level,
+    eager transforms) that traced NumPy or JAX integer scalars, also records the
+    `lax.fori_loop`s whose bounds they gave, for the error reverse mode raises on
+    them later (see `_note_loop`)."""
+    if (eqns := _trace.current_equations()) is None:
         return True
+    call: _Call | None = getattr(_under_way, "call", None)
+    scalars = [] if call is None else _scalars_of(call)
+    # Loops are looked for where they may get a note, or lose one made before.
+    find_loops = call is not None and bool(scalars or _loop_notes)
+    found = False
+    loops: list[tuple[int, Any]] = []
+    for position, eqn in enumerate(eqns):
+        for inner in _within(eqn):
+            if _is_check(inner):
+                if not find_loops:
+                    return True
+                found = True
+            elif find_loops and _is_fori_loop(inner):
+                loops.append((position, inner))
+    if loops and call is not None:
+        _record_loops(call[0], scalars, eqns, loops)
+    return found
+
+
+def _within(eqn: Any) -> Iterator[Any]:
+    """`eqn`, and the equations of the jaxprs in its parameters at any depth."""
+    stack = [eqn]
     while stack:
         eqn = stack.pop()
-        if eqn.primitive.name == "pure_callback":
-            callback = eqn.params.get("callback")
-            function = getattr(callback, "callback_func", callback)
-            if getattr(function, "__module__", "").startswith("equinox"):
-                return True
+        yield eqn
         values = list(eqn.params.values())  # jaxprs, in tuples and lists at any depth
         while values:
             value = values.pop()
@@ -51,7 +76,88 @@ def traced_a_check() -> bool:
                 values.extend(value)
             elif isinstance(value, jax.extend.core.ClosedJaxpr | jax.extend.core.Jaxpr):
                 stack.extend(value.eqns)
-    return False
+
+
+def _is_check(eqn: Any) -> bool:
+    """Whether `eqn` is a runtime check's `pure_callback` into Equinox."""
+    if eqn.primitive.name != "pure_callback":
+        return False
+    callback = eqn.params.get("callback")
+    function = getattr(callback, "callback_func", callback)
+    return getattr(function, "__module__", "").startswith("equinox")
+
+
+def _is_fori_loop(eqn: Any) -> bool:
+    """Whether `eqn` is the `while_loop` a `lax.fori_loop` with traced bounds binds."""
+    source = _trace.equation_source(eqn)
+    return eqn.primitive is while_p and _trace.made_by(source, "fori_loop")
+
+
+# A checked call under way: its function's name, `jitted`, its traced leaves and
+# (where known) their names; a plain tuple, made on every checked call.
+_Call = tuple[str, Callable[..., Any], Sequence[Any], Sequence[str] | None]
+
+
+def _scalars_of(call: _Call) -> list["_Scalar"]:
+    """The traced NumPy or JAX integer or bool scalars of a checked call."""
+    _, jitted, dynamic, labels = call
+    return _traced_scalars(_labels(jitted, dynamic, labels), dynamic)
+
+
+# The checked call under way in each thread, while its entry may trace.
+_under_way = threading.local()
+
+# The notes for the reverse-mode error on loops that checked calls traced with
+# bounds from traced NumPy or JAX scalars, by the stack JAX recorded with each loop
+# (equal to the one it reports while transposing the loop). Strings only: a loop's
+# note outlives the call, and keeps no array alive. The latest few are kept.
+_loop_notes: dict[object, str] = {}
+_MAX_LOOP_NOTES = 256
+_loop_notes_lock = threading.Lock()  # traces run in any thread
+
+
+def _record_loops(
+    name: str,
+    scalars: list["_Scalar"],
+    eqns: list[Any],
+    loops: list[tuple[int, Any]],
+) -> None:
+    """Records the note for each loop in `loops` (with the position of the equation
+    of `eqns` that holds it) that depends on one of `scalars`; forgets one made
+    before for a loop with the same stack that depends on none."""
+    depends = _dependencies(eqns) if scalars else None
+    for position, loop in loops:
+        on = depends[position] if depends is not None else None
+        named = [s for s in scalars if on is None or s.position in on]
+        source = _trace.equation_source(loop)
+        if source is None:
+            continue
+        with _loop_notes_lock:
+            _loop_notes.pop(source, None)  # re-inserted: the latest last
+            if named:
+                _loop_notes[source] = _loop_note(name, named)
+            while len(_loop_notes) > _MAX_LOOP_NOTES:
+                del _loop_notes[next(iter(_loop_notes))]
+
+
+def _dependencies(eqns: list[Any]) -> list[frozenset[int]] | None:
+    """For each equation of the trace under way, the positions of the trace's
+    inputs it depends on (`None` where the inputs are unknown)."""
+    inputs = _trace.current_inputs()
+    if inputs is None:
+        return None
+    depends: dict[Any, frozenset[int]] = {
+        v: frozenset({i}) for i, v in enumerate(inputs)
+    }
+    found = []
+    for eqn in eqns:
+        on = frozenset().union(
+            *(depends.get(v, ()) for v in eqn.invars if isinstance(v, Var))
+        )
+        for out in eqn.outvars:
+            depends[out] = on
+        found.append(on)
+    return found
 
 
 # One item per checked call under way (in any thread): `append`, `pop` are atomic.
@@ -112,6 +218,8 @@ def call_checked(
     errors in the user's terms (see `explain_failure`)."""
     # Not a context manager: one costs microseconds, on every checked call.
     _checked_calls.append(None)
+    previous = getattr(_under_way, "call", None)
+    _under_way.call = (name, jitted, dynamic, labels)
     try:
         out = jitted(*dynamic)
         if ready is not None and (arrays := ready(out)):
@@ -122,6 +230,7 @@ def call_checked(
         explain_failure(e, name, _labels(jitted, dynamic, labels), dynamic)
         raise
     finally:
+        _under_way.call = previous
         _checked_calls.pop()
 
 
@@ -157,7 +266,9 @@ _CONCRETIZATION_ERRORS = (
     TracerBoolConversionError,
     TracerIntegerConversionError,
 )
-_NEEDS_CONCRETE = re.compile(r"concrete|must be static|static integers")
+_NEEDS_CONCRETE = re.compile(
+    r"concrete|must be static|static integers|(integers?|hashable)\W.*Tracer\("
+)
 # JAX's advice that `filter_jit` has no use for: it takes no `static_argnums`.
 _STATIC_ARGNUMS_ADVICE = re.compile(r"^.*static_argnums.*$\n?", re.MULTILINE)
 
@@ -169,6 +280,45 @@ def _needs_a_concrete_value(error: Exception) -> bool:
     return is_plain and bool(_NEEDS_CONCRETE.search(str(error)))
 
 
+class _Scalar(NamedTuple):
+    """A traced leaf that is a NumPy or JAX integer or bool scalar: its position
+    among the traced leaves, its name, "NumPy" or "JAX", its dtype."""
+
+    position: int
+    label: str
+    kind: str
+    dtype: np.dtype[Any]
+
+    def __str__(self) -> str:
+        return f"`{self.label}`, a {self.kind} {self.dtype}"
+
+
+def _traced_scalars(labels: Sequence[str], dynamic: Sequence[Any]) -> list[_Scalar]:
+    """The traced leaves that are NumPy or JAX integer or bool scalars (which a
+    Python int or bool in their place keeps static). A PRNG key's dtype, an
+    extended one, is not a NumPy dtype and has no `kind`."""
+    return [
+        _Scalar(i, label, "NumPy" if isinstance(leaf, NUMPY_TYPES) else "JAX", dtype)
+        for i, (label, leaf) in enumerate(zip(labels, dynamic))
+        if is_array(leaf)
+        and not isinstance(leaf, Tracer)
+        and leaf.shape == ()
+        and isinstance(dtype := leaf.dtype, np.dtype)
+        and dtype.kind in "biu"
+    ]
+
+
+def _python_type(scalar: _Scalar) -> str:
+    return "bool" if scalar.dtype.kind == "b" else "int"
+
+
+# Where filter_jit traces NumPy and JAX scalars, and why: the notes' common part.
+_WHERE = (
+    "wherever no `jax.jit` encloses the call, at the top level and under `jax.grad`, "
+    "`jax.vmap` or another transform applied outside one"
+)
+
+
 def _note_traced_scalars(
     error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
@@ -176,35 +326,73 @@ def _note_traced_scalars(
     `if n`, an index) which traced arguments were NumPy or JAX integer or bool
     scalars, which a Python int or bool in their place keeps static; and takes out
     JAX's advice to use `static_argnums`."""
-    scalars = [
-        (label, "NumPy" if isinstance(leaf, NUMPY_TYPES) else "JAX", leaf)
-        for label, leaf in zip(labels, dynamic)
-        if is_array(leaf)
-        and not isinstance(leaf, Tracer)
-        and leaf.shape == ()
-        and leaf.dtype.kind in "biu"
-    ]
+    scalars = _traced_scalars(labels, dynamic)
     # JAX names the argument the failing value depends on (its parameter name in
     # the jitted function: the label made an identifier).
     named = re.findall(r"depends on the value of the argument (\w+)", str(error))
     if named:
-        scalars = [s for s in scalars if _identifier(s[0]) in named] or scalars
+        scalars = [s for s in scalars if _identifier(s.label) in named] or scalars
     if not scalars:
         return
     message = error.args[0] if error.args else None
     if isinstance(message, str) and _STATIC_ARGNUMS_ADVICE.search(message):
         error.args = (_STATIC_ARGNUMS_ADVICE.sub("", message), *error.args[1:])
-    listed = "; ".join(f"`{label}`, a {kind} {x.dtype}" for label, kind, x in scalars)
-    first = scalars[0][0]
-    python = "bool" if scalars[0][2].dtype.kind == "b" else "int"
+    listed = "; ".join(map(str, scalars))
+    first = scalars[0]
     error.add_note(
         f"filter_jit: `{name}` traces NumPy and JAX scalars as it traces arrays "
-        f"(here {listed}), and Python cannot use the value of a traced scalar (as a "
-        f"shape, in `range(n)`, `if n` or an index). Pass a Python int or bool "
-        f"instead (`{python}({first})`): it is static, and each new value traces "
-        "anew (filter_jit has no `static_argnums`: every Python scalar is static). "
-        "For a loop over a traced count, use `jax.lax.fori_loop`."
+        f"{_WHERE} (here {listed}), and Python cannot use the value of a traced "
+        "scalar (as a shape, in `range(n)`, `if n` or an index). Pass a Python int "
+        f"or bool instead (`{_python_type(first)}({first.label})`): it is static, "
+        "and each new value traces anew (filter_jit has no `static_argnums`: every "
+        "Python scalar is static). For a loop over a traced count, use "
+        "`jax.lax.fori_loop`."
     )
+
+
+_LOOP_NOTE = "filter_jit: the `lax.fori_loop`"  # begins the note, added once
+_LOOP_ERROR = "Reverse-mode differentiation does not work for lax.while_loop"
+
+
+def _loop_note(name: str, scalars: list[_Scalar]) -> str:
+    # Whether each was NumPy's or JAX's is not said: a later call of the same trace
+    # (the error of which the note is for) may pass the other.
+    listed = "; ".join(f"`{s.label}`, a scalar of dtype {s.dtype}" for s in scalars)
+    first = scalars[0].label
+    return (
+        f"{_LOOP_NOTE} here has bounds that `{name}` traced: it traces NumPy and "
+        f"JAX scalars as it traces arrays {_WHERE} (here {listed}). A "
+        "`fori_loop` whose start or stop is traced is a `lax.while_loop`, which "
+        "reverse-mode differentiation cannot go through. Pass a Python int instead "
+        f"(`int({first})`): it is static, and the loop is a `lax.scan` again. Or "
+        "make the call inside a `jax.jit` that holds the scalar as a constant (say "
+        f"`jax.jit(lambda x: jax.grad({name})(x, {first}))(x)`): inside a staged "
+        "computation filter_jit passes NumPy and concrete JAX values on as they are."
+    )
+
+
+def _note_loop(error: ValueError) -> None:
+    """Adds to JAX's error for a `while_loop` reverse mode cannot go through, where
+    it is a `lax.fori_loop` whose bounds a checked call traced from NumPy or JAX
+    scalars, which arguments, why, and the fix. The loop's note was recorded when
+    it was traced (the error comes later, from `jax.grad` around the call); a loop
+    transposed while the call is still under way (`jax.grad` inside the function)
+    names the call's traced integer scalars."""
+    if not str(error).startswith(_LOOP_ERROR):
+        return
+    if any(n.startswith(_LOOP_NOTE) for n in getattr(error, "__notes__", ())):
+        return
+    source = _trace.current_source()
+    note = _loop_notes.get(source) if source is not None else None
+    call: _Call | None = getattr(_under_way, "call", None)
+    if note is None and call is not None and _trace.made_by(source, "fori_loop"):
+        if scalars := _scalars_of(call):
+            note = _loop_note(call[0], scalars)
+    if note is not None:
+        error.add_note(note)
+
+
+_trace.note_on_loop_transpose_error(_note_loop)
 
 
 def _identifier(label: str) -> str:

@@ -125,6 +125,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         self._fun = fun
         self._options = options
         self._dispatcher = dispatcher_for(fun, options)
+        self._dispatcher.trace_log.made_for(fun)
         self._call = self._dispatcher.call
         self._nested = self._dispatcher.nested
         _copy_metadata(self, fun)

@@ -46,7 +46,8 @@ def equinox_filter_jit(
         make_options(donate=donate, **jitkwargs)  # raises now for a bad keyword
         return ft.partial(equinox_filter_jit, donate=donate, **jitkwargs)
     if type(donate) is str and donate == "none" and fun is not None:
-        return filter_jit(fun, **jitkwargs)  # no donation: filterjit's own options
+        # No donation: filterjit's own options.
+        return _without_retrace_warnings(filter_jit(fun, **jitkwargs))
     options = make_options(donate=donate, **jitkwargs)
     if isinstance(donate, str):
         # Equinox traces the arrays of a function that is a pytree node.
@@ -54,7 +55,18 @@ def equinox_filter_jit(
         options = dataclasses.replace(
             options, donate_as_equinox=True, donate_function=function_is_node
         )
-    return _decorate(options, fun)
+    return _without_retrace_warnings(_decorate(options, fun))
+
+
+def _without_retrace_warnings(wrapper: Any) -> Any:
+    """`wrapper`, whose function emits no `RetraceWarning`: Equinox's wrappers give
+    none, and a library that runs its tests with warnings as errors must run as
+    under Equinox. Its retraces are still logged where asked for
+    (`FILTERJIT_EXPLAIN_RETRACES=1`, `jax_explain_cache_misses`). The function's
+    log is its own, shared by every wrapper of it with the same options: one the
+    user makes of the same function with `filterjit.filter_jit` is quiet too."""
+    wrapper._dispatcher.trace_log.warns = False
+    return wrapper
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,8 +2,9 @@
 and a canary test (`tests/test_trace.py`, and `tests/test_export.py` for the
 loader's): where in JAX's trace stack a call happens, which frames JAX shows, what
 a pytree structure holds, waiting for arrays, the partial a `jtu.Partial` boxes,
-and for loading an export, the custom-call targets JAX guarantees stable and
-those a StableHLO module calls."""
+the rule that raises JAX's reverse-mode loop error (wrapped once, to add a note
+and raise it as it was), and for loading an export, the custom-call targets JAX
+guarantees stable and those a StableHLO module calls."""
 
 import functools
 import inspect
@@ -116,6 +117,10 @@ def _current_equations_public() -> list[Any] | None:
     return None  # unknown: the caller assumes the worst
 
 
+def _current_inputs_public() -> list[Any] | None:
+    return None  # unknown
+
+
 class LevelReader(NamedTuple):
     """How a wrapper finds the level of a call in a step or two: `jit_disabled()`,
     whether inside `jax.disable_jit()`; `current()`, the innermost trace, whose
@@ -184,6 +189,7 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     private_api_available = False
     trace_level = _trace_level_public
     current_equations = _current_equations_public
+    current_inputs = _current_inputs_public
     level_reader = PUBLIC_READER
 else:
     private_api_available = True
@@ -208,8 +214,15 @@ else:
         get_eqns = getattr(frame, "get_eqns", None)
         return None if get_eqns is None else list(get_eqns())
 
+    def _current_inputs_private() -> list[Any] | None:
+        # The innermost staged trace's input variables, in the traced function's
+        # order of arguments.
+        invars = getattr(getattr(_current_trace.value, "frame", None), "invars", None)
+        return None if invars is None else list(invars)
+
     trace_level = _trace_level_private
     current_equations = _current_equations_private
+    current_inputs = _current_inputs_private
     # Each read a C call: the state's getter, bound to it.
     level_reader = LevelReader(
         functools.partial(_disable_jit_value, _disable_jit_state),
@@ -388,3 +401,67 @@ def _choose_targets() -> tuple[Callable[[Any], list[str]], bool]:
 custom_call_targets, custom_call_targets_private = _choose_targets()
 """`custom_call_targets(exported)`: the targets a `jax.export.Exported`'s module
 calls, one entry per call."""
+
+
+def made_by(source: object, function_name: str) -> bool:
+    """Whether the stack `source` (see `equation_source`) holds a call of a function
+    named `function_name` (JAX's `"fori_loop"`, say); `False` for `None`."""
+    frames = getattr(source, "frames", None) or ()
+    return any(frame.function_name == function_name for frame in frames)
+
+
+def equation_source(eqn: Any) -> object:
+    """The stack JAX recorded where `eqn` was bound (`None` if none): equal, as a
+    key, to `current_source()` while a transformation of the equation runs."""
+    return getattr(getattr(eqn, "source_info", None), "traceback", None)
+
+
+def current_source() -> object:
+    """The stack of the equation JAX is transforming now, if any (see
+    `equation_source`)."""
+    return getattr(jax.extend.source_info_util.current(), "traceback", None)
+
+
+def _attach_source_now(error: ValueError) -> None:
+    """Has JAX attach to `error` now, before a note is added, the cause it attaches
+    when the error leaves the equation's context (the stack where the loop was
+    made, with the error's message quoted): so that the note is shown once."""
+    source = current_source()
+    traceback = error.__traceback__
+    try:
+        with jax.extend.source_info_util.user_context(source):
+            raise error
+    except ValueError:
+        pass  # raised again by the caller, with its own traceback
+    error.with_traceback(traceback)
+
+
+def note_on_loop_transpose_error(note: Callable[[ValueError], None]) -> None:
+    """Has `note(error)` called on the error JAX raises when reverse-mode
+    differentiation reaches a `lax.while_loop` (its transpose rule, which only
+    raises), then the error raised as it is. Installed once; where JAX keeps its
+    rules elsewhere, nothing is installed and JAX's error stays bare."""
+    try:
+        from jax._src.interpreters.ad import primitive_transposes as rules
+        from jax.extend.core.primitives import while_p
+
+        rule = rules[while_p]
+    except (ImportError, AttributeError, KeyError, TypeError):
+        return
+    if rule in _installed:
+        return  # installed already
+
+    @functools.wraps(rule)
+    def transpose(*args: Any, **params: Any) -> Any:
+        try:
+            return rule(*args, **params)
+        except ValueError as error:
+            _attach_source_now(error)
+            note(error)
+            raise
+
+    _installed.append(transpose)
+    rules[while_p] = transpose
+
+
+_installed: list[Callable[..., Any]] = []  # the rule installed, once

@@ -1,9 +1,11 @@
-"""Run in a subprocess with 8 CPU devices by tests/test_sharding.py."""
+"""Run in a subprocess with 8 CPU devices by tests/test_sharding.py (which sets
+JAX_PLATFORMS=cpu and XLA_FLAGS; set here too, for a run by hand)."""
 
 import os
 from typing import Any
 
 
+os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
 import equinox as eqx  # noqa: E402
@@ -17,7 +19,7 @@ from filterjit import filter_jit  # noqa: E402
 
 
 jax.config.update("jax_numpy_dtype_promotion", "strict")
-assert jax.device_count() == 8, jax.devices()
+assert jax.device_count() == 8 and jax.default_backend() == "cpu", jax.devices()
 mesh = jax.make_mesh((4, 2), ("data", "model"))
 replicated = NamedSharding(mesh, P())
 by_data = NamedSharding(mesh, P("data"))

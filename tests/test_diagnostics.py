@@ -192,6 +192,67 @@ def test_retrace_warning_is_for_avoidable_retraces_only():
             g(jnp.ones(1), lambda x: x + 1)
 
 
+def test_retrace_warning_for_wrappers_of_a_lambda_made_anew_in_a_loop():
+    x = jnp.ones(2)
+    with pytest.warns(filterjit.RetraceWarning) as record:
+        for c in range(12):
+            filter_jit(lambda x: x + c)(x)
+    (warning,) = record
+    message = str(warning.message)
+    assert "12 functions `test_retrace_warning_for_wrappers_of_a_lambda_made_anew" in (
+        message
+    )
+    assert f"made anew by the same code ({__file__}:" in message
+    assert "pass what it closes over (`c`) as arguments" in message
+    assert "jnp.asarray(value)" in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for c in range(12, 20):  # once only
+            filter_jit(lambda x: x + c)(x)
+    # What the warning says: one function, with `c` an array, traces once.
+    add = filter_jit(lambda x, c: x + c)
+    for c in range(20):
+        add(x, jnp.asarray(c, dtype=x.dtype))
+    assert filterjit.num_traces(add) == 1
+
+
+def test_retrace_warning_for_a_lambda_made_anew_at_a_modules_top_level():
+    # A script's, a notebook cell's or the REPL's loop: the lambda closes over
+    # nothing (`c` is a global), made by one run of the module's code.
+    source = "for c in range(12):\n    filter_jit(lambda x: x + c)(x)\n"
+    namespace = {"__name__": "a_script", "filter_jit": filter_jit, "x": jnp.ones(2)}
+    with pytest.warns(filterjit.RetraceWarning, match="12 functions `<lambda>` made"):
+        exec(compile(source, "a_script.py", "exec"), namespace)
+
+
+def test_no_retrace_warning_for_functions_made_by_separate_calls():
+    # A test parametrized over cases, or a library entry point called for one
+    # problem after another, that wraps a function it makes: each call's function
+    # is its own, with its own closure (or none), and traces once.
+    def case(x, c):
+        return filter_jit(lambda x: x * c)(x)
+
+    def double(x):
+        return filter_jit(lambda x: x * 2)(x)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for c in range(15):
+            case(jnp.ones(2), float(c))
+            double(jnp.ones(2))
+
+
+def test_retrace_warning_for_lambdas_made_anew_can_be_silenced_per_library():
+    try:
+        filterjit.set_retrace_warning_threshold(None, module=__name__)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for c in range(15):
+                filter_jit(lambda x: x + c)(jnp.ones(2))
+    finally:
+        filterjit._diagnostics._thresholds.pop(__name__, None)
+
+
 def test_retrace_warning_can_be_silenced_per_library():
     f = filter_jit(_make_f())
     try:

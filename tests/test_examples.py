@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 from helpers import subprocess_env
 from test_docs import fenced_blocks, OUTPUT_INFO
@@ -49,7 +50,7 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
         [
             r"traces of the step, optimiser passed in: 1\n",
             r"traces of the step, optimiser closed over: 1\n",
-            r"the two trained models differ by 0\.0e\+00\n",
+            r"the two trained models differ by \d\.\de[+-]\d\d\n",
             r"jax\.jit, hand-partitioned +\d+\.\d µs +1\.00x jax\.jit",
             r"equinox\.filter_jit +\d+\.\d µs +\d+\.\d\dx jax\.jit",
             r"filterjit, optimiser in +\d+\.\d µs +\d+\.\d\dx jax\.jit",
@@ -71,10 +72,28 @@ EXPECTED: dict[str, tuple[list[str], list[str]]] = {
             r"with jax\.jit on the helper instead: TracerArrayConversionError",
             r"traces of damp \(vmap, vmap\(grad\)\): 1\n",
             r"after three more batches: 1\n",
-            r"jit\(scan\(vmap\)\) +max \|decorated - undecorated\| = 0 ulp\n",
+            r"jit\(scan\(vmap\)\) +max \|decorated - undecorated\| = \d+ ulp\n",
         ],
     ),
 }
+
+
+# Differences in units of the last place that are rounding: on CPU, where the
+# examples' outputs were recorded, at most 2; elsewhere (a GPU's kernels fuse and
+# approximate transcendental functions otherwise than op-by-op dispatch does) at
+# most 64, 4e-6 of the value in float32. A different trace (a dropped term, another
+# dtype) is off by far more.
+MAX_ULPS = 2 if jax.default_backend() == "cpu" else 64
+
+# A number as the examples print one (an integer, a decimal, an exponent).
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d*)?(?:e[-+]?\d+)?")
+
+
+def without_digits(text: str) -> list[str]:
+    """`text`'s lines with each number replaced by `#` and runs of spaces made one
+    (NumPy pads printed arrays to their widest number)."""
+    masked = _NUMBER.sub("#", text.strip("\n"))
+    return [re.sub(r" +", " ", line).rstrip() for line in masked.splitlines()]
 
 
 def run(name: str, args: list[str]) -> str:
@@ -135,12 +154,29 @@ def test_example_runs(name: str):
         # Equal, or equal but for rounding: compiled and op-by-op results may differ
         # in the last place, and by how much depends on the XLA of the JAX version.
         differences = re.findall(r"= (\d+) ulp\n", out)
-        assert len(differences) == 5 and all(int(d) <= 2 for d in differences), out
+        assert len(differences) == 5, out
+        assert all(int(d) <= MAX_ULPS for d in differences), out
+    if name == "train_optax.py":
+        # The two ways to hand the optimiser to the step train the same model.
+        (difference,) = re.findall(r"the two trained models differ by (\S+)\n", out)
+        assert float(difference) <= 1e-5, out
+    # The page shows a run on one machine; numbers printed elsewhere (a GPU, another
+    # CPU) differ in their last digits. What they mean is checked above; the page
+    # shows the same lines, and the same text around its numbers.
     shown = documented_outputs().get(name)
     if shown is not None:
-        assert out.rstrip("\n") == shown, (
+        assert without_digits(out) == without_digits(shown), (
             f"docs/examples.md shows another output for {name}; it prints\n{out}"
         )
+
+
+def test_outputs_are_compared_with_the_page_but_for_their_digits():
+    printed = "step  loss\n   0    0.2084\n 250    0.0634\n[-0.67  0.   0.67]\n"
+    on_a_gpu = "step  loss\n   0    0.2091\n 250    0.0611\n[-0.6702  0.  0.6702]"
+    assert without_digits(printed) == without_digits(on_a_gpu)
+    assert without_digits("traces of step: 1") != without_digits("traces of step: x")
+    assert without_digits("step 1\nstep 2") != without_digits("step 1")
+    assert without_digits("1.0e-05 ulp") == ["# ulp"]
 
 
 def test_examples_page_shows_outputs():

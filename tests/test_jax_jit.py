@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from differential import assert_same_outcome, JAX_ERRORS, outcome
-from helpers import assert_tree_equal, jit_equation_count, TraceCounter
+from helpers import assert_tree_equal, jit_equation_count, subprocess_env, TraceCounter
 from jax import lax
 
 import filterjit
@@ -532,6 +532,7 @@ def test_the_parity_harness_swaps_every_spelling(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
+        env=subprocess_env(),  # this checkout's filterjit, not an installed one
     )
     assert result.returncode == 0, result.stdout + result.stderr
     runs = json.loads(out.read_text())["suite"]

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _multiprocess import launch, LaunchError, ProcessResult, skip_reason
+from helpers import subprocess_env
 
 from filterjit._multiprocess import canonical, check_statics_agree, spans_processes
 
@@ -215,7 +216,7 @@ def test_canonical_is_equal_in_two_processes():
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"},
+            env=subprocess_env(PYTHONHASHSEED=seed, JAX_PLATFORMS="cpu"),
         )
         for seed in ("1", "2")
     ]

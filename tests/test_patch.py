@@ -7,6 +7,7 @@ Equinox wrapper), so each test runs its program in a fresh interpreter: that is
 also the only way to control what was imported first.
 """
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -422,3 +423,105 @@ def test_without_equinox_the_error_says_so(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setitem(sys.modules, "equinox._jit", None)
     with pytest.raises(ImportError, match=r"Equinox cannot be imported.*pip install"):
         filterjit.patch_equinox()
+
+
+# A library built on Equinox (as interpax is), decorating with `eqx.filter_jit`
+# at import, with a static float, and anew on every call.
+_QUIET_LIBRARY = """
+import equinox as eqx
+
+
+@eqx.filter_jit
+def evaluate(x, c):
+    return x * c
+
+
+@eqx.filter_jit(donate="all-except-first")
+def evaluate_donating(c, x):
+    return x * c
+
+
+def build(x, cs):
+    return [eqx.filter_jit(lambda x: x * c)(x) for c in cs]
+"""
+
+_QUIET = """
+import json
+import logging
+import sys
+import warnings
+
+import jax.numpy as jnp
+
+import filterjit
+
+records = []
+handler = logging.Handler()
+handler.emit = lambda record: records.append(record.getMessage())
+logging.getLogger("filterjit").addHandler(handler)
+if sys.argv[1] == "patched":
+    filterjit.patch_equinox()
+else:  # the library decorated with filterjit's own filter_jit
+    import equinox
+
+    equinox.filter_jit = filterjit.filter_jit
+import quiet_library  # noqa: E402
+
+x = jnp.ones(2)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")  # every warning, as under `-W error`
+    for n in range(15):
+        c = 0.5 + n  # a Python float: static, each new value traced anew
+        quiet_library.evaluate(x, c)
+        quiet_library.evaluate_donating(c, jnp.ones(2))
+    quiet_library.build(x, [0.5 + n for n in range(15)])
+warned = [f"{w.category.__name__}: {w.message}" for w in caught]
+kind = type(quiet_library.evaluate).__name__
+print(json.dumps({"kind": kind, "warned": warned, "logged": records}))
+"""
+
+
+@pytest.mark.parametrize("explain", [False, True])
+def test_patched_wrappers_give_no_retrace_warning_as_equinox_gives_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, explain: bool
+):
+    # A library run with warnings as errors runs patched as it runs under Equinox.
+    if explain:
+        monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
+    else:
+        monkeypatch.delenv("FILTERJIT_EXPLAIN_RETRACES", raising=False)
+    modules = {"quiet_library": _QUIET_LIBRARY}
+    result = run_program(tmp_path, _QUIET, modules, args=["patched"])
+    assert result["kind"] == "FilterJitWrapper"
+    assert result["warned"] == []
+    logged = result["logged"]
+    if not explain:
+        assert logged == []
+    else:
+        # The retrace log stays: each retrace of the two entry points, and each
+        # function made anew in the loop after the first, is logged.
+        assert len(logged) == 3 * 14, logged
+        assert sum("because c: 0.5 -> 1.5" in line for line in logged) == 2, logged
+        made_anew = [line for line in logged if "made anew by the same code" in line]
+        assert len(made_anew) == 14, made_anew
+        # (`build.<locals>.<listcomp>.<lambda>` before Python 3.12's inlined
+        # comprehensions, `build.<locals>.<lambda>` from it.)
+        assert re.search(r"`build\.<locals>\.(<listcomp>\.)?<lambda>`", made_anew[0])
+
+
+def test_filter_jit_itself_warns_where_the_patched_wrappers_do_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # The same library decorated with filterjit's own filter_jit: the warnings the
+    # patch quiets are there (and so the test above can fail).
+    monkeypatch.delenv("FILTERJIT_EXPLAIN_RETRACES", raising=False)
+    modules = {
+        "quiet_library": _QUIET_LIBRARY.replace('(donate="all-except-first")', "")
+    }
+    result = run_program(tmp_path, _QUIET, modules, args=["unpatched"])
+    assert result["kind"] == "FilterJitWrapper"
+    warned = result["warned"]
+    assert len(warned) == 3, warned
+    assert all(w.startswith("RetraceWarning: filter_jit: ") for w in warned), warned
+    assert sum("`c` changed" in w for w in warned) == 2, warned
+    assert sum("<lambda>` made anew" in w for w in warned) == 1, warned

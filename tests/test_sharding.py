@@ -1,19 +1,27 @@
 """Shardings on 8 CPU devices: run in a subprocess, since the device count is
-fixed when JAX starts."""
+fixed when JAX starts. The subprocess asks for the CPU platform, so that these
+run on any machine (with a GPU, JAX would choose it: one device)."""
 
-import os
 import subprocess
 import sys
+from pathlib import Path
+
+from helpers import subprocess_env
+
+
+# What the subprocess needs: 8 devices of JAX's CPU platform.
+EIGHT_CPU_DEVICES = {
+    "JAX_PLATFORMS": "cpu",
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+}
 
 
 def test_shardings_on_eight_devices():
-    script = os.path.join(os.path.dirname(__file__), "_multidevice.py")
+    script = Path(__file__).parent / "_multidevice.py"
     # This checkout's filterjit, not an installed one.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    env = subprocess_env(**EIGHT_CPU_DEVICES)
     result = subprocess.run(
-        [sys.executable, "-W", "error", script],
+        [sys.executable, "-W", "error", str(script)],
         capture_output=True,
         text=True,
         env=env,

@@ -6,32 +6,28 @@ Every wait has a timeout, and the scenarios that could hang run in a subprocess
 with one, so a deadlock fails the test instead of stopping the suite."""
 
 import concurrent.futures as cf
-import os
 import subprocess
 import sys
 import textwrap
 import threading
-from pathlib import Path
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import TraceCounter
+from helpers import subprocess_env, TraceCounter
 
-import filterjit
 from filterjit import filter_jit
 
 
 _TIMEOUT = 120
-_ROOT = str(Path(filterjit.__file__).resolve().parent.parent)
 
 
 def _run_script(source: str) -> str:
     """Runs `source` in a fresh interpreter with this checkout's filterjit; its
     stdout. A hang fails after `_TIMEOUT` seconds."""
-    env = dict(os.environ, PYTHONPATH=_ROOT)
+    env = subprocess_env()
     try:
         done = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(source)],

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import traceback_frames
+from helpers import subprocess_env, traceback_frames
 from jax import lax
 
 import filterjit
@@ -132,13 +132,19 @@ def test_block_leaves_is_jaxs_batched_wait():
 def test_importing_filterjit_starts_no_backend():
     # A program (Equinox's own test suite, for one) may configure JAX's devices
     # after its imports: importing filterjit must not run anything on a device.
+    # The CPU platform's devices, asked for by name: on a machine with a GPU,
+    # `jax.devices()` lists the GPU's.
     code = (
         "import jax, filterjit\n"
         "jax.config.update('jax_num_cpu_devices', 2)\n"
-        "assert len(jax.devices()) == 2\n"
+        "assert len(jax.devices('cpu')) == 2, jax.devices('cpu')\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
     )
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -159,6 +165,33 @@ def test_current_equations_reads_the_innermost_trace():
     f(1.0)
     assert seen == [["sin", "add"]]
     assert _trace.current_equations() is None  # no staged trace
+
+
+def test_the_loop_readers_read_the_trace_in_progress_and_the_loops_stack():
+    # If this fails, JAX has moved a trace's inputs, the stack it records with an
+    # equation, or its `while_loop` transpose rule: the note on the reverse-mode
+    # loop error names every traced scalar, or is missing (tests/test_user_errors).
+    from jax._src.interpreters.ad import primitive_transposes
+    from jax.extend.core.primitives import while_p
+
+    assert primitive_transposes[while_p] in _trace._installed
+    seen = []
+
+    @jax.jit
+    def f(x, n):
+        y = lax.fori_loop(0, n, lambda _, y: y * 2, x)
+        (loop,) = _trace.current_equations() or []
+        inputs = _trace.current_inputs() or []
+        seen.append((loop.invars[1] is inputs[1], loop))
+        return y
+
+    f(1.0, 3)
+    ((same, loop),) = seen
+    assert same
+    source = _trace.equation_source(loop)
+    assert _trace.made_by(source, "fori_loop")
+    assert not _trace.made_by(source, "scan") and not _trace.made_by(None, "fori_loop")
+    assert _trace.current_inputs() is None  # no staged trace
 
 
 def _levels_seen(run) -> list[int]:

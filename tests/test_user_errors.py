@@ -11,6 +11,7 @@ import sys
 import textwrap
 import weakref
 from collections.abc import Callable
+from traceback import format_exception
 from typing import Any
 
 import equinox as eqx
@@ -160,6 +161,8 @@ _NEEDS_A_VALUE: dict[str, Callable[[Any, Any], Any]] = {
     "index of a list": lambda x, n: [x, x, x, x][n],
     "range": lambda x, n: [x for _ in range(n)],
     "if": lambda x, n: x if n > 1 else -x,
+    "NumPy shape": lambda x, n: np.zeros(n),
+    "a primitive's parameter": lambda x, n: jnp.tile(x, n),
 }
 
 
@@ -178,6 +181,112 @@ def test_a_traced_scalar_that_python_needs_gets_the_note(case, scalar):
     assert "try using `static_argnums`" not in str(info.value)
     # And the note is right: a Python int runs.
     f(jnp.ones(6), 3)
+
+
+def test_a_traced_scalar_under_an_eager_transform_gets_the_note():
+    f = filter_jit(lambda x, n: (x * jnp.zeros(n)).sum())
+    for transform in (jax.grad, ft.partial(jax.vmap, in_axes=(0, None))):
+        with pytest.raises(TypeError) as info:
+            transform(f)(jnp.ones(2), np.int32(3))
+        (note,) = [n for n in info.value.__notes__ if "filter_jit" in n]
+        assert "(here `n`, a NumPy int32)" in note and "`int(n)`" in note
+        assert "under `jax.grad`, `jax.vmap`" in note  # where, and so why
+
+
+def test_a_prng_key_among_the_traced_arguments_leaves_the_users_error_as_it_is():
+    # A key's dtype is an extended one, without `.kind`: the note still names `n`.
+    f = filter_jit(lambda key, n: jax.random.normal(key, (2,)) + jnp.zeros(n))
+    with pytest.raises(TypeError, match="Shapes must be") as info:
+        f(jax.random.key(0), np.int32(2))
+    (note,) = [n for n in info.value.__notes__ if "filter_jit" in n]
+    assert "(here `n`, a NumPy int32)" in note
+    assert "`key`" not in note
+    g = filter_jit(lambda x, key, lower: _count_up(x, lower))
+    with pytest.raises(ValueError, match="Reverse-mode") as info:
+        jax.grad(g)(0.0, jax.random.key(0), np.int32(0))
+    (note,) = [n for n in info.value.__notes__ if "filter_jit" in n]
+    assert "(here `lower`, a scalar of dtype int32)" in note
+
+
+def _count_up(init, lower):
+    return jax.lax.fori_loop(lower, 1, lambda _, y: y + 1.0, init)
+
+
+def _count_to(init, upper):
+    return jax.lax.fori_loop(0, upper, lambda _, y: y * 2.0, init)
+
+
+# Reverse mode reaches a `fori_loop` whose bounds filter_jit traced: where no
+# `jax.jit` encloses the call, under `jax.grad` and friends (the error comes from
+# them, after the call returned) or with `jax.grad` inside the function.
+_REVERSE_MODE: dict[str, Callable[[Any, Any], Any]] = {
+    "grad": lambda f, n: jax.grad(f)(1.0, n),
+    "vjp": lambda f, n: jax.vjp(f, 1.0, n)[1](1.0)[0],
+    "jacrev": lambda f, n: jax.jacrev(f)(1.0, n),
+    "value_and_grad": lambda f, n: jax.value_and_grad(f)(1.0, n),
+    "grad inside": lambda f, n: filter_jit(jax.grad(f.__wrapped__))(1.0, n),
+}
+
+
+@pytest.mark.parametrize("scalar", [np.int32(0), jnp.int32(0)], ids=["numpy", "jax"])
+@pytest.mark.parametrize("bound", ["lower", "upper"])
+@pytest.mark.parametrize("how", list(_REVERSE_MODE))
+def test_the_reverse_mode_loop_error_names_the_traced_scalar_and_the_fix(
+    how, bound, scalar
+):
+    loop = _count_up if bound == "lower" else _count_to
+    f = filter_jit(loop)
+    for _ in range(2):  # traced, then from JAX's cache
+        with pytest.raises(ValueError, match="Reverse-mode differentiation") as info:
+            _REVERSE_MODE[how](f, scalar)
+        notes = [n for n in getattr(info.value, "__notes__", ()) if "filter_jit" in n]
+        assert len(notes) == 1, (str(info.value), getattr(info.value, "__notes__", ()))
+        assert f"`{loop.__name__}` traced" in notes[0]
+        assert f"(here `{bound}`, a scalar of dtype int32)" in notes[0]
+        assert "`jax.grad`" in notes[0]  # why it was traced there
+        assert f"`int({bound})`" in notes[0]
+        assert (
+            f"jax.jit(lambda x: jax.grad({loop.__name__})(x, {bound}))(x)" in notes[0]
+        )
+        # Shown once, though JAX quotes the error in the loop's stack it attaches.
+        printed = "".join(format_exception(info.value))
+        assert printed.count("filter_jit: the `lax.fori_loop`") == 1, printed
+    # And the note is right: a Python int, or a `jax.jit` around holding the scalar.
+    python, same = (0, scalar) if bound == "lower" else (1, scalar + 1)
+    assert all(map(np.isfinite, jax.tree.leaves(_REVERSE_MODE[how](f, python))))
+    assert np.isfinite(jax.jit(lambda x: jax.grad(f)(x, same))(1.0))
+
+
+def test_the_loop_note_names_only_the_scalars_the_loop_depends_on():
+    @filter_jit
+    def f(x, steps, lower):
+        y = _count_up(x, lower)
+        return jnp.where(steps > 0, y, -y)
+
+    with pytest.raises(ValueError, match="Reverse-mode") as info:
+        jax.grad(f)(1.0, np.int32(3), np.int32(0))
+    (note,) = [n for n in info.value.__notes__ if "filter_jit" in n]
+    assert "(here `lower`, a scalar of dtype int32)" in note, note
+
+
+def test_a_loop_error_no_traced_scalar_caused_gets_no_note():
+    def while_loop(x, n):  # a Python int in place of `n` would not help
+        return jax.lax.while_loop(
+            lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] * 2), (0, x)
+        )[1]
+
+    def array_bound(x, n):  # not a scalar
+        return _count_to(x, n.sum())
+
+    for loop, n in [(while_loop, np.int32(2)), (array_bound, np.array([1, 2]))]:
+        with pytest.raises(ValueError, match="Reverse-mode") as info:
+            jax.grad(filter_jit(loop))(1.0, n)
+        notes = [n for n in getattr(info.value, "__notes__", ()) if "filter_jit" in n]
+        assert notes == [], notes
+    # Without filterjit (`jax.jit` traces `lower`), the error is JAX's alone.
+    with pytest.raises(ValueError, match="Reverse-mode") as info:
+        jax.jit(jax.grad(_count_up))(1.0, 0)
+    assert not [n for n in getattr(info.value, "__notes__", ()) if "filter_jit" in n]
 
 
 def test_the_note_names_the_argument_that_jax_says_the_value_depends_on():

@@ -113,7 +113,6 @@ class Row(NamedTuple):
     value: str
     kind: type
     code: Any = None  # a static function's code: one re-made by it is the trap
-    argument: bool = True  # in the call's arguments, not the function's own
     ref: Any = None  # a weakref to a static leaf keyed by identity (text may repeat)
 
 
@@ -149,7 +148,7 @@ def _function_text(value: Any) -> str | None:
     return _qualified_name(value)
 
 
-def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
+def row(path: str, role: str, leaf: Any) -> Row:
     if role == "traced":
         aval = jax.typeof(leaf)
         text = aval.str_short(short_dtypes=True)
@@ -163,13 +162,14 @@ def row(path: str, role: str, leaf: Any, argument: bool = True) -> Row:
         # A functools.partial compares by identity: one re-made is a trap too.
         code = getattr(unwrapped(leaf), "__code__", None)
         ref = weakref.ref(leaf) if weakly_keyed(type(leaf)) else None
-    return Row(path, role, text, type(leaf), code, argument, ref)
+    return Row(path, role, text, type(leaf), code, ref)
 
 
 def _avoidable(before: Row | None, after: Row | None, seen: Collection[str]) -> bool:
     """Whether a change is the trap: a Python scalar taking a value not `seen`
-    before, or a function re-made (its text may repeat, its address being reused)."""
-    if before is None or after is None or not after.argument:
+    before, or a function re-made (its text may repeat, its address being reused);
+    an argument's or the function's own (what a partial binds, a Module's field)."""
+    if before is None or after is None:
         return False
     if not before.role == after.role == "static" or before.kind is not after.kind:
         return False

@@ -157,7 +157,6 @@ def make_entry(
     for position in weak_positions:
         template[position] = weakref.ref(leaves[position])
     roles = partition.roles()
-    arguments = [not p.of_function for p in leaf_parameters]
     log = trace_log if level in (TOP, EAGER) else None
     staged = level == STAGED
     deep = partition.deep
@@ -197,7 +196,7 @@ def make_entry(
                 entry.has_checks = entry.guarded = True
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None and not nested:  # traced at the top level
-            rows = list(map(row, labels, roles, inputs, arguments))
+            rows = list(map(row, labels, roles, inputs))
             log.record(rows, None if entry is None else entry.traces)
         seen = None if deep else call  # the containers it may have handed back
         return jit_output(output, inputs, runtime_check, boxed, compile_build, seen)

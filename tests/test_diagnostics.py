@@ -371,3 +371,18 @@ def test_retrace_warning_for_a_partial_made_anew():
     for n in range(12):
         apply(jax.tree_util.Partial(scaled, jnp.asarray(0.1 * n)), jnp.ones(1))
     assert filterjit.num_traces(apply) == traced + 1
+
+
+def _scaled(x: jax.Array, k: float) -> jax.Array:
+    return x * k
+
+
+def test_retrace_warning_for_a_partial_made_anew_over_a_changing_float():
+    # Core v6 (open from earlier): what a partial binds is the function's own leaf,
+    # and a Python float taking a new value there retraced every call unwarned.
+    x = jnp.ones(2)
+    with pytest.warns(filterjit.RetraceWarning) as record:
+        for k in range(15):
+            filter_jit(ft.partial(_scaled, k=float(k)))(x)
+    (warning,) = record
+    assert "`k` changed in" in str(warning.message)

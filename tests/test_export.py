@@ -217,12 +217,14 @@ def _close(found: dict[str, Any], expected: dict[str, Any]) -> None:
 
 def _in_a_fresh_interpreter(script: str, *arguments: Path) -> Any:
     """The last line that `script` prints, as JSON, run by a fresh interpreter
-    that imports this checkout's filterjit, with `tests/` importable."""
+    that imports this checkout's filterjit, with `tests/` importable, on this
+    process's platforms (what was exported for the default backend loads there;
+    on a GPU, not preallocating its memory beside this process)."""
     result = subprocess.run(
         [sys.executable, "-c", script, *map(str, arguments)],
         capture_output=True,
         text=True,
-        env=subprocess_env(ROOT / "tests", JAX_PLATFORMS="cpu"),
+        env=subprocess_env(ROOT / "tests", XLA_PYTHON_CLIENT_PREALLOCATE="false"),
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
@@ -283,7 +285,7 @@ def test_exported_for_several_platforms(loaded: tuple[dict[str, Any], Any]) -> N
     report, cases = loaded
     assert report["platforms"]["platforms"] == ["cpu", "cuda", "tpu"]
     assert cases["platforms"].exported.platforms == ("cpu", "cuda", "tpu")
-    assert report["dict_and_int"]["platforms"] == [jax.default_backend()]
+    assert report["dict_and_int"]["platforms"] == [jax.export.default_export_platform()]
 
 
 def test_an_output_naming_an_unregistered_type_is_refused_without_import(
@@ -459,7 +461,7 @@ def test_traced_lower_takes_lowering_platforms():
     one = traced.lower().as_text()
     two = traced.lower(lowering_platforms=("cpu", "cuda")).as_text()
     assert "_platform_index" in two and "_platform_index" not in one
-    lowered = traced.lower(lowering_platforms=(jax.default_backend(),))
+    lowered = traced.lower(lowering_platforms=(jax.export.default_export_platform(),))
     y, static = lowered.compile()(jnp.ones(3), 2)
     assert y.tolist() == [2.0] * 3 and static == {"n": 2, "tag": "x"}
 

@@ -2,7 +2,6 @@
 
 import collections
 import dataclasses
-import functools as ft
 import logging
 import os
 import reprlib
@@ -18,7 +17,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._function import unwrapped
+from ._function import is_partial, is_partial_type, unwrapped
 from ._leaves import compares_elementwise, is_array, NUMPY_TYPES, weakly_keyed
 
 
@@ -132,7 +131,7 @@ def _qualified_name(value: Any) -> str | None:
 def _function_text(value: Any) -> str | None:
     """A static function as a table shows it: its whole qualified name (a partial's
     and a bound method's, with what they bind shortened); `None` for other values."""
-    if isinstance(value, ft.partial):
+    if is_partial(value):
         inner = _function_text(value.func) or _short_repr.repr(value.func)
         bound = [_short_repr.repr(a) for a in value.args]
         bound += [f"{k}={_short_repr.repr(v)}" for k, v in value.keywords.items()]
@@ -189,7 +188,7 @@ def _hint(old: Row | None, new: Row | None) -> str:
         return "traced: every new shape, dtype or weak type is traced anew"
     kind = new.kind.__name__
     if new.code is not None and new.code is old.code:
-        if issubclass(new.kind, ft.partial):
+        if is_partial_type(new.kind):
             return (
                 "a functools.partial compares by identity, so one made anew on "
                 "every call is a new static value: make it once, or pass "

@@ -156,9 +156,6 @@ class Dispatcher:
             raise
         if type(out) is not Carried:
             return out
-        spec, traced = out.args
-        if spec.plain:  # as `_finish` would build it, a frame sooner
-            return spec.build(traced, leaves)
         return self._finish(level, out, leaves)
 
     def nested(self, fun: Any, args: Args, kwargs: Kwargs) -> Any:

@@ -169,12 +169,12 @@ def _quiet(record: logging.LogRecord) -> bool:
     error raised at the call says all of it."""
     return not (
         _checked_calls
-        and record.name == "jax._src.callback"
+        and record.name == _trace.CALLBACK_LOGGER
         and record.getMessage() == "jax.pure_callback failed"
     )
 
 
-logging.getLogger("jax._src.callback").addFilter(_quiet)
+logging.getLogger(_trace.CALLBACK_LOGGER).addFilter(_quiet)
 
 
 def _message(error: Exception, name: str) -> str:

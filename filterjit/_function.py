@@ -24,16 +24,21 @@ from ._leaves import is_array
 from ._trace import boxed_partial
 
 
-def _is_partial(fun: Any) -> bool:
+def is_partial(fun: Any) -> bool:
     """Whether a call of `fun` is its partial's call (`jtu.Partial` included; not a
     subclass with a `__call__` of its own, an opaque callable)."""
-    return isinstance(fun, ft.partial) and type(fun).__call__ is ft.partial.__call__
+    return is_partial_type(type(fun))
+
+
+def is_partial_type(kind: type) -> bool:
+    """Whether calls of instances of `kind` are partials' calls (see `is_partial`)."""
+    return issubclass(kind, ft.partial) and kind.__call__ is ft.partial.__call__
 
 
 def _inside(fun: Any) -> tuple[Any, str] | None:
     """What a partial (`jtu.Partial` included) or a method (bound, an `eqx.Module`'s,
     any method-like object) calls, and the attribute that holds it; else `None`."""
-    if _is_partial(fun):
+    if is_partial(fun):
         return fun.func, ".func"
     func = getattr(fun, "__func__", None)
     return None if func is None else (func, ".__func__")
@@ -73,7 +78,7 @@ def python_function(fun: Any) -> tuple[types.FunctionType, str] | None:
 
 
 def name_of(fun: Any) -> str:
-    while _is_partial(fun):
+    while is_partial(fun):
         fun = fun.func
     return getattr(fun, "__qualname__", None) or type(fun).__qualname__
 
@@ -105,7 +110,7 @@ def call_signature(fun: Any) -> inspect.Signature | None:
 def _bound_by(fun: Any, signature: inspect.Signature | None) -> Any:
     """`signature`, what the partial `fun` binds by keyword made `BOUND` (so that
     no signature keeps a partial's values alive)."""
-    if signature is None or not _is_partial(fun) or not fun.keywords:
+    if signature is None or not is_partial(fun) or not fun.keywords:
         return signature
     parameters = [
         p.replace(default=BOUND) if p.name in fun.keywords else p
@@ -215,7 +220,7 @@ def receiver_of(fun: Any) -> str | None:
     leaves are its receiver's (a bound method, a callable Module), else `None`."""
     if type(fun) is Method:
         return first_parameter(fun.func) or "self"
-    if _is_partial(fun) or not in_call_tree(fun) or not jtu.tree_leaves(fun):
+    if is_partial(fun) or not in_call_tree(fun) or not jtu.tree_leaves(fun):
         return None
     func = getattr(fun, "__func__", None) or getattr(type(fun), "__call__", None)
     return first_parameter(func) or "self"

@@ -294,6 +294,11 @@ def _choose_block_leaves() -> Any:
 block_leaves = _choose_block_leaves()
 
 
+# The logger of JAX's module that logs a failed host callback (named after the
+# module, which is private: a rename leaves the log unfiltered, nothing else).
+CALLBACK_LOGGER = "jax._src.callback"
+
+
 def _boxed_partial_public(func: Any) -> Any:
     return None  # JAX's box unknown: a `jtu.Partial` of a partial is held as it is
 

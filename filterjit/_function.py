@@ -149,11 +149,16 @@ class Bound(jtu.Partial):
     like an argument, never auxiliary data (compared by `==`)."""
 
 
+def _unflatten_bound(_: None, children: Any) -> Bound:
+    func, args, keywords = children
+    return Bound(func, *args, **keywords)
+
+
 _FUNC, _ARGS, _KEYWORDS = map(jtu.GetAttrKey, ("func", "args", "keywords"))
 jtu.register_pytree_with_keys(
     Bound,
     lambda p: (((_FUNC, p.func), (_ARGS, p.args), (_KEYWORDS, p.keywords)), None),
-    lambda _, children: Bound(children[0], *children[1], **children[2]),
+    _unflatten_bound,
     flatten_func=lambda p: ((p.func, p.args, p.keywords), None),
 )
 
@@ -178,7 +183,8 @@ def as_held(fun: Any) -> Any:
         held = Bound if _is_node(func) else jtu.Partial
         return held(func, *args, **fun.keywords)
     if isinstance(fun, types.MethodType) or _is_module_method(fun):
-        return Method(fun.__func__, fun.__self__)
+        method: Any = fun
+        return Method(method.__func__, method.__self__)
     return fun
 
 

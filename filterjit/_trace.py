@@ -314,7 +314,8 @@ def _choose_boxed_partial() -> Any:
     def _boxed_partial_private(func: Any) -> Any:
         if type(func) is not box:
             return None
-        return functools.partial(func.func, *func.args, **func.keywords)
+        boxed: Any = func  # the partial's `func`, `args` and `keywords`, copied
+        return functools.partial(boxed.func, *boxed.args, **boxed.keywords)
 
     return _boxed_partial_private
 

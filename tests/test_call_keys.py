@@ -491,9 +491,11 @@ def test_defaults_changed_in_place_are_seen(level):
 
     wrapped = filter_jit(f)
     x = jnp.ones(2)
+    kwdefaults = f.__kwdefaults__
+    assert kwdefaults is not None
     for n in (5.0, 5, 3.0):
         assert_tree_equal(level(wrapped)(x), level(f)(x))
-        f.__kwdefaults__["n"] = n
+        kwdefaults["n"] = n
         assert_tree_equal(level(wrapped)(x), level(f)(x))
 
 

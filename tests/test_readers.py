@@ -579,6 +579,7 @@ def test_a_reader_of_calls_taking_defaults_checks_they_are_those_read():
     sources = binder.sources((1,))
     assert sources is not None and takes_defaults(sources)
     kwdefaults = f.__kwdefaults__
+    assert kwdefaults is not None
     guard = DefaultsGuard("f", f.__defaults__, kwdefaults, (*kwdefaults.values(),))
     read = bound_call_reader(
         treedef, tuple(map(type, leaves)), True, sources, None, None, guard

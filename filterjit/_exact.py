@@ -12,8 +12,8 @@ alone): a Module built with `scale=1` and one with `scale=1.0` are two programs.
 import dataclasses
 import enum
 import hashlib
-import numbers
 import operator
+import struct
 import types
 import weakref
 from collections.abc import Callable, Hashable
@@ -36,19 +36,6 @@ _MAX_DEPTH = 64
 
 # Types between whose values `==` is exact, across these types too.
 _PLAIN = frozenset({str, bytes, type(None)})
-
-# Types compared by `==` that is exact for values of one type (the type is keyed
-# apart): identity, or a value with no hidden part.
-_EXACT_BY_EQ = (
-    type,
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    np.dtype,
-    enum.Enum,
-    jtu.PyTreeDef,
-)
-
 
 class Identity:
     """A key part that is its object's identity: equal only to another for the
@@ -87,13 +74,16 @@ class WeakIdentity:
         return found is not None and found is other.ref()
 
 
-def float_key(x: float) -> float | str:
-    # Only the two cases that `==` gets wrong need the (slower) exact key.
-    return x.hex() if x == 0.0 or x != x else x
+def float_key(x: float) -> float | str | bytes:
+    # Only the two cases that `==` gets wrong need the (slower) exact key: a zero's
+    # sign, and a NaN's sign and payload (its bits).
+    if x == 0.0:
+        return x.hex()
+    return struct.pack("<d", x) if x != x else x
 
 
-def complex_key(x: complex) -> tuple[str, str]:
-    return x.real.hex(), x.imag.hex()
+def complex_key(x: complex) -> tuple[Any, Any]:
+    return float_key(x.real), float_key(x.imag)
 
 
 def ndarray_key(x: np.ndarray) -> tuple[Any, ...]:
@@ -120,8 +110,13 @@ def sees_through(kind: type) -> bool:
     return code is not None and code.co_filename == "<string>"
 
 
-def _element(value: Any, staged: bool, depth: int) -> tuple[type, Any]:
-    key = _exact(value, staged, depth)
+# Exact-type numbers, strings and the like: keyed in bulk, at C speed, where a
+# container holds nothing else (and no zero or NaN: those need their bits).
+_SIMPLE = frozenset({int, bool, float, str, bytes, type(None)})
+
+
+def _element(value: Any, staged: bool, memo: "_Memo") -> tuple[type, Any]:
+    key = _exact(value, staged, memo)
     if key is not None:
         return type(value), key
     # `==` is exact for it; a container of plain values, hashable as a tuple.
@@ -134,72 +129,100 @@ def _element(value: Any, staged: bool, depth: int) -> tuple[type, Any]:
     return type(value), value
 
 
-def _sequence_key(value: Any, staged: bool, depth: int) -> Any:
-    if all(type(element) in _PLAIN for element in value):
+def _sequence_key(value: Any, staged: bool, memo: "_Memo") -> Any:
+    kinds = set(map(type, value))
+    if kinds <= _PLAIN:
         return None
-    return tuple(_element(element, staged, depth) for element in value)
+    if kinds <= _SIMPLE and (
+        float not in kinds or not (0.0 in value or any(v != v for v in value))
+    ):
+        return tuple(map(type, value)), tuple(value)
+    return tuple(_element(element, staged, memo) for element in value)
 
 
-def _dict_key(value: Any, staged: bool, depth: int) -> Any:
+def _dict_key(value: Any, staged: bool, memo: "_Memo") -> Any:
     # In insertion order: the function may iterate it.
     keys, values = tuple(value), tuple(value.values())
     if all(type(element) in _PLAIN for element in (*keys, *values)):
         return None
-    return _sequence_key(keys, staged, depth), _sequence_key(values, staged, depth)
+    return _sequence_key(keys, staged, memo), _sequence_key(values, staged, memo)
 
 
-def _set_key(value: Any, staged: bool, depth: int) -> Any:
+def _set_key(value: Any, staged: bool, memo: "_Memo") -> Any:
     if all(type(element) in _PLAIN for element in value):
         return None
-    return frozenset(_element(element, staged, depth) for element in value)
+    return frozenset(_element(element, staged, memo) for element in value)
 
 
-def _fields_key(value: Any, staged: bool, depth: int) -> Any:
+def _fields_key(value: Any, staged: bool, memo: "_Memo") -> Any:
     # Every attribute, not only those `__eq__` compares (`compare=False` fields, what
-    # `__post_init__` set): the function may read any.
+    # `__post_init__` set): the function may read any. Never `None`: `==` would
+    # leave out the fields it does not compare.
     try:
         found = vars(value)
     except TypeError:  # slots
         found = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    return _dict_key(found, staged, depth)
+    return _dict_key(found, staged, memo) or tuple(found.items())
 
 
-def _opaque_key(value: Any, staged: bool, depth: int) -> Any:
+def _opaque_key(value: Any, staged: bool, memo: "_Memo") -> Any:
     # Top level: `==` and `hash`, as jax.jit keys a static argument. Nested: identity,
     # as the undecorated program traces it anew on every call.
     return Identity(value) if staged else None
 
 
-def _by_eq(value: Any, staged: bool, depth: int) -> None:
+def _by_eq(value: Any, staged: bool, memo: "_Memo") -> None:
     return None
 
 
-def _number_key(value: Any, staged: bool, depth: int) -> Any:
-    return value
+def _treedef_key(value: Any, staged: bool, memo: "_Memo") -> Any:
+    # A structure compares its nodes' data by `==`.
+    return value, exact_aux(value, staged)
 
 
-def _key_of(kind: type) -> Callable[[Any, bool, int], Any]:
-    """How a value of type `kind` is keyed (see `exact_key`)."""
+def _is_namedtuple(kind: type) -> bool:
+    return issubclass(kind, tuple) and hasattr(kind, "_fields")
+
+
+# Callables and types compared by `==` that is exact for values of one type (the
+# type is keyed apart): identity, or a value with no hidden part.
+_EXACT_BY_EQ = (
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    np.dtype,
+    enum.Enum,
+)
+
+
+def _key_of(kind: type) -> Callable[[Any, bool, "_Memo"], Any]:
+    """How a value of type `kind` is keyed (see `exact_key`). Subclasses of
+    containers and numbers with an `__eq__` or attributes of their own, and number
+    types other than Python's and NumPy's (`Decimal("-0") == Decimal("0")`), are
+    not seen through."""
     if kind in _PLAIN or kind is int or kind is bool:
         return _by_eq
-    if issubclass(kind, tuple | list):
+    if kind is tuple or kind is list or _is_namedtuple(kind):
         return _sequence_key
-    if issubclass(kind, dict):
+    if kind is dict:
         return _dict_key
-    if issubclass(kind, frozenset | set):
+    if kind is frozenset or kind is set:
         return _set_key
     for base, key in (
         (np.generic, generic_key),
         (np.ndarray, ndarray_key),
-        (float, float_key),
-        (complex, complex_key),
     ):
         if issubclass(kind, base):
-            return lambda value, staged, depth, key=key: key(value)
+            return lambda value, staged, memo, key=key: key(value)
+    if kind is float:
+        return lambda value, staged, memo: float_key(value)
+    if kind is complex:
+        return lambda value, staged, memo: complex_key(value)
     if issubclass(kind, jax.Array):  # `==` is elementwise: identity at every level
-        return lambda value, staged, depth: Identity(value)
-    if issubclass(kind, numbers.Number):
-        return _number_key
+        return lambda value, staged, memo: Identity(value)
+    if issubclass(kind, jtu.PyTreeDef):
+        return _treedef_key
     if sees_through(kind):
         return _fields_key
     if issubclass(kind, _EXACT_BY_EQ) or (
@@ -216,11 +239,31 @@ _KEYS_OF = {
 }
 
 
-def _exact(value: Any, staged: bool, depth: int) -> Any:
-    if depth > _MAX_DEPTH:
-        return Identity(value)
+class _Memo(dict[int, Any]):
+    """The keys of the containers met so far in one key's computation, by id (a
+    value holding one object at many places is keyed in time linear in its size),
+    and the depth reached."""
+
+    depth = 0
+
+
+def _exact(value: Any, staged: bool, memo: _Memo) -> Any:
     kind = type(value)
-    return (_KEYS_OF.get(kind) or _key_of(kind))(value, staged, depth + 1)
+    key_of = _KEYS_OF.get(kind) or _key_of(kind)
+    if key_of is _by_eq or key_of is _opaque_key:
+        return key_of(value, staged, memo)
+    if memo.depth > _MAX_DEPTH:
+        return Identity(value)
+    found = memo.get(id(value), memo)
+    if found is not memo:
+        return found
+    memo.depth += 1
+    try:
+        key = key_of(value, staged, memo)
+    finally:
+        memo.depth -= 1
+    memo[id(value)] = key  # `value` is alive while the computation runs
+    return key
 
 
 def exact_key(value: Any, staged: bool = False) -> Any:
@@ -230,7 +273,7 @@ def exact_key(value: Any, staged: bool = False) -> Any:
     arrays by bytes, containers, frozen dataclasses and Modules by each element's
     type and key, in order). `staged`: a type whose `__eq__` cannot be seen through
     is keyed by identity (else left to `==`, as `jax.jit` leaves it)."""
-    return _exact(value, staged, 0)
+    return _exact(value, staged, _Memo())
 
 
 def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
@@ -238,9 +281,9 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
     `_partition`); `None`: by itself, `==` and `hash` being exact for it. Objects
     compared by identity, and nested those whose `__eq__` cannot be seen through,
     are keyed by `WeakIdentity` where they take a weak reference."""
-    if issubclass(kind, float):  # the fast path writes this one out
+    if kind is float:  # the fast path writes this one out
         return float_key
-    if issubclass(kind, complex):
+    if kind is complex:
         return complex_key
     key_of = _KEYS_OF.get(kind) or _key_of(kind)
     weakly = WeakIdentity if kind.__weakrefoffset__ != 0 else None
@@ -249,11 +292,11 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
     if key_of is _by_eq:
         identity = kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__
         return weakly if identity else None
-    if key_of is _number_key or kind is set:
-        return None  # a set: mutable and unhashable, refused as jax.jit refuses it
+    if kind is set:
+        return None  # mutable and unhashable: refused, as jax.jit refuses it
 
     def key(value: Any) -> Hashable:
-        found = key_of(value, staged, 0)
+        found = _exact(value, staged, _Memo())
         return value if found is None else found
 
     return key

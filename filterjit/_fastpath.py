@@ -143,7 +143,7 @@ def bound_call_reader(
     objects read."""
     if not ENABLED:
         return None
-    writer = _Writer()
+    writer = _Writer(staged=True if keyed is None else keyed.staged)
     if defaults is not None and takes_defaults(sources):
         path, read, read_kw, read_kw_values = defaults
         writer.check(
@@ -191,7 +191,7 @@ def top_caller(
     output carrying that very spec is then built inline, a call fewer."""
     if not ENABLED:
         return None
-    writer = _Writer(miss="break")
+    writer = _Writer(miss="break", staged=False)
     treedef, types = partition.treedef, partition.types
     if not fun_is_leaf:
         writer.lines.append("t = (f, a)")
@@ -275,16 +275,17 @@ class _Writer:
     per node costs a call per node; for a `diffrax.diffeqsolve` call that was 8 µs
     of 10.)"""
 
-    def __init__(self, miss: str = "return None") -> None:
+    def __init__(self, miss: str = "return None", staged: bool = True) -> None:
         # What a failed check does: the reader gives `None`; `top` leaves its loop.
         self.miss = miss
+        # Whether it reads calls in a staged trace, where a Module's static field of
+        # a type whose `__eq__` cannot be seen through is keyed by identity.
+        self.staged = staged
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = {
             "_count_of": operator.countOf,
             "_dict_of": object.__getattribute__,  # not a Module's own
-            # Staged keys (identity where `==` cannot be seen through): a static
-            # field equal but not the object recorded takes the reference path.
-            "_exact_key": lambda value: exact_key(value, True),
+            "_exact_key": lambda value: exact_key(value, staged),
             "_is": operator.is_,
         }
         self.names = itertools.count()
@@ -335,7 +336,7 @@ class _Writer:
 
     def key(self, partition: Any, at: Callable[[int], str], whole: str) -> str:
         """`partition.reference_key(whole)` written out, such as `(program, l[0],
-        v.hex() if (v := l[3]) == 0.0 or v != v else v)`, the leaf at position `p`
+        k(v) if (v := l[3]) == 0.0 or v != v else v)`, the leaf at position `p`
         being `at(p)`."""
         static = partition.static_positions
         if not static:
@@ -353,7 +354,8 @@ class _Writer:
                 if not leaf.isidentifier():  # an item of `l`: taken once
                     v = self.variable()
                 test = f"{v} == 0.0" if v is leaf else f"({v} := {leaf}) == 0.0"
-                parts.append(f"{v}.hex() if {test} or {v} != {v} else {v}")
+                exact = self.constant(float_key)
+                parts.append(f"{exact}({v}) if {test} or {v} != {v} else {v}")
             else:
                 parts.append(f"{self.constant(rekey)}({at(position)})")
         return f"({', '.join(parts)},)"
@@ -494,7 +496,7 @@ class _Writer:
                 statics = self.items(fields, static)
                 same = f"all(map(_is, {statics}, {recorded}))"
             differs = f"{statics} != {recorded}"
-            exact = exact_key(data[1:], True)
+            exact = exact_key(data[1:], self.staged)
             if exact is not None:
                 differs += f" or _exact_key({statics}) != {self.constant(exact)}"
             self.check(f"not ({same}) and ({differs})")

@@ -6,6 +6,7 @@ context, shardings). So an output whose leaves are all traced is returned as it 
 any other is `Carried`: its children the traced leaves (only tracers are outputs of
 the jit), its auxiliary data the `OutputSpec` that finishes it."""
 
+import collections
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -284,10 +285,16 @@ class HandedNodes(NamedTuple):
 
 def _handed_nodes(output: Any, call: Any) -> HandedNodes | None:
     """The containers of the pytree `call` that `output` holds (see `HandedNodes`)."""
+    nodes = container_nodes(call)
+    # A container passed at two places is not told apart: which one a later call
+    # hands back, where they are two, only its trace could say.
+    counts = collections.Counter(map(id, nodes))
     index = {}
-    for position, node in enumerate(container_nodes(call)):
-        if not any(isinstance(leaf, Tracer) for leaf in jtu.tree_leaves(node)):
-            index.setdefault(id(node), position)
+    for position, node in enumerate(nodes):
+        if counts[id(node)] == 1 and not any(
+            isinstance(leaf, Tracer) for leaf in jtu.tree_leaves(node)
+        ):
+            index[id(node)] = position
     if not index:
         return None
     leaves, view = jtu.tree_flatten(output, is_leaf=lambda x: id(x) in index)

@@ -11,6 +11,7 @@ import dataclasses
 import decimal
 import functools as ft
 import gc
+import math
 import time
 import weakref
 from typing import Any
@@ -101,6 +102,32 @@ def test_decimal_signed_zero_nested() -> None:
     assert nested(g, decimal.Decimal("-0")) == nested(
         _reciprocal_sign, decimal.Decimal("-0")
     )  # -1.0
+
+
+NAN = float("nan")
+
+
+def _sign(x: Any, v: Any) -> Any:
+    return x * math.copysign(1.0, v)
+
+
+@pytest.mark.parametrize("level", ["top", "nested"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="_exact.float_key keys NaN by float.hex(), which is 'nan' for every NaN: "
+    "nan and -nan share a trace (jax.jit, which never hits on NaN, gives -1; the "
+    "issue asks for NaN by bits). complex_key likewise",
+)
+def test_nan_sign_keyed(level: str) -> None:
+    g = filter_jit(_sign)
+    if level == "top":
+        first, second = float(g(X, NAN)[0]), float(g(X, -NAN)[0])
+        reference = float(jax.jit(_sign, static_argnums=1)(X, -NAN)[0])
+    else:
+        first, second = nested(g, NAN), nested(g, -NAN)
+        reference = nested(_sign, -NAN)
+    assert first == 1.0
+    assert second == reference == -1.0
 
 
 class Metres(float):
@@ -290,8 +317,8 @@ def _shared_dag(depth: int) -> list[Any]:
 @pytest.mark.xfail(
     strict=True,
     reason="_exact keys a static value by walking every path (no memo of objects "
-    "seen): a list that holds one object twice, 18 deep, costs 2**18 element keys "
-    "per call (seconds), where undecorated and the old key took milliseconds",
+    "seen): a list that holds one object twice, 15 deep, costs 2**15 element keys "
+    "per call (0.3-3 s), where undecorated and the old key took milliseconds",
 )
 def test_shared_substructure_keyed_in_linear_time_nested() -> None:
     holder = Holder(_shared_dag(15))

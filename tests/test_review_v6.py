@@ -23,7 +23,7 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 
-from filterjit import filter_jit
+from filterjit import _fastpath, filter_jit
 
 
 X = jnp.ones(3, jnp.float32)
@@ -387,6 +387,58 @@ def test_identical_nested_calls_with_large_array_trace_once() -> None:
 
     jax.make_jaxpr(outer)(X)
     assert len(runs) == 1
+
+
+class ByValue:
+    """A static setting compared by value (its own `__eq__` and `__hash__`)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ByValue and other.n == self.n
+
+    def __hash__(self) -> int:
+        return hash(self.n)
+
+
+class Scaled(eqx.Module):
+    w: jax.Array
+    setting: Any = eqx.field(static=True)
+
+    def __call__(self, x: Any) -> Any:
+        return x * self.w
+
+
+@pytest.mark.skipif(
+    not _fastpath.ENABLED, reason="the fast path's own (FILTERJIT_FASTPATH=0)"
+)
+@pytest.mark.xfail(
+    strict=True,
+    reason="top level, a Module rebuilt per call whose static field is an equal "
+    "new object of a type with its own __eq__: the fast path's Module check keys "
+    "it with exact_key(..., True) (Identity), declines, and the reference path "
+    "re-derives _key_of/exact_key three times per call: ~10x the dispatch of a "
+    "float static field (equal at 713655a, and with FILTERJIT_FASTPATH=0)",
+)
+def test_module_with_value_compared_static_field_dispatch_top() -> None:
+    w = jnp.ones(3)
+    g = filter_jit(lambda m, x: m(x))
+
+    def per_call(make: Any) -> float:
+        for _ in range(5):
+            g(make(), X)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(100):
+                g(make(), X)
+            best = min(best, (time.perf_counter() - start) / 100)
+        return best
+
+    assert per_call(lambda: Scaled(w, ByValue(2))) < 3 * per_call(
+        lambda: Scaled(w, 2.0)
+    )
 
 
 # --- 4. Containers handed back ---------------------------------------------------

@@ -350,7 +350,8 @@ def _shared_dag(depth: int) -> list[Any]:
     strict=True,
     reason="_exact keys a static value by walking every path (no memo of objects "
     "seen): a list that holds one object twice, 15 deep, costs 2**15 element keys "
-    "per call (0.3-3 s), where undecorated and the old key took milliseconds",
+    "per call (0.3-3 s; 2**18: 3 s), where undecorated takes milliseconds (713655a "
+    "refused the unhashable value)",
 )
 def test_shared_substructure_keyed_in_linear_time_nested() -> None:
     holder = Holder(_shared_dag(15))

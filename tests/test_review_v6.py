@@ -1,0 +1,497 @@
+"""Review of core v6 (issue 47): values equal by `==` that the exact keys still take
+as the same, caches that keep what the caller dropped, and slowdowns. Each test is
+a defect found at the review, marked `xfail(strict=True)` until it is fixed.
+
+Every test fails on both paths (`FILTERJIT_FASTPATH=0` too). References: nested,
+the undecorated function under the same outer `jax.jit`; at the top level,
+`jax.jit` with the static values as static arguments (or the module's own
+documented intent where the two differ, said in the test)."""
+
+import dataclasses
+import decimal
+import functools as ft
+import gc
+import math
+import time
+import weakref
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+
+from filterjit import _fastpath, filter_jit
+
+
+X = jnp.ones(3, jnp.float32)
+
+
+def nested(fun: Any, *args: Any) -> Any:
+    """`fun(X, *args)` inside an outer `jax.jit`, its first output as a float."""
+    out = jax.jit(lambda x: fun(x, *args))(X)
+    return float(out[0])
+
+
+# --- 1. Keys that do not prove sameness ------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Labelled:
+    name: str
+    mode: str = dataclasses.field(compare=False)
+
+
+def _by_mode(x: Any, cfg: Labelled) -> Any:
+    return x * (2.0 if cfg.mode == "double" else 3.0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_exact._fields_key returns None when every attribute is a str/bytes/"
+    "None (_dict_key's all-plain shortcut), so the frozen dataclass falls back to "
+    "its own __eq__, which skips compare=False fields",
+)
+def test_compare_false_field_of_plain_values_is_keyed_nested() -> None:
+    g = filter_jit(_by_mode)
+    first = nested(g, Labelled("a", "double"))
+    second = nested(g, Labelled("a", "triple"))
+    assert (first, second) == (
+        nested(_by_mode, Labelled("a", "double")),
+        nested(_by_mode, Labelled("a", "triple")),
+    )
+    assert second == 3.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Counted:
+    name: str
+    times: int = dataclasses.field(compare=False)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="top level: a compare=False field is keyed when it is an int but not "
+    "when every field is a str (_dict_key's all-plain shortcut in _fields_key)",
+)
+def test_compare_false_field_keyed_alike_whatever_its_type_top() -> None:
+    # With an int field the key sees it (the documented intent of `_fields_key`):
+    h = filter_jit(lambda x, c: x * float(c.times))
+    assert float(h(X, Counted("a", 2))[0]) == 2.0
+    assert float(h(X, Counted("a", 3))[0]) == 3.0
+    # With str fields alone it does not.
+    g = filter_jit(_by_mode)
+    assert float(g(X, Labelled("a", "double"))[0]) == 2.0
+    assert float(g(X, Labelled("a", "triple"))[0]) == 3.0
+
+
+def _reciprocal_sign(x: Any, d: Any) -> Any:
+    return x * float(np.copysign(1.0, float(d)))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_exact._key_of: numbers.Number types (decimal.Decimal) get "
+    "_number_key, i.e. `==`: Decimal('0') == Decimal('-0') share a nested trace",
+)
+def test_decimal_signed_zero_nested() -> None:
+    g = filter_jit(_reciprocal_sign)
+    assert nested(g, decimal.Decimal("0")) == 1.0
+    assert nested(g, decimal.Decimal("-0")) == nested(
+        _reciprocal_sign, decimal.Decimal("-0")
+    )  # -1.0
+
+
+NAN = float("nan")
+
+
+def _sign(x: Any, v: Any) -> Any:
+    return x * math.copysign(1.0, v)
+
+
+@pytest.mark.parametrize("level", ["top", "nested", "aot"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="_exact.float_key keys NaN by float.hex(), which is 'nan' for every NaN: "
+    "nan and -nan share a trace (jax.jit, which never hits on NaN, gives -1; the "
+    "issue asks for NaN by bits), and a compiled call lowered with nan accepts "
+    "-nan. complex_key likewise",
+)
+def test_nan_sign_keyed(level: str) -> None:
+    g = filter_jit(_sign)
+    if level == "aot":
+        compiled = g.lower(X, NAN).compile()
+        assert float(compiled(X, NAN)[0]) == 1.0
+        with pytest.raises(ValueError):
+            compiled(X, -NAN)  # as it refuses -0.0 after 0.0
+        return
+    if level == "top":
+        first, second = float(g(X, NAN)[0]), float(g(X, -NAN)[0])
+        reference = float(jax.jit(_sign, static_argnums=1)(X, -NAN)[0])
+    else:
+        first, second = nested(g, NAN), nested(g, -NAN)
+        reference = nested(_sign, -NAN)
+    assert first == 1.0
+    assert second == reference == -1.0
+
+
+class Metres(float):
+    """A float that carries a unit in its `__dict__`."""
+
+
+class Count(int):
+    """An int that carries a unit in its `__dict__`."""
+
+
+def _by_unit(x: Any, value: Any) -> Any:
+    return x * (100.0 if value.unit == "cm" else 1.0)
+
+
+@pytest.mark.parametrize("kind", [Metres, Count])
+@pytest.mark.xfail(
+    strict=True,
+    reason="a float/int subclass is keyed by float_key/_number_key (its value) "
+    "whatever its instance attributes: nested, two equal values with different "
+    "attributes share one trace",
+)
+def test_number_subclass_attributes_nested(kind: type) -> None:
+    m, cm = kind(1), kind(1)
+    m.unit, cm.unit = "m", "cm"
+    g = filter_jit(_by_unit)
+    assert nested(g, m) == 1.0
+    assert nested(g, cm) == nested(_by_unit, cm) == 100.0
+
+
+class Agreeable(tuple):
+    """A tuple subclass (a leaf to JAX) whose `==` says yes to everything."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return 0
+
+
+def _first_length(x: Any, t: Any) -> Any:
+    return x * float(len(t[0]))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_exact._key_of sends every tuple subclass to _sequence_key, which "
+    "returns None for plain elements, so the subclass's lying __eq__ keys it "
+    "nested (the contract: identity for an __eq__ that cannot be seen through)",
+)
+def test_lying_tuple_subclass_nested() -> None:
+    g = filter_jit(_first_length)
+    assert nested(g, Agreeable(("a",))) == 1.0
+    assert nested(g, Agreeable(("abc",))) == nested(
+        _first_length, Agreeable(("abc",))
+    )  # 3.0
+
+
+class Signed:
+    def __init__(self, sign: float, child: Any):
+        self.sign, self.child = sign, child
+
+
+jtu.register_pytree_node(
+    Signed, lambda n: ((n.child,), n.sign), lambda sign, c: Signed(sign, c[0])
+)
+
+
+def _by_treedef(x: Any, treedef: Any) -> Any:
+    node = jtu.tree_unflatten(treedef, [0])
+    return x * float(np.copysign(1.0, node.sign))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_exact._EXACT_BY_EQ holds jtu.PyTreeDef, whose == compares auxiliary "
+    "data by ==: a static treedef with aux 0.0 and one with -0.0 share a trace",
+)
+def test_static_treedef_signed_zero_aux_nested() -> None:
+    plus = jtu.tree_structure(Signed(0.0, 1))
+    minus = jtu.tree_structure(Signed(-0.0, 1))
+    g = filter_jit(_by_treedef)
+    assert nested(g, plus) == 1.0
+    assert nested(g, minus) == nested(_by_treedef, minus) == -1.0
+
+
+# --- 2. Caches that keep what the caller dropped ---------------------------------
+
+
+class Payload:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    value: Any
+
+
+def _plus_one(x: Any, holder: Any) -> Any:
+    return x + 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="nested, a frozen dataclass static leaf is keyed by _fields_key, whose "
+    "_element puts (type, value) of an identity-compared field in the key, held "
+    "strongly; the entry (which also holds the leaf) is never dropped",
+)
+def test_frozen_dataclass_field_object_freed_nested() -> None:
+    g = filter_jit(_plus_one)
+    payload = Payload()
+    ref = weakref.ref(payload)
+    nested(g, Holder(payload))
+    del payload
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="nested, a jax Array inside a frozen dataclass static leaf is keyed by "
+    "Identity (strong) and not counted by captured_bytes: pinned for the wrapper's "
+    "life, beyond the byte bound",
+)
+def test_frozen_dataclass_field_array_freed_nested() -> None:
+    g = filter_jit(_plus_one)
+    array = jnp.arange(1000.0)
+    ref = weakref.ref(array)
+    nested(g, Holder(array))
+    del array
+    gc.collect()
+    assert ref() is None
+
+
+class Settings(eqx.Module):
+    """A callable Module whose static field is any object."""
+
+    extra: Any = eqx.field(static=True)
+
+    def __call__(self, x: Any) -> Any:
+        return x + 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a Module's static field is pinned by the fast path's generated code "
+    "(a constant of `Dispatcher.top`'s namespace), whose owner is the class's "
+    "__call__: it lives as long as the class (jax.jit frees it)",
+)
+def test_module_static_field_freed_with_wrapper_top() -> None:
+    payload = Payload()
+    ref = weakref.ref(payload)
+    filter_jit(Settings(payload))(X)
+    del payload
+    gc.collect()
+    assert ref() is None
+
+
+def _take_holder(holder: Any, x: Any) -> Any:
+    return x + 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a partial bound to a frozen dataclass holding an object: the cache key "
+    "(_fields_key's (type, value)) holds the object strongly, in the cache of the "
+    "shared owner (the module-level function), which outlives the wrapper",
+)
+def test_partial_over_frozen_dataclass_freed_with_wrapper_top() -> None:
+    payload = Payload()
+    ref = weakref.ref(payload)
+    filter_jit(ft.partial(_take_holder, Holder(payload)))(X)
+    del payload
+    gc.collect()
+    assert ref() is None
+
+
+class Unreferenceable:
+    """Compared by identity, and no weak reference to it can be taken."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: Any):
+        self.payload = payload
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="nested, a static leaf compared by identity that takes no weak "
+    "reference (__slots__ without __weakref__) is keyed by itself, held strongly "
+    "by the entry until STAGED_MAXSIZE entries push it out",
+)
+def test_unweakrefable_static_freed_nested() -> None:
+    g = filter_jit(_plus_one)
+    payload = Payload()
+    ref = weakref.ref(payload)
+    nested(g, Unreferenceable(payload))
+    del payload
+    gc.collect()
+    assert ref() is None
+
+
+# --- 3. Slowdowns ----------------------------------------------------------------
+
+
+def _shared_dag(depth: int) -> list[Any]:
+    node: list[Any] = [0.5]
+    for _ in range(depth):
+        node = [node, node]  # one object twice: 2**depth paths, depth+1 objects
+    return node
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_exact keys a static value by walking every path (no memo of objects "
+    "seen): a list that holds one object twice, 15 deep, costs 2**15 element keys "
+    "per call (0.3-3 s; 2**18: 3 s), where undecorated takes milliseconds (713655a "
+    "refused the unhashable value)",
+)
+def test_shared_substructure_keyed_in_linear_time_nested() -> None:
+    holder = Holder(_shared_dag(15))
+    g = filter_jit(_plus_one)
+    start = time.perf_counter()
+    nested(g, holder)
+    took = time.perf_counter() - start
+    start = time.perf_counter()
+    nested(_plus_one, holder)
+    reference = time.perf_counter() - start
+    assert took < 0.1 + 5 * reference
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    values: tuple[float, ...]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a frozen dataclass static argument holding a 10k-float tuple is keyed "
+    "element by element (_fields_key -> _element per float) on every call, even "
+    "for the very same object: ~25-40x jax.jit's static hash (4 ms vs 0.17 ms; "
+    "0.1 ms at 713655a)",
+)
+def test_large_static_table_dispatch_near_jax_jit_top() -> None:
+    table = Table(tuple(float(i) for i in range(10_000)))
+    g = filter_jit(_plus_one)
+    j = jax.jit(_plus_one, static_argnums=1)
+
+    def per_call(fun: Any) -> float:
+        fun(X, table)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(20):
+                fun(X, table)
+            best = min(best, (time.perf_counter() - start) / 20)
+        return best
+
+    assert per_call(g) < 5 * per_call(j)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_cache.BoundedCache.put now evicts a lone entry over maxbytes at once: "
+    "nested calls capturing a NumPy array over STAGED_MAXBYTES (16 MiB) run the "
+    "function on every call (10 traces for 10 identical calls; 1 at 713655a)",
+)
+def test_identical_nested_calls_with_large_array_trace_once() -> None:
+    from filterjit import _dispatch
+
+    runs = []
+
+    def f(x: Any, w: Any) -> Any:
+        runs.append(None)
+        return x + float(w[0])
+
+    g = filter_jit(f)
+    big = np.ones(_dispatch.STAGED_MAXBYTES // 8 + 16)
+
+    def outer(x: Any) -> Any:
+        for _ in range(10):
+            x = g(x, big)
+        return x
+
+    jax.make_jaxpr(outer)(X)
+    assert len(runs) == 1
+
+
+class ByValue:
+    """A static setting compared by value (its own `__eq__` and `__hash__`)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is ByValue and other.n == self.n
+
+    def __hash__(self) -> int:
+        return hash(self.n)
+
+
+class Scaled(eqx.Module):
+    w: jax.Array
+    setting: Any = eqx.field(static=True)
+
+    def __call__(self, x: Any) -> Any:
+        return x * self.w
+
+
+@pytest.mark.skipif(
+    not _fastpath.ENABLED, reason="the fast path's own (FILTERJIT_FASTPATH=0)"
+)
+@pytest.mark.xfail(
+    strict=True,
+    reason="top level, a Module rebuilt per call whose static field is an equal "
+    "new object of a type with its own __eq__: the fast path's Module check keys "
+    "it with exact_key(..., True) (Identity), declines, and the reference path "
+    "re-derives _key_of/exact_key three times per call: ~10x the dispatch of a "
+    "float static field (equal at 713655a, and with FILTERJIT_FASTPATH=0)",
+)
+def test_module_with_value_compared_static_field_dispatch_top() -> None:
+    w = jnp.ones(3)
+    g = filter_jit(lambda m, x: m(x))
+
+    def per_call(make: Any) -> float:
+        for _ in range(5):
+            g(make(), X)
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            for _ in range(100):
+                g(make(), X)
+            best = min(best, (time.perf_counter() - start) / 100)
+        return best
+
+    assert per_call(lambda: Scaled(w, ByValue(2))) < 3 * per_call(
+        lambda: Scaled(w, 2.0)
+    )
+
+
+# --- 4. Containers handed back ---------------------------------------------------
+
+
+def _second(x: Any, a: Any, b: Any) -> Any:
+    return x + 1, b
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_output._handed_nodes records the first container position of an id "
+    "(index.setdefault): traced with one dict passed twice, a later call with two "
+    "equal dicts hands back the first where the function returned the second",
+)
+def test_handed_back_container_after_aliased_trace_nested() -> None:
+    g = filter_jit(_second)
+    seen: dict[str, Any] = {}
+    shared = {"k": "v"}
+    jax.jit(lambda x: seen.setdefault("one", g(x, shared, shared))[0])(X)
+    first, second = {"k": "v"}, {"k": "v"}
+    jax.jit(lambda x: seen.setdefault("two", g(x, first, second))[0])(X)
+    assert seen["two"][1] is second

@@ -110,8 +110,8 @@ def sees_through(kind: type) -> bool:
     return code is not None and code.co_filename == "<string>"
 
 
-# Exact-type numbers, strings and the like: keyed in bulk, at C speed, where a
-# container holds nothing else (and no zero or NaN: those need their bits).
+# Exact-type numbers (floats apart), strings and the like: keyed in bulk, at C
+# speed, where a container holds nothing else.
 _SIMPLE = frozenset({int, bool, float, str, bytes, type(None)})
 
 
@@ -133,9 +133,9 @@ def _sequence_key(value: Any, staged: bool, memo: "_Memo") -> Any:
     kinds = set(map(type, value))
     if kinds <= _PLAIN:
         return None
-    if kinds <= _SIMPLE and (
-        float not in kinds or not (0.0 in value or any(v != v for v in value))
-    ):
+    if kinds == {float}:  # every bit, zeros' signs and NaNs' included
+        return float, np.array(value, dtype=np.float64).tobytes()
+    if kinds <= _SIMPLE and float not in kinds:
         return tuple(map(type, value)), tuple(value)
     return tuple(_element(element, staged, memo) for element in value)
 

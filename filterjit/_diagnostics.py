@@ -248,11 +248,14 @@ class _Run:
     holding it would keep what the closure holds alive), and how many were traced
     before it."""
 
-    __slots__ = ("cells", "before")
+    __slots__ = ("cells", "before", "functions")
 
     def __init__(self, cells: tuple[int, ...]):
         self.cells = cells
         self.before = 0
+        # The functions counted (one wrapped again, with a trace log of its own, is
+        # not one made anew).
+        self.functions: weakref.WeakSet[types.FunctionType] = weakref.WeakSet()
 
 
 # By code object: the latest run of functions it made anew and traced.
@@ -275,14 +278,19 @@ def _remade_run(log: "TraceLog") -> int:
     are not counted. (The previous function's cells, while its loop runs, are
     alive: their ids are theirs.)"""
     code = log.code
-    if log.count != 1 or code is None:
+    function = None if log.function is None else log.function()
+    if log.count != 1 or code is None or function is None:
         return 0
     cells = tuple(map(id, log.cells))
     run = _runs.get(code)
+    if run is not None and function in run.functions:
+        return 0
     if run is not None and (cells == run.cells if cells else log.module_level):
         run.before += 1
+        run.functions.add(function)
         return run.before
-    _runs[code] = _Run(cells)
+    run = _runs[code] = _Run(cells)
+    run.functions.add(function)
     return 0
 
 
@@ -334,6 +342,7 @@ class TraceLog:
         self.code: types.CodeType | None = None
         self.cells: tuple[Any, ...] = ()  # its closure's cells (the function's own)
         self.module_level = False  # made by a module's code (a script, a notebook)
+        self.function: weakref.ref[types.FunctionType] | None = None
 
     def made_for(self, fun: Any) -> None:
         """Records that a wrapper of `fun` keeps this log: for a Python function
@@ -343,6 +352,7 @@ class TraceLog:
             self.code = fun.__code__
             self.cells = fun.__closure__ or ()
             self.module_level = "<locals>" not in fun.__qualname__
+            self.function = weakref.ref(fun)
 
     def nearest(self, rows: list[Row]) -> "Nearest | None":
         """The cached trace nearest `rows` (the one with fewest leaves that differ;

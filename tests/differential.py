@@ -221,6 +221,9 @@ def _static_mismatch(a: Any, e: Any) -> str | None:
     return None
 
 
+_IMMUTABLE = (int, float, complex, bool, str, bytes, type(None))
+
+
 @dataclasses.dataclass(frozen=True)
 class _How:
     traced: bool = False
@@ -250,7 +253,12 @@ def mismatch(actual: Any, expected: Any, **how: Any) -> str | None:
     for index, (a, e) in enumerate(zip(a_leaves, e_leaves)):
         array = _is_array(e) or isinstance(e, jax.ShapeDtypeStruct)
         if options.identical and not (array and options.traced):
-            why = None if a is e else "not the same object"
+            # An immutable value's identity is nothing a program relies on (which
+            # of two equal floats comes back is not keyed: DESIGN.md, aliasing).
+            if type(e) in _IMMUTABLE:
+                why = None if a is e else _static_mismatch(a, e)
+            else:
+                why = None if a is e else "not the same object"
         elif array:
             why = _array_mismatch(a, e, options)
         else:

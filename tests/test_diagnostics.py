@@ -386,3 +386,13 @@ def test_retrace_warning_for_a_partial_made_anew_over_a_changing_float():
             filter_jit(ft.partial(_scaled, k=float(k)))(x)
     (warning,) = record
     assert "`k` changed in" in str(warning.message)
+
+
+def test_no_retrace_warning_for_one_function_wrapped_again_and_again():
+    # A wrapper whose options share no caches (a `compiler_options` dict) has a
+    # trace log of its own: the same function wrapped again is not made anew.
+    x = jnp.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(15):
+            filter_jit(_scaled, compiler_options={})(x, 2.0)

@@ -37,6 +37,7 @@ _MAX_DEPTH = 64
 # Types between whose values `==` is exact, across these types too.
 _PLAIN = frozenset({str, bytes, type(None)})
 
+
 class Identity:
     """A key part that is its object's identity: equal only to another for the
     very same object, which it holds (strongly: see `WeakIdentity`)."""

@@ -102,10 +102,17 @@ ZEROS: list[Any] = [0, 0.0, -0.0, False, np.float32(0), np.float32(-0.0)]
 TWOS: list[Any] = [2, 2.0, np.int32(2), np.float32(2), np.float16(2)]
 NANS: list[Any] = [
     math.nan,
+    float("nan"),  # another object, the same bits
+    np.float32(math.nan),
+    _float32_from_bits(0xFFC00001),  # the sign bit set, and a payload
+]
+# Python floats that are NaNs of other bits: keyed alike (`float.hex` reads "nan"
+# for each), and so left out of the property while the finding is open (see
+# `test_python_nans_of_other_bits_are_other_keys`).
+PYTHON_NANS: list[Any] = [
+    math.nan,
     -math.nan,  # the sign bit set
     _float_from_bits(0x7FF8000020000000),  # a payload that float32 keeps
-    np.float32(math.nan),
-    _float32_from_bits(0xFFC00001),
 ]
 ATOM_CLASSES = [ONES, ZEROS, TWOS, NANS]
 
@@ -141,13 +148,17 @@ _static = _quietly(Static)
 
 
 class Liar:
-    """Equal to everything, hash 0: a type with an `__eq__` of its own."""
+    """Equal to every other of its family, whatever its value, hash 0: a type with
+    an `__eq__` of its own. (A family per example: a function's top-level cache,
+    keyed by `==`, outlives an example, and `jax.jit`'s, the reference's, does not.)
+    """
 
-    def __init__(self, value: Any):
+    def __init__(self, value: Any, family: object):
         self.value = value
+        self.family = family
 
     def __eq__(self, other: object) -> bool:
-        return True
+        return isinstance(other, Liar) and other.family is self.family
 
     def __hash__(self) -> int:
         return 0
@@ -173,7 +184,9 @@ def _hashable_nodes(children: st.SearchStrategy[Pair]) -> st.SearchStrategy[Pair
         ),
         two.map(lambda ps: (Two(ps[0][0], ps[1][0]), Two(ps[0][1], ps[1][1]))),
         two.map(lambda ps: (Frozen(ps[0][0], ps[1][0]), Frozen(ps[0][1], ps[1][1]))),
-        children.map(lambda p: (_static(p[0]), _static(p[1]))),
+        # An atom only: a NumPy scalar in a static field is compared with `==` by
+        # JAX's own structures, which fails against a tuple (Equinox warns).
+        _atom_pairs().map(lambda p: (_static(p[0]), _static(p[1]))),
     )
 
 
@@ -212,9 +225,10 @@ def lying_pairs(draw: st.DrawFn) -> Pair:
         "alone": lambda liar: liar,
         "tuple": lambda liar: (liar, shared),
         "frozen": lambda liar: Frozen(liar, shared),
-        "static": lambda liar: _static((shared, liar)),
+        "static": _static,
     }
-    return wrap[form](Liar(x)), wrap[form](Liar(y))
+    family = object()
+    return wrap[form](Liar(x, family)), wrap[form](Liar(y, family))
 
 
 # --------------------------------------------------------------------- the body
@@ -343,6 +357,9 @@ class JitReceiver:
 
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+Values = st.SearchStrategy[Pair]
+# A static field's value: an atom (see `_hashable_nodes`).
+ATOM_PAIRS = _atom_pairs()
 Call = Callable[[jax.Array], Any]
 
 
@@ -356,17 +373,22 @@ def _method_role(decorate: Decorator) -> Callable[[Any], Call]:
     return lambda v: cls(v).method
 
 
-# Each role: whether it needs a hashable value, and the call of the decorated form
+# Each role: the values it takes, and the call of the decorated form
 # (made once per pair, so that the pair shares a wrapper where the role has one).
-ROLES: dict[str, tuple[bool, Callable[[Decorator], Callable[[Any], Call]]]] = {
-    "static argument": (False, _static_role),
-    "partial": (False, lambda d: lambda v: d(ft.partial(_body_with, v=v))),
-    "partial subclass": (False, lambda d: lambda v: d(Tagged(_body_with, v=v))),
-    "jtu.Partial": (False, lambda d: lambda v: d(jtu.Partial(_body_with, v=v))),
-    "callable dataclass": (True, lambda d: lambda v: d(Apply(v))),
-    "callable Module": (True, lambda d: lambda v: d(_static_apply(v))),
-    "bound method": (True, lambda d: lambda v: d(Receiver(v).method)),
-    "decorated method": (True, _method_role),
+ROLES: dict[str, tuple[Values, Callable[[Decorator], Callable[[Any], Call]]]] = {
+    "static argument": (pairs, _static_role),
+    "partial": (pairs, lambda d: lambda v: d(ft.partial(_body_with, v=v))),
+    # Hashable values: it is called with its keywords rebuilt (a dict's sorted),
+    # see `test_a_partial_subclass_is_called_with_what_the_caller_passed`.
+    "partial subclass": (
+        hashable_pairs,
+        lambda d: lambda v: d(Tagged(_body_with, v=v)),
+    ),
+    "jtu.Partial": (pairs, lambda d: lambda v: d(jtu.Partial(_body_with, v=v))),
+    "callable dataclass": (hashable_pairs, lambda d: lambda v: d(Apply(v))),
+    "callable Module": (ATOM_PAIRS, lambda d: lambda v: d(_static_apply(v))),
+    "bound method": (hashable_pairs, lambda d: lambda v: d(Receiver(v).method)),
+    "decorated method": (hashable_pairs, _method_role),
 }
 
 # The same calls undecorated.
@@ -383,7 +405,10 @@ UNDECORATED: dict[str, Callable[[Any], Call]] = {
 
 # Where a lying value is keyed by `==` at the top level, as a static argument of
 # `jax.jit` is (the partial subclass is opaque: keyed by identity, shared by none).
-LYING_ROLES = [role for role in ROLES if role != "partial subclass"]
+# Not the callable Module, whose static field takes atoms only (see
+# `_hashable_nodes`): a lying value in a static field is `lying_pairs`' "static".
+LYING_ROLES = [role for role in ROLES if role != "callable Module"]
+LYING_TOP_ROLES = [role for role in LYING_ROLES if role != "partial subclass"]
 
 
 # ------------------------------------------------------------------- checking
@@ -406,10 +431,15 @@ def _rebuild(statics: Any, arrays: list[Any]) -> Any:
     return jtu.tree_unflatten(treedef, [next(it) if r is None else r for r in rest])
 
 
-def _top_difference(actual: Any, expected: Any) -> str | None:
-    """How a top-level result differs from the reference's: its arrays (any kind of
-    array for any other), and what the body described (its value's too)."""
-    if isinstance(expected, tuple) and expected and expected[0] == "tagged":
+def _difference(
+    actual: Any, expected: Any, v: Any, top: bool, lying: bool = False
+) -> str | None:
+    """How a result of the body (for the value `v`) differs from the reference's:
+    what the body described, its kind, the value handed back (by `describe`, bits
+    included: a NaN in a structure is not equal to itself), and the arrays (at the
+    top level, any kind of array for any other). A lying value handed back at the
+    top level may be the caller's own, where `jax.jit` hands back its trace's."""
+    if isinstance(expected, tuple) and expected[:1] == ("tagged",):
         if not (isinstance(actual, tuple) and actual[:1] == ("tagged",)):
             return f"{actual!r}: the partial subclass's own __call__ was not run"
         actual, expected = actual[1], expected[1]
@@ -418,10 +448,28 @@ def _top_difference(actual: Any, expected: Any) -> str | None:
         if a_statics[key] != e_statics[key]:
             return f"{key}: {a_statics[key]} against {e_statics[key]}"
     a_value = describe(a_statics["value"], concrete=True)
-    e_value = describe(e_statics["value"], concrete=True)
-    if a_value != e_value:
-        return f"value handed back: {a_value} against {e_value}"
-    return mismatch(a_arrays, e_arrays, kinds=False)
+    allowed = {describe(e_statics["value"], concrete=True)}
+    if lying and top:
+        allowed.add(describe(v, concrete=True))
+    if a_value not in allowed:
+        return f"value handed back: {a_value} against {allowed}"
+    if not top:
+        # Nested, a lying object handed back is the very one passed (keyed by
+        # identity): a Python number's identity is not kept (nor promised).
+        passed = [p for p in _atoms(v) if isinstance(p, Liar)]
+        returned = [r for r in _atoms(a_statics["value"]) if isinstance(r, Liar)]
+        if not all(r is p for r, p in zip(returned, passed, strict=True)):
+            return "a lying object handed back is not the one passed"
+    return mismatch(a_arrays, e_arrays, kinds=not top)
+
+
+def _as_jax_rebuilds(role: str, v: Any) -> Any:
+    """`v` as the function receives it at the top level: where it is an argument
+    (a static argument, a partial's keyword), rebuilt by JAX as `jax.jit` rebuilds
+    its arguments (a dict's keys sorted)."""
+    if role in ("static argument", "partial", "jtu.Partial"):
+        return jtu.tree_map(lambda leaf: leaf, v)
+    return v
 
 
 def _top_reference_sharing(role: str) -> Callable[[Any], Call]:
@@ -450,7 +498,8 @@ def _check_top_level(role: str, a: Any, b: Any, lying: bool) -> None:
     decorated = ROLES[role][1](filterjit.filter_jit)
     reference = _top_reference_sharing(role) if lying else UNDECORATED[role]
     for v in (a, b, a):
-        why = _top_difference(decorated(v)(X), reference(v)(X))
+        expected = reference(v if lying else _as_jax_rebuilds(role, v))(X)
+        why = _difference(decorated(v)(X), expected, v, top=True, lying=lying)
         assert why is None, f"{role}, top level, value {v!r}: {why}"
 
 
@@ -492,14 +541,9 @@ def _check_nested(role: str, decorate: Decorator, a: Any, b: Any) -> None:
         where = f"{role}, nested ({decorate.__name__}), value {v!r}"
         actual, actual_eqns = _staged(decorated(v), X)
         expected, expected_eqns = _staged(UNDECORATED[role](v), X)
-        why = mismatch(actual, expected)
+        why = _difference(actual, expected, v, top=False)
         assert why is None, f"{where}: {why}"
         assert actual_eqns == expected_eqns, where
-        if isinstance(expected, tuple) and expected[:1] == ("tagged",):
-            actual = actual[1]
-        # What is handed back is what was passed: the very atoms of this value.
-        returned = _atoms(actual[0]["value"])
-        assert all(r is p for r, p in zip(returned, _atoms(v), strict=True)), where
 
 
 ROLE_NAMES = st.sampled_from(list(ROLES))
@@ -511,7 +555,7 @@ DECORATORS = st.sampled_from([filterjit.filter_jit, filterjit.jit])
 def test_a_shared_trace_is_the_trace_of_each_value_at_the_top_level(
     role: str, data: st.DataObject
 ) -> None:
-    a, b = data.draw(hashable_pairs if ROLES[role][0] else pairs)
+    a, b = data.draw(ROLES[role][0])
     _check_top_level(role, a, b, lying=False)
 
 
@@ -520,12 +564,12 @@ def test_a_shared_trace_is_the_trace_of_each_value_at_the_top_level(
 def test_a_shared_trace_is_the_trace_of_each_value_nested(
     role: str, decorate: Decorator, data: st.DataObject
 ) -> None:
-    a, b = data.draw(hashable_pairs if ROLES[role][0] else pairs)
+    a, b = data.draw(ROLES[role][0])
     _check_nested(role, decorate, a, b)
 
 
 @SETTINGS
-@given(role=st.sampled_from(LYING_ROLES), pair=lying_pairs())
+@given(role=st.sampled_from(LYING_TOP_ROLES), pair=lying_pairs())
 def test_lying_values_at_the_top_level_share_a_trace_as_jax_jit_shares_it(
     role: str, pair: Pair
 ) -> None:
@@ -533,8 +577,59 @@ def test_lying_values_at_the_top_level_share_a_trace_as_jax_jit_shares_it(
 
 
 @SETTINGS
-@given(role=ROLE_NAMES, decorate=DECORATORS, pair=lying_pairs())
+@given(role=st.sampled_from(LYING_ROLES), decorate=DECORATORS, pair=lying_pairs())
 def test_lying_values_nested_are_traced_each_as_itself(
     role: str, decorate: Decorator, pair: Pair
 ) -> None:
     _check_nested(role, decorate, *pair)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: a Python float NaN is keyed by `float.hex`, 'nan' whatever "
+    "its sign and payload: `-math.nan` reuses the trace of `math.nan` "
+    "(`jnp.copysign(x, s)` gives 1.0 where the undecorated function gives -1.0), "
+    "at the top level and nested",
+)
+@pytest.mark.parametrize("level", ["top", "nested"])
+def test_python_nans_of_other_bits_are_other_keys(level: str) -> None:
+    wrapped = filterjit.filter_jit(body)
+    for v in (*PYTHON_NANS, *PYTHON_NANS):
+        if level == "top":
+            why = _difference(wrapped(X, v), body(X, v), v, top=True)
+        else:
+            actual, _ = _staged(lambda x, v=v: wrapped(x, v), X)
+            expected, _ = _staged(lambda x, v=v: body(x, v), X)
+            why = _difference(actual, expected, v, top=False)
+        assert why is None, f"{level}, value {struct.pack('<d', v).hex()}: {why}"
+
+
+class Logged(ft.partial):
+    """A partial whose own `__call__` hands back the keywords the caller passed."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return sorted(kwargs), super().__call__(*args, **kwargs)
+
+
+def _scaled(x: jax.Array, *, k: Any) -> jax.Array:
+    return x * k
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding: a functools.partial subclass with its own __call__ is called "
+    "with its bound keywords passed again as keyword arguments (rebuilt by JAX: a "
+    "dict's keys sorted), top level and nested: `Logged(f, k=3.0)` sees "
+    "kwargs {'k'} where the caller passed none",
+)
+@pytest.mark.parametrize("level", ["top", "nested"])
+def test_a_partial_subclass_is_called_with_what_the_caller_passed(level: str) -> None:
+    logged = Logged(_scaled, k=3.0)
+    wrapped = filterjit.filter_jit(logged)
+    assert logged(X)[0] == []
+    if level == "top":
+        assert wrapped(X)[0] == []
+    else:
+        seen: list[Any] = []
+        jax.jit(lambda x: seen.append(wrapped(x)[0]) or x)(X)
+        assert seen == [[]]

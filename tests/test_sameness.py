@@ -45,9 +45,8 @@ import numpy as np
 import pytest
 from differential import mismatch
 from helpers import property_settings
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, HealthCheck, settings, strategies as st
 from jax import lax
-from jax.core import Tracer
 
 import filterjit
 from filterjit import _fastpath, _owners

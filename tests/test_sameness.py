@@ -632,3 +632,26 @@ def test_a_partial_subclass_is_called_with_what_the_caller_passed(level: str) ->
         seen: list[Any] = []
         jax.jit(lambda x: seen.append(wrapped(x)[0]) or x)(X)
         assert seen == [[]]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding (core v6 #10, open): nested, a container the function hands "
+    "back is a copy, not the caller's container (its leaves are the caller's)",
+)
+@pytest.mark.parametrize(
+    "value", [(1.0, 2), [1.0, 2], {"b": 1.0, "a": 2}, Two(1.0, 2)], ids=repr
+)
+def test_a_container_handed_back_nested_is_the_callers(value: Any) -> None:
+    wrapped = filterjit.filter_jit(body)
+    for fun in (body, wrapped):  # the undecorated function, then the decorated
+        for _ in range(2):  # a trace, then (decorated) the cached one
+            seen: list[Any] = []
+
+            def outer(x: jax.Array, fun: Any = fun, seen: list[Any] = seen) -> Any:
+                statics, arrays = fun(x, value)
+                seen.append(statics["value"])
+                return arrays
+
+            jax.jit(outer)(X)
+            assert seen[0] is value, fun

@@ -20,6 +20,7 @@ die).
 """
 
 import gc
+import os
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -54,15 +55,29 @@ def path(
     filterjit.clear_caches()
 
 
-# The fixture runs once per test, not per example: what it sets holds for all.
-SETTINGS = settings(
-    property_settings(compiled=True),
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+# Examples per test in the full tier: each example compiles a dozen programs, and
+# the full tier's 200 would take minutes per test (a soak keeps its own count).
+FULL_EXAMPLES = 40
+
+
+def _settings() -> settings:
+    base = property_settings(compiled=True)
+    examples = base.max_examples
+    if not os.environ.get("FILTERJIT_SOAK"):
+        examples = min(examples, FULL_EXAMPLES)
+    # The fixture runs once per test, not per example: what it sets holds for all.
+    return settings(
+        base,
+        max_examples=examples,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.function_scoped_fixture,
+        ],
+    )
+
+
+SETTINGS = _settings()
 
 # Each example calls the kept wrappers with new objects: a retrace each time.
 pytestmark = pytest.mark.filterwarnings("ignore::filterjit.RetraceWarning")

@@ -32,10 +32,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import pytest
 from differential import agree, outcome
 from helpers import subprocess_env
 
+import filterjit
 from filterjit import _fastpath, _owners
 
 
@@ -442,3 +445,29 @@ def test_a_program_prints_as_a_script_that_runs(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     printed = [line.split()[0] for line in result.stdout.splitlines()]
     assert printed == ["decorated", "reference"], result.stdout
+
+
+@pytest.mark.xfail(strict=True, reason=f"{_REMATERIALIZED} (seed 486, reduced)")
+def test_effects_of_a_concrete_nested_call_under_grad_of_jvp_of_checkpoint() -> None:
+    count = [0]
+
+    def body(x: jax.Array) -> jax.Array:
+        jax.debug.callback(lambda *_: count.__setitem__(0, count[0] + 1), x)
+        return x
+
+    def effects(fun: Any) -> int:
+        count[0] = 0
+        x0, x = jnp.ones(3), jnp.arange(3.0)
+
+        def g(y: jax.Array) -> jax.Array:
+            return y * 0 + jnp.sum(fun(x0))
+
+        def jvp(y: jax.Array) -> jax.Array:
+            return jax.jvp(jax.checkpoint(g), (y,), (jnp.ones_like(y),))[1]
+
+        jax.block_until_ready(jax.grad(lambda y: jnp.sum(jvp(y)))(x))
+        jax.effects_barrier()
+        return count[0]
+
+    assert effects(body) == 2  # the undecorated program
+    assert effects(filterjit.filter_jit(body)) == 2

@@ -123,15 +123,13 @@ NANS: list[Any] = [
     np.float32(math.nan),
     _float32_from_bits(0xFFC00001),  # the sign bit set, and a payload
 ]
-# Python floats that are NaNs of other bits: keyed alike (`float.hex` reads "nan"
-# for each), and so left out of the property while the finding is open (see
-# `test_python_nans_of_other_bits_are_other_keys`).
+# Python floats that are NaNs of other bits (keyed by their bits).
 PYTHON_NANS: list[Any] = [
     math.nan,
     -math.nan,  # the sign bit set
     _float_from_bits(0x7FF8000020000000),  # a payload that float32 keeps
 ]
-ATOM_CLASSES = [ONES, ZEROS, TWOS, NANS]
+ATOM_CLASSES = [ONES, ZEROS, TWOS, NANS + PYTHON_NANS[1:]]
 
 
 class Two(NamedTuple):
@@ -601,13 +599,6 @@ def test_lying_values_nested_are_traced_each_as_itself(
     _check_nested(role, decorate, *pair)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a Python float NaN is keyed by `float.hex`, 'nan' whatever "
-    "its sign and payload: `-math.nan` reuses the trace of `math.nan` "
-    "(`jnp.copysign(x, s)` gives 1.0 where the undecorated function gives -1.0), "
-    "at the top level and nested",
-)
 @pytest.mark.parametrize("level", ["top", "nested"])
 def test_python_nans_of_other_bits_are_other_keys(level: str) -> None:
     wrapped = filterjit.filter_jit(body)
@@ -652,11 +643,6 @@ def test_a_partial_subclass_is_called_with_what_the_caller_passed(level: str) ->
         assert seen == [[]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding (core v6 #10, open): nested, a container the function hands "
-    "back is a copy, not the caller's container (its leaves are the caller's)",
-)
 @pytest.mark.parametrize(
     "value", [(1.0, 2), [1.0, 2], {"b": 1.0, "a": 2}, Two(1.0, 2)], ids=repr
 )

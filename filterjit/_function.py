@@ -109,8 +109,10 @@ def call_signature(fun: Any) -> inspect.Signature | None:
 
 def _bound_by(fun: Any, signature: inspect.Signature | None) -> Any:
     """`signature`, what the partial `fun` binds by keyword made `BOUND` (so that
-    no signature keeps a partial's values alive)."""
-    if signature is None or not is_partial(fun) or not fun.keywords:
+    no signature keeps a partial's values alive). Any partial: `inspect` reads a
+    subclass with a `__call__` of its own as a partial too, and its call passes
+    its keywords itself."""
+    if signature is None or not isinstance(fun, ft.partial) or not fun.keywords:
         return signature
     parameters = [
         p.replace(default=BOUND) if p.name in fun.keywords else p

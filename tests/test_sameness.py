@@ -393,8 +393,7 @@ def _method_role(decorate: Decorator) -> Callable[[Any], Call]:
 ROLES: dict[str, tuple[Values, Callable[[Decorator], Callable[[Any], Call]]]] = {
     "static argument": (pairs, _static_role),
     "partial": (pairs, lambda d: lambda v: d(ft.partial(_body_with, v=v))),
-    # Hashable values: it is called with its keywords rebuilt (a dict's sorted),
-    # see `test_a_partial_subclass_is_called_with_what_the_caller_passed`.
+    # Hashable values: at the top level it is a static leaf, compared by `==`.
     "partial subclass": (
         hashable_pairs,
         lambda d: lambda v: d(Tagged(_body_with, v=v)),
@@ -623,13 +622,6 @@ def _scaled(x: jax.Array, *, k: Any) -> jax.Array:
     return x * k
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a functools.partial subclass with its own __call__ is called "
-    "with its bound keywords passed again as keyword arguments (rebuilt by JAX: a "
-    "dict's keys sorted), top level and nested: `Logged(f, k=3.0)` sees "
-    "kwargs {'k'} where the caller passed none",
-)
 @pytest.mark.parametrize("level", ["top", "nested"])
 def test_a_partial_subclass_is_called_with_what_the_caller_passed(level: str) -> None:
     logged = Logged(_scaled, k=3.0)

@@ -6,13 +6,14 @@ import subprocess
 import sys
 import textwrap
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import differential
 import jax
+import pytest
 from hypothesis import HealthCheck, settings
 
 
@@ -211,3 +212,27 @@ def reference_read(
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     partition, _, key, _ = dispatcher._lookup(level, fun, tree, leaves, treedef, None)
     return partition, leaves, key
+
+
+def _each_path(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """Dispatchers made in the test take this path, the fast path or the reference
+    path alone (read when each is made), each path with dispatchers apart (a
+    function's are found in its `__dict__`)."""
+    from filterjit import _fastpath, _owners, clear_caches
+
+    if request.param == "fast" and not _fastpath.ENABLED:
+        pytest.skip("the fast path is off (FILTERJIT_FASTPATH=0)")
+    monkeypatch.setattr(_fastpath, "ENABLED", request.param == "fast")
+    monkeypatch.setattr(_owners, "_ATTRIBUTE", f"__filterjit_{request.param}__")
+    monkeypatch.setattr(_owners, "_without_dict", {})
+    clear_caches()
+    yield request.param
+    clear_caches()
+
+
+# Imported by a test module, it runs each of the module's tests on both paths.
+each_path = pytest.fixture(params=["fast", "reference"], autouse=True, name="path")(
+    _each_path
+)

@@ -8,7 +8,7 @@ import dataclasses
 import functools as ft
 import gc
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -17,26 +17,12 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
-from helpers import assert_tree_equal
+from helpers import (
+    assert_tree_equal,
+    each_path,  # noqa: F401 - autouse: each test on both paths
+)
 
-import filterjit
-from filterjit import _fastpath, _owners, filter_jit
-
-
-@pytest.fixture(params=["fast", "reference"], autouse=True)
-def path(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[str]:
-    """Dispatchers made in the test take this path (read when each is made)."""
-    if request.param == "fast" and not _fastpath.ENABLED:
-        pytest.skip("the fast path is off (FILTERJIT_FASTPATH=0)")
-    monkeypatch.setattr(_fastpath, "ENABLED", request.param == "fast")
-    # Dispatchers of each path apart: a function's are found in its `__dict__`.
-    monkeypatch.setattr(_owners, "_ATTRIBUTE", f"__filterjit_{request.param}__")
-    monkeypatch.setattr(_owners, "_without_dict", {})
-    filterjit.clear_caches()
-    yield request.param
-    filterjit.clear_caches()
+from filterjit import filter_jit
 
 
 def _levels() -> list[Callable[[Callable[..., Any]], Callable[..., Any]]]:

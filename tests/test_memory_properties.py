@@ -22,7 +22,7 @@ die).
 import gc
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -31,28 +31,15 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
-from helpers import assert_tree_equal, property_settings
+from helpers import (
+    assert_tree_equal,
+    each_path,  # noqa: F401 - autouse: each test on both paths
+    property_settings,
+)
 from hypothesis import given, HealthCheck, settings, strategies as st
 
 import filterjit
-from filterjit import _fastpath, _owners
 from filterjit._dispatch import STAGED_MAXBYTES
-
-
-# The `path` fixture of tests/test_call_keys.py, copied: dispatchers made in the
-# test take this path (read when each is made), each path with dispatchers apart.
-@pytest.fixture(params=["fast", "reference"], autouse=True)
-def path(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[str]:
-    if request.param == "fast" and not _fastpath.ENABLED:
-        pytest.skip("the fast path is off (FILTERJIT_FASTPATH=0)")
-    monkeypatch.setattr(_fastpath, "ENABLED", request.param == "fast")
-    monkeypatch.setattr(_owners, "_ATTRIBUTE", f"__filterjit_{request.param}__")
-    monkeypatch.setattr(_owners, "_without_dict", {})
-    filterjit.clear_caches()
-    yield request.param
-    filterjit.clear_caches()
 
 
 # Examples per test in the full tier: each example compiles a dozen programs, and

@@ -48,33 +48,19 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 from differential import mismatch
-from helpers import property_settings
+from helpers import (
+    each_path,  # noqa: F401 - autouse: each test on both paths
+    property_settings,
+)
 from hypothesis import given, HealthCheck, settings, strategies as st
 from jax import lax
 
 import filterjit
-from filterjit import _fastpath, _owners
 
 
 # Functions and methods here are shared by every example (their caches too, as
 # a user's would be): traced far more often than the retrace threshold.
 pytestmark = pytest.mark.filterwarnings("ignore::filterjit.RetraceWarning")
-
-
-# The `path` fixture of tests/test_call_keys.py, copied: dispatchers made in the
-# test take this path (read when each is made), each path with dispatchers apart.
-@pytest.fixture(params=["fast", "reference"], autouse=True)
-def path(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[str]:
-    if request.param == "fast" and not _fastpath.ENABLED:
-        pytest.skip("the fast path is off (FILTERJIT_FASTPATH=0)")
-    monkeypatch.setattr(_fastpath, "ENABLED", request.param == "fast")
-    monkeypatch.setattr(_owners, "_ATTRIBUTE", f"__filterjit_{request.param}__")
-    monkeypatch.setattr(_owners, "_without_dict", {})
-    filterjit.clear_caches()
-    yield request.param
-    filterjit.clear_caches()
 
 
 # Examples per test in the full tier: each example compiles a dozen programs, and

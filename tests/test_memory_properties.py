@@ -122,7 +122,8 @@ class Kept:
         self.returned = filterjit.filter_jit(_returned)
         self.apply = filterjit.filter_jit(_apply)
         self.model = filterjit.filter_jit(_model)
-        self.receiver_class = type(
+        # A class made here (on this test's path), its method decorated.
+        self.receiver_class: Any = type(
             "Receiver", (), {"method": filterjit.filter_jit(_receiver_method)}
         )
 

@@ -408,17 +408,30 @@ _REMATERIALIZED = (
     "computed from concrete inputs runs half as often as in the undecorated "
     "program, which runs it again when the checkpoint is rematerialized"
 )
+# Seen on JAX 0.11.1 and older; JAX 0.12 runs the effects as the undecorated
+# program does.
+_REMATERIALIZED_FAILS = jax.__version_info__ < (0, 12)
 FOUND = [
     pytest.param(
         seed,
-        marks=pytest.mark.xfail(strict=True, reason=f"{reason} ({where})"),
+        marks=pytest.mark.xfail(failing, strict=True, reason=f"{reason} ({where})"),
         id=f"seed {seed}",
     )
-    for seed, reason, where in [
-        (481, _UNDER_VMAP_OF_COND, "filter_jit"),
-        (684, _UNDER_VMAP_OF_COND, "filterjit.jit"),
-        (486, _REMATERIALIZED, "grad(jvp(checkpoint)), all inputs concrete"),
-        (718, _REMATERIALIZED, "grad(custom_vjp(checkpoint)), a tracer input"),
+    for seed, reason, where, failing in [
+        (481, _UNDER_VMAP_OF_COND, "filter_jit", True),
+        (684, _UNDER_VMAP_OF_COND, "filterjit.jit", True),
+        (
+            486,
+            _REMATERIALIZED,
+            "grad(jvp(checkpoint)), all inputs concrete",
+            _REMATERIALIZED_FAILS,
+        ),
+        (
+            718,
+            _REMATERIALIZED,
+            "grad(custom_vjp(checkpoint)), a tracer input",
+            _REMATERIALIZED_FAILS,
+        ),
     ]
 ]
 
@@ -447,7 +460,9 @@ def test_a_program_prints_as_a_script_that_runs(tmp_path: Path) -> None:
     assert printed == ["decorated", "reference"], result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason=f"{_REMATERIALIZED} (seed 486, reduced)")
+@pytest.mark.xfail(
+    _REMATERIALIZED_FAILS, strict=True, reason=f"{_REMATERIALIZED} (seed 486, reduced)"
+)
 def test_effects_of_a_concrete_nested_call_under_grad_of_jvp_of_checkpoint() -> None:
     count = [0]
 

@@ -110,21 +110,34 @@ def _full_tier() -> bool:
     return name == "filterjit-full"
 
 
-def property_settings(share: float = 1.0, compiled: bool = False) -> settings:
+def property_settings(
+    share: float = 1.0,
+    compiled: bool = False,
+    most: int | None = None,
+    fixtures: bool = False,
+) -> settings:
     """Settings for the property tests: `share` of the active profile's examples
     (tests/conftest.py: 25 in the default tier, 200 with --full), or, for a test
-    whose examples each compile (`compiled`), of 10 in the default tier;
-    derandomized, so that CI runs the same examples every time. Or a random soak
-    of FILTERJIT_SOAK examples."""
+    whose examples each compile (`compiled`), of 10 in the default tier; at most
+    `most`; derandomized, so that CI runs the same examples every time. Or a random
+    soak of FILTERJIT_SOAK examples. `fixtures`: the test takes function-scoped
+    fixtures, which run once per test, not per example (what they set holds for
+    all)."""
     soak = int(os.environ.get("FILTERJIT_SOAK", "0"))
     examples = settings().max_examples
     if compiled and not _full_tier():
         examples = COMPILED_DEFAULT_EXAMPLES
+    examples = max(1, round(examples * share))
+    if most is not None:
+        examples = min(examples, most)
+    checks = [HealthCheck.too_slow, HealthCheck.data_too_large]
+    if fixtures:
+        checks.append(HealthCheck.function_scoped_fixture)
     return settings(
-        max_examples=soak or max(1, round(examples * share)),
+        max_examples=soak or examples,
         derandomize=not soak,
         deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        suppress_health_check=checks,
     )
 
 

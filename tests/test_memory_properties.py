@@ -20,7 +20,6 @@ die).
 """
 
 import gc
-import os
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -36,7 +35,7 @@ from helpers import (
     each_path,  # noqa: F401 - autouse: each test on both paths
     property_settings,
 )
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import given, strategies as st
 
 import filterjit
 from filterjit._dispatch import STAGED_MAXBYTES
@@ -47,24 +46,7 @@ from filterjit._dispatch import STAGED_MAXBYTES
 FULL_EXAMPLES = 40
 
 
-def _settings() -> settings:
-    base = property_settings(compiled=True)
-    examples = base.max_examples
-    if not os.environ.get("FILTERJIT_SOAK"):
-        examples = min(examples, FULL_EXAMPLES)
-    # The fixture runs once per test, not per example: what it sets holds for all.
-    return settings(
-        base,
-        max_examples=examples,
-        suppress_health_check=[
-            HealthCheck.too_slow,
-            HealthCheck.data_too_large,
-            HealthCheck.function_scoped_fixture,
-        ],
-    )
-
-
-SETTINGS = _settings()
+SETTINGS = property_settings(compiled=True, most=FULL_EXAMPLES, fixtures=True)
 
 # Each example calls the kept wrappers with new objects: a retrace each time.
 pytestmark = pytest.mark.filterwarnings("ignore::filterjit.RetraceWarning")

@@ -35,7 +35,6 @@ are strict xfails at the end of the file.
 import dataclasses
 import functools as ft
 import math
-import os
 import struct
 import warnings
 from collections.abc import Callable, Iterator
@@ -52,7 +51,7 @@ from helpers import (
     each_path,  # noqa: F401 - autouse: each test on both paths
     property_settings,
 )
-from hypothesis import given, HealthCheck, settings, strategies as st
+from hypothesis import given, strategies as st
 from jax import lax
 
 import filterjit
@@ -68,24 +67,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::filterjit.RetraceWarning")
 FULL_EXAMPLES = 60
 
 
-def _settings() -> settings:
-    base = property_settings(compiled=True)
-    examples = base.max_examples
-    if not os.environ.get("FILTERJIT_SOAK"):
-        examples = min(examples, FULL_EXAMPLES)
-    # The fixture runs once per test, not per example: what it sets holds for all.
-    return settings(
-        base,
-        max_examples=examples,
-        suppress_health_check=[
-            HealthCheck.too_slow,
-            HealthCheck.data_too_large,
-            HealthCheck.function_scoped_fixture,
-        ],
-    )
-
-
-SETTINGS = _settings()
+SETTINGS = property_settings(compiled=True, most=FULL_EXAMPLES, fixtures=True)
 
 
 # ------------------------------------------------------------------- values

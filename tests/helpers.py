@@ -249,3 +249,17 @@ def _each_path(
 each_path = pytest.fixture(params=["fast", "reference"], autouse=True, name="path")(
     _each_path
 )
+
+
+class ValueBox:
+    """A mutable value compared (and hashed) by value, whose identity a program can
+    see: which of two equal ones comes back matters."""
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ValueBox) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)

@@ -20,6 +20,7 @@ import pytest
 from helpers import (
     assert_tree_equal,
     each_path,  # noqa: F401 - autouse: each test on both paths
+    ValueBox,
 )
 
 from filterjit import filter_jit
@@ -507,24 +508,11 @@ def test_one_float_passed_twice_is_not_keyed_by_aliasing():
     assert len(traces) == 4
 
 
-class _Setting:
-    """Mutable and compared by value: which of two equal ones comes back matters."""
-
-    def __init__(self, value: float):
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Setting) and other.value == self.value
-
-    def __hash__(self) -> int:
-        return hash(self.value)
-
-
 @LEVELS
 def test_one_static_object_passed_twice_traces_once(level):
     # Core v6, finding 14: the entry the first call made was dropped when the
     # aliasing was noticed, and the same call traced again.
-    for setting in (2, _Setting(2.0)):
+    for setting in (2, ValueBox(2.0)):
         traces: list[None] = []
 
         def inner(x, a, b):

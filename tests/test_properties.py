@@ -36,7 +36,7 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 from differential import assert_tree_equal
-from helpers import property_settings
+from helpers import property_settings, ValueBox
 from hypothesis import given, strategies as st
 from jax import lax
 from jax.core import Tracer
@@ -327,26 +327,13 @@ def test_aliased_statics_at_top_level() -> None:
     # (`is` aside): those are not keyed by aliasing, which would double the traces
     # (core v6, finding 9); a mutable value, compared by value, is.
     decorated = filterjit.filter_jit(identity)
-    x = _Box(1000)
+    x = ValueBox(1000)
     decorated([x, x])
-    a, b = _Box(1000), _Box(1000)
+    a, b = ValueBox(1000), ValueBox(1000)
     out = decorated([a, b])
     assert out[0] is a and out[1] is b
     ints = [int("1000"), int("1000")]
     assert decorated([ints[0], ints[0]]) == decorated(ints) == ints
-
-
-class _Box:
-    """A mutable value compared by value, whose identity a program can see."""
-
-    def __init__(self, value: int):
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Box) and other.value == self.value
-
-    def __hash__(self) -> int:
-        return hash(self.value)
 
 
 def test_aliased_statics_inside_jit() -> None:

@@ -1,8 +1,9 @@
 """Dispatching a call: the caches of one function with one set of options, shared
 by every wrapper of that function with those options, and the two paths a call
-takes through them (see `Dispatcher.call` and `Dispatcher._call`)."""
+takes through them: the generated hit of the latest partition at its level
+(`Dispatcher.hits`, see `_fastpath.hit_caller`), and where that misses the
+reference path (`Dispatcher.resume`, `Dispatcher._call`)."""
 
-import functools as ft
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -12,7 +13,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _fastpath
-from ._binding import Args, Keywords, Kwargs, LeafParameter, Shape
+from ._binding import Args, Kwargs, LeafParameter, Shape
 from ._cache import BoundedCache, lifelines
 from ._diagnostics import (
     check_traceable,
@@ -21,7 +22,7 @@ from ._diagnostics import (
     row,
     TraceLog,
 )
-from ._entry import aval_key, Entry, EntryMaker, make_entry, pending
+from ._entry import aval_key, Entry, EntryMaker, make_entry, run_nested
 from ._errors import (
     call_checked,
     check_failed,
@@ -30,13 +31,13 @@ from ._errors import (
     wait_checked,
 )
 from ._exact import exact_aux
-from ._fastpath import bound_call_reader, takes_defaults, top_caller, TopHooks
+from ._fastpath import Hit, hit_caller, HitCall, MISS, miss, Unfinished
 from ._function import Function, unwrapped
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
 from ._multiprocess import check_statics_agree, spans_processes
-from ._options import Options, UNSPECIFIED
+from ._options import Options
 from ._output import Carried, OutputSpec
-from ._partition import KeyedCallReader, Partition, TopCaller
+from ._partition import Partition
 
 
 # Bounds on one function's caches. A nested entry pins the concrete arrays it was
@@ -47,12 +48,10 @@ STAGED_MAXBYTES = 16 * 2**20
 
 _flatten = jtu.default_registry.flatten
 
-# Bound on the shapes of call (see `_binding`) read as made, per partition.
-_MAX_CALL_READERS = 64
-
-# The partition of a structure that no call has (a `Keywords` node is made only for
-# keyword arguments), so that the latest partition is never `None`.
-_NO_CALL = Partition(_flatten(Keywords((), {}))[1], (), TOP, lambda _: object())
+# Bound on the shapes of call (see `_binding`) a partition's hit reads, and on
+# those whose donated parameters are remembered.
+_MAX_HIT_CALLS = 8
+_MAX_CALL_SHAPES = 64
 
 
 def _in_jax_order(orders: tuple[tuple[Any, ...], ...]) -> bool:
@@ -63,52 +62,74 @@ def _in_jax_order(orders: tuple[tuple[Any, ...], ...]) -> bool:
         return False
 
 
+class Route:
+    """The dispatcher's own state for one partition: the lookup of the entries its
+    calls use (`get`), whether those are the top level's, the shapes of call its
+    generated hit reads (`None` for a shape it cannot), the output spec that hit
+    builds inline, the hit, and each leaf's parameter (made when first needed)."""
+
+    __slots__ = (
+        "partition",
+        "get",
+        "shares_top",
+        "calls",
+        "learned",
+        "hit",
+        "_leaf_parameters",
+    )
+
+    def __init__(
+        self, partition: Partition, get: Callable[[Any], Any], shares_top: bool
+    ):
+        self.partition = partition
+        self.get = get
+        self.shares_top = shares_top
+        self.calls: dict[Shape, HitCall | None] = {}
+        self.learned: OutputSpec | None = None
+        self.hit: Hit | None = None
+        self._leaf_parameters: list[LeafParameter] | None = None
+
+    def leaf_parameters(self, function: Function) -> list[LeafParameter]:
+        """Each leaf's parameter, position and label; made once."""
+        if self._leaf_parameters is None:
+            self._leaf_parameters = function.leaf_parameters(self.partition.treedef)
+        return self._leaf_parameters
+
+    def forget_calls(self) -> None:
+        """Reads no call any more (its hit read calls bound to old defaults, or
+        keys that do not say which static leaves are one object)."""
+        self.calls.clear()
+        self.learned = None
+        self.hit = None
+
+
 class Dispatcher:
     """The caches of one function with one set of options: per trace level, the
-    partitions by (structure, leaf types) and the entries by key."""
+    partitions by (structure, leaf types), each with its route, and the entries by
+    key; and per level, the hit that a wrapper calls first."""
 
     def __init__(self, fun: Any, options: Options, fast: bool | None = None):
-        # `fast`: whether calls take the fast path (unless FILTERJIT_FASTPATH=0).
+        # `fast`: whether generated hits read calls (unless FILTERJIT_FASTPATH=0).
         self._fast = _fastpath.ENABLED if fast is None else fast
-        if not self._fast:
-            self.call = self._call
-            self.nested = ft.partial(self._call, STAGED)
         self.function = Function(fun)
         self.options = options
         self.trace_log = TraceLog(self.function.name, _module_of(fun))
-        self.partitions = tuple(BoundedCache(TOP_MAXSIZE) for _ in Level)
+        self.routes = tuple(BoundedCache[Route](TOP_MAXSIZE) for _ in Level)
         # Indexed by level: TOP, EAGER, STAGED, ABSTRACT. The top level and eager
         # transforms differ only in donation, so without it they share entries.
-        top = BoundedCache(TOP_MAXSIZE)
+        top = BoundedCache[Entry](TOP_MAXSIZE)
         eager = top if options.donate == "none" else BoundedCache(TOP_MAXSIZE)
-        staged = BoundedCache(STAGED_MAXSIZE, STAGED_MAXBYTES)
+        staged = BoundedCache[Entry](STAGED_MAXSIZE, STAGED_MAXBYTES)
         # Ahead-of-time stages share the top level's entries (see `abstract`).
         self.entries = (top, eager, staged, top)
-        self._plain_arity = self.function.plain_arity
-        # Where a call of `_plain_arity` positional arguments binds them: in place.
-        self._plain_sources = ([("args", i) for i in range(self._plain_arity)], {})
-        self._fun_is_leaf = self.function.fun_is_leaf
-        self._latest = [_NO_CALL] * LEVELS  # the latest call's partition, per level
-        # A top-level call without a `top`: this dispatcher's `call`.
-        self._declined: TopCaller = ft.partial(self.call, TOP)
-        # The wrapper's top-level `__call__`: the latest top-level partition's `top`.
-        self.top = self._declined
-        # What the `top`s it makes call of its own (see `_fastpath.top_caller`).
-        self._top_hooks = TopHooks(
-            self.call, self._finish, self._failed, self._specialise
-        )
+        # Per level, the hit of the latest call's partition: what a wrapper calls
+        # first (`miss` where there is none). Changed in place: wrappers hold it.
+        self.hits: list[Hit] = [miss] * LEVELS
+        # Whether a nested call may use the top level's entries (see `_lookup`).
+        self._shares_top = options.same_at_every_level
         # Partitions with one signature share a program, and so their entries. Bounded
         # as partitions are: a program forgotten costs a new partition its own entries.
         self._programs: BoundedCache[object] = BoundedCache(TOP_MAXSIZE)
-        # Whether a nested call may use the top level's entries: where the options
-        # mean the same at every level (see `_lookup`).
-        self._shares_top = (
-            options.donate == "none"
-            and options.inline is False
-            and options.in_shardings is UNSPECIFIED
-            and options.out_shardings is UNSPECIFIED
-            and "compiler_options" not in dict(options.jitkwargs)
-        )
         # Held only while a new entry is stored (never while the function runs),
         # so that concurrent first calls of one key share one entry. Re-entrant:
         # an eviction may run a finalizer that calls the function.
@@ -117,7 +138,7 @@ class Dispatcher:
         self._donates_by_call = options.donate != "none" and self.function.has_defaults
         # Whether keys say which static leaves are one object: from the first trace
         # that handed back one of several static inputs that were one object (see
-        # `OutputSpec.aliases`), decided before each call runs; the fast path off.
+        # `OutputSpec.aliases`), decided before each call runs; hits off.
         self._keys_aliases = False
         self._defaulted_by_shape: dict[Shape, tuple[str, ...]] = {}
         # Drop it from its owner's caches when its key's weak objects die (`_owners`).
@@ -129,78 +150,48 @@ class Dispatcher:
         self._lifelines = lifelines(objects, drop)
 
     def call(self, level: Level, fun: Any, args: Args, kwargs: Kwargs) -> Any:
-        """Calls `fun(*args, **kwargs)` at trace level `level` on the fast path: a
-        call that the latest partition at its level reads and keys (see
-        `_fastpath`), whose entry is cached (its NumPy constants as they were),
-        runs as `_call` would run it. Any other takes `_call` from the start. In a
-        staged trace: `nested`."""
-        if level == STAGED:
-            return self.nested(fun, args, kwargs)
-        partition = self._latest[level]
-        read = partition.call_readers.get((len(args), *kwargs))
-        found = None if read is None else read(fun, args, kwargs)
-        if found is None:
-            return self._call(level, fun, args, kwargs)
-        leaves, key, dynamic = found
-        entry = partition.get(key)
-        if entry is None:
-            return self._call(level, fun, args, kwargs)
-        if entry.guarded:
-            if entry.captured and not entry.valid():  # a NumPy constant changed
-                return self._call(level, fun, args, kwargs)
-            return self._run(level, entry, None, leaves, dynamic)
-        try:
-            out = entry.jitted(*dynamic)
-        except Exception as e:  # in the user's terms where it can be
-            self._failed(partition, leaves, e)
-            raise
-        if type(out) is not Carried:
-            return out
-        return self._finish(level, out, leaves)
-
-    def nested(self, fun: Any, args: Args, kwargs: Kwargs) -> Any:
-        """`call` in a staged trace, its steps written out (every nested helper of a
-        library calls it, on every trace of the outer function): a call the latest
-        nested partition reads, whose entry is cached (its NumPy constants as they
-        were), runs with the call's pytree at hand for a trace (see `_run`)."""
-        partition = self._latest[STAGED]
-        read = partition.call_readers.get((len(args), *kwargs))
-        found = None if read is None else read(fun, args, kwargs)
-        if found is None:
-            return self._call(STAGED, fun, args, kwargs)
-        leaves, key, dynamic = found
-        # Read nested only without keywords (see `_partition`): `args` is the call.
-        tree = args if self._fun_is_leaf else (fun, args)
-        if partition.orders is not None:
-            key = (key, partition.orders(tree))
-        entry = partition.get(key)
-        if entry is None or (entry.captured and not entry.valid()):
-            return self._call(STAGED, fun, args, kwargs)
-        previous = pending.call
-        pending.call = (entry, tree, leaves)
-        try:
-            out = entry.jitted(*dynamic)
-        finally:
-            pending.call = previous
-        if type(out) is Carried:
-            return self._finish(STAGED, out, leaves, tree=tree)
+        """Calls `fun(*args, **kwargs)` at trace level `level`: its hit, and where
+        that does not finish the call, `resume` (as a wrapper does, written out)."""
+        out = self.hits[level](fun, args, kwargs)
+        if type(out) is Unfinished:
+            return self.resume(level, out, fun, args, kwargs)
         return out
+
+    def resume(
+        self, level: Level, unfinished: Unfinished, fun: Any, args: Args, kwargs: Kwargs
+    ) -> Any:
+        """Does what a hit left to the dispatcher: a `MISS`, the whole call on the
+        reference path; an error, named in the user's terms (see `_failed`) and
+        raised as it was; an output, finished (see `_finish`), the first built from
+        the traced leaves alone having its partition's hit made again to build it
+        inline (see `_specialise`)."""
+        if unfinished is MISS:
+            return self._call(level, fun, args, kwargs)
+        outcome, leaves, route = unfinished.outcome, unfinished.leaves, unfinished.route
+        if type(outcome) is not Carried:  # (a `Carried` is an exception too)
+            self._failed(route, leaves, outcome)
+            raise outcome
+        if outcome.spec.from_traced is not None:
+            self._specialise(route, outcome.spec)
+        return self._finish(level, outcome, leaves, unfinished.waited, unfinished.tree)
 
     def _call(self, level: Level, fun: Any, args: Args, kwargs: Kwargs) -> Any:
         """The reference path: binds, flattens with `jax.tree_util`, looks up (see
-        `_lookup`), makes the entry if there is none, runs it, finishes its output.
-        No lock is held while the function is traced, compiled or run: it may call
-        itself from another thread (a host callback)."""
+        `_lookup`), makes the entry if there is none, runs it, finishes its output;
+        and has the latest hit at `level` read calls of this one's shape. No lock
+        is held while the function is traced, compiled or run: it may call itself
+        from another thread (a host callback)."""
         shape = (len(args), *kwargs)
         called = shape if self._donates_by_call and level == TOP else None
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
-        partition, cache, key, entry = self._lookup(
+        route, cache, key, entry = self._lookup(
             level, fun, tree, leaves, treedef, shape, called
         )
+        partition = route.partition
         dynamic = partition.take_dynamic(leaves)
         made = entry is None
         if entry is None:
-            entry = self._make(level, fun, partition, leaves, called, cache, key)
+            entry = self._make(level, fun, route, leaves, called, cache, key)
         keyed_aliases = self._keys_aliases
         try:
             out = self._run(level, entry, tree, leaves, dynamic)
@@ -216,7 +207,7 @@ class Dispatcher:
             except RecursionError:
                 pass  # no stack left for it here: a caller does it
             if isinstance(error, TypeError):  # a leaf JAX cannot trace, named
-                self._check_traceable(partition, leaves)
+                self._check_traceable(route, leaves)
             raise
         if self._keys_aliases and not keyed_aliases:
             # Its trace made keys say which static leaves are one object: the entry
@@ -226,15 +217,32 @@ class Dispatcher:
             cache.put(aliased, entry, partition.captured_bytes(leaves))
         return out
 
-    def _specialise(self, partition: Partition, spec: OutputSpec) -> None:
-        """Makes `partition`'s `top` again, once, building the static output of
-        `spec` (an `OutputSpec` with `from_traced`) inline (see `top_caller`)."""
-        if not self._reads_calls():
+    def _specialise(self, route: Route, spec: OutputSpec) -> None:
+        """Makes `route`'s hit again, once, building the static output of `spec`
+        (an `OutputSpec` with `from_traced`) inline (see `hit_caller`)."""
+        if route.learned is not None or route.hit is None or not self._reads_calls():
             return
-        top = top_caller(partition, self._fun_is_leaf, self._top_hooks, spec)
-        if self.top is partition.top:
-            self.top = top or self._declined
-        partition.top = top
+        with self._lock:
+            route.learned = spec
+            self._make_hit(route)
+
+    def _make_hit(self, route: Route) -> None:
+        """Makes `route`'s hit from the calls it reads, and has it serve its level
+        where the one it replaces did."""
+        before = route.hit
+        calls = [call for call in route.calls.values() if call is not None]
+        route.hit = hit_caller(
+            route,
+            route.partition,
+            calls,
+            route.get,
+            self.function.fun_is_leaf,
+            self.function.name,
+            route.learned,
+        )
+        level = route.partition.level
+        if before is not None and self.hits[level] is before:
+            self.hits[level] = route.hit or miss
 
     def _flattened(
         self, fun: Any, args: Args, kwargs: Kwargs
@@ -254,19 +262,20 @@ class Dispatcher:
         treedef: Any,
         shape: Shape | None,
         called: Shape | None = None,
-    ) -> tuple[Partition, BoundedCache[Entry], Any, Entry | None]:
-        """The partition of a flattened call, the cache it looks in, its key there
-        and its entry (`None` where there is none, or a stale one). The key is made
-        here and nowhere else: the partition's key of the leaves; nested, the
-        insertion order of the call's dicts; which static leaves are one object,
-        once a trace has needed it (see `OutputSpec.aliases`); `called`, the
-        call's shape, where donation depends on it (see `_defaulted`). A nested
-        call whose leaves of array types are all tracers, its dicts in JAX's order,
-        is the program a top-level call is: it uses the top level's entries.
-        `shape` records the partition as the latest at its level (`None`: looked
-        at)."""
-        partition = self._partition(level, fun, leaves, treedef, shape)
-        shared = partition.shares_top and (
+    ) -> tuple[Route, BoundedCache[Entry], Any, Entry | None]:
+        """The route of a flattened call's partition, the cache it looks in, its
+        key there and its entry (`None` where there is none, or a stale one). The
+        key is made here and nowhere else: the partition's key of the leaves;
+        nested, the insertion order of the call's dicts; which static leaves are
+        one object, once a trace has needed it (see `OutputSpec.aliases`);
+        `called`, the call's shape, where donation depends on it (see
+        `_defaulted`). A nested call whose leaves of array types are all tracers,
+        its dicts in JAX's order, is the program a top-level call is: it uses the
+        top level's entries. `shape` has the latest hit at `level` read calls of
+        that shape (`None`: looked at)."""
+        route = self._route(level, fun, leaves, treedef, shape)
+        partition = route.partition
+        shared = route.shares_top and (
             partition.orders is None or _in_jax_order(partition.orders(tree))
         )
         key = self._key(partition, tree, leaves, shared, called, self._keys_aliases)
@@ -277,7 +286,7 @@ class Dispatcher:
             raise key_error(self.function, fun, leaves, treedef, partition, e) from e
         if entry is not None and entry.captured and not entry.valid():
             entry = None
-        return partition, cache, key, entry
+        return route, cache, key, entry
 
     def _key(
         self,
@@ -300,99 +309,83 @@ class Dispatcher:
             key = (key, self._defaulted(called))
         return key
 
-    def _partition(
+    def _route(
         self,
         level: Level,
         fun: Any,
         leaves: list[Any],
         treedef: Any,
         shape: Shape | None,
-    ) -> Partition:
-        """The partition of a structure and leaf types at `level`. Where `shape` is
-        given, it is recorded (made if new) as the latest at its level, with a
-        reader of calls of that shape; else only looked at."""
+    ) -> Route:
+        """The route of the partition of a structure and leaf types at `level`.
+        Where `shape` is given, it is recorded (made if new), and its hit, made to
+        read calls of that shape if it can, is the latest at its level; else only
+        looked at."""
         types = tuple(map(type, leaves))
-        cache = self.partitions[level]
+        cache = self.routes[level]
         try:
             # Structures equal by `==` but not exactly (see `_exact`) have partitions
             # of their own: the first recorded is found by (structure, types), the
             # others also by their exact keys.
-            partition = cache.get((treedef, types))
-            if partition is not None and partition.exact is not None:
-                if not partition.exactly(treedef):
-                    partition = cache.get(
+            route = cache.get((treedef, types))
+            if route is not None and route.partition.exact is not None:
+                if not route.partition.exactly(treedef):
+                    route = cache.get(
                         (treedef, types, exact_aux(treedef, level == STAGED))
                     )
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, None, e) from e
-        if partition is None:
+        if route is None:
             if shape is None:  # looked at, not recorded
                 program_of = lambda s: self._programs.get(s) or object()  # noqa: E731
-                return Partition(treedef, types, level, program_of)
-            partition = Partition(
-                treedef, types, level, lambda s: self._programs.setdefault(s, object())
-            )
-            partition.shares_top = (
-                level == STAGED and self._shares_top and not partition.array_positions
-            )
-            partition.get = self.entries[TOP if partition.shares_top else level].get
-            if level == TOP and self._reads_calls() and not self._donates_by_call:
-                partition.top = top_caller(
-                    partition, self._fun_is_leaf, self._top_hooks
-                )
+                partition = Partition(treedef, types, level, program_of)
+                return Route(partition, lambda _: None, False)
+            route = self._new_route(level, treedef, types)
             if cache.get((treedef, types)) is None:
-                cache.put((treedef, types), partition)
+                cache.put((treedef, types), route)
             else:  # equal by `==` to the one recorded, but not exactly
-                cache.put((treedef, types, partition.exact), partition)
+                cache.put((treedef, types, route.partition.exact), route)
         elif shape is None:
-            return partition
-        readers = partition.call_readers
-        plain = shape == (self._plain_arity,)
-        if (
-            self._reads_calls()
-            and (plain or level != STAGED)  # nested, `_run` wants the call's tree
-            and shape not in readers
-            and len(readers) < _MAX_CALL_READERS
-            # Whether it shares the top level's entries depends on its dicts' order.
-            and not (partition.shares_top and partition.orders is not None)
-        ):
-            readers[shape] = self._call_reader(level, partition, shape)
-        self._latest[level] = partition
-        if level == TOP:
-            self.top = partition.top or self._declined
-        return partition
+            return route
+        if self._reads_calls() and shape not in route.calls:
+            with self._lock:
+                if len(route.calls) < _MAX_HIT_CALLS:
+                    route.calls[shape] = self._hit_call(route, shape)
+                    self._make_hit(route)
+        self.hits[level] = route.hit or miss
+        return route
+
+    def _new_route(self, level: Level, treedef: Any, types: tuple[type, ...]) -> Route:
+        """A new partition's route: nested, its calls use the top level's entries
+        where the options allow it and no leaf is a concrete array."""
+        partition = Partition(
+            treedef, types, level, lambda s: self._programs.setdefault(s, object())
+        )
+        shares_top = (
+            level == STAGED and self._shares_top and not partition.array_positions
+        )
+        get = self.entries[TOP if shares_top else level].get
+        return Route(partition, get, shares_top)
 
     def _reads_calls(self) -> bool:
-        """Whether new partitions get readers and `top`s: the fast path is on, and
-        keys need not say which static leaves are one object."""
+        """Whether routes get hits: the fast path is on, and keys need not say
+        which static leaves are one object."""
         return self._fast and not self._keys_aliases
 
-    def _call_reader(
-        self, level: Level, partition: Partition, shape: Shape
-    ) -> KeyedCallReader | None:
-        """The fast path's reader of calls of `shape` at `level` (see `_fastpath`),
-        or `None` where calls of that shape are not read."""
-        plain = shape == (self._plain_arity,)
-        sources = self._plain_sources if plain else self.function.bind.sources(shape)
+    def _hit_call(self, route: Route, shape: Shape) -> HitCall | None:
+        """How a hit reads calls of `shape` on `route` (see `_fastpath`), or `None`
+        where calls of that shape are not read."""
+        partition = route.partition
+        if partition.staged and route.shares_top and partition.orders is not None:
+            return None  # whether it shares the top level's entries: its dicts' order
+        sources = self.function.bind.sources(shape)
         if not sources:
             return None
-        # A call that takes defaults is read while they are those read, if it can be.
-        guard = self.function.defaults_guard()
-        if guard is None and takes_defaults(sources):
-            return None
         # Where donation depends on the call's shape, so does its key.
-        suffix = (
-            self._defaulted(shape) if self._donates_by_call and level == TOP else None
-        )
-        return bound_call_reader(
-            partition.treedef,
-            partition.types,
-            self._fun_is_leaf,
-            sources,
-            partition,
-            suffix,
-            guard,
-        )
+        top = partition.level == TOP
+        suffix = self._defaulted(shape) if self._donates_by_call and top else None
+        # A call that takes defaults is read while they are those read, if it can be.
+        return HitCall(shape, sources, suffix, self.function.defaults_guard())
 
     def _defaulted(self, called: Shape) -> tuple[str, ...]:
         """The parameters holding arrays that calls of this shape leave to their
@@ -400,7 +393,7 @@ class Dispatcher:
         found = self._defaulted_by_shape.get(called)
         if found is None:
             found = self.function.defaulted(called)
-            if len(self._defaulted_by_shape) < _MAX_CALL_READERS:
+            if len(self._defaulted_by_shape) < _MAX_CALL_SHAPES:
                 self._defaulted_by_shape[called] = found
         return found
 
@@ -414,15 +407,10 @@ class Dispatcher:
     ) -> Any:
         """Calls an entry's jitted function (which may trace) and finishes the
         output. Nested, with the caller's pytree `tree` at hand for a trace (see
-        `_entry.pending`); at the top level, run and waited for in one checked
+        `_entry.run_nested`); at the top level, run and waited for in one checked
         call, so that a failed runtime check is raised at the call."""
         if level == STAGED:
-            previous = pending.call
-            pending.call = (entry, tree, leaves)
-            try:
-                out = entry.jitted(*dynamic)
-            finally:
-                pending.call = previous
+            out = run_nested(entry, tree, leaves, dynamic)
         else:
             ready = entry.awaited if level == TOP else None
             name = self.function.name
@@ -454,40 +442,41 @@ class Dispatcher:
     def _read_defaults_again(self, fun: Any) -> None:
         """After the function's defaults were reassigned: calls bind to the new
         ones (a call's defaults are leaves of its pytree, and so of its key), and
-        the readers of the old ones are dropped."""
+        the hits that read the old ones are dropped."""
         with self._lock:
             self.function = Function(fun)
             has_defaults = self.function.has_defaults
             self._donates_by_call = self.options.donate != "none" and has_defaults
             self._defaulted_by_shape = {}
-            for partitions in self.partitions:
-                for partition in partitions.values():
-                    partition.call_readers.clear()
+            self._forget_calls()
 
     def _key_aliases(self) -> None:
         """Keys calls by which static leaves are one object from now on: a trace
         handed back one of several that were one object, and so the same program
         serves only calls in which they are one object again. This call's were
         (its trace saw them: at the top level an entry is traced with the leaves
-        of the call that made it, nested with the call's own). The fast path,
-        whose keys do not say it, is turned off for this function."""
+        of the call that made it, nested with the call's own). The hits, whose
+        keys do not say it, are dropped for this function."""
         with self._lock:
             self._keys_aliases = True
-            self.top = self._declined
-            for partitions in self.partitions:
-                for partition in partitions.values():
-                    partition.call_readers.clear()
-                    partition.top = None
+            self._forget_calls()
 
-    def _failed(
-        self, partition: Partition, leaves: list[Any], error: Exception
-    ) -> None:
+    def _forget_calls(self) -> None:
+        """Drops every route's hit: every call takes the reference path until it
+        records its shape again."""
+        self.hits[:] = [miss] * LEVELS
+        for routes in self.routes:
+            for route in routes.values():
+                route.forget_calls()
+
+    def _failed(self, route: Route, leaves: list[Any], error: Exception) -> None:
         """Names a leaf JAX cannot trace, or raises a runtime check that failed in a
         trace made just now in the user's terms; else `error` is raised as it is."""
+        partition = route.partition
         if isinstance(error, TypeError):
-            self._check_traceable(partition, leaves)
+            self._check_traceable(route, leaves)
         check_failed(error, self.function.name)
-        labels = [p.label for p in self.leaf_parameters(partition)]
+        labels = [p.label for p in route.leaf_parameters(self.function)]
         dynamic_labels = partition.take_dynamic(labels)
         explain_failure(
             error, self.function.name, dynamic_labels, partition.take_dynamic(leaves)
@@ -497,7 +486,7 @@ class Dispatcher:
         self,
         level: Level,
         fun: Any,
-        partition: Partition,
+        route: Route,
         leaves: list[Any],
         called: Shape | None,
         cache: BoundedCache[Entry],
@@ -507,9 +496,10 @@ class Dispatcher:
         cache, so that either level may trace it), stored in `cache` under `key`
         and dropped when an object it is keyed by weakly dies; or the one another
         thread stored first."""
-        self._check_traceable(partition, leaves)
+        partition = route.partition
+        self._check_traceable(route, leaves)
         if level in (TOP, EAGER) and jax.process_count() > 1:
-            self._check_processes_agree(partition, leaves)
+            self._check_processes_agree(route, leaves)
         defaulted = () if called is None else self._defaulted(called)
         top = level == ABSTRACT or (level == STAGED and cache is self.entries[TOP])
         entry = make_entry(
@@ -517,7 +507,7 @@ class Dispatcher:
             fun,
             TOP if top else level,
             partition,
-            self.leaf_parameters(partition),
+            route.leaf_parameters(self.function),
             leaves,
             defaulted,
         )
@@ -540,38 +530,34 @@ class Dispatcher:
         compile_build = _fastpath.output_builder if self._fast else None
         return EntryMaker(self.function, self.options, self.trace_log, compile_build)
 
-    def _check_traceable(self, partition: Partition, leaves: list[Any]) -> None:
-        labels = [p.label for p in self.leaf_parameters(partition)]
-        check_traceable(self.function.name, labels, leaves, partition.dynamic_positions)
+    def _check_traceable(self, route: Route, leaves: list[Any]) -> None:
+        labels = [p.label for p in route.leaf_parameters(self.function)]
+        name, dynamic = self.function.name, route.partition.dynamic_positions
+        check_traceable(name, labels, leaves, dynamic)
 
-    def _check_processes_agree(self, partition: Partition, leaves: list[Any]) -> None:
+    def _check_processes_agree(self, route: Route, leaves: list[Any]) -> None:
         """Before compiling a program that spans processes: that every process
         compiles it with the same static values (else a clear error, not a hang).
         A program on this process's devices alone waits for no other process."""
+        partition = route.partition
         options, dynamic = self.options, partition.take_dynamic(leaves)
         if not spans_processes(dynamic, options.in_shardings, options.out_shardings):
             return
-        labels = [p.label for p in self.leaf_parameters(partition)]
+        labels = [p.label for p in route.leaf_parameters(self.function)]
         statics = [(labels[p], leaves[p]) for p in partition.static_positions]
         statics.append(("(the structure of the arguments)", partition.treedef))
         check_statics_agree(self.function.name, statics)
-
-    def leaf_parameters(self, partition: Partition) -> list[LeafParameter]:
-        """Each leaf's parameter, position and label; made once per partition."""
-        if partition.leaf_parameters is None:
-            partition.leaf_parameters = self.function.leaf_parameters(partition.treedef)
-        return partition.leaf_parameters
 
     def explain(
         self, level: Level, fun: Any, args: Args, kwargs: Kwargs
     ) -> Explanation:
         """What a call would do at `level`, changing nothing."""
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
-        partition, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
-        dynamic = partition.take_dynamic(leaves)
+        route, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
+        dynamic = route.partition.take_dynamic(leaves)
         hit = entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
         labels = [p.label for p in self.function.leaf_parameters(treedef)]
-        rows = list(map(row, labels, partition.roles(), leaves))
+        rows = list(map(row, labels, route.partition.roles(), leaves))
         nearest = None if hit or level == STAGED else self.trace_log.nearest(rows)
         name, level_name = self.function.name, Level(level).description
         return Explanation(name, level_name, rows, hit, nearest=nearest)
@@ -587,18 +573,18 @@ class Dispatcher:
         shape = (len(args), *kwargs)
         called = shape if self._donates_by_call else None  # as a top-level call
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
-        partition, cache, key, entry = self._lookup(
+        route, cache, key, entry = self._lookup(
             ABSTRACT, fun, tree, leaves, treedef, shape, called
         )
         if entry is None:
-            entry = self._make(ABSTRACT, fun, partition, leaves, called, cache, key)
+            entry = self._make(ABSTRACT, fun, route, leaves, called, cache, key)
+        partition = route.partition
         return AheadOfTime(entry, partition, partition.take_dynamic(leaves), leaves)
 
     def clear(self) -> None:
-        self._latest = [_NO_CALL] * LEVELS
-        self.top = self._declined
+        self.hits[:] = [miss] * LEVELS
         self._keys_aliases = False  # no entry is left that a key must tell apart
-        for cache in (*self.partitions, *self.entries, self._programs):
+        for cache in (*self.routes, *self.entries, self._programs):
             cache.clear()
 
 

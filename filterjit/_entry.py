@@ -1,9 +1,9 @@
 """One cache entry: the `jax.jit` of a closure whose only inputs are a call's traced
 leaves (the others captured), so that JAX's cache holds one trace per set of avals."""
 
+import functools as ft
 import inspect
 import re
-import threading
 import types
 import warnings
 import weakref
@@ -50,6 +50,7 @@ class Entry:
         "traced_avals",
         "traces",
         "guarded",
+        "nested",
         "_lifelines",
         "__weakref__",
     )
@@ -60,8 +61,12 @@ class Entry:
         captured: list[Any],
         staged: bool,
         labels: list[str] | None = None,
+        nested: Callable[..., Any] | None = None,
     ):
+        # Called with the traced leaves (at the top level, ahead of time).
         self.jitted = jitted
+        # Called nested, with a `CallUnderWay` first (see `run_nested`).
+        self.nested = nested
         self.labels = labels or []  # of the traced leaves, for errors
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
@@ -91,13 +96,44 @@ class Entry:
         self._lifelines = lifelines(objects, drop)
 
 
-class _Pending(threading.local):
-    """The nested call under way in this thread: (entry, its pytree, its leaves)."""
+class CallUnderWay(int):
+    """A nested call's own pytree and leaves (`under_way`), handed to its entry's
+    jitted function as its first argument, a static one: every one equal to and
+    hashed as 0, so that every call of the entry (at the top level, one that holds
+    no call) finds JAX's traces of it, and emptied when the call returns, so that
+    the one JAX keeps in its cache key holds nothing of the call's."""
 
-    call: tuple[Entry, Any, list[Any]] | None = None
+    under_way: tuple[Any, list[Any]] | None = None
 
 
-pending = _Pending()
+class TopCall(ft.partial[Any]):
+    """A jitted function that takes a `CallUnderWay` first, with one that holds
+    no call: called (at C speed), lowered, traced and shape-evaluated with the
+    traced leaves alone, as a top-level entry's `jitted` is."""
+
+    def lower(self, *dynamic: Any) -> Any:
+        jitted: Any = self.func  # a `jax.jit` object
+        return jitted.lower(*self.args, *dynamic)
+
+    def trace(self, *dynamic: Any) -> Any:
+        jitted: Any = self.func
+        return jitted.trace(*self.args, *dynamic)
+
+    def eval_shape(self, *dynamic: Any) -> Any:
+        jitted: Any = self.func
+        return jitted.eval_shape(*self.args, *dynamic)
+
+
+def run_nested(entry: Entry, tree: Any, leaves: list[Any], dynamic: Any) -> Any:
+    """Calls an entry's jitted function nested, with the call's traced leaves
+    `dynamic`, its pytree `tree` and all its `leaves` at hand for a trace."""
+    assert entry.nested is not None  # every entry a nested call finds takes it
+    call = CallUnderWay()
+    call.under_way = (tree, leaves)
+    try:
+        return entry.nested(call, *dynamic)
+    finally:
+        call.under_way = None
 
 
 def _source_of(fun: Any) -> Any:
@@ -171,13 +207,12 @@ def make_entry(
     except TypeError:
         fun_ref = lambda: fun  # noqa: E731
 
-    def run(*dynamic: Any) -> Any:
+    def trace(under_way: tuple[Any, list[Any]] | None, dynamic: Any) -> Any:
+        """The function called with a call's traced leaves `dynamic`: nested, in
+        the call's own pytree and leaves `under_way`, else in a copy of those of
+        the call that made the entry."""
         entry = entry_ref()
-        under_way = pending.call
-        if under_way is not None and under_way[0] is not entry:
-            under_way = None  # another entry's call
-        nested = under_way is not None
-        inputs = list(template if under_way is None else under_way[2])
+        inputs = list(template if under_way is None else under_way[1])
         for position, leaf in zip(dynamic_positions, dynamic):
             inputs[position] = leaf
         if under_way is None:
@@ -186,7 +221,7 @@ def make_entry(
         if under_way is None or deep:  # deep: JAX's rebuild (see `_structure`)
             call = jtu.tree_unflatten(treedef, inputs)
         else:  # the caller's own arguments, traced leaves replaced
-            call = replace_leaves(under_way[1], lambda position, _: inputs[position])
+            call = replace_leaves(under_way[0], lambda position, _: inputs[position])
         f, args, kwargs = function.split_call(fun_ref(), call)
         output = f(*args, **kwargs)
         # Whether a failed check is raised at the call (never nested), which waits.
@@ -195,16 +230,27 @@ def make_entry(
             if runtime_check:
                 entry.has_checks = entry.guarded = True
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
-        if log is not None and not nested:  # traced at the top level
+        if log is not None and under_way is None:  # traced at the top level
             rows = list(map(row, labels, roles, inputs))
             log.record(rows, None if entry is None else entry.traces)
         seen = None if deep else call  # the containers it may have handed back
         return jit_output(output, inputs, runtime_check, boxed, compile_build, seen)
 
+    def run_taking_call(call: CallUnderWay, *dynamic: Any) -> Any:
+        return trace(call.under_way, dynamic)
+
+    def run_top(*dynamic: Any) -> Any:
+        return trace(None, dynamic)
+
+    # Nested calls can find it (see `Options.same_at_every_level`).
+    takes_call = staged or options.same_at_every_level
+    run = run_taking_call if takes_call else run_top
     # So that JAX's messages point at the user's function and name its arguments.
     run.__name__ = function.name.rpartition(".")[2]
     run.__qualname__ = function.name
-    signature = _signature([labels[p] for p in dynamic_positions])
+    signature = _signature(
+        [*(["(call)"] if takes_call else []), *(labels[p] for p in dynamic_positions)]
+    )
     run.__signature__ = signature  # pyright: ignore[reportFunctionMemberAccess]
     if (source := _source_of(fun)) is not None:
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
@@ -224,13 +270,19 @@ def make_entry(
     if level in (TOP, ABSTRACT) and options.donate != "none":
         donated = _donated(options, function, leaf_parameters, partition, defaulted)
         jitkwargs["donate_argnums"] = donated
-    jitted = jax.jit(run, **jitkwargs)
+    if takes_call:
+        jitkwargs["static_argnums"] = 0  # the `CallUnderWay`
+    jitted = nested = jax.jit(run, **jitkwargs)
+    if takes_call:
+        jitted = TopCall(nested, CallUnderWay())
+    else:
+        nested = None
     traced_labels = [labels[p] for p in dynamic_positions]
     if options.donate in ("all", "all-except-first") and level == TOP:
         jitted = _silencing(jitted)
     if donated:
         jitted = _recording(jitted, donated, function.name, traced_labels)
-    entry = Entry(jitted, captured, staged, traced_labels)
+    entry = Entry(jitted, captured, staged, traced_labels, nested)
     entry_ref = weakref.ref(entry)
     return entry
 

@@ -7,8 +7,9 @@ generated function (`_compile`: the package's only `exec`):
 - `bound_call_reader`: the leaves, key and traced leaves of a call of one shape
   with the structure and leaf types of a partition, read without binding or
   flattening it (`call_reader`: a pytree's leaves);
-- `top_caller`: a whole top-level call, read, keyed, looked up and run (the
-  static output of the trace it learned built inline);
+- `hit_caller`: a whole call at one level of calls of the shapes recorded for
+  one partition, read, keyed, looked up and run (the static output of the trace
+  it learned built inline), calling nothing of its dispatcher's;
 - `output_builder`: a static output built by one expression.
 
 A reader checks, on every call, all that JAX's flatten and a comparison of
@@ -44,19 +45,20 @@ import equinox as eqx
 import jax
 
 from ._binding import (
-    Args,
     DefaultsGuard,
     Keywords,
-    Kwargs,
     same_kwdefaults,
+    Shape,
     Source,
     Sources,
 )
+from ._entry import run_nested
+from ._errors import call_checked
 from ._exact import exact_key, float_key
 from ._leaves import is_leaf_type
-from ._level import Level, TOP
+from ._level import TOP
 from ._output import Carried, OutputSpec
-from ._partition import Partition, TopCaller
+from ._partition import Partition
 from ._structure import MAX_DEPTH, shape_of
 
 
@@ -159,47 +161,147 @@ def bound_call_reader(
     return writer.compile("read_call", "f, a, k", leaves, keyed, key_suffix)
 
 
-class TopHooks(NamedTuple):
-    """What a generated `top` calls of its dispatcher's, handed to it by value:
-    `call(level, fun, args, kwargs)`, for a call it does not take; `finish(level,
-    out, leaves)`, for an output that is not plain; `failed(partition, leaves,
-    error)`, to name what went wrong; `specialise(partition, spec)`, to have `top`
-    made again for the static output of `spec`."""
+class HitCall(NamedTuple):
+    """One shape of call that a generated hit reads (see `hit_caller`): the number
+    of positional arguments, then the keyword names; where each bound argument
+    comes from, what the key of such calls adds (`None`: nothing;
+    see `Dispatcher._defaulted`), and the guard of the defaults it takes."""
 
-    call: Callable[[Level, Any, Args, Kwargs], Any]
-    finish: Callable[[Level, Carried, list[Any]], Any]
-    failed: Callable[[Partition, list[Any], Exception], None]
-    specialise: Callable[[Partition, OutputSpec], None]
+    shape: Shape
+    sources: Sources
+    key_suffix: Any
+    defaults: DefaultsGuard | None
 
 
-def top_caller(
+class Unfinished:
+    """What a generated hit returns where the dispatcher must do the rest: `MISS`,
+    before anything ran (the call is then the reference path's); else a run whose
+    `outcome` is the error it raised or a `Carried` output to finish with the
+    call's `leaves` (and, nested, its pytree `tree`), for the partition of
+    `route`. Never a user's value: a type the wrapper tells apart in one check."""
+
+    __slots__ = ("outcome", "leaves", "waited", "tree", "route")
+
+    def __init__(
+        self, outcome: Any, leaves: list[Any], waited: bool, tree: Any, route: Any
+    ):
+        self.outcome = outcome
+        self.leaves = leaves
+        self.waited = waited  # at the top level, whether the run was waited for
+        self.tree = tree
+        self.route = route
+
+
+MISS = Unfinished(None, [], False, None, None)
+
+# `hit(fun, args, kwargs)`: a call's result, or an `Unfinished`.
+Hit = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
+
+
+def miss(fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Unfinished:
+    """The hit of a level with no partition to read calls of: always `MISS`."""
+    return MISS
+
+
+def hit_caller(
+    route: Any,
     partition: Partition,
+    calls: Sequence[HitCall],
+    get: Callable[[Any], Any],
     fun_is_leaf: bool,
-    hooks: TopHooks,
+    name: str,
     learned: OutputSpec | None = None,
-) -> TopCaller | None:
-    """`top(fun, args, kwargs)`: a whole top-level call of `partition`'s structure,
-    in one function: read and keyed as the partition's reader of calls without
-    keywords reads and keys it, its entry's jitted function run with the traced
-    leaves, a `Carried` output built where its spec is plain, else finished by
-    `hooks.finish`, an error named by `hooks.failed`. Keyword arguments, a call it
-    does not read, no entry or a guarded one (NumPy constants to check):
-    `hooks.call`, as if there were no `top`.
-
-    The first static output built from the traced leaves alone has `top` made
-    again (`hooks.specialise`), once, with that output's spec as `learned`: an
-    output carrying that very spec is then built inline, a call fewer."""
+) -> Hit | None:
+    """`hit(fun, args, kwargs)`: a whole call of `partition`'s structure at its
+    level, of one of the shapes of `calls`, in one function that calls nothing of
+    its dispatcher's: read and keyed as the reference path would (`get`, the
+    partition's entries), its entry's jitted function run with the traced leaves,
+    the output built by its spec where that is plain. It returns the call's result;
+    `MISS` where it reads no shape of `calls` or finds no valid entry (nothing has
+    run); else an `Unfinished` run for `route` (an error to name, an output to
+    finish, the first output built from the traced leaves alone, which has the hit
+    made again with that output's spec as `learned`, built inline). Nested, only
+    calls of positional arguments, whose pytree is the call itself. `None` where
+    it reads no call at all."""
     if not ENABLED:
         return None
-    writer = _Writer(miss="break", staged=False)
-    treedef, types = partition.treedef, partition.types
-    if not fun_is_leaf:
-        writer.lines.append("t = (f, a)")
-        leaves = writer.node(treedef, types, "t")
-    elif (treedef.node_data() or (None,))[0] is tuple:  # `a` is a tuple
-        leaves = writer.values(treedef, types, "a")
+    staged = partition.staged
+    writer = _Writer(miss="break", staged=staged)
+    writer.namespace.update(
+        _get=get,
+        _carried=Carried,
+        _unfinished=Unfinished,
+        _route=route,
+        _miss=MISS,
+        _checked=call_checked,
+        _name=name,
+        _run_nested=run_nested,
+    )
+    if learned is not None and not staged:
+        sources = learned.leaf_sources  # traced leaves and constants (no input)
+        built = sources and writer.output(sources[0], sources[1], "d")
     else:
-        return None  # keyword arguments
+        built = None
+    body: list[str] = []
+    for call in calls:
+        plain = _plain(call.sources)
+        if staged and not plain:
+            continue
+        writer.lines = []
+        branch = _branch(writer, partition, call, plain, fun_is_leaf, learned, built)
+        if branch is not None:
+            body += branch
+    if not body:
+        return None
+    return _compile("hit", "f, a, k", [*body, "return _miss"], writer.namespace)
+
+
+def _plain(sources: Sources) -> bool:
+    """Whether calls bound as `sources` say are their positional arguments."""
+    args, kwargs = sources
+    return not kwargs and args == [("args", i) for i in range(len(args))]
+
+
+def _branch(
+    writer: "_Writer",
+    partition: Partition,
+    call: HitCall,
+    plain: bool,
+    fun_is_leaf: bool,
+    learned: OutputSpec | None,
+    built: str | None,
+) -> list[str] | None:
+    """The lines of `hit_caller` for calls of one shape, `None` where there are
+    none: `while` the call has that shape, read it (`break` on a miss), run."""
+    treedef, types = partition.treedef, partition.types
+    defaults = call.defaults
+    sources = call.sources
+    if defaults is None and takes_defaults(sources):
+        return None
+    if defaults is not None and takes_defaults(sources):
+        path, read, read_kw, read_kw_values = defaults
+        writer.check(
+            f"{path}.__defaults__ is not {writer.constant(read)} or "
+            f"{path}.__kwdefaults__ is not {writer.constant(read_kw)}"
+        )
+        if read_kw is not None:  # a dict, which may be changed in place
+            writer.check(
+                f"not {writer.constant(same_kwdefaults)}({path}.__kwdefaults__, "
+                f"{writer.constant(read_kw_values)})"
+            )
+    args, kwargs = sources
+    if plain:
+        condition = "not k"
+        if fun_is_leaf:
+            node = (treedef.node_data() or (None,))[0]
+            leaves = writer.values(treedef, types, "a") if node is tuple else None
+        else:
+            writer.lines.append("t = (f, a)")
+            leaves = writer.node(treedef, types, "t")
+    else:
+        count, *names = call.shape
+        condition = f"len(a) == {count} and len(k) == {len(names)}"
+        leaves = writer.call(treedef, types, fun_is_leaf, sources)
     if leaves is None:
         return None
     # Each leaf by itself (`v3`, or `v2[4]` of a sequence `*v2` of leaves), and the
@@ -217,56 +319,77 @@ def top_caller(
         else:
             arguments += map(items.__getitem__, traced)
     # All the leaves, for the output and errors: a list's copied as they were read,
-    # before the call (other sequences are tuples).
+    # before the call (other sequences are tuples); nested, for a trace.
     whole = f"[{', '.join(leaves)}]"
-    if any(leaf[1:] in writer.lists for leaf in leaves if leaf.startswith("*")):
+    lists = any(leaf[1:] in writer.lists for leaf in leaves if leaf.startswith("*"))
+    if lists or partition.staged:
         writer.lines.append(f"l = {whole}")
         whole = "l"
     key = writer.key(partition, items.__getitem__, whole)
-    writer.namespace.update(
-        _get=partition.get,
-        _carried=Carried,
-        _partition=partition,
-        _call=hooks.call,
-        _finish=hooks.finish,
-        _failed=hooks.failed,
-        _specialise=hooks.specialise,
-        _top=TOP,
-    )
-    if learned is None:  # not yet: the first from-traced output has `top` made again
-        inline, learn = [], ["        _specialise(_partition, s)"]
-    else:  # `s is learned`: the output that trace made, as `learned.from_traced`
-        sources = learned.leaf_sources  # traced leaves and constants (no input)
-        built = sources and writer.output(sources[0], sources[1], "d")
-        inline = [f"    if s is {writer.constant(learned)}:", f"        return {built}"]
-        inline, learn = (inline if built else []), []
-    body = [
-        "while not k:",
+    if call.key_suffix is not None:
+        key = f"({key}, {writer.constant(call.key_suffix)})"
+    traced = ", ".join(arguments)
+    read = [f"    {line}" for line in writer.lines]
+    if partition.staged:
+        tree = "a" if fun_is_leaf else "t"
+        if partition.orders is not None:  # nested, the order of its dicts too
+            key = f"({key}, {writer.constant(partition.orders)}({tree}))"
+        return [
+            f"while {condition}:",
+            "    try:",
+            *(f"    {line}" for line in read),
+            f"        e = _get({key})",
+            "        if e.captured and not e.valid():  # `None.captured`: no entry",
+            "            break",
+            "    except Exception:",
+            "        break",
+            # With the call's own pytree, for a trace.
+            f"    o = _run_nested(e, {tree}, l, ({traced}{',' if traced else ''}))",
+            "    if type(o) is not _carried:",
+            "        return o",
+            "    s, d = o.args",
+            "    if s.aliases:",
+            f"        return _unfinished(o, l, False, {tree}, _route)",
+            f"    return s.finish_nested(d, l, {tree})",
+        ]
+    top = partition.level == TOP
+    if learned is None:  # the first from-traced output has the hit made again
+        inline = []
+        from_traced = f"_unfinished(o, {whole}, g, None, _route)"
+    else:  # `s is learned`: the output that trace made, built inline
+        constant = writer.constant(learned)
+        inline = (
+            [f"    if s is {constant}:", f"        return {built}"] if built else []
+        )
+        from_traced = "s.from_traced(d)"
+    return [
+        f"while {condition}:",
         "    try:",
-        *(f"        {line}" for line in writer.lines),
+        *(f"    {line}" for line in read),
         f"        e = _get({key})",
-        "        if e.guarded:  # or `None.guarded`: no entry",
+        "        g = e.guarded  # `None.guarded`: no entry",
+        "        if g and e.captured and not e.valid():  # a NumPy constant changed",
         "            break",
         "    except Exception:",
         "        break",
-        "    try:",
-        f"        o = e.jitted({', '.join(arguments)})",
-        "    except Exception as x:",
-        f"        _failed(_partition, {whole}, x)",
-        "        raise",
+        "    if g:  # run and waited for in one checked call",
+        f"        o = _checked(e.jitted, [{traced}], _name, "
+        f"{'e.awaited' if top else 'None'}, e.labels)",
+        "    else:",
+        "        try:",
+        f"            o = e.jitted({traced})",
+        "        except Exception as x:  # named in the user's terms",
+        f"            return _unfinished(x, {whole}, False, None, _route)",
         "    if type(o) is not _carried:",
         "        return o",
         "    s, d = o.args",
         *inline,
         "    if s.from_traced is not None:",
-        *learn,
-        "        return s.from_traced(d)",
+        f"        return {from_traced}",
         "    if s.plain:",
         f"        return s.build(d, {whole})",
-        f"    return _finish(_top, o, {whole})",
-        "return _call(_top, f, a, k)",
+        f"    return _unfinished(o, {whole}, g, None, _route)",
     ]
-    return _compile("top", "f, a, k", body, writer.namespace)
 
 
 class _Writer:

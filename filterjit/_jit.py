@@ -16,7 +16,9 @@ from . import _trace
 from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
+from ._fastpath import Hit, Unfinished
 from ._function import as_held, name_of, unwrapped
+from ._level import STAGED, TOP
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
 from ._owners import dispatcher_for
@@ -48,10 +50,11 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
 
 def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
     """The wrapper's `__call__`, the level found with `reader`: inside
-    `jax.disable_jit()` the function itself; outside any trace the dispatcher's
-    `top`; elsewhere its `call`. filterjit's frames are hidden from what it raises,
-    as JAX hides its own."""
+    `jax.disable_jit()` the function itself; else the dispatcher's hit at that
+    level, and where it leaves something to do, the dispatcher's `resume`.
+    filterjit's frames are hidden from what it raises, as JAX hides its own."""
     jit_disabled, current, top_type, staged_type, level_of = reader
+    top, staged = TOP, STAGED
 
     def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
@@ -60,10 +63,15 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
                 return self._fun(*args, **kwargs)
             trace = current()
             if type(trace) is top_type:
-                return self._dispatcher.top(self._fun, args, kwargs)
-            if type(trace) is staged_type:
-                return self._nested(self._fun, args, kwargs)
-            return self._call(level_of(trace), self._fun, args, kwargs)
+                level = top
+            elif type(trace) is staged_type:
+                level = staged
+            else:
+                level = level_of(trace)
+            out = self._hits[level](self._fun, args, kwargs)
+            if type(out) is Unfinished:
+                return self._dispatcher.resume(level, out, self._fun, args, kwargs)
+            return out
         except Exception as error:
             _trace.hide_frames(error)
             raise
@@ -112,8 +120,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
     _fun: Callable[_P, _R]
     _options: Options
     _dispatcher: Dispatcher
-    _call: Callable[..., Any]  # the dispatcher's `call`
-    _nested: Callable[..., Any]  # and its `nested`
+    _hits: list[Hit]  # the dispatcher's, per level
     # The function's metadata, as functools.wraps copies it (`_copy_metadata`).
     __wrapped__: Callable[_P, _R]
     __name__: str
@@ -126,8 +133,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         self._options = options
         self._dispatcher = dispatcher_for(fun, options)
         self._dispatcher.trace_log.made_for(fun)
-        self._call = self._dispatcher.call
-        self._nested = self._dispatcher.nested
+        self._hits = self._dispatcher.hits
         _copy_metadata(self, fun)
 
     if not typing.TYPE_CHECKING:
@@ -217,8 +223,7 @@ def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:
     _copy_metadata(wrapper, fun)
     with contextlib.suppress(Exception):  # a placeholder rather than a function
         wrapper._dispatcher = dispatcher_for(fun, options)
-        wrapper._call = wrapper._dispatcher.call
-        wrapper._nested = wrapper._dispatcher.nested
+        wrapper._hits = wrapper._dispatcher.hits
     return wrapper
 
 

@@ -68,6 +68,19 @@ class Options:
     donate_as_equinox: bool = False
     donate_function: bool = False
 
+    @property
+    def same_at_every_level(self) -> bool:
+        """Whether the options mean the same at every level (none applies at the
+        top level alone), so that a nested call may be the program a top-level
+        call is."""
+        return (
+            self.donate == "none"
+            and self.inline is False
+            and self.in_shardings is UNSPECIFIED
+            and self.out_shardings is UNSPECIFIED
+            and "compiler_options" not in dict(self.jitkwargs)
+        )
+
 
 def make_options(**options: Any) -> Options:
     """`Options` from `filter_jit`'s keywords, each checked, saying what to do."""

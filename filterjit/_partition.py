@@ -8,7 +8,6 @@ import jax
 import numpy as np
 
 from . import _exact
-from ._binding import LeafParameter
 from ._leaves import ARRAY_TYPES, traced_types
 from ._level import Level, STAGED
 from ._structure import dict_orders, shape_of
@@ -20,8 +19,6 @@ from ._trace import aux_data
 KeyedCallReader = Callable[
     [Any, tuple[Any, ...], dict[str, Any]], tuple[list[Any], Any, Any] | None
 ]
-# `top(fun, args, kwargs)`: a whole top-level call (see `_fastpath.top_caller`).
-TopCaller = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
 def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
@@ -72,16 +69,12 @@ class Partition:
         "take_dynamic",
         "_take_static",
         "rekeys",
-        "leaf_parameters",
-        "call_readers",
         "exact",
+        "level",
         "staged",
         "_aux",
         "orders",
         "deep",
-        "shares_top",
-        "get",
-        "top",
     )
 
     def __init__(
@@ -112,6 +105,7 @@ class Partition:
         )
         # What `==` does not see of the auxiliary data (see `_exact`).
         aux = aux_data(treedef)
+        self.level = level
         self.staged = staged
         self.exact = _exact.exact_key(aux, staged)
         self._aux = aux if self.exact is not None else None
@@ -125,15 +119,6 @@ class Partition:
         self._take_static = _taker(static, len(types))
         # (index among the static leaves, its key function) where not the leaf.
         self.rekeys = tuple(rekeys)
-        # Each leaf's parameter, position and label (see `Dispatcher.leaf_parameters`).
-        self.leaf_parameters: list[LeafParameter] | None = None
-        # By shape of call, what reads such calls' leaves and key (see `_fastpath`).
-        self.call_readers: dict[tuple[Any, ...], KeyedCallReader | None] = {}
-        # Set by the dispatcher: whether calls use the top level's entries; `get`.
-        self.shares_top = False
-        self.get: Callable[[Any], Any] = lambda key: None
-        # At the top level, the whole call (see `_fastpath.top_caller`).
-        self.top: TopCaller | None = None
 
     def reference_key(self, leaves: list[Any]) -> Any:
         """The cache key of a call's leaves: the program, then its static keys."""

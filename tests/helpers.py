@@ -96,7 +96,7 @@ def cpp_cache_size(wrapped: Any) -> int:
     wrapper's top level: a call that leaves the C++ fast path adds none. (Reads
     JAX's private `_cache_size`; tests only.)"""
     entries = wrapped._dispatcher.entries[0]._values.values()
-    return sum(entry.jitted._cache_size() for entry in entries)
+    return sum(getattr(e.jitted, "func", e.jitted)._cache_size() for e in entries)
 
 
 # Examples per property test whose every example traces and compiles, in the
@@ -156,63 +156,65 @@ def reference_twin(wrapper: Any) -> Any:
 
 
 class _Read(Exception):
-    """What `Dispatcher.call` read of a call, raised where it would run it."""
+    """What a hit read of a call, raised where it would run it."""
 
-    def __init__(self, leaves: list[Any]):
+    def __init__(self, leaves: list[Any] | None, dynamic: tuple[Any, ...]):
         super().__init__()
         self.leaves = leaves
+        self.dynamic = dynamic
 
 
 def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> Any:
-    """The partition, leaves and key that the fast path reads of a call, or `None`
-    where it leaves the call to the reference path: `Dispatcher.call` (nested,
-    `Dispatcher.nested`) itself, with the partition's lookup, the reference path
-    and the run stubbed out, so that nothing is run or stored. `test_fastpath.py`
-    checks that `call` does as this says."""
-    from filterjit._entry import pending
+    """The partition, leaves and key that the hit at `level` reads of a call, or
+    `None` where it leaves the call to the reference path: the hit made again from
+    what its route holds, with a lookup that finds an entry whose run raises what
+    it was given, so that nothing is run or stored. `test_fastpath.py` checks that
+    the wrapper does as this says."""
+    from filterjit._entry import CallUnderWay, Entry
+    from filterjit._fastpath import hit_caller, MISS, Unfinished
     from filterjit._level import STAGED
 
-    partition = dispatcher._latest[level]
+    routes = dispatcher.routes[level].values()
+    found = [route for route in routes if route.hit is dispatcher.hits[level]]
+    if not found:
+        return None
+    (route,) = found
+    partition = route.partition
     keys = []
 
-    def read(leaves: list[Any], dynamic: Any) -> None:
-        expected = partition.take_dynamic(leaves)
-        assert len(dynamic) == len(expected)
-        assert all(a is b for a, b in zip(dynamic, expected))
-        raise _Read(leaves)
+    def jitted(*arguments: Any) -> None:  # nested, run with the call under way
+        if level == STAGED:
+            call, *dynamic = arguments
+            assert type(call) is CallUnderWay
+            assert call.under_way is not None
+            raise _Read(call.under_way[1], tuple(dynamic))
+        raise _Read(None, arguments)
 
-    def jitted(*dynamic: Any) -> None:  # nested, run with the call under way
-        assert pending.call is not None and pending.call[0] is entry
-        read(pending.call[2], dynamic)
-
-    entry = types.SimpleNamespace(guarded=True, captured=False, jitted=jitted)
+    entry = Entry(jitted, [], False, nested=jitted)  # unguarded, no constants
 
     def get(key: Any) -> Any:
         keys.append(key)
-        return entry  # found, and run by `_run` (or, nested, by `nested` itself)
+        return entry
 
-    def run(level: int, entry: Any, tree: Any, leaves: list[Any], dynamic: Any):
-        read(leaves, dynamic)
-
-    def declined(*_: Any, **__: Any) -> None:
-        return None
-
-    original_get = partition.get
-    partition.get = get
-    stubs = {"_call": declined, "_run": run}
-    vars(dispatcher).update(stubs)
+    calls = [call for call in route.calls.values() if call is not None]
+    function = dispatcher.function
+    hit = hit_caller(
+        route, partition, calls, get, function.fun_is_leaf, "f", route.learned
+    )
+    assert hit is not None  # made as the route's was
     try:
-        if level == STAGED:
-            dispatcher.nested(fun, args, kwargs)
-        else:
-            dispatcher.call(level, fun, args, kwargs)
-    except _Read as found:
-        return partition, found.leaves, keys[-1]
-    finally:
-        partition.get = original_get
-        for name in stubs:
-            del vars(dispatcher)[name]
-    return None
+        out = hit(fun, args, kwargs)
+    except _Read as read:  # nested: raised as it was
+        leaves, dynamic = read.leaves, read.dynamic
+    else:
+        if out is MISS:
+            return None
+        assert type(out) is Unfinished and type(out.outcome) is _Read
+        leaves, dynamic = out.leaves, out.outcome.dynamic
+    expected = partition.take_dynamic(leaves)
+    assert len(dynamic) == len(expected)
+    assert all(a is b for a, b in zip(dynamic, expected))
+    return partition, leaves, keys[-1]
 
 
 def reference_read(
@@ -223,8 +225,8 @@ def reference_read(
     function = dispatcher.function
     tree = function.call_tree(fun, *function.bind(args, kwargs))
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    partition, _, key, _ = dispatcher._lookup(level, fun, tree, leaves, treedef, None)
-    return partition, leaves, key
+    route, _, key, _ = dispatcher._lookup(level, fun, tree, leaves, treedef, None)
+    return route.partition, leaves, key
 
 
 def _each_path(

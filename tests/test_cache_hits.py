@@ -138,6 +138,6 @@ def test_the_table_of_call_structures_is_bounded(monkeypatch):
     for n in range(20):
         g(x, {f"key{n}": 1})  # a structure of its own each time
     dispatcher = g._dispatcher
-    assert len(dispatcher.partitions[0]) <= 8
+    assert len(dispatcher.routes[0]) <= 8
     assert len(dispatcher._programs) <= 8
     assert (g(x, {"key0": 1}) == x).all()  # forgotten, made again

@@ -89,7 +89,7 @@ def raises(x, n):
 
 
 def made(x, n):
-    # A static output the trace makes, not `n` itself: `top` builds one inline.
+    # A static output the trace makes, not `n` itself: the hit builds one inline.
     return x * n, f"{type(n).__name__} {n!r} {x.dtype}"
 
 
@@ -268,7 +268,7 @@ def _count_reference_calls(monkeypatch) -> list[None]:
 
 @pytest.mark.parametrize("name", ["plain", "defaults", "module", "keywords"])
 def test_call_takes_the_fast_path_where_fast_read_says(monkeypatch, name):
-    """What `helpers.fast_read` reads, `Dispatcher.call` serves without the
+    """What `helpers.fast_read` reads, the wrapper's hit serves without the
     reference path, and with the key the reference path makes."""
     # From empty caches: the state machine above shares these functions' dispatcher,
     # and a partition it left behind reads a call whose entry it never made.
@@ -332,19 +332,19 @@ def _hit_functions(call):
 
 @pytest.mark.skipif(not _trace.private_api_available, reason="the public fallback")
 def test_a_warm_hit_runs_few_of_filterjits_functions():
-    """At most 4 for a plain function, 5 for a Module method and 6 nested (2, 3
-    and 3 now): at the top level the level check and `top`; nested the level check,
-    `Dispatcher.nested` and the reader (which keys the call too); nothing that calls
-    back up the house."""
+    """2 for a plain function, 3 for a Module method and 3 nested: the wrapper's
+    `__call__` (after the method's `__get__`) and the generated hit, which reads,
+    keys, runs and builds the output; nested, `_entry.run_nested`, which hands the
+    entry the call's pytree; nothing of the dispatcher's."""
     x = jnp.ones(3)
     g = filter_jit(raises)  # `x + n`: arrays out
     plain_hit = _hit_functions(lambda: g(x, 2))
-    assert len(plain_hit) <= 4, plain_hit
+    assert plain_hit == ["__call__", "hit"], plain_hit
     # A static output handed back adds its builder alone; one made from the traced
-    # leaves alone is built inside `top` (see the test below).
+    # leaves alone is built inside the hit (see the test below).
     static = filter_jit(plain)
     static_hit = _hit_functions(lambda: static(x, 2))
-    assert len(static_hit) <= 5 and static_hit[-1] == "build", static_hit
+    assert static_hit == [*plain_hit, "build"], static_hit
     made = filter_jit(lambda x, n: (x * n, "made"))
     assert _hit_functions(lambda: made(x, 2)) == plain_hit
 
@@ -357,7 +357,7 @@ def test_a_warm_hit_runs_few_of_filterjits_functions():
 
     m = Scaled(jnp.ones(3))
     method_hit = _hit_functions(lambda: m(x, 2))
-    assert len(method_hit) <= 5, method_hit
+    assert method_hit == ["__get__", *plain_hit], method_hit
     nested_hit = []
 
     @jax.jit
@@ -366,7 +366,7 @@ def test_a_warm_hit_runs_few_of_filterjits_functions():
         return x
 
     outer(x)
-    assert len(nested_hit) <= 6, nested_hit
+    assert nested_hit == [*plain_hit, "run_nested"], nested_hit
     assert len(set(plain_hit + method_hit + nested_hit)) == len(
         set(plain_hit) | set(method_hit) | set(nested_hit)
     )
@@ -374,7 +374,7 @@ def test_a_warm_hit_runs_few_of_filterjits_functions():
 
 def _inline_or_built(x, n):
     # Static outputs made by the trace from the traced leaves alone (none is `n`
-    # itself): a tuple and a dict, which `top` may build inline, and a namedtuple,
+    # itself): a tuple and a dict, which a hit may build inline, and a namedtuple,
     # which it may not.
     if n == 2:
         return x * n, "two"
@@ -385,7 +385,7 @@ def _inline_or_built(x, n):
 
 @pytest.mark.skipif(not _trace.private_api_available, reason="the public fallback")
 def test_top_builds_inline_only_the_output_of_the_trace_it_learned():
-    # `top` is made again once, on the first hit whose output is built from the
+    # The hit is made again once, on the first hit whose output is built from the
     # traced leaves alone, and builds that very trace's output inline (`s is`
     # its spec); every other trace of the partition is built by its own spec.
     g = filter_jit(_inline_or_built)
@@ -393,27 +393,28 @@ def test_top_builds_inline_only_the_output_of_the_trace_it_learned():
     x = jnp.arange(2.0)
     for n in [4, 4, 4, 2, 2, 3, 3, 2, 4, 3, 2, 4]:
         assert_tree_equal(g(x, n), _inline_or_built(x, n))
-    first = dispatcher.top
+    first = dispatcher.hits[_trace.TOP]
     # The first hit built from the traced leaves (n=4) had it made again; the
     # namedtuple is not written inline, so every output is built by its spec.
-    assert first is dispatcher._latest[_trace.TOP].top
+    (route,) = dispatcher.routes[_trace.TOP].values()
+    assert first is route.hit and route.learned is not None
     assert "build" in _hit_functions(lambda: g(x, 3))
     assert "<lambda>" in _hit_functions(lambda: g(x, 4))  # its spec's `unflatten`
     assert "_specialise" not in _hit_functions(lambda: g(x, 2))
-    assert dispatcher.top is first
+    assert dispatcher.hits[_trace.TOP] is first
 
     g = filter_jit(_inline_or_built)  # the same dispatcher, specialised again
     filterjit.clear_caches()
     for n in [2, 2, 3, 3, 4, 4, 3, 2]:
         assert_tree_equal(g(x, n), _inline_or_built(x, n))
-    learned = dispatcher.top
+    learned = dispatcher.hits[_trace.TOP]
     assert learned is not first
     hit = _hit_functions(lambda: g(x, 2))
-    assert hit[-1] == "top" and "build" not in hit, hit  # built in `top`
+    assert hit[-1] == "hit" and "build" not in hit, hit  # built in the hit
     assert "build" in _hit_functions(lambda: g(x, 3))  # its own spec
     for n in [3, 2, 4, 2, 3]:
         assert_tree_equal(g(x, n), _inline_or_built(x, n))
-    assert dispatcher.top is learned  # once
+    assert dispatcher.hits[_trace.TOP] is learned  # once
 
 
 def test_the_environment_turns_the_fast_path_off():
@@ -426,10 +427,10 @@ for _ in range(3):
     g(jnp.ones(3), 3)
     g(jnp.ones(3), k=2.0)
 d = g._dispatcher
-assert not _fastpath.ENABLED and d.call == d._call
-for cache in d.partitions:
-    for partition in cache._values.values():
-        assert not any(partition.call_readers.values())
+assert not _fastpath.ENABLED and all(hit is _fastpath.miss for hit in d.hits)
+for cache in d.routes:
+    for route in cache._values.values():
+        assert route.hit is None and not route.calls
 print("reference path only")
 """
     env = subprocess_env(FILTERJIT_FASTPATH="0")

@@ -37,9 +37,10 @@ from filterjit._exact import exact_aux
 from filterjit._fastpath import (
     bound_call_reader,
     call_reader,
+    hit_caller,
+    HitCall,
+    MISS,
     takes_defaults,
-    top_caller,
-    TopHooks,
 )
 from filterjit._output import Carried
 from filterjit._partition import Partition
@@ -363,35 +364,33 @@ def _check(recorded: Any, call: Any) -> bool:
     return True
 
 
-def _declining_hooks() -> TopHooks:
-    """Hooks of a `top` whose declined calls return "declined"."""
-
-    def unexpected(*_: Any) -> Any:
-        raise AssertionError("not called by these tests")
-
-    return TopHooks(lambda *_: "declined", unexpected, unexpected, unexpected)
+def _plain_hit(partition: Partition, count: int, get: Any) -> Any:
+    """The hit of calls of `count` positional arguments on `partition`, finding
+    entries with `get`."""
+    plain = ([("args", i) for i in range(count)], {})
+    call = HitCall((count,), plain, None, None)
+    return hit_caller(None, partition, [call], get, True, "f")
 
 
 def _check_top(recorded: Any, call: Any) -> None:
-    """A partition's `top` reads and keys a call as its reader of calls without
-    keywords does, and calls the entry with the traced leaves that reader takes;
-    else it declines, as for keyword arguments."""
-    if type(recorded) is not tuple:  # a `Keywords`: the call of a `top` is a tuple
+    """A partition's hit of calls without keywords reads and keys a call as its
+    reader of such calls does, and calls the entry with the traced leaves that
+    reader takes; else it misses, as for keyword arguments, before any lookup."""
+    if type(recorded) is not tuple:  # a `Keywords`: the call of a hit is a tuple
         return
     leaves, treedef = jtu.default_registry.flatten(recorded)
     partition = Partition(treedef, tuple(map(type, leaves)), TOP, lambda _: object())
     keys = []
     entry = types.SimpleNamespace(guarded=False, jitted=lambda *traced: traced)
-    partition.get = lambda key: keys.append(key) or entry
-    top = top_caller(partition, True, _declining_hooks())
+    hit = _plain_hit(partition, len(recorded), lambda key: keys.append(key) or entry)
     plain = ([("args", i) for i in range(len(recorded))], {})
     read = bound_call_reader(treedef, partition.types, True, plain, partition)
-    assert top is not None and read is not None
-    assert top(None, recorded, {"x": 1}) == "declined" and not keys
+    assert hit is not None and read is not None
+    assert hit(None, recorded, {"x": 1}) is MISS and not keys
     found = read(None, call, {}) if len(call) == len(recorded) else None
-    out = top(None, call, {})
+    out = hit(None, call, {})
     if found is None:
-        assert out == "declined" and not keys
+        assert out is MISS and not keys
         return
     _, key, dynamic = found
     assert keys == [key]
@@ -401,7 +400,7 @@ def _check_top(recorded: Any, call: Any) -> None:
 @needs_readers
 @pytest.mark.parametrize("sequence", [list, tuple])
 def test_top_finishes_the_output_with_the_leaves_the_call_was_read_with(sequence):
-    # The leaves `top` gives the output's spec are those read before the call: a
+    # The leaves a hit gives the output's spec are those read before the call: a
     # list (which the call could change, a host callback say) is copied first.
     x = jnp.ones(2)
     recorded = (sequence([x, x, x, x, x, "tag"]), 2.0)
@@ -416,10 +415,9 @@ def test_top_finishes_the_output_with_the_leaves_the_call_was_read_with(sequence
         return Carried(spec, traced)
 
     entry = types.SimpleNamespace(guarded=False, jitted=jitted)
-    partition.get = lambda key: entry
-    top = top_caller(partition, True, _declining_hooks())
-    assert top is not None
-    traced, inputs = top(None, recorded, {})
+    hit = _plain_hit(partition, len(recorded), lambda key: entry)
+    assert hit is not None
+    traced, inputs = hit(None, recorded, {})
     assert all(map(operator.is_, traced, leaves[:5]))
     assert len(inputs) == len(leaves) and all(map(operator.is_, inputs, leaves))
 

@@ -23,6 +23,7 @@ from helpers import subprocess_env, traceback_frames
 
 import filterjit
 from filterjit import _fastpath, filter_jit
+from filterjit._entry import TopCall
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(filterjit.__file__))
@@ -108,7 +109,7 @@ def test_tracebacks_show_filterjit_frames_with_filtering_off(tmp_path):
     assert any(line.startswith("_dispatch.py") for line in cold), tracebacks["cold"]
     # The warm call went through the generated code (where the fast path is on),
     # shown where not filtered.
-    shown = "<generated top" if _fastpath.ENABLED else "_dispatch.py"
+    shown = "<generated hit" if _fastpath.ENABLED else "_dispatch.py"
     assert any(line.startswith(shown) for line in warm), tracebacks["warm"]
 
 
@@ -485,11 +486,13 @@ def test_the_record_of_donations_keeps_no_array_alive():
     gc.collect()
     assert ref() is None
     # A function that donates nothing records nothing: its entries call JAX's
-    # jitted function directly.
+    # jitted function directly (behind a C partial that passes the static
+    # `CallUnderWay` of a top-level call).
     g = filter_jit(_donating)
     g(jnp.ones(3), 2.0)
     (entry,) = g._dispatcher.entries[0]._values.values()
-    assert type(entry.jitted) is type(jax.jit(_donating))
+    jitted: Any = entry.jitted
+    assert type(jitted) is TopCall and type(jitted.func) is type(jax.jit(_donating))
 
 
 def test_a_wrong_count_lists_the_positional_parameters_only():

@@ -215,7 +215,7 @@ def test_explain_changes_nothing():
     for n in (1, 2):
         assert not filterjit.explain(f, jnp.ones(1), n).cache_hit
     assert counter.count == 0 and filterjit.num_traces(f) == 0
-    assert not any(f._dispatcher.partitions) and not any(f._dispatcher.entries)
+    assert not any(f._dispatcher.routes) and not any(f._dispatcher.entries)
     f(jnp.ones(1), 1)
     assert filterjit.explain(f, jnp.ones(1), 1).cache_hit
     assert not filterjit.explain(f, jnp.ones(1), 2).cache_hit

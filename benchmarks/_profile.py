@@ -32,14 +32,14 @@ def _own_python(fun: Any, call: Callable[[], Any], calls: int) -> float:
     """Median µs per call of `call` with `fun`'s cached jitted functions swapped
     for a no-op: filterjit's own Python, without JAX's dispatch."""
     entries = fun._dispatcher.entries[0]._values.values()  # a benchmark may look
-    saved = [(entry, entry.jitted) for entry in entries]
-    for entry, _ in saved:
-        entry.jitted = lambda *dynamic: None
+    saved = [(entry, entry.jitted, entry.with_call) for entry in entries]
+    for entry, _, _ in saved:
+        entry.jitted = entry.with_call = lambda *dynamic: None
     try:
         return _per_call(call, calls)
     finally:
-        for entry, jitted in saved:
-            entry.jitted = jitted
+        for entry, jitted, with_call in saved:
+            entry.jitted, entry.with_call = jitted, with_call
 
 
 def profile(sizes: tuple[int, ...] = (1, 10, 100, 1000), calls: int = 20_000) -> str:

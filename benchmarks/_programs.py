@@ -1,6 +1,6 @@
 """Real programs at the top level: a training step that returns its model and
-optimiser state, a function with a static leaf in its output, and a library that
-wraps a function anew on every call."""
+optimiser state, a function with a static leaf in its output, a library that
+wraps a function anew on every call, and a call that leaves a default out."""
 
 from collections.abc import Callable
 from typing import Any
@@ -15,18 +15,28 @@ import filterjit
 
 
 # filterjit ÷ the program's jax.jit baseline (`BASELINES`), per program.
-LIMITS = {"training step": 1.0, "static output": 1.25, "fresh wrapper": 1.0}
+LIMITS = {
+    "training step": 1.0,
+    "static output": 1.25,
+    "fresh wrapper": 1.0,
+    "default left out": 1.25,
+}
+# filterjit leaving the default out ÷ filterjit passing it.
+DEFAULT_LIMIT = 1.05
 
 # What the jax.jit column times, per program: each row's ratios are to it.
 BASELINES = {
     "training step": "model arrays partitioned by hand",
     "static output": "`x -> x + 1`",
     "fresh wrapper": "`jax.jit(scale, static_argnums=1)` anew",
+    "default left out": "`jax.jit(scale_by, static_argnames='n')`",
 }
 
 # Informational, not a column: jax.jit of the static-output program itself,
 # which returns the 3 as an array.
 JAX_WHOLE = "jax.jit of `x -> (x + 1, 3)`"
+# Informational, not a column: filterjit passing the default it leaves out.
+PASSED = "filterjit `scale_by(x, 20)`"
 
 
 Calls = dict[str, Callable[[], Any]]
@@ -110,10 +120,32 @@ def _fresh_wrapper() -> Calls:
     }
 
 
+def scale_by(x: jax.Array, n: int = 20) -> jax.Array:
+    return x * n
+
+
+def _default_left_out() -> Calls:
+    """`scale_by(x)`, `n` left to its default of 20 (static); filterjit passing
+    it, `scale_by(x, 20)`, is timed too: the two should cost the same."""
+    x = jnp.ones(4)
+    jax_fun = jax.jit(scale_by, static_argnames="n")
+    eqx_fun = eqx.filter_jit(scale_by)
+    filterjit_fun = filterjit.filter_jit(scale_by)
+    jit_fun = filterjit.jit(scale_by, static_argnames="n")
+    return {
+        harness.JAX: lambda: jax_fun(x),
+        harness.EQX: lambda: eqx_fun(x),
+        harness.FILTERJIT: lambda: filterjit_fun(x),
+        PASSED: lambda: filterjit_fun(x, 20),
+        harness.FILTERJIT_JIT: lambda: jit_fun(x),
+    }
+
+
 PROGRAMS: dict[str, Callable[[], Calls]] = {
     "training step": _training_step,
     "static output": _static_output,
     "fresh wrapper": _fresh_wrapper,
+    "default left out": _default_left_out,
 }
 
 
@@ -165,8 +197,19 @@ def run(settings: harness.Settings) -> harness.Section:
                 "eqx.filter_jit ÷ "
                 f"that: {harness.fmt_ratio(us[harness.EQX], us[JAX_WHOLE])}×."
             )
+        if PASSED in us:
+            left_out = us[harness.FILTERJIT] / us[PASSED]
+            notes.append(
+                f"{PASSED} (the default passed): {harness.fmt_number(us[PASSED])} µs; "
+                f"leaving it out ÷ passing it: {harness.fmt_ratio(left_out, 1.0)}×."
+            )
+            if settings.targets:
+                name = "default left out ÷ passed"
+                targets.append(
+                    harness.Target("programs", name, left_out, DEFAULT_LIMIT, "×")
+                )
     header = (
-        "Median µs per top-level call of three real programs, each implementation "
+        "Median µs per top-level call of four real programs, each implementation "
         f"in the same interleaved rounds ({rounds} rounds of {calls} calls); every "
         "ratio is to the row's jax.jit baseline. Training step: an `eqx.nn.MLP` "
         "(16 -> 64 -> 64 -> 16) and `optax.adam` on a batch of 32, returning "
@@ -175,7 +218,9 @@ def run(settings: harness.Settings) -> harness.Section:
         "output: `x -> (x + 1, 3)`, the 3 returned as it is; jax.jit is timed on "
         "`x -> x + 1`, the same work without the static output. Fresh wrapper: "
         "`jit(scale)(x, 20)`, the wrapper made anew on every call, as libraries "
-        "do; jax.jit with `n` in `static_argnums`. filterjit.jit (jax.jit's "
+        "do; jax.jit with `n` in `static_argnums`. Default left out: "
+        "`scale_by(x)`, whose `n=20` is static; jax.jit with `n` in "
+        "`static_argnames`. filterjit.jit (jax.jit's "
         "signature, jax.jit at the top level) runs what jax.jit runs: the "
         "partitioned step, `x -> x + 1`, `scale` with `static_argnums=1`."
     )

@@ -230,19 +230,24 @@ class Dispatcher:
         """Makes `route`'s hit from the calls it reads, and has it serve its level
         where the one it replaces did."""
         before = route.hit
-        calls = [call for call in route.calls.values() if call is not None]
-        route.hit = hit_caller(
-            route,
-            route.partition,
-            calls,
-            route.get,
-            self.function.fun_is_leaf,
-            self.function.name,
-            route.learned,
-        )
+        route.hit = self.hit_of(route, route.get)
         level = route.partition.level
         if before is not None and self.hits[level] is before:
             self.hits[level] = route.hit or miss
+
+    def hit_of(self, route: Route, get: Callable[[Any], Any]) -> Hit | None:
+        """The hit of `route`'s calls, finding entries with `get`."""
+        calls = [call for call in route.calls.values() if call is not None]
+        return hit_caller(
+            route,
+            route.partition,
+            calls,
+            get,
+            self.function.fun_is_leaf,
+            self.function.name,
+            route.learned,
+            self._shares_top,  # entries take a `CallUnderWay` (see `_entry`)
+        )
 
     def _flattened(
         self, fun: Any, args: Args, kwargs: Kwargs

@@ -50,7 +50,7 @@ class Entry:
         "traced_avals",
         "traces",
         "guarded",
-        "nested",
+        "with_call",
         "_lifelines",
         "__weakref__",
     )
@@ -61,12 +61,13 @@ class Entry:
         captured: list[Any],
         staged: bool,
         labels: list[str] | None = None,
-        nested: Callable[..., Any] | None = None,
+        with_call: Callable[..., Any] | None = None,
     ):
         # Called with the traced leaves (at the top level, ahead of time).
         self.jitted = jitted
-        # Called nested, with a `CallUnderWay` first (see `run_nested`).
-        self.nested = nested
+        # Where nested calls can find it, called with a `CallUnderWay` first (see
+        # `run_nested`; at the top level, `TOP_CALL`).
+        self.with_call = with_call
         self.labels = labels or []  # of the traced leaves, for errors
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
@@ -106,6 +107,10 @@ class CallUnderWay(int):
     under_way: tuple[Any, list[Any]] | None = None
 
 
+# The `CallUnderWay` of every top-level call: it holds no call.
+TOP_CALL = CallUnderWay()
+
+
 class TopCall(ft.partial[Any]):
     """A jitted function that takes a `CallUnderWay` first, with one that holds
     no call: called (at C speed), lowered, traced and shape-evaluated with the
@@ -127,11 +132,11 @@ class TopCall(ft.partial[Any]):
 def run_nested(entry: Entry, tree: Any, leaves: list[Any], dynamic: Any) -> Any:
     """Calls an entry's jitted function nested, with the call's traced leaves
     `dynamic`, its pytree `tree` and all its `leaves` at hand for a trace."""
-    assert entry.nested is not None  # every entry a nested call finds takes it
+    assert entry.with_call is not None  # every entry a nested call finds takes it
     call = CallUnderWay()
     call.under_way = (tree, leaves)
     try:
-        return entry.nested(call, *dynamic)
+        return entry.with_call(call, *dynamic)
     finally:
         call.under_way = None
 
@@ -272,17 +277,17 @@ def make_entry(
         jitkwargs["donate_argnums"] = donated
     if takes_call:
         jitkwargs["static_argnums"] = 0  # the `CallUnderWay`
-    jitted = nested = jax.jit(run, **jitkwargs)
+    jitted = with_call = jax.jit(run, **jitkwargs)
     if takes_call:
-        jitted = TopCall(nested, CallUnderWay())
+        jitted = TopCall(with_call, TOP_CALL)
     else:
-        nested = None
+        with_call = None
     traced_labels = [labels[p] for p in dynamic_positions]
     if options.donate in ("all", "all-except-first") and level == TOP:
         jitted = _silencing(jitted)
     if donated:
         jitted = _recording(jitted, donated, function.name, traced_labels)
-    entry = Entry(jitted, captured, staged, traced_labels, nested)
+    entry = Entry(jitted, captured, staged, traced_labels, with_call)
     entry_ref = weakref.ref(entry)
     return entry
 

@@ -52,7 +52,7 @@ from ._binding import (
     Source,
     Sources,
 )
-from ._entry import run_nested
+from ._entry import run_nested, TOP_CALL
 from ._errors import call_checked
 from ._exact import exact_key, float_key
 from ._leaves import is_leaf_type
@@ -211,6 +211,7 @@ def hit_caller(
     fun_is_leaf: bool,
     name: str,
     learned: OutputSpec | None = None,
+    takes_call: bool = False,
 ) -> Hit | None:
     """`hit(fun, args, kwargs)`: a whole call of `partition`'s structure at its
     level, of one of the shapes of `calls`, in one function that calls nothing of
@@ -222,7 +223,9 @@ def hit_caller(
     finish, the first output built from the traced leaves alone, which has the hit
     made again with that output's spec as `learned`, built inline). Nested, only
     calls of positional arguments, whose pytree is the call itself. `None` where
-    it reads no call at all."""
+    it reads no call at all. `takes_call`: whether entries are called with a
+    `CallUnderWay` first (`_entry.TOP_CALL` at the top level: see
+    `Options.same_at_every_level`)."""
     if not ENABLED:
         return None
     staged = partition.staged
@@ -236,6 +239,7 @@ def hit_caller(
         _checked=call_checked,
         _name=name,
         _run_nested=run_nested,
+        _top_call=TOP_CALL,
     )
     if learned is not None and not staged:
         sources = learned.leaf_sources  # traced leaves and constants (no input)
@@ -243,12 +247,21 @@ def hit_caller(
     else:
         built = None
     body: list[str] = []
-    for call in calls:
-        plain = _plain(call.sources)
-        if staged and not plain:
-            continue
+    read = [call for call in calls if not staged or _plain(call.sources)]
+    for call in read:
         writer.lines = []
-        branch = _branch(writer, partition, call, plain, fun_is_leaf, learned, built)
+        # With calls of one shape alone, a plain call's length is checked by the
+        # unpacking of its arguments (which raises, slowly, on another).
+        branch = _branch(
+            writer,
+            partition,
+            call,
+            fun_is_leaf,
+            learned,
+            built,
+            len(read) > 1,
+            takes_call,
+        )
         if branch is not None:
             body += branch
     if not body:
@@ -266,10 +279,11 @@ def _branch(
     writer: "_Writer",
     partition: Partition,
     call: HitCall,
-    plain: bool,
     fun_is_leaf: bool,
     learned: OutputSpec | None,
     built: str | None,
+    count_plain: bool,
+    takes_call: bool,
 ) -> list[str] | None:
     """The lines of `hit_caller` for calls of one shape, `None` where there are
     none: `while` the call has that shape, read it (`break` on a miss), run."""
@@ -290,8 +304,9 @@ def _branch(
                 f"{writer.constant(read_kw_values)})"
             )
     args, kwargs = sources
+    plain = _plain(sources)
     if plain:
-        condition = "not k"
+        condition = f"not k and len(a) == {len(args)}" if count_plain else "not k"
         if fun_is_leaf:
             node = (treedef.node_data() or (None,))[0]
             leaves = writer.values(treedef, types, "a") if node is tuple else None
@@ -377,7 +392,8 @@ def _branch(
         f"{'e.awaited' if top else 'None'}, e.labels)",
         "    else:",
         "        try:",
-        f"            o = e.jitted({traced})",
+        f"            o = {'e.with_call(_top_call, ' if takes_call else 'e.jitted('}"
+        f"{traced})",
         "        except Exception as x:  # named in the user's terms",
         f"            return _unfinished(x, {whole}, False, None, _route)",
         "    if type(o) is not _carried:",

@@ -54,7 +54,7 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
     level, and where it leaves something to do, the dispatcher's `resume`.
     filterjit's frames are hidden from what it raises, as JAX hides its own."""
     jit_disabled, current, top_type, staged_type, level_of = reader
-    top, staged = TOP, STAGED
+    top, staged, unfinished = TOP, STAGED, Unfinished
 
     def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
@@ -69,7 +69,7 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
             else:
                 level = level_of(trace)
             out = self._hits[level](self._fun, args, kwargs)
-            if type(out) is Unfinished:
+            if type(out) is unfinished:
                 return self._dispatcher.resume(level, out, self._fun, args, kwargs)
             return out
         except Exception as error:

@@ -171,7 +171,7 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
     it was given, so that nothing is run or stored. `test_fastpath.py` checks that
     the wrapper does as this says."""
     from filterjit._entry import CallUnderWay, Entry
-    from filterjit._fastpath import hit_caller, MISS, Unfinished
+    from filterjit._fastpath import MISS, Unfinished
     from filterjit._level import STAGED
 
     routes = dispatcher.routes[level].values()
@@ -183,24 +183,20 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
     keys = []
 
     def jitted(*arguments: Any) -> None:  # nested, run with the call under way
-        if level == STAGED:
+        if arguments and type(arguments[0]) is CallUnderWay:
             call, *dynamic = arguments
-            assert type(call) is CallUnderWay
-            assert call.under_way is not None
-            raise _Read(call.under_way[1], tuple(dynamic))
+            assert (call.under_way is not None) == (level == STAGED)
+            leaves = None if call.under_way is None else call.under_way[1]
+            raise _Read(leaves, tuple(dynamic))
         raise _Read(None, arguments)
 
-    entry = Entry(jitted, [], False, nested=jitted)  # unguarded, no constants
+    entry = Entry(jitted, [], False, with_call=jitted)  # unguarded, no constants
 
     def get(key: Any) -> Any:
         keys.append(key)
         return entry
 
-    calls = [call for call in route.calls.values() if call is not None]
-    function = dispatcher.function
-    hit = hit_caller(
-        route, partition, calls, get, function.fun_is_leaf, "f", route.learned
-    )
+    hit = dispatcher.hit_of(route, get)
     assert hit is not None  # made as the route's was
     try:
         out = hit(fun, args, kwargs)

@@ -4,6 +4,9 @@ import functools as ft
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+import jax.extend.core
+
 from ._dispatch import Dispatcher
 from ._output import finish
 from ._trace import hiding_frames
@@ -88,7 +91,7 @@ class Compiled:
     - `ValueError`: a static argument differs from the value it was lowered with.
     """
 
-    def __init__(self, compiled: Any, specialisation: Specialisation):
+    def __init__(self, compiled: jax.stages.Compiled, specialisation: Specialisation):
         self.compiled = compiled
         """The underlying `jax.stages.Compiled`."""
         self._specialisation = specialisation
@@ -114,7 +117,7 @@ class Compiled:
 class Lowered:
     """A `filter_jit` function lowered ahead of time."""
 
-    def __init__(self, lowered: Any, specialisation: Specialisation):
+    def __init__(self, lowered: jax.stages.Lowered, specialisation: Specialisation):
         self.lowered = lowered
         """The underlying `jax.stages.Lowered`."""
         self._specialisation = specialisation
@@ -150,13 +153,13 @@ class Lowered:
 class Traced:
     """A `filter_jit` function traced ahead of time, as `jax.stages.Traced`."""
 
-    def __init__(self, traced: Any, specialisation: Specialisation):
+    def __init__(self, traced: jax.stages.Traced, specialisation: Specialisation):
         self.traced = traced
         """The underlying `jax.stages.Traced`."""
         self._specialisation = specialisation
 
     @property
-    def jaxpr(self) -> Any:
+    def jaxpr(self) -> jax.extend.core.ClosedJaxpr:
         """The program, as a `ClosedJaxpr` whose inputs are the traced leaves."""
         return self.traced.jaxpr
 

@@ -2,6 +2,7 @@
 
 import inspect
 import operator
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 import jax.tree_util as jtu
@@ -45,8 +46,8 @@ class DefaultsGuard(NamedTuple):
     changed in place)."""
 
     path: str
-    defaults: Any
-    kwdefaults: Any
+    defaults: tuple[Any, ...] | None
+    kwdefaults: dict[str, Any] | None
     kwdefault_values: tuple[Any, ...] = ()
 
 
@@ -97,7 +98,7 @@ jtu.register_pytree_with_keys(
 )
 
 
-def positional_names(parameters: Any) -> list[str]:
+def positional_names(parameters: Iterable[inspect.Parameter]) -> list[str]:
     """The names of the `inspect.Parameter`s that take arguments by position."""
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     return [p.name for p in parameters if p.kind in kinds]

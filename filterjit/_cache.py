@@ -66,7 +66,7 @@ class BoundedCache(Generic[_V]):
         return len(self._values)
 
 
-def lifelines(objects: list[Any], drop: Callable[[], None]) -> list[Any]:
+def lifelines(objects: list[Any], drop: Callable[[], None]) -> list[weakref.ref[Any]]:
     """Weak references to `objects` that call `drop()` when any of them dies: kept
     by whatever is to be dropped, so that they live as long as it."""
     return [weakref.ref(o, lambda _: drop()) for o in objects]

@@ -9,7 +9,7 @@ import sys
 import types
 import warnings
 import weakref
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -17,8 +17,10 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
-from ._function import is_partial, is_partial_type, unwrapped
+from ._function import Function, is_partial, is_partial_type, unwrapped
 from ._leaves import compares_elementwise, is_array, NUMPY_TYPES, weakly_keyed
+from ._partition import Partition
+from ._structure import PyTreeDef
 
 
 logger = logging.getLogger("filterjit")
@@ -557,11 +559,11 @@ def _hash_and_eq_fail(key: Any) -> bool:
 
 
 def key_error(
-    function: Any,  # a `_function.Function`
+    function: Function,
     fun: Any,
     leaves: list[Any],
-    treedef: Any,
-    partition: Any,  # a `_partition.Partition`, or None
+    treedef: PyTreeDef,
+    partition: Partition | None,
     error: Exception,
 ) -> TypeError:
     """The error for a failed cache lookup: whose hash or `==` failed, what to do."""
@@ -606,7 +608,7 @@ def key_error(
 
 
 def check_traceable(
-    name: str, labels: list[str], leaves: list[Any], positions: Any
+    name: str, labels: list[str], leaves: list[Any], positions: Iterable[int]
 ) -> None:
     """Raises, naming the argument, for a NumPy array to trace that JAX cannot."""
     for position in positions:

@@ -16,7 +16,7 @@ import operator
 import struct
 import types
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -24,6 +24,7 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 
+from ._structure import PyTreeDef
 from ._trace import aux_data
 
 
@@ -130,7 +131,7 @@ def _element(value: Any, staged: bool, memo: "_Memo") -> tuple[type, Any]:
     return type(value), value
 
 
-def _sequence_key(value: Any, staged: bool, memo: "_Memo") -> Any:
+def _sequence_key(value: Sequence[Any], staged: bool, memo: "_Memo") -> Any:
     kinds = set(map(type, value))
     if kinds <= _PLAIN:
         return None
@@ -141,7 +142,7 @@ def _sequence_key(value: Any, staged: bool, memo: "_Memo") -> Any:
     return tuple(_element(element, staged, memo) for element in value)
 
 
-def _dict_key(value: Any, staged: bool, memo: "_Memo") -> Any:
+def _dict_key(value: dict[Any, Any], staged: bool, memo: "_Memo") -> Any:
     # In insertion order: the function may iterate it.
     keys, values = tuple(value), tuple(value.values())
     if all(type(element) in _PLAIN for element in (*keys, *values)):
@@ -149,7 +150,7 @@ def _dict_key(value: Any, staged: bool, memo: "_Memo") -> Any:
     return _sequence_key(keys, staged, memo), _sequence_key(values, staged, memo)
 
 
-def _set_key(value: Any, staged: bool, memo: "_Memo") -> Any:
+def _set_key(value: set[Any] | frozenset[Any], staged: bool, memo: "_Memo") -> Any:
     if all(type(element) in _PLAIN for element in value):
         return None
     return frozenset(_element(element, staged, memo) for element in value)
@@ -176,7 +177,7 @@ def _by_eq(value: Any, staged: bool, memo: "_Memo") -> None:
     return None
 
 
-def _treedef_key(value: Any, staged: bool, memo: "_Memo") -> Any:
+def _treedef_key(value: PyTreeDef, staged: bool, memo: "_Memo") -> Any:
     # A structure compares its nodes' data by `==`.
     return value, exact_aux(value, staged)
 
@@ -303,13 +304,13 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
     return key
 
 
-def exact_aux(treedef: Any, staged: bool = False) -> Any:
+def exact_aux(treedef: PyTreeDef, staged: bool = False) -> Any:
     """`exact_key` of `treedef`'s nodes' auxiliary data (`None`: `==` is exact)."""
     return exact_key(aux_data(treedef), staged)
 
 
 def same_exact(
-    treedef: Any, recorded: list[Any], recorded_key: Any, staged: bool = False
+    treedef: PyTreeDef, recorded: list[Any], recorded_key: Any, staged: bool = False
 ) -> bool:
     """Whether a structure equal (by `==`) to one whose auxiliary data was
     `recorded`, with `exact_key` `recorded_key`, is exactly equal to it. Most often

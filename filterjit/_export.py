@@ -12,7 +12,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-from jax.core import Tracer
+from jax.core import ShapedArray, Tracer
 
 from ._aot import Specialisation
 from ._binding import BOUND
@@ -41,6 +41,7 @@ from ._jit import filter_jit, FilterJitWrapper
 from ._leaves import is_array
 from ._output import finish
 from ._partition import static_key
+from ._structure import PyTreeDef
 from ._trace import custom_call_targets, STABLE_TARGETS
 
 
@@ -69,7 +70,9 @@ class _Template:
     """A pytree's structure, and its leaves: static values, `TRACED` where traced,
     `SIZE` where a symbolic size is (returned as the call's concrete size)."""
 
-    def __init__(self, treedef: Any, leaves: list[Any], label: str, data: Any = None):
+    def __init__(
+        self, treedef: PyTreeDef, leaves: list[Any], label: str, data: Any = None
+    ):
         self.treedef = treedef
         self.leaves = leaves
         self.label = label
@@ -138,7 +141,7 @@ def _encoded(value: Any, label: str, fun_name: str, encoding: Encoding) -> Any:
 
 
 def _check_rebuilt(
-    treedef: Any,
+    treedef: PyTreeDef,
     exact: Any,
     data: Any,
     label: str,
@@ -324,7 +327,9 @@ class _Parameters:
             [p.name for p in parameters if p.default is BOUND],
         )
 
-    def bind(self, fun_name: str, args: Any, kwargs: Any) -> list[tuple[Any, Any]]:
+    def bind(
+        self, fun_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[tuple[int | str, Any]]:
         """The bound arguments, each as `(key, value)`: positional ones keyed by
         index, then keyword ones (sorted) by name; `_DEFAULT` for a default."""
         if self._signature is None:
@@ -344,7 +349,7 @@ class _Parameters:
             *((name, keywords[name]) for name in sorted(keywords)),
         ]
 
-    def name(self, key: Any) -> str:
+    def name(self, key: int | str) -> str:
         """How to name the argument bound at `key` to a user."""
         if isinstance(key, int) and 0 <= key < len(self.aliases):
             return self.aliases[key]
@@ -386,13 +391,13 @@ class _Argument:
     (else left it to its default), its saved data (`None`: a default that could not
     be saved, so must be left as it is), and the labels of its traced leaves."""
 
-    def __init__(self, key: Any, given: bool, data: Any, labels: list[str]):
+    def __init__(self, key: int | str, given: bool, data: Any, labels: list[str]):
         self.key = key
         self.given = given
         self.data = data
         self.labels = labels
         # Where exported in this process: its structure, and the classes it names.
-        self.treedef: Any = None
+        self.treedef: PyTreeDef | None = None
         self.exact: Any = None
         self.classes: dict[str, type] = {}
 
@@ -407,7 +412,7 @@ class Exported(Generic[_P, _T]):
 
     def __init__(
         self,
-        exported: Any,
+        exported: jax.export.Exported,
         fun_name: str,
         parameters: _Parameters,
         arguments: list[_Argument],
@@ -431,7 +436,7 @@ class Exported(Generic[_P, _T]):
         # 200 µs); under `jax.jit`, JAX's cache keeps one trace per set of avals.
         self._program = jax.jit(exported.call, donate_argnums=self._donated)
         avals = list(exported.in_avals)
-        self._avals: dict[Any, list[Any]] = {}
+        self._avals: dict[int | str, list[ShapedArray]] = {}
         for argument in arguments:
             if argument.given:
                 count = len(argument.labels)
@@ -458,7 +463,7 @@ class Exported(Generic[_P, _T]):
         return self.exported.mlir_module()
 
     @property
-    def in_avals(self) -> dict[str, Any]:
+    def in_avals(self) -> dict[str, ShapedArray]:
         """The shape and dtype of each array the call takes, by the name of the
         argument it is (`"x"`, `"model.layers[0].weight"`), in the program's order."""
         found = {}
@@ -468,7 +473,7 @@ class Exported(Generic[_P, _T]):
         return found
 
     @property
-    def out_avals(self) -> dict[str, Any]:
+    def out_avals(self) -> dict[str, ShapedArray]:
         """The shape and dtype of each array the call returns, by its place in the
         output (`"output[0]"`); a symbolic size returned as a Python value is not an
         array, and is not named here."""
@@ -660,7 +665,11 @@ def _first_opaque(data: Any) -> int | None:
 
 
 def _check_aval(
-    fun_name: str, label: str, leaf: Any, aval: Any, sizes: dict[str, tuple[str, int]]
+    fun_name: str,
+    label: str,
+    leaf: Any,
+    aval: ShapedArray,
+    sizes: dict[str, tuple[str, int]],
 ) -> None:
     found = jax.typeof(leaf)
     shape, dtype = found.shape, found.dtype  # pyright: ignore[reportAttributeAccessIssue]
@@ -698,7 +707,7 @@ _NOT_LOADED = "filterjit.deserialize"
 _NEVER_ALLOWED = ("xla_python_", "xla_ffi_python_", "xla_ffi_partitioned_python_")
 
 
-def _check_custom_calls(exported: Any, depth: int) -> None:
+def _check_custom_calls(exported: jax.export.Exported, depth: int) -> None:
     """Raises for a custom call outside JAX's stable targets and those the export
     allowed, in the program and in its `depth` orders of derivatives."""
     allowed = set(STABLE_TARGETS)
@@ -985,7 +994,7 @@ def _is_symbolic(leaf: Any) -> bool:
 def _export(
     wrapper: FilterJitWrapper[..., Any],
     platforms: Sequence[str] | None,
-    disabled_checks: Sequence[Any],
+    disabled_checks: Sequence[jax.export.DisabledSafetyCheck],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Exported[..., Any]:

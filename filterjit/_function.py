@@ -19,8 +19,10 @@ from ._binding import (
     LeafParameter,
     positional_names,
     same_kwdefaults,
+    Shape,
 )
 from ._leaves import is_array
+from ._structure import PyTreeDef
 from ._trace import boxed_partial
 
 
@@ -107,7 +109,9 @@ def call_signature(fun: Any) -> inspect.Signature | None:
     return _bound_by(fun, signature_of(fun, follow_wrapped=False))
 
 
-def _bound_by(fun: Any, signature: inspect.Signature | None) -> Any:
+def _bound_by(
+    fun: Any, signature: inspect.Signature | None
+) -> inspect.Signature | None:
     """`signature`, what the partial `fun` binds by keyword made `BOUND` (so that
     no signature keeps a partial's values alive). Any partial: `inspect` reads a
     subclass with a `__call__` of its own as a partial too, and its call passes
@@ -270,7 +274,9 @@ class Function:
             if (inner := signature_of(fun.func, follow_wrapped=True)) is not None:
                 self.bound_names = tuple(inner.parameters)[: len(fun.args)]
 
-    def _read_defaults(self) -> tuple[Any, Any]:
+    def _read_defaults(
+        self,
+    ) -> tuple[tuple[Any, ...] | None, dict[str, Any] | None]:
         holder = None if self.defaults_source is None else self.defaults_source.holder()
         if holder is None:
             return None, None
@@ -293,7 +299,7 @@ class Function:
             or not same_kwdefaults(now[1], self.kwdefault_values)
         )
 
-    def defaulted(self, shape: tuple[Any, ...]) -> tuple[str, ...]:
+    def defaulted(self, shape: Shape) -> tuple[str, ...]:
         """The parameters that calls of `shape` (the number of positional arguments,
         then the keyword names) leave to defaults holding arrays."""
         args, kwargs = self.bind.find_sources(shape[0], shape[1:])
@@ -331,7 +337,7 @@ class Function:
                 return p.name, f"{p.name}[{where - len(positional)}]"
         return f"<argument {where}>", f"<argument {where}>"
 
-    def _function_label(self, path: tuple[Any, ...]) -> str:
+    def _function_label(self, path: jtu.KeyPath) -> str:
         # What a `jtu.Partial` binds, by the parameter that receives it.
         bound = len(self.bound_names)
         match path[1:3]:
@@ -341,7 +347,7 @@ class Function:
                 return str(name) + jtu.keystr(path[3:])
         return self.fun_label + jtu.keystr(path[1:])
 
-    def leaf_parameters(self, treedef: Any) -> list[LeafParameter]:
+    def leaf_parameters(self, treedef: PyTreeDef) -> list[LeafParameter]:
         """For each leaf of a call with structure `treedef`: its parameter, its
         position if passed positionally, and its path in the user's terms."""
         call = treedef.unflatten([object() for _ in range(treedef.num_leaves)])

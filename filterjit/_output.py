@@ -20,6 +20,7 @@ from ._structure import (
     container_nodes,
     dict_orders,
     hand_back,
+    PyTreeDef,
     restore_orders,
     shape_of,
 )
@@ -53,7 +54,9 @@ jtu.register_pytree_node(
 # `compile(treedef, sources)`: `build(out, inputs)` compiled as one expression for
 # an output of that structure whose leaves come from `sources` (see `leaf_sources`),
 # or `None` where it cannot (the fast path's `output_builder`, handed down).
-BuilderCompiler = Callable[[Any, list[tuple[str, Any]]], Callable[..., Any] | None]
+BuilderCompiler = Callable[
+    [PyTreeDef, list[tuple[str, Any]]], Callable[..., Any] | None
+]
 
 
 def leaf_sources(
@@ -73,7 +76,7 @@ def leaf_sources(
 
 
 def _builder(
-    treedef: Any,
+    treedef: PyTreeDef,
     template: list[Any],
     dynamic_positions: list[int],
     passthrough: list[tuple[int, int]],
@@ -135,7 +138,7 @@ class OutputSpec:
 
     def __init__(
         self,
-        treedef: Any,
+        treedef: PyTreeDef,
         leaves: list[Any],
         inputs: list[Any],
         runtime_check: bool,
@@ -278,7 +281,7 @@ class HandedNodes(NamedTuple):
     (`_structure.container_nodes`). Nested, such a call's output holds the
     caller's own containers, as the undecorated function's does."""
 
-    view: Any
+    view: PyTreeDef
     positions: dict[int, int]
     ids: frozenset[int]  # of the containers handed back, in this trace
 

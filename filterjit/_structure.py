@@ -8,18 +8,26 @@ import collections
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TYPE_CHECKING, TypeAlias
 
 import jax.tree_util as jtu
 
 from ._leaves import is_leaf_type
 
 
+if TYPE_CHECKING:
+    # jaxlib ships no type stubs, so to pyright `jax.tree_util.PyTreeDef` is a
+    # variable of unknown type, which no annotation may name: it checks these as
+    # it checks `Any`. At run time, and for readers, it is JAX's class itself.
+    PyTreeDef: TypeAlias = Any
+else:
+    from jax.tree_util import PyTreeDef
+
 # The dicts whose flatten sorts their keys (an `OrderedDict` keeps its order).
 _SORTED_DICTS = (dict, collections.defaultdict)
 
 
-def _children(node: Any) -> tuple[list[Any], Any] | None:
+def _children(node: Any) -> tuple[list[Any], PyTreeDef] | None:
     """`node`'s children and the structure that rebuilds it, or `None` for a leaf."""
     children, structure = jtu.tree_flatten(node, is_leaf=lambda x: x is not node)
     if structure.num_nodes == 1 and structure.num_leaves == 1:
@@ -39,7 +47,7 @@ def _like(node: Any, values: dict[Any, Any]) -> Any:
 MAX_DEPTH = 100
 
 
-def shape_of(treedef: Any) -> tuple[bool, bool]:
+def shape_of(treedef: PyTreeDef) -> tuple[bool, bool]:
     """Whether a structure holds a dict whose flatten sorts its keys, and whether
     it is nested deeper than `MAX_DEPTH`; without recursion."""
     sorted_dicts = False
@@ -141,14 +149,16 @@ def container_nodes(tree: Any) -> list[Any]:
     return found
 
 
-def hand_back(output: Any, view: Any, handed: dict[int, int], nodes: list[Any]) -> Any:
+def hand_back(
+    output: Any, view: PyTreeDef, handed: dict[int, int], nodes: list[Any]
+) -> Any:
     """`output` with the subtrees at the leaves `handed` of the structure `view`
     (a prefix of `output`'s) replaced by `nodes[handed[position]]`: the caller's
     own containers, which the function handed back. Unchanged nodes are `output`'s
     own, and a changed dict keeps its order."""
     count = itertools.count()
 
-    def walk(tree: Any, structure: Any) -> Any:
+    def walk(tree: Any, structure: PyTreeDef) -> Any:
         if structure.node_data() is None:  # a leaf of the view
             node = handed.get(next(count))
             return tree if node is None else nodes[node]

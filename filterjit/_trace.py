@@ -19,6 +19,7 @@ import jax.extend.core
 import jax.extend.source_info_util
 
 from ._level import EAGER, Level, STAGED, TOP
+from ._structure import PyTreeDef
 
 
 _P = ParamSpec("_P")
@@ -239,7 +240,7 @@ def jit_cache_size(jitted: Any) -> int | None:
     return None if size is None else int(size())
 
 
-def _aux_data_public(treedef: Any) -> list[Any]:
+def _aux_data_public(treedef: PyTreeDef) -> list[Any]:
     found: list[Any] = []
     data = treedef.node_data()
     if data is not None:
@@ -250,7 +251,7 @@ def _aux_data_public(treedef: Any) -> list[Any]:
     return found
 
 
-def _aux_data_private(treedef: Any) -> list[Any]:
+def _aux_data_private(treedef: PyTreeDef) -> list[Any]:
     # The pickled state lists the nodes, children first, as (kind, arity, node
     # data, ...), in one call rather than two per node. Kinds 5 and 6 (dicts,
     # registered nodes) are the ones with data of the user's.
@@ -258,7 +259,7 @@ def _aux_data_private(treedef: Any) -> list[Any]:
     return [node[2] for node in nodes if node[0] >= 5 and node[2] is not None]
 
 
-def _choose_aux_data() -> Any:
+def _choose_aux_data() -> Callable[[PyTreeDef], list[Any]]:
     probe = jax.tree_util.tree_structure(
         [{"a": 1, "b": (None, 2)}, jax.tree_util.Partial(len, 3), ()]
     )
@@ -362,7 +363,7 @@ _PRETTY = re.compile(r'stablehlo\.custom_call\s+@("(?:[^"\\]|\\.)*"|[^\s(]+)')
 _GENERIC = re.compile(r'call_target_name\s*=\s*"((?:[^"\\]|\\.)*)"')
 
 
-def _targets_public(exported: Any) -> list[str]:
+def _targets_public(exported: jax.export.Exported) -> list[str]:
     text = exported.mlir_module()
     found = [name.strip('"') for name in _PRETTY.findall(text)]
     found += _GENERIC.findall(text)
@@ -371,13 +372,13 @@ def _targets_public(exported: Any) -> list[str]:
     return found
 
 
-def _targets_private(exported: Any) -> list[str]:
+def _targets_private(exported: jax.export.Exported) -> list[str]:
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir  # pyright: ignore[reportPrivateImportUsage]
 
     found: list[str] = []
 
-    def walk(op: Any) -> None:
+    def walk(op: ir.Operation) -> None:
         if op.operation.name == "stablehlo.custom_call":
             target = op.operation.attributes["call_target_name"]
             found.append(ir.StringAttr(target).value)
@@ -393,7 +394,7 @@ def _targets_private(exported: Any) -> list[str]:
     return found + _targets_public(exported)
 
 
-def _choose_targets() -> tuple[Callable[[Any], list[str]], bool]:
+def _choose_targets() -> tuple[Callable[[jax.export.Exported], list[str]], bool]:
     try:
         from jax._src.interpreters import mlir
         from jax._src.lib.mlir import ir  # pyright: ignore[reportPrivateImportUsage]

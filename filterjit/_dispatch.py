@@ -38,6 +38,7 @@ from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options
 from ._output import Carried, OutputSpec
 from ._partition import Partition
+from ._structure import PyTreeDef
 
 
 # Bounds on one function's caches. A nested entry pins the concrete arrays it was
@@ -264,7 +265,7 @@ class Dispatcher:
         fun: Any,
         tree: Any,
         leaves: list[Any],
-        treedef: Any,
+        treedef: PyTreeDef,
         shape: Shape | None,
         called: Shape | None = None,
     ) -> tuple[Route, BoundedCache[Entry], Any, Entry | None]:
@@ -319,7 +320,7 @@ class Dispatcher:
         level: Level,
         fun: Any,
         leaves: list[Any],
-        treedef: Any,
+        treedef: PyTreeDef,
         shape: Shape | None,
     ) -> Route:
         """The route of the partition of a structure and leaf types at `level`.
@@ -360,7 +361,9 @@ class Dispatcher:
         self.hits[level] = route.hit or miss
         return route
 
-    def _new_route(self, level: Level, treedef: Any, types: tuple[type, ...]) -> Route:
+    def _new_route(
+        self, level: Level, treedef: PyTreeDef, types: tuple[type, ...]
+    ) -> Route:
         """A new partition's route: nested, its calls use the top level's entries
         where the options allow it and no leaf is a concrete array."""
         partition = Partition(

@@ -59,7 +59,7 @@ from ._leaves import is_leaf_type
 from ._level import TOP
 from ._output import Carried, OutputSpec
 from ._partition import Partition
-from ._structure import MAX_DEPTH, shape_of
+from ._structure import MAX_DEPTH, PyTreeDef, shape_of
 
 
 # Read when a reader or builder is made: a test that changes it clears
@@ -93,7 +93,7 @@ def _compile(
 
 
 def output_builder(
-    treedef: Any, sources: list[tuple[str, Any]]
+    treedef: PyTreeDef, sources: list[tuple[str, Any]]
 ) -> Callable[..., Any] | None:
     """`build(out, inputs)`, `treedef.unflatten` of an output's leaves as one
     expression, each leaf `("out", i)`, the traced leaf `out[i]`; `("input", p)`,
@@ -111,7 +111,7 @@ def output_builder(
     return _compile("build", parameters, [f"return {built}"], writer.namespace)
 
 
-def call_reader(treedef: Any, types: tuple[type, ...]) -> Any:
+def call_reader(treedef: PyTreeDef, types: tuple[type, ...]) -> Any:
     """The reader of pytrees flattened to `treedef` with leaves of `types`: their
     leaves; `None` where some part of it has no reader."""
     if not ENABLED:
@@ -128,7 +128,7 @@ def takes_defaults(sources: Sources) -> bool:
 
 
 def bound_call_reader(
-    treedef: Any,
+    treedef: PyTreeDef,
     types: tuple[type, ...],
     fun_is_leaf: bool,
     sources: Sources,
@@ -500,7 +500,7 @@ class _Writer:
         return f"({', '.join(parts)},)"
 
     def output(
-        self, treedef: Any, sources: list[tuple[str, Any]], out: str
+        self, treedef: PyTreeDef, sources: list[tuple[str, Any]], out: str
     ) -> str | None:
         """`treedef.unflatten` of an output's leaves as one expression (see
         `output_builder`), the traced leaf `i` being `{out}[i]`; `None` where a
@@ -560,7 +560,9 @@ class _Writer:
         self.lines.append(f"{values} = ({taken})")
         return values
 
-    def node(self, treedef: Any, types: tuple[type, ...], x: str) -> list[str] | None:
+    def node(
+        self, treedef: PyTreeDef, types: tuple[type, ...], x: str
+    ) -> list[str] | None:
         """Checks the value `x` against `treedef`; the expressions of its leaves,
         or `None` where it has no reader (nor for a structure nested deeper than
         `_structure.MAX_DEPTH`)."""
@@ -572,7 +574,9 @@ class _Writer:
         finally:
             self.depth -= 1
 
-    def _node(self, treedef: Any, types: tuple[type, ...], x: str) -> list[str] | None:
+    def _node(
+        self, treedef: PyTreeDef, types: tuple[type, ...], x: str
+    ) -> list[str] | None:
         if treedef.num_nodes == 1 and len(types) == 1:
             if not is_leaf_type(types[0]):
                 return None
@@ -604,7 +608,7 @@ class _Writer:
         return None
 
     def module(
-        self, treedef: Any, types: tuple[type, ...], x: str, kind: type, data: Any
+        self, treedef: PyTreeDef, types: tuple[type, ...], x: str, kind: type, data: Any
     ) -> list[str] | None:
         """An `eqx.Module`, read from its `__dict__` on every call."""
         layout = _layout(kind)
@@ -642,7 +646,11 @@ class _Writer:
         return self.values(treedef, types, self.items(fields, dynamic))
 
     def call(
-        self, treedef: Any, types: tuple[type, ...], fun_is_leaf: bool, sources: Sources
+        self,
+        treedef: PyTreeDef,
+        types: tuple[type, ...],
+        fun_is_leaf: bool,
+        sources: Sources,
     ) -> list[str] | None:
         """Checks a call `f, a, k` of shape `sources` against `treedef`: `(f,
         bound)` where the function is a pytree, else the bound call."""
@@ -657,7 +665,7 @@ class _Writer:
         return None if found is None or rest is None else found + rest
 
     def bound(
-        self, treedef: Any, types: tuple[type, ...], sources: Sources
+        self, treedef: PyTreeDef, types: tuple[type, ...], sources: Sources
     ) -> list[str] | None:
         """A bound call: the tuple of its positional arguments, or a `Keywords`
         with it and the dict of its keyword arguments."""
@@ -680,7 +688,7 @@ class _Writer:
         return None if found is None or rest is None else found + rest
 
     def sourced(
-        self, treedef: Any, types: tuple[type, ...], sources: list[Source]
+        self, treedef: PyTreeDef, types: tuple[type, ...], sources: list[Source]
     ) -> list[str] | None:
         data = treedef.node_data()
         if data is None or data[0] is not tuple:
@@ -690,7 +698,7 @@ class _Writer:
         return self.children(treedef, types, sources)
 
     def children(
-        self, treedef: Any, types: tuple[type, ...], sources: list[Source]
+        self, treedef: PyTreeDef, types: tuple[type, ...], sources: list[Source]
     ) -> list[str] | None:
         leaves: list[str] = []
         position = 0
@@ -704,7 +712,7 @@ class _Writer:
         return leaves
 
     def source(
-        self, treedef: Any, types: tuple[type, ...], source: Source
+        self, treedef: PyTreeDef, types: tuple[type, ...], source: Source
     ) -> list[str] | None:
         """Checks a bound argument, read from where it comes from."""
         kind, value = source
@@ -725,7 +733,7 @@ class _Writer:
         return self.node(treedef, types, x)
 
     def values(
-        self, treedef: Any, types: tuple[type, ...], values: str
+        self, treedef: PyTreeDef, types: tuple[type, ...], values: str
     ) -> list[str] | None:
         """Checks `values`, a sequence, against `treedef`'s children: as many, and
         each as its child."""
@@ -828,7 +836,7 @@ def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], Any] | None:
     return None
 
 
-def _immutable(treedef: Any) -> bool:
+def _immutable(treedef: PyTreeDef) -> bool:
     """Whether every node of `treedef` is of an immutable kind: a tuple, a
     namedtuple or `None`. Not a list or a dict, and not an `eqx.Module`: frozen is
     not immutable (`object.__setattr__`, a write to its `__dict__`)."""

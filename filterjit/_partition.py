@@ -10,7 +10,7 @@ import numpy as np
 from . import _exact
 from ._leaves import ARRAY_TYPES, traced_types
 from ._level import Level, STAGED
-from ._structure import dict_orders, shape_of
+from ._structure import dict_orders, PyTreeDef, shape_of
 from ._trace import aux_data
 
 
@@ -79,7 +79,7 @@ class Partition:
 
     def __init__(
         self,
-        treedef: Any,
+        treedef: PyTreeDef,
         types: tuple[type, ...],
         level: Level,
         program_of: Callable[[Any], object],
@@ -126,7 +126,7 @@ class Partition:
             return self.program
         return (self.program, *self.statics(leaves))
 
-    def exactly(self, treedef: Any) -> bool:
+    def exactly(self, treedef: PyTreeDef) -> bool:
         """Whether `treedef`, equal to this partition's by `==`, is exactly equal
         (for a partition whose `exact` is not `None`)."""
         assert self._aux is not None

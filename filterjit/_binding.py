@@ -104,6 +104,25 @@ def positional_names(parameters: Iterable[inspect.Parameter]) -> list[str]:
     return [p.name for p in parameters if p.kind in kinds]
 
 
+def argument_label(
+    parameters: Iterable[inspect.Parameter], where: int | str
+) -> tuple[str, str]:
+    """The parameter among `parameters` that receives positional argument `where`
+    (an int) or keyword argument `where` (a str), and how to name the argument to
+    a user: the parameter's name, `name[i]` for the `i`th argument `*name` takes,
+    `<argument i>` where no parameter takes it."""
+    if isinstance(where, str):
+        return where, where
+    parameters = tuple(parameters)
+    positional = positional_names(parameters)
+    if where < len(positional):
+        return positional[where], positional[where]
+    for p in parameters:
+        if p.kind is p.VAR_POSITIONAL:
+            return p.name, f"{p.name}[{where - len(positional)}]"
+    return f"<argument {where}>", f"<argument {where}>"
+
+
 class Binder:
     """`binder(args, kwargs)`: `(args, kwargs)` as `inspect.Signature.bind` and
     `apply_defaults` give them, so that `f(x)`, `f(x, 3)` and `f(x, n=3)` are one

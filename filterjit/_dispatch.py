@@ -135,8 +135,6 @@ class Dispatcher:
         # so that concurrent first calls of one key share one entry. Re-entrant:
         # an eviction may run a finalizer that calls the function.
         self._lock = threading.RLock()
-        # Whether donation depends on which arguments a call passed (see `_defaulted`).
-        self._donates_by_call = options.donate != "none" and self.function.has_defaults
         # Whether keys say which static leaves are one object: from the first trace
         # that handed back one of several static inputs that were one object (see
         # `OutputSpec.aliases`), decided before each call runs; hits off.
@@ -145,6 +143,12 @@ class Dispatcher:
         # Drop it from its owner's caches when its key's weak objects die (`_owners`).
         self._lifelines: list[Any] = []
         _dispatchers.add(self)
+
+    @property
+    def _donates_by_call(self) -> bool:
+        """Whether donation depends on which arguments a call passed (see
+        `_defaulted`)."""
+        return self.options.donate != "none" and self.function.has_defaults
 
     def drop_with(self, objects: list[Any], drop: Callable[[], None]) -> None:
         """Calls `drop()` when any of `objects` dies."""
@@ -453,8 +457,6 @@ class Dispatcher:
         the hits that read the old ones are dropped."""
         with self._lock:
             self.function = Function(fun)
-            has_defaults = self.function.has_defaults
-            self._donates_by_call = self.options.donate != "none" and has_defaults
             self._defaulted_by_shape = {}
             self._forget_calls()
 

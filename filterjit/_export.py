@@ -15,7 +15,7 @@ import jax.tree_util as jtu
 from jax.core import ShapedArray, Tracer
 
 from ._aot import Specialisation
-from ._binding import BOUND
+from ._binding import argument_label, BOUND
 from ._exact import exact_aux
 from ._export_payload import pack, unpack
 from ._export_values import (
@@ -353,19 +353,9 @@ class _Parameters:
         """How to name the argument bound at `key` to a user."""
         if isinstance(key, int) and 0 <= key < len(self.aliases):
             return self.aliases[key]
-        if isinstance(key, str) or self.parameters is None:
-            return key if isinstance(key, str) else f"args[{key}]"
-        kinds = (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        )
-        positional = [name for name, kind, _ in self.parameters if kind in kinds]
-        if key < len(positional):
-            return positional[key]
-        for name, kind, _ in self.parameters:
-            if kind == inspect.Parameter.VAR_POSITIONAL:
-                return f"{name}[{key - len(positional)}]"
-        return f"args[{key}]"
+        signature = self._signature
+        parameters = () if signature is None else signature.parameters.values()
+        return argument_label(parameters, key)[1]
 
 
 def _aliases(fun: Any, signature: inspect.Signature) -> list[str]:

@@ -340,15 +340,11 @@ def _branch(
     if lists or partition.staged:
         writer.lines.append(f"l = {whole}")
         whole = "l"
-    key = writer.key(partition, items.__getitem__, whole)
-    if call.key_suffix is not None:
-        key = f"({key}, {writer.constant(call.key_suffix)})"
+    tree = "a" if fun_is_leaf else "t"
+    key = writer.key(partition, items.__getitem__, whole, call.key_suffix, tree)
     traced = ", ".join(arguments)
     read = [f"    {line}" for line in writer.lines]
     if partition.staged:
-        tree = "a" if fun_is_leaf else "t"
-        if partition.orders is not None:  # nested, the order of its dicts too
-            key = f"({key}, {writer.constant(partition.orders)}({tree}))"
         return [
             f"while {condition}:",
             "    try:",
@@ -447,9 +443,7 @@ class _Writer:
         else:
             starred = any(leaf.startswith("*") for leaf in leaves)
             at = (lambda p: f"l[{p}]") if starred else leaves.__getitem__
-            key = self.key(keyed, at, "l")
-            if key_suffix is not None:
-                key = f"({key}, {self.constant(key_suffix)})"
+            key = self.key(keyed, at, "l", key_suffix)
             result = [
                 f"l = [{', '.join(leaves)}]",
                 f"return l, {key}, {self.traced(keyed, at, 'l')}",
@@ -473,7 +467,28 @@ class _Writer:
             return f"{whole}[{dynamic[0]}:{dynamic[-1] + 1}]"
         return f"[{''.join(f'{at(p)}, ' for p in dynamic)}]"
 
-    def key(self, partition: Any, at: Callable[[int], str], whole: str) -> str:
+    def key(
+        self,
+        partition: Any,
+        at: Callable[[int], str],
+        whole: str,
+        suffix: Any = None,
+        tree: str | None = None,
+    ) -> str:
+        """A call's key as `Dispatcher._key` makes it, written out: the partition's
+        key of the leaves (see `_reference_key`); nested, paired with the order of
+        the dicts of the call's pytree `tree` (if given); then paired with
+        `suffix`, what the key of calls of one shape adds, unless `None`."""
+        key = self._reference_key(partition, at, whole)
+        if tree is not None and partition.orders is not None:
+            key = f"({key}, {self.constant(partition.orders)}({tree}))"
+        if suffix is not None:
+            key = f"({key}, {self.constant(suffix)})"
+        return key
+
+    def _reference_key(
+        self, partition: Any, at: Callable[[int], str], whole: str
+    ) -> str:
         """`partition.reference_key(whole)` written out, such as `(program, l[0],
         k(v) if (v := l[3]) == 0.0 or v != v else v)`, the leaf at position `p`
         being `at(p)`."""

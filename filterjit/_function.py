@@ -10,6 +10,7 @@ import equinox as eqx
 import jax.tree_util as jtu
 
 from ._binding import (
+    argument_label,
     Binder,
     BOUND,
     DefaultsGuard,
@@ -327,15 +328,7 @@ class Function:
     def _parameter(self, where: int | str) -> tuple[str, str]:
         """The parameter that receives positional argument `where` (an int) or
         keyword argument `where` (a str), and how to name the argument to a user."""
-        if isinstance(where, str):
-            return where, where
-        positional = positional_names(self.parameters)
-        if where < len(positional):
-            return positional[where], positional[where]
-        for p in self.parameters:
-            if p.kind is p.VAR_POSITIONAL:
-                return p.name, f"{p.name}[{where - len(positional)}]"
-        return f"<argument {where}>", f"<argument {where}>"
+        return argument_label(self.parameters, where)
 
     def _function_label(self, path: jtu.KeyPath) -> str:
         # What a `jtu.Partial` binds, by the parameter that receives it.

@@ -11,6 +11,7 @@ import jax
 import jax.tree_util as jtu
 
 from . import _trace
+from ._binding import argument_label
 from ._diagnostics import Explanation, Row, row
 from ._function import name_of, positional_names, signature_of
 from ._jit import _P, _R, FilterJitWrapper, is_module_global, Wrapper
@@ -147,7 +148,7 @@ class JitWrapper(Wrapper[_P, _R]):
         numbers = {n % len(args) if n < 0 else n for n in numbers if args}
         numbers |= {positional.index(name) for name in names if name in positional}
         names |= {positional[n] for n in numbers if n < len(positional)}
-        labels = positional + [f"args[{i}]" for i in range(len(positional), len(args))]
+        labels = [argument_label(parameters, i)[1] for i in range(len(args))]
         arguments = [(labels[i], i in numbers, arg) for i, arg in enumerate(args)]
         arguments += [(name, name in names, arg) for name, arg in kwargs.items()]
         rows = []

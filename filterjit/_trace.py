@@ -1,5 +1,5 @@
 """The only module that touches private JAX API, each access with a public fallback
-and a canary test (`tests/test_trace.py`, and `tests/test_export.py` for the
+and a canary test (`tests/test_private_jax_api.py`, and `tests/test_export.py` for the
 loader's): where in JAX's trace stack a call happens, which frames JAX shows, what
 a pytree structure holds, waiting for arrays, the partial a `jtu.Partial` boxes,
 the rule that raises JAX's reverse-mode loop error (wrapped once, to add a note
@@ -282,7 +282,7 @@ def _block_leaves_public(arrays: list[Any]) -> None:
 def _choose_block_leaves() -> Any:
     # What `jax.block_until_ready` calls for two or more arrays, without its
     # flatten and loop (3 µs of 6 for eight arrays). Not tried here: importing
-    # filterjit must not start JAX's backends; tests/test_trace.py tries it.
+    # filterjit must not start JAX's backends; tests/test_private_jax_api.py tries it.
     try:
         from jax._src.lib import xla_client  # pyright: ignore[reportPrivateImportUsage]
     except Exception:

@@ -1,6 +1,8 @@
-"""explain(), retrace logs, RetraceWarning, num_traces and clear_caches."""
+"""explain() (what it marks against the nearest cached trace, and what it will not
+explain), retrace logs, RetraceWarning, num_traces and clear_caches."""
 
 import functools as ft
+import gc
 import logging
 import re
 import warnings
@@ -396,3 +398,140 @@ def test_no_retrace_warning_for_one_function_wrapped_again_and_again():
         warnings.simplefilter("error")
         for _ in range(15):
             filter_jit(_scaled, compiler_options={})(x, 2.0)
+
+
+def test_explain_of_a_non_callable_names_explain():
+    with pytest.raises(TypeError, match="^explain expects a callable"):
+        filterjit.explain(3, jnp.ones(1))  # pyright: ignore[reportArgumentType]
+
+
+def test_explain_of_equinox_filter_jit_raises_naming_it():
+    def g(x):
+        return x + 1
+
+    with pytest.raises(TypeError, match=r"\.g` is wrapped by `equinox.filter_jit`"):
+        filterjit.explain(eqx.filter_jit(g), jnp.ones(3))
+
+    class Model(eqx.Module):
+        @eqx.filter_jit
+        def __call__(self, x):
+            return x
+
+    with pytest.raises(TypeError, match="wrapped by `equinox.filter_jit`"):
+        filterjit.explain(Model().__call__, jnp.ones(3))
+
+
+def test_explain_of_another_jit_wrapper_warns_naming_it():
+    class OtherJit:
+        def __init__(self, fun):
+            self.fun = fun
+
+        def __call__(self, *args):
+            return self.fun(*args)
+
+        def lower(self, *args):
+            raise NotImplementedError
+
+    with pytest.warns(UserWarning, match=r"a jit wrapper of type `.*OtherJit`") as seen:
+        filterjit.explain(OtherJit(lambda x: x), jnp.ones(3))
+    assert [w.filename for w in seen] == [__file__], [str(w.message) for w in seen]
+    with pytest.warns(UserWarning, match=r"`jax.jit\(.*\)`, a jax.jit function"):
+        filterjit.explain(jax.jit(lambda x: x), jnp.ones(3))
+
+
+def test_explain_marks_what_differs_from_the_nearest_cached_trace():
+    @filter_jit
+    def f(x, t):
+        return x * t
+
+    f(jnp.ones((32, 3)), 1.0)
+    f(jnp.ones((4, 3)), 2.0)
+    explanation = filterjit.explain(f, jnp.ones((8, 3)), 1.0)
+    assert explanation.cache_hit is False
+    assert explanation.misses == ["x"]
+    text = str(explanation)
+    title, _, _, x_row, t_row, *why = text.splitlines()
+    assert title.endswith(
+        "would trace: `x` differs from the nearest cached trace (trace 1)"
+    )
+    assert x_row.split() == ["x", "traced", "f32[8,3]", "<-", "f32[32,3]"]
+    assert t_row.split() == ["t", "static", "1.0"]  # as cached: not marked
+    assert why[0] == "why:" and "x: f32[32,3] -> f32[8,3]" in why[1]
+    # A hit marks nothing.
+    hit = filterjit.explain(f, jnp.ones((4, 3)), 2.0)
+    assert hit.cache_hit and hit.misses == [] and "<-" not in str(hit)
+
+
+def test_explain_marks_an_argument_the_nearest_trace_did_not_have():
+    @filter_jit
+    def f(x, extra=None):
+        return x
+
+    f(jnp.ones(3))
+    explanation = filterjit.explain(f, jnp.ones(3), extra=(1.0,))
+    assert explanation.misses == ["extra[0]"]  # `None` has no leaf
+    assert "<- <absent>" in str(explanation)
+
+
+def _retraces(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "filterjit"]
+
+
+def test_retrace_log_names_only_what_differs_from_the_nearest_cached_trace(
+    monkeypatch, caplog
+):
+    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
+
+    @filter_jit
+    def f(x, t):
+        return x * t
+
+    with caplog.at_level(logging.WARNING, logger="filterjit"):
+        f(jnp.ones((32, 3)), 1.0)
+        f(jnp.ones((4, 3)), 1.0)
+        f(jnp.ones((32, 3)), 2.0)
+    first, second = _retraces(caplog)
+    assert first.startswith("filter_jit: ") and "x: f32[32,3] -> f32[4,3]" in first
+    # Against trace 1, which differs in `t` only; trace 2 also differs in `x`.
+    assert "because t: 1.0 -> 2.0" in second
+    assert "x:" not in second
+    assert "(against trace 1, the nearest cached)" in second
+
+
+def test_retrace_log_after_the_caches_are_cleared_says_none_is_cached(
+    monkeypatch, caplog
+):
+    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
+
+    @filter_jit
+    def f(x, t):
+        return x * t
+
+    with caplog.at_level(logging.WARNING, logger="filterjit"):
+        f(jnp.ones(3), 1.0)
+        filterjit.clear_caches()
+        gc.collect()
+        f(jnp.ones(3), 1.0)
+    (message,) = _retraces(caplog)
+    assert "no trace is cached" in message
+
+
+def _apply(fn, x):
+    return fn(x)
+
+
+def test_static_functions_are_shown_by_their_whole_qualified_names(monkeypatch, caplog):
+    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
+    f = filter_jit(_apply)
+    relu = f"{jax.nn.relu.__module__}.{jax.nn.relu.__qualname__}"
+    rows = filterjit.explain(f, jax.nn.relu, jnp.ones(2)).rows
+    assert rows[0].value == relu
+    partial = ft.partial(jnp.clip, min=0.0)
+    rows = filterjit.explain(f, partial, jnp.ones(2)).rows
+    assert rows[0].value == "functools.partial(jax.numpy.clip, min=0.0)"
+    with caplog.at_level(logging.WARNING, logger="filterjit"):
+        f(jax.nn.relu, jnp.ones(2))
+        f(jax.nn.sigmoid, jnp.ones(2))
+    (message,) = _retraces(caplog)
+    sigmoid = f"{jax.nn.sigmoid.__module__}.{jax.nn.sigmoid.__qualname__}"
+    assert f"fn: {relu} -> {sigmoid} (" in message

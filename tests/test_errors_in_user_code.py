@@ -1,32 +1,59 @@
-"""What a user sees when something goes wrong: tracebacks without filterjit's frames,
-errors and notes in the user's terms, and diagnostics that say why a call traces."""
+"""An error raised in the user's function as filterjit traces or runs it: it
+propagates and leaves the cache and an outer trace usable; its traceback holds the
+user's frames and none of filterjit's wherever JAX hides its own (as do filterjit's
+own errors and those of the ahead-of-time stages); and where a NumPy or JAX scalar
+that filterjit traced caused it, or unbounded recursion, a note names the argument
+(or the function) and the fix."""
 
 import functools as ft
-import gc
-import logging
 import os
 import re
 import subprocess
 import sys
 import textwrap
-import weakref
 from collections.abc import Callable
 from traceback import format_exception
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import subprocess_env, traceback_frames
+from helpers import subprocess_env, traceback_frames, TraceCounter
 
 import filterjit
 from filterjit import _fastpath, filter_jit
-from filterjit._entry import TopCall
+
+
+def test_exception_while_tracing_propagates_and_does_not_poison_the_cache():
+    calls = []
+
+    @filter_jit
+    def f(x, fail):
+        calls.append(fail)
+        if fail:
+            raise RuntimeError("boom")
+        return x + 1
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="boom"):
+            f(jnp.ones(1), True)
+        with pytest.raises(RuntimeError, match="boom"):
+            jax.jit(lambda x: f(x, True))(jnp.ones(1))
+    assert f(jnp.ones(1), False).tolist() == [2.0]
+    assert jax.jit(lambda x: f(x, False))(jnp.ones(1)).tolist() == [2.0]
+
+
+def test_nested_array_exception_leaves_outer_trace_usable():
+    counter = TraceCounter(lambda x, n: x.reshape(n))
+    f = filter_jit(counter)
+    with pytest.raises(TypeError):
+        jax.jit(lambda x: f(x, np.int32(5)))(jnp.ones(4))
+    assert jax.jit(lambda x: f(x, np.int32(4)))(jnp.ones(4)).shape == (4,)
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(filterjit.__file__))
+
 
 # Raises a shape error in a cold call (traced for the first time, on the reference
 # path) and in a warm one (the generated `top` of the latest partition, whose
@@ -111,6 +138,67 @@ def test_tracebacks_show_filterjit_frames_with_filtering_off(tmp_path):
     # shown where not filtered.
     shown = "<generated hit" if _fastpath.ENABLED else "_dispatch.py"
     assert any(line.startswith(shown) for line in warm), tracebacks["warm"]
+
+
+_NESTED_ERROR = """
+import jax, jax.numpy as jnp, filterjit
+
+@filterjit.filter_jit
+def helper(x):
+    if x.shape[0] == 4:
+        raise ValueError("the user's error")
+    return x * 2
+
+@jax.jit
+def outer(x):
+    return helper(x)
+
+outer(jnp.ones(3))
+outer(jnp.ones(4))  # the second call takes the latest call's (generated) path
+"""
+
+
+def test_tracebacks_of_nested_calls_show_no_filterjit_frames(tmp_path):
+    # JAX removes its own frames from tracebacks, and filterjit's (generated code
+    # included) as well, so that a user's error points at the user's code.
+    script = tmp_path / "nested_error.py"
+    script.write_text(_NESTED_ERROR)
+    env = subprocess_env(JAX_TRACEBACK_FILTERING="remove_frames")
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env
+    )
+    assert "ValueError: the user's error" in result.stderr
+    assert 'raise ValueError("the user\'s error")' in result.stderr
+    # JAX prints the unfiltered trace first, as the cause; the last is filtered.
+    filtered = result.stderr.split("Traceback (most recent call last):")[-1]
+    frames = [line for line in filtered.splitlines() if line.startswith("  File ")]
+    # Only the user's frames: the script's.
+    assert frames, result.stderr
+    assert all(str(script) in frame for frame in frames), frames
+
+
+def test_under_tracebackhide_filterjit_frames_are_marked_hidden():
+    # IPython's mode: frames are kept, and those JAX hides are marked.
+    @filter_jit
+    def f(a, b):
+        return a @ b
+
+    previous = jax.config.jax_traceback_filtering  # pyright: ignore[reportAttributeAccessIssue]
+    jax.config.update("jax_traceback_filtering", "tracebackhide")
+    try:
+        for _ in range(2):  # cold, then warm through the generated code
+            f(jnp.ones((2, 3)), jnp.ones((3, 2)))
+        with pytest.raises(TypeError) as info:
+            f(jnp.ones((2, 3)), jnp.ones((4, 5)))
+    finally:
+        jax.config.update("jax_traceback_filtering", previous)
+    ours = [
+        frame
+        for frame in traceback_frames(info.value)
+        if frame.f_code.co_filename.startswith(_PACKAGE + os.sep)
+    ]
+    assert ours
+    assert all(frame.f_locals.get("__tracebackhide__") for frame in ours)
 
 
 def test_a_filterjit_error_of_its_own_is_raised_without_its_frames():
@@ -312,221 +400,59 @@ def test_an_error_no_scalar_caused_gets_no_note():
     assert not [n for n in getattr(info.value, "__notes__", ()) if "filter_jit" in n]
 
 
-def _retraces(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "filterjit"]
-
-
-def test_retrace_log_names_only_what_differs_from_the_nearest_cached_trace(
-    monkeypatch, caplog
-):
-    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
-
+@pytest.mark.parametrize("make", [np.int32, jnp.int32, lambda n: np.array(n)])
+def test_a_numpy_or_jax_integer_in_range_names_the_argument_and_the_fix(make):
     @filter_jit
-    def f(x, t):
-        return x * t
-
-    with caplog.at_level(logging.WARNING, logger="filterjit"):
-        f(jnp.ones((32, 3)), 1.0)
-        f(jnp.ones((4, 3)), 1.0)
-        f(jnp.ones((32, 3)), 2.0)
-    first, second = _retraces(caplog)
-    assert first.startswith("filter_jit: ") and "x: f32[32,3] -> f32[4,3]" in first
-    # Against trace 1, which differs in `t` only; trace 2 also differs in `x`.
-    assert "because t: 1.0 -> 2.0" in second
-    assert "x:" not in second
-    assert "(against trace 1, the nearest cached)" in second
-
-
-def test_retrace_log_after_the_caches_are_cleared_says_none_is_cached(
-    monkeypatch, caplog
-):
-    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
-
-    @filter_jit
-    def f(x, t):
-        return x * t
-
-    with caplog.at_level(logging.WARNING, logger="filterjit"):
-        f(jnp.ones(3), 1.0)
-        filterjit.clear_caches()
-        gc.collect()
-        f(jnp.ones(3), 1.0)
-    (message,) = _retraces(caplog)
-    assert "no trace is cached" in message
-
-
-def test_explain_marks_what_differs_from_the_nearest_cached_trace():
-    @filter_jit
-    def f(x, t):
-        return x * t
-
-    f(jnp.ones((32, 3)), 1.0)
-    f(jnp.ones((4, 3)), 2.0)
-    explanation = filterjit.explain(f, jnp.ones((8, 3)), 1.0)
-    assert explanation.cache_hit is False
-    assert explanation.misses == ["x"]
-    text = str(explanation)
-    title, _, _, x_row, t_row, *why = text.splitlines()
-    assert title.endswith(
-        "would trace: `x` differs from the nearest cached trace (trace 1)"
-    )
-    assert x_row.split() == ["x", "traced", "f32[8,3]", "<-", "f32[32,3]"]
-    assert t_row.split() == ["t", "static", "1.0"]  # as cached: not marked
-    assert why[0] == "why:" and "x: f32[32,3] -> f32[8,3]" in why[1]
-    # A hit marks nothing.
-    hit = filterjit.explain(f, jnp.ones((4, 3)), 2.0)
-    assert hit.cache_hit and hit.misses == [] and "<-" not in str(hit)
-
-
-def test_explain_marks_an_argument_the_nearest_trace_did_not_have():
-    @filter_jit
-    def f(x, extra=None):
+    def steps(x, count):
+        for _ in range(count):
+            x = x + 1
         return x
 
-    f(jnp.ones(3))
-    explanation = filterjit.explain(f, jnp.ones(3), extra=(1.0,))
-    assert explanation.misses == ["extra[0]"]  # `None` has no leaf
-    assert "<- <absent>" in str(explanation)
+    with pytest.raises(jax.errors.TracerIntegerConversionError) as info:
+        steps(jnp.ones(1), make(3))
+    notes = [n for n in getattr(info.value, "__notes__", []) if "filter_jit" in n]
+    assert len(notes) == 1, notes
+    assert "steps` traces NumPy and JAX scalars" in notes[0]
+    assert re.search(r"`count`, a (NumPy|JAX) int(32|64)", notes[0]), notes[0]
+    assert "Pass a Python int" in notes[0] and "`int(count)`" in notes[0]
+    assert steps(jnp.ones(1), 3).tolist() == [4.0]  # as the note says
 
 
-def test_explain_of_equinox_filter_jit_raises_naming_it():
-    def g(x):
-        return x + 1
-
-    with pytest.raises(TypeError, match=r"\.g` is wrapped by `equinox.filter_jit`"):
-        filterjit.explain(eqx.filter_jit(g), jnp.ones(3))
-
-    class Model(eqx.Module):
-        @eqx.filter_jit
-        def __call__(self, x):
-            return x
-
-    with pytest.raises(TypeError, match="wrapped by `equinox.filter_jit`"):
-        filterjit.explain(Model().__call__, jnp.ones(3))
-
-
-def test_explain_of_another_jit_wrapper_warns_naming_it():
-    class OtherJit:
-        def __init__(self, fun):
-            self.fun = fun
-
-        def __call__(self, *args):
-            return self.fun(*args)
-
-        def lower(self, *args):
-            raise NotImplementedError
-
-    with pytest.warns(UserWarning, match=r"a jit wrapper of type `.*OtherJit`") as seen:
-        filterjit.explain(OtherJit(lambda x: x), jnp.ones(3))
-    assert [w.filename for w in seen] == [__file__], [str(w.message) for w in seen]
-    with pytest.warns(UserWarning, match=r"`jax.jit\(.*\)`, a jax.jit function"):
-        filterjit.explain(jax.jit(lambda x: x), jnp.ones(3))
-
-
-def _apply(fn, x):
-    return fn(x)
-
-
-def test_static_functions_are_shown_by_their_whole_qualified_names(monkeypatch, caplog):
-    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
-    f = filter_jit(_apply)
-    relu = f"{jax.nn.relu.__module__}.{jax.nn.relu.__qualname__}"
-    rows = filterjit.explain(f, jax.nn.relu, jnp.ones(2)).rows
-    assert rows[0].value == relu
-    partial = ft.partial(jnp.clip, min=0.0)
-    rows = filterjit.explain(f, partial, jnp.ones(2)).rows
-    assert rows[0].value == "functools.partial(jax.numpy.clip, min=0.0)"
-    with caplog.at_level(logging.WARNING, logger="filterjit"):
-        f(jax.nn.relu, jnp.ones(2))
-        f(jax.nn.sigmoid, jnp.ones(2))
-    (message,) = _retraces(caplog)
-    sigmoid = f"{jax.nn.sigmoid.__module__}.{jax.nn.sigmoid.__qualname__}"
-    assert f"fn: {relu} -> {sigmoid} (" in message
-
-
-def _donating(a, b):
-    return a + b
-
-
-def test_a_donated_array_passed_again_names_its_donation():
-    f = filter_jit(_donating, donate="all")
-    x = jnp.ones(3)
-    y = f(x, 2.0)  # donates `x`: the next line's number is in the message
-    line = sys._getframe().f_lineno - 1
-    where = re.escape(f"{__file__}:{line}")
-    message = (
-        r"_donating\(\): argument `a` is an array that was donated by an earlier "
-        rf"call of `_donating` at {where}, through its parameter `a`"
-    )
-    with pytest.raises(ValueError, match=message):
-        f(x, 2.0)  # warm: JAX refuses the deleted buffer when it runs
-    with pytest.raises(ValueError, match=message):
-        f(x, 3.0)  # cold: a new static value, traced anew
-    g = filter_jit(lambda z: z * 2)
-    with pytest.raises(ValueError, match=r"<lambda>\(\): argument `z` .* `_donating`"):
-        g(x)  # passed to another function
-    assert f(y, 2.0).shape == (3,)
-
-
-def test_an_array_deleted_otherwise_is_named_too():
-    f = filter_jit(lambda x: x + 1)
-    f(jnp.ones(3))
-    x = jnp.ones(3)
-    x.delete()
-    with pytest.raises(ValueError, match="argument `x` is an array that was deleted"):
-        f(x)
-
-
-def test_the_record_of_donations_keeps_no_array_alive():
-    f = filter_jit(_donating, donate="all")
-    x = jnp.ones(3)
-    f(x, 2.0)
-    ref = weakref.ref(x)
-    del x
-    gc.collect()
-    assert ref() is None
-    # A function that donates nothing records nothing: its entries call JAX's
-    # jitted function directly (behind a C partial that passes the static
-    # `CallUnderWay` of a top-level call).
-    g = filter_jit(_donating)
-    g(jnp.ones(3), 2.0)
-    (entry,) = g._dispatcher.entries[0]._values.values()
-    jitted: Any = entry.jitted
-    assert type(jitted) is TopCall and type(jitted.func) is type(jax.jit(_donating))
-
-
-def test_a_wrong_count_lists_the_positional_parameters_only():
-    class M(eqx.Module):
-        @filter_jit
-        def f(self, x, *, scale=1.0):
-            return x * scale
-
-    with pytest.raises(
-        TypeError,
-        match=re.escape("takes 2 positional arguments (self, x) but 3 were given"),
-    ):
-        M().f(jnp.ones(2), 2.0)  # pyright: ignore[reportCallIssue]
-
-
-def test_under_tracebackhide_filterjit_frames_are_marked_hidden():
-    # IPython's mode: frames are kept, and those JAX hides are marked.
+def test_a_numpy_bool_in_if_names_the_argument():
     @filter_jit
-    def f(a, b):
-        return a @ b
+    def choose(x, flag):
+        return x + 1 if flag else x
 
-    previous = jax.config.jax_traceback_filtering  # pyright: ignore[reportAttributeAccessIssue]
-    jax.config.update("jax_traceback_filtering", "tracebackhide")
-    try:
-        for _ in range(2):  # cold, then warm through the generated code
-            f(jnp.ones((2, 3)), jnp.ones((3, 2)))
-        with pytest.raises(TypeError) as info:
-            f(jnp.ones((2, 3)), jnp.ones((4, 5)))
-    finally:
-        jax.config.update("jax_traceback_filtering", previous)
-    ours = [
-        frame
-        for frame in traceback_frames(info.value)
-        if frame.f_code.co_filename.startswith(_PACKAGE + os.sep)
-    ]
-    assert ours
-    assert all(frame.f_locals.get("__tracebackhide__") for frame in ours)
+    with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+        choose(jnp.ones(1), np.bool_(True))
+    notes = [n for n in getattr(info.value, "__notes__", []) if "filter_jit" in n]
+    assert len(notes) == 1 and "`flag`, a NumPy bool" in notes[0], notes
+    # A traced integer array that is not a scalar gets JAX's error alone.
+    with pytest.raises(jax.errors.TracerIntegerConversionError) as info:
+        filter_jit(lambda x, n: x * len(range(n[0])))(jnp.ones(1), np.array([2]))
+    assert not [n for n in getattr(info.value, "__notes__", []) if "filter_jit" in n]
+
+
+def test_unbounded_recursion_names_the_function_and_the_fix():
+    @filter_jit
+    def countdown(x, n):
+        return countdown(x, n - 1)  # no base case
+
+    with pytest.raises(RecursionError) as info:
+        countdown(jnp.ones(1), 3)
+    notes = [n for n in getattr(info.value, "__notes__", []) if "filter_jit" in n]
+    assert len(notes) == 1, notes
+    assert (
+        "`test_unbounded_recursion_names_the_function_and_the_fix.<locals>."
+        in (notes[0])
+    )
+    assert "countdown`" in notes[0]
+    assert "static condition" in notes[0]
+    assert "jax.lax.while_loop" in notes[0]
+
+    # With its base case, the same recursion traces and runs.
+    @filter_jit
+    def countdown_to_zero(x, n):
+        return x if n == 0 else countdown_to_zero(x + 1, n - 1)
+
+    assert countdown_to_zero(jnp.zeros(1), 3).tolist() == [3.0]

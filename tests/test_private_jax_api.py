@@ -1,4 +1,8 @@
-"""The private-JAX access in `filterjit._trace`, and its fallback."""
+"""The fence around JAX's private API in `filterjit._trace`: a canary test for each
+private access, which fails when JAX moves what filterjit reads, and the public
+fallback that keeps working meanwhile; the trace levels the private reader tells
+apart; and what filterjit must not do to JAX (start a backend on import, set off a
+deprecation warning)."""
 
 import collections
 import functools
@@ -170,7 +174,8 @@ def test_current_equations_reads_the_innermost_trace():
 def test_the_loop_readers_read_the_trace_in_progress_and_the_loops_stack():
     # If this fails, JAX has moved a trace's inputs, the stack it records with an
     # equation, or its `while_loop` transpose rule: the note on the reverse-mode
-    # loop error names every traced scalar, or is missing (tests/test_user_errors).
+    # loop error names every traced scalar, or is missing
+    # (tests/test_errors_in_user_code.py).
     from jax._src.interpreters.ad import primitive_transposes
     from jax.extend.core.primitives import while_p
 

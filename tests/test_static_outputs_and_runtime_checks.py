@@ -1,5 +1,8 @@
-"""What a trace learned (static outputs, runtime checks) comes with the executable
-JAX runs, whichever trace made it and whatever JAX keyed it on."""
+"""What a trace learned comes with the executable JAX runs, whichever trace made it
+and whatever JAX keyed it on: its static (non-array) outputs are never another
+trace's (under another x64 flag, at other shapes), inputs handed back are the
+caller's own and NumPy outputs are fresh per call; and its runtime checks
+(`eqx.error_if`) raise at every eager level, and nested, as the outer program's."""
 
 import math
 from collections.abc import Callable

@@ -2,7 +2,8 @@
 whose leaves of array types are all tracers is the program that a top-level call
 with those avals is, and the two share one trace, whichever comes first; and what
 the shared trace returns is what each level returns undecorated (nested) or under
-`jax.jit` (top level)."""
+`jax.jit` (top level). Inline calls keep entries of their own, and `num_traces`
+counts the traces made at the top level only."""
 
 import equinox as eqx
 import jax

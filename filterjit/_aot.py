@@ -64,6 +64,18 @@ class Specialisation:
                 f"and is {now} now (it is a `{type(leaves[position]).__name__}`). "
                 "Pass the same kind of value, or lower again."
             )
+        for position in partition.dynamic_positions:
+            if isinstance(leaves[position], jax.ShapeDtypeStruct):
+                raise TypeError(
+                    f"{name}: argument `{labels[position]}` is a "
+                    "`jax.ShapeDtypeStruct`. When lowering, a ShapeDtypeStruct "
+                    "stands for an array of its shape and dtype, and was traced as "
+                    "one; the compiled function takes that array. Pass an array "
+                    f"of shape {leaves[position].shape} and dtype "
+                    f"{leaves[position].dtype}; for a static setting, pass a value "
+                    "of another type (a tuple of the shape and dtype) when lowering "
+                    "and calling."
+                )
         statics = list(partition.statics(leaves))
         if partition.signature[2] == lowered.signature[2] and statics == self.statics:
             return dynamic, leaves

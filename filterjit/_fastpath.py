@@ -147,16 +147,7 @@ def bound_call_reader(
         return None
     writer = _Writer(staged=True if keyed is None else keyed.staged)
     if defaults is not None and takes_defaults(sources):
-        path, read, read_kw, read_kw_values = defaults
-        writer.check(
-            f"{path}.__defaults__ is not {writer.constant(read)} or "
-            f"{path}.__kwdefaults__ is not {writer.constant(read_kw)}"
-        )
-        if read_kw is not None:  # a dict, which may be changed in place
-            writer.check(
-                f"not {writer.constant(same_kwdefaults)}({path}.__kwdefaults__, "
-                f"{writer.constant(read_kw_values)})"
-            )
+        writer.guard(defaults)
     leaves = writer.call(treedef, types, fun_is_leaf, sources)
     return writer.compile("read_call", "f, a, k", leaves, keyed, key_suffix)
 
@@ -293,16 +284,7 @@ def _branch(
     if defaults is None and takes_defaults(sources):
         return None
     if defaults is not None and takes_defaults(sources):
-        path, read, read_kw, read_kw_values = defaults
-        writer.check(
-            f"{path}.__defaults__ is not {writer.constant(read)} or "
-            f"{path}.__kwdefaults__ is not {writer.constant(read_kw)}"
-        )
-        if read_kw is not None:  # a dict, which may be changed in place
-            writer.check(
-                f"not {writer.constant(same_kwdefaults)}({path}.__kwdefaults__, "
-                f"{writer.constant(read_kw_values)})"
-            )
+        writer.guard(defaults)
     args, kwargs = sources
     plain = _plain(sources)
     if plain:
@@ -562,6 +544,19 @@ class _Writer:
 
     def check(self, failed: str) -> None:
         self.lines.append(f"if {failed}: {self.miss}")
+
+    def guard(self, defaults: DefaultsGuard) -> None:
+        """Checks that the function's defaults are still those read."""
+        path, read, read_kw, read_kw_values = defaults
+        self.check(
+            f"{path}.__defaults__ is not {self.constant(read)} or "
+            f"{path}.__kwdefaults__ is not {self.constant(read_kw)}"
+        )
+        if read_kw is not None:  # a dict, which may be changed in place
+            self.check(
+                f"not {self.constant(same_kwdefaults)}({path}.__kwdefaults__, "
+                f"{self.constant(read_kw_values)})"
+            )
 
     def items(self, x: str, keys: Sequence[Any]) -> str:
         """A variable holding the tuple of `x[key]` for `keys`."""

@@ -42,6 +42,18 @@ def test_compiled_rejects_changed_static_arguments():
         compiled(jnp.ones(4), 2)  # JAX's own check, naming the argument `x`
 
 
+def test_a_compiled_call_given_a_shape_dtype_struct_says_it_stands_for_an_array():
+    # When lowering, a ShapeDtypeStruct is an array's stand-in, traced (jax.jit
+    # traces it too, unless it is in `static_argnums`); the compiled function takes
+    # the array, and says so where it is given the stand-in again.
+    spec = jax.ShapeDtypeStruct((2,), jnp.float32)
+    g = filter_jit(lambda x, s: x.sum() + s.sum())
+    compiled = g.lower(jnp.ones(3), spec).compile()
+    assert compiled(jnp.ones(3), jnp.ones(2)).tolist() == 5.0
+    with pytest.raises(TypeError, match=r"argument `s` is a `jax.ShapeDtypeStruct`"):
+        compiled(jnp.ones(3), spec)
+
+
 def test_trace_and_eval_shape():
     traced = _f.trace(jax.ShapeDtypeStruct((3,), jnp.float32), 2)
     assert "mul" in str(traced.jaxpr)

@@ -197,7 +197,11 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
         return entry
 
     hit = dispatcher.hit_of(route, get)
-    assert hit is not None  # made as the route's was
+    if hit is None:
+        # Made as the route's was, it reads no call as things are now: a mutable
+        # default, read when a hit is made, holds a leaf of another type now (the
+        # route's hit reads the default on every call, and misses too).
+        return None
     try:
         out = hit(fun, args, kwargs)
     except _Read as read:  # nested: raised as it was

@@ -339,7 +339,10 @@ def test_a_warm_hit_runs_few_of_filterjits_functions():
     x = jnp.ones(3)
     g = filter_jit(raises)  # `x + n`: arrays out
     plain_hit = _hit_functions(lambda: g(x, 2))
-    assert plain_hit == ["__call__", "hit"], plain_hit
+    # Under JAX 0.9, the innermost trace is read through a property of filterjit's
+    # (`_trace._TraceAttribute.value`): a function more, in the level check.
+    reader = _hit_functions(_trace.level_reader.current)
+    assert plain_hit == ["__call__", *reader, "hit"] and len(reader) <= 1, plain_hit
     # A static output handed back adds its builder alone; one made from the traced
     # leaves alone is built inside the hit (see the test below).
     static = filter_jit(plain)

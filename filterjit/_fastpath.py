@@ -4,12 +4,13 @@ reference path gives (`Dispatcher._call`: bind with `inspect`, flatten with
 of them off when the environment sets `FILTERJIT_FASTPATH=0`. Each is one
 generated function (`_compile`: the package's only `exec`):
 
-- `bound_call_reader`: the leaves, key and traced leaves of a call of one shape
-  with the structure and leaf types of a partition, read without binding or
-  flattening it (`call_reader`: a pytree's leaves);
 - `hit_caller`: a whole call at one level of calls of the shapes recorded for
   one partition, read, keyed, looked up and run (the static output of the trace
   it learned built inline), calling nothing of its dispatcher's;
+- `bound_call_reader`: a hit's reading alone, the leaves, key and traced leaves
+  of a call of one shape, which `tests/test_readers.py` checks against
+  `jax.tree_util` (`call_reader`: a pytree's leaves, which a hit reads a mutable
+  default with);
 - `output_builder`: a static output built by one expression.
 
 A reader checks, on every call, all that JAX's flatten and a comparison of
@@ -28,7 +29,7 @@ and the reference path:
 
 How Equinox flattens a class, and that JAX flattens a namedtuple class as a
 namedtuple, are checked against JAX once per class, on a probe instance.
-`tests/test_readers.py` checks the readers against `jax.tree_util`, and
+`tests/test_readers.py` checks the readers and hits against `jax.tree_util`, and
 `tests/test_fastpath.py` runs generated sequences of calls through both paths.
 """
 

@@ -217,7 +217,7 @@ class OutputSpec:
         self.plain = not (aliases or runtime_check)
         self.from_traced = None if passthrough or not self.plain else self.build
         # For `from_traced`, the output's structure and where its leaves come from,
-        # so that `top` may build it inline (see `_fastpath.top_caller`).
+        # so that a hit may build it inline (see `_fastpath.hit_caller`).
         self.leaf_sources = None
         if self.from_traced is not None:
             self.leaf_sources = treedef, leaf_sources(template, dynamic, passthrough)

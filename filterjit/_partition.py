@@ -14,13 +14,6 @@ from ._structure import dict_orders, PyTreeDef, shape_of
 from ._trace import aux_data
 
 
-# `read(fun, args, kwargs)`: the leaves of a call of one shape, their key and the
-# traced ones; or `None` where it cannot read the call (see `_fastpath`).
-KeyedCallReader = Callable[
-    [Any, tuple[Any, ...], dict[str, Any]], tuple[list[Any], Any, Any] | None
-]
-
-
 def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     """How a static leaf of type `kind` is keyed, where `==` is not enough (the
     partition keys the types, so `1`, `1.0` and `True` differ); `None`: itself."""

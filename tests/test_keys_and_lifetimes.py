@@ -241,7 +241,7 @@ class Settings(eqx.Module):
 @pytest.mark.xfail(
     strict=True,
     reason="a Module's static field is pinned by the fast path's generated code "
-    "(a constant of `Dispatcher.top`'s namespace), whose owner is the class's "
+    "(a constant of the generated hit's namespace), whose owner is the class's "
     "__call__: it lives as long as the class (jax.jit frees it)",
 )
 def test_module_static_field_freed_with_wrapper_top() -> None:

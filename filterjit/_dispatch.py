@@ -154,14 +154,6 @@ class Dispatcher:
         """Calls `drop()` when any of `objects` dies."""
         self._lifelines = lifelines(objects, drop)
 
-    def call(self, level: Level, fun: Any, args: Args, kwargs: Kwargs) -> Any:
-        """Calls `fun(*args, **kwargs)` at trace level `level`: its hit, and where
-        that does not finish the call, `resume` (as a wrapper does, written out)."""
-        out = self.hits[level](fun, args, kwargs)
-        if type(out) is Unfinished:
-            return self.resume(level, out, fun, args, kwargs)
-        return out
-
     def resume(
         self, level: Level, unfinished: Unfinished, fun: Any, args: Args, kwargs: Kwargs
     ) -> Any:
@@ -227,22 +219,26 @@ class Dispatcher:
         (an `OutputSpec` with `from_traced`) inline (see `hit_caller`)."""
         if route.learned is not None or route.hit is None or not self._reads_calls():
             return
-        with self._lock:
-            route.learned = spec
-            self._make_hit(route)
+        route.learned = spec
+        self._make_hit(route)
 
     def _make_hit(self, route: Route) -> None:
         """Makes `route`'s hit from the calls it reads, and has it serve its level
-        where the one it replaces did."""
-        before = route.hit
-        route.hit = self.hit_of(route, route.get)
-        level = route.partition.level
-        if before is not None and self.hits[level] is before:
-            self.hits[level] = route.hit or miss
+        where the one it replaces did. Made without the lock (making it may read a
+        user's default, and compare a Module's static fields with their `__eq__`),
+        installed under it unless hits were turned off meanwhile."""
+        hit = self.hit_of(route, route.get)
+        with self._lock:
+            if not self._reads_calls():
+                return
+            before, route.hit = route.hit, hit
+            level = route.partition.level
+            if before is not None and self.hits[level] is before:
+                self.hits[level] = hit or miss
 
     def hit_of(self, route: Route, get: Callable[[Any], Any]) -> Hit | None:
         """The hit of `route`'s calls, finding entries with `get`."""
-        calls = [call for call in route.calls.values() if call is not None]
+        calls = [call for call in list(route.calls.values()) if call is not None]
         return hit_caller(
             route,
             route.partition,
@@ -357,12 +353,12 @@ class Dispatcher:
                 cache.put((treedef, types, route.partition.exact), route)
         elif shape is None:
             return route
-        if self._reads_calls() and shape not in route.calls:
-            with self._lock:
-                if len(route.calls) < _MAX_HIT_CALLS:
-                    route.calls[shape] = self._hit_call(route, shape)
-                    self._make_hit(route)
-        self.hits[level] = route.hit or miss
+        reads = self._reads_calls() and len(route.calls) < _MAX_HIT_CALLS
+        if reads and shape not in route.calls:
+            route.calls[shape] = self._hit_call(route, shape)
+            self._make_hit(route)
+        with self._lock:  # not a hit that `_forget_calls` dropped meanwhile
+            self.hits[level] = route.hit or miss
         return route
 
     def _new_route(

@@ -15,7 +15,7 @@ import jax.tree_util as jtu
 from jax.core import ShapedArray, Tracer
 
 from ._aot import Specialisation
-from ._binding import argument_label, BOUND
+from ._binding import argument_label, Binder, BOUND
 from ._exact import exact_aux
 from ._export_payload import pack, unpack
 from ._export_values import (
@@ -288,10 +288,12 @@ _KINDS = {
 
 class _Parameters:
     """The exported function's parameters: names, kinds and whether each has a
-    default (whose value, where the export left it so, is the template's)."""
+    default (whose value, where the export left it so, is the template's); a call
+    bound to them by `Binder`, as `filter_jit` binds it, a default as `_DEFAULT`."""
 
     def __init__(
         self,
+        fun_name: str,
         parameters: Sequence[tuple[str, int, bool]] | None,
         aliases: Sequence[str] = (),
         bound: Sequence[str] = (),
@@ -302,52 +304,41 @@ class _Parameters:
         # For a wrapper taking `*args` (`jax.vmap(f)`): the names of the positional
         # parameters of the function it wraps, to name its arguments by.
         self.aliases = list(aliases)
-        self._signature = None
+        signature = None
         if parameters is not None:
-            self._signature = inspect.Signature(
+            signature = inspect.Signature(
                 [
                     inspect.Parameter(
                         name,
                         _KINDS[kind],
-                        default=_DEFAULT if has_default else inspect.Parameter.empty,
+                        default=_default(name in bound, has_default),
                     )
                     for name, kind, has_default in parameters
                 ]
             )
+        self._signature = signature
+        self._bind = Binder(signature, fun_name)
 
     @classmethod
-    def of(cls, fun: Any) -> "_Parameters":
+    def of(cls, fun_name: str, fun: Any) -> "_Parameters":
         signature = call_signature(fun)
         if signature is None:
-            return cls(None)
+            return cls(fun_name, None)
         parameters = signature.parameters.values()
         return cls(
+            fun_name,
             [(p.name, int(p.kind), p.default is not p.empty) for p in parameters],
             _aliases(fun, signature),
             [p.name for p in parameters if p.default is BOUND],
         )
 
     def bind(
-        self, fun_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> list[tuple[int | str, Any]]:
         """The bound arguments, each as `(key, value)`: positional ones keyed by
         index, then keyword ones (sorted) by name; `_DEFAULT` for a default."""
-        if self._signature is None:
-            positional, keywords = list(args), dict(kwargs)
-        else:
-            try:
-                bound = self._signature.bind(*args, **kwargs)
-            except TypeError as e:
-                raise TypeError(f"{fun_name}(): {e}.") from None
-            bound.apply_defaults()
-            positional, keywords = list(bound.args), bound.kwargs
-            for name in self.bound:
-                if keywords.get(name) is _DEFAULT:
-                    del keywords[name]  # the partial passes its own
-        return [
-            *enumerate(positional),
-            *((name, keywords[name]) for name in sorted(keywords)),
-        ]
+        positional, keywords = self._bind(args, kwargs)
+        return [*enumerate(positional), *sorted(keywords.items())]
 
     def name(self, key: int | str) -> str:
         """How to name the argument bound at `key` to a user."""
@@ -356,6 +347,14 @@ class _Parameters:
         signature = self._signature
         parameters = () if signature is None else signature.parameters.values()
         return argument_label(parameters, key)[1]
+
+
+def _default(bound: bool, has_default: bool) -> Any:
+    """A saved parameter's default: `BOUND` for what a partial binds (the call
+    passes none), `_DEFAULT` for a default, else none."""
+    if bound:
+        return BOUND
+    return _DEFAULT if has_default else inspect.Parameter.empty
 
 
 def _aliases(fun: Any, signature: inspect.Signature) -> list[str]:
@@ -487,7 +486,7 @@ class Exported(Generic[_P, _T]):
         static value does.
         """
         inputs: list[Any] = []
-        bound = self._parameters.bind(self.fun_name, args, kwargs)
+        bound = self._parameters.bind(args, kwargs)
         keys = [key for key, _ in bound]
         if keys != list(self._arguments):
             raise TypeError(
@@ -801,6 +800,7 @@ def _read_header(
         if not (isinstance(name, str) and name.isidentifier()):
             raise Malformed
     parameters = _Parameters(
+        fun_name,
         None
         if saved_parameters is None
         else [_parameter(*saved) for saved in saved_parameters],
@@ -909,7 +909,7 @@ def _bound_arguments(
     """Each bound argument of the exporting call with its saved data, and the
     positions (among the bound call's leaves) of the traced leaves of the arguments
     it passed: the program's inputs."""
-    given = parameters.bind(function.name, args, kwargs)
+    given = parameters.bind(args, kwargs)
     bound_args, bound_kwargs = function.bind(args, kwargs)
     values = [*bound_args, *(bound_kwargs[key] for key in sorted(bound_kwargs))]
     leaves, traced = called.leaves, set(called.partition.dynamic_positions)
@@ -992,7 +992,7 @@ def _export(
     function = dispatcher.function
     # The very partition and jitted function of a top-level call with these arrays.
     called = Specialisation(dispatcher, fun, *args, **kwargs)
-    parameters = _Parameters.of(fun)
+    parameters = _Parameters.of(function.name, fun)
     encoding = Encoding(opaque=[])
     arguments, inputs = _bound_arguments(
         fun, function, parameters, called, args, kwargs, encoding

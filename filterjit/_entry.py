@@ -18,7 +18,7 @@ from ._binding import FUNCTION, LeafParameter, positional_names
 from ._cache import lifelines
 from ._diagnostics import row, TraceLog, Traces
 from ._donated import record
-from ._errors import traced_a_check
+from ._errors import note_loop_in_trace, scalars_in_trace, traced_a_check
 from ._exact import ndarray_key
 from ._function import Function, python_function
 from ._level import ABSTRACT, EAGER, Level, STAGED, TOP
@@ -212,6 +212,9 @@ def make_entry(
     except TypeError:
         fun_ref = lambda: fun  # noqa: E731
 
+    traced_labels = [labels[p] for p in dynamic_positions]
+    traced_types = [partition.types[p] for p in dynamic_positions]
+
     def trace(under_way: tuple[Any, list[Any]] | None, dynamic: Any) -> Any:
         """The function called with a call's traced leaves `dynamic`: nested, in
         the call's own pytree and leaves `under_way`, else in a copy of those of
@@ -228,9 +231,18 @@ def make_entry(
         else:  # the caller's own arguments, traced leaves replaced
             call = replace_leaves(under_way[0], lambda position, _: inputs[position])
         f, args, kwargs = function.split_call(fun_ref(), call)
-        output = f(*args, **kwargs)
+        # Top level and eager: its NumPy and JAX integer scalars, for the notes on
+        # reverse mode through `fori_loop`s with bounds from them.
+        scalars = (
+            [] if staged else scalars_in_trace(traced_labels, traced_types, dynamic)
+        )
+        try:
+            output = f(*args, **kwargs)
+        except ValueError as error:  # noted, raised as it is
+            note_loop_in_trace(error, function.name, scalars)
+            raise
         # Whether a failed check is raised at the call (never nested), which waits.
-        runtime_check = not staged and traced_a_check()
+        runtime_check = not staged and traced_a_check(function.name, scalars)
         if entry is not None:
             if runtime_check:
                 entry.has_checks = entry.guarded = True

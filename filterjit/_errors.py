@@ -35,19 +35,17 @@ from ._leaves import is_array, NUMPY_TYPES
 _MARKER = "_EquinoxRuntimeError: "
 
 
-def traced_a_check() -> bool:
-    """Called at the end of a function's trace: whether it traced a runtime check, a
-    `pure_callback` into Equinox, at any depth (`True` where that cannot be known,
-    so that errors are never lost). In a trace of a checked call (the top level,
-    eager transforms) that traced NumPy or JAX integer scalars, also records the
-    `lax.fori_loop`s whose bounds they gave, for the error reverse mode raises on
-    them later (see `_note_loop`)."""
+def traced_a_check(name: str, scalars: Sequence["_Scalar"]) -> bool:
+    """Called at the end of a trace of `name` at the top level or under an eager
+    transform: whether it traced a runtime check, a `pure_callback` into Equinox,
+    at any depth (`True` where that cannot be known, so that errors are never
+    lost). Also records the `lax.fori_loop`s whose bounds the traced integer
+    scalars `scalars` gave (see `scalars_in_trace`), for the error reverse mode
+    raises on them later (see `_note_loop`)."""
     if (eqns := _trace.current_equations()) is None:
         return True
-    call: _Call | None = getattr(_under_way, "call", None)
-    scalars = [] if call is None else _scalars_of(call)
     # Loops are looked for where they may get a note, or lose one made before.
-    find_loops = call is not None and bool(scalars or _loop_notes)
+    find_loops = bool(scalars or _loop_notes)
     found = False
     loops: list[tuple[int, Any]] = []
     for position, eqn in enumerate(eqns):
@@ -58,8 +56,8 @@ def traced_a_check() -> bool:
                 found = True
             elif find_loops and _is_fori_loop(inner):
                 loops.append((position, inner))
-    if loops and call is not None:
-        _record_loops(call[0], scalars, eqns, loops)
+    if loops:
+        _record_loops(name, list(scalars), eqns, loops)
     return found
 
 
@@ -95,18 +93,6 @@ def _is_fori_loop(eqn: Any) -> bool:
 
 # A checked call under way: its function's name, `jitted`, its traced leaves and
 # (where known) their names; a plain tuple, made on every checked call.
-_Call = tuple[str, Callable[..., Any], Sequence[Any], Sequence[str] | None]
-
-
-def _scalars_of(call: _Call) -> list["_Scalar"]:
-    """The traced NumPy or JAX integer or bool scalars of a checked call."""
-    _, jitted, dynamic, labels = call
-    return _traced_scalars(_labels(jitted, dynamic, labels), dynamic)
-
-
-# The checked call under way in each thread, while its entry may trace.
-_under_way = threading.local()
-
 # The notes for the reverse-mode error on loops that checked calls traced with
 # bounds from traced NumPy or JAX scalars, by the stack JAX recorded with each loop
 # (equal to the one it reports while transposing the loop). Strings only: a loop's
@@ -218,8 +204,6 @@ def call_checked(
     errors in the user's terms (see `explain_failure`)."""
     # Not a context manager: one costs microseconds, on every checked call.
     _checked_calls.append(None)
-    previous = getattr(_under_way, "call", None)
-    _under_way.call = (name, jitted, dynamic, labels)
     try:
         out = jitted(*dynamic)
         if ready is not None and (arrays := ready(out)):
@@ -230,7 +214,6 @@ def call_checked(
         explain_failure(e, name, _labels(jitted, dynamic, labels), dynamic)
         raise
     finally:
-        _under_way.call = previous
         _checked_calls.pop()
 
 
@@ -308,6 +291,23 @@ def _traced_scalars(labels: Sequence[str], dynamic: Sequence[Any]) -> list[_Scal
     ]
 
 
+def scalars_in_trace(
+    labels: Sequence[str], types: Sequence[type], tracers: Sequence[Any]
+) -> list[_Scalar]:
+    """The traced leaves of a top-level or eager call (named `labels`, of the
+    types `types` in the call, traced as `tracers`) that are NumPy or JAX integer
+    or bool scalars. Not an outer transform's tracers: their values are not known
+    outside either."""
+    return [
+        _Scalar(i, label, "NumPy" if issubclass(kind, NUMPY_TYPES) else "JAX", dtype)
+        for i, (label, kind, tracer) in enumerate(zip(labels, types, tracers))
+        if not issubclass(kind, Tracer)
+        and tracer.shape == ()
+        and isinstance(dtype := tracer.dtype, np.dtype)
+        and dtype.kind in "biu"
+    ]
+
+
 def _python_type(scalar: _Scalar) -> str:
     return "bool" if scalar.dtype.kind == "b" else "int"
 
@@ -373,23 +373,38 @@ def _loop_note(name: str, scalars: list[_Scalar]) -> str:
 
 def _note_loop(error: ValueError) -> None:
     """Adds to JAX's error for a `while_loop` reverse mode cannot go through, where
-    it is a `lax.fori_loop` whose bounds a checked call traced from NumPy or JAX
-    scalars, which arguments, why, and the fix. The loop's note was recorded when
-    it was traced (the error comes later, from `jax.grad` around the call); a loop
-    transposed while the call is still under way (`jax.grad` inside the function)
-    names the call's traced integer scalars."""
-    if not str(error).startswith(_LOOP_ERROR):
-        return
-    if any(n.startswith(_LOOP_NOTE) for n in getattr(error, "__notes__", ())):
+    it is a `lax.fori_loop` whose bounds a top-level or eager call traced from NumPy
+    or JAX scalars, which arguments, why, and the fix. The loop's note was recorded
+    when it was traced (the error comes later, from `jax.grad` around the call).
+    A `fori_loop` with no note may be transposed while the call that traced it is
+    under way (`jax.grad` inside the function): it is marked, for that call's trace
+    to name its scalars (`note_loop_in_trace`)."""
+    if not str(error).startswith(_LOOP_ERROR) or _has_loop_note(error):
         return
     source = _trace.current_source()
     note = _loop_notes.get(source) if source is not None else None
-    call: _Call | None = getattr(_under_way, "call", None)
-    if note is None and call is not None and _trace.made_by(source, "fori_loop"):
-        if scalars := _scalars_of(call):
-            note = _loop_note(call[0], scalars)
     if note is not None:
         error.add_note(note)
+    elif _trace.made_by(source, "fori_loop"):
+        setattr(error, _FORI_LOOP, True)
+
+
+# The attribute that marks an error raised transposing a `fori_loop` with no note.
+_FORI_LOOP = "_filterjit_fori_loop"
+
+
+def _has_loop_note(error: BaseException) -> bool:
+    return any(n.startswith(_LOOP_NOTE) for n in getattr(error, "__notes__", ()))
+
+
+def note_loop_in_trace(
+    error: Exception, name: str, scalars: Sequence["_Scalar"]
+) -> None:
+    """Adds the loop note to an error that a trace of `name` raised, where reverse
+    mode failed on a `fori_loop` inside the function (see `_note_loop`) and the
+    trace's traced integer scalars are `scalars`. Only adds a note."""
+    if scalars and getattr(error, _FORI_LOOP, False) and not _has_loop_note(error):
+        error.add_note(_loop_note(name, list(scalars)))
 
 
 _trace.note_on_loop_transpose_error(_note_loop)

@@ -345,18 +345,19 @@ def _donated(
 ) -> tuple[int, ...]:
     """Which traced leaves (as indices among them) are donated: those of arguments
     the caller passed, by name (`**kwargs` by keyword, as `donate_argnames`); never
-    a default. As filterjit means `donate`: never what a partial binds, and a
-    method's receiver is its first argument. As Equinox means it: the function's own
-    arrays are donated with the rest where Equinox traces them, and "first" is the
-    call's first argument."""
+    a default. A method's receiver is its first argument and what a partial binds
+    is none; or (`receiver_is_argument` off) the function's own traced leaves are
+    no argument, donated alike under every string option where `donate_function`
+    says, and "first" is the call's first argument."""
     donate = options.donate
     spare_first = isinstance(donate, str) and donate.endswith("except-first")
     names = set(donate) if isinstance(donate, tuple) else None
-    receiver = None if options.donate_as_equinox else function.receiver
+    own_leaves = not options.receiver_is_argument
+    receiver = None if own_leaves else function.receiver
     donated = []
     for i, position in enumerate(partition.dynamic_positions):
         parameter, index, _ = leaf_parameters[position]
-        if parameter == FUNCTION and options.donate_as_equinox:
+        if parameter == FUNCTION and own_leaves:
             if options.donate_function:
                 donated.append(i)
             continue

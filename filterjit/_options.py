@@ -61,11 +61,11 @@ class Options:
     in_shardings: Any = UNSPECIFIED
     out_shardings: Any = UNSPECIFIED
     jitkwargs: tuple[tuple[str, Any], ...] = ()  # every other jax.jit keyword
-    # `donate` as Equinox means it (`equinox.filter_jit` under `patch_equinox()`):
-    # "first" is the call's first argument, never the function's receiver (an
-    # `eqx.Module`, a method's `self`), and whether the function's own arrays are
-    # donated under every option but "none" (where Equinox traces them).
-    donate_as_equinox: bool = False
+    # What `donate` counts as arguments. By default a method's receiver (or a
+    # callable Module) is the first argument, and what a partial binds is none.
+    # Else the function's own traced leaves are no argument ("first" is the call's
+    # first), and `donate_function` says whether a string option donates them.
+    receiver_is_argument: bool = True
     donate_function: bool = False
 
     @property

@@ -50,10 +50,11 @@ def equinox_filter_jit(
         return _without_retrace_warnings(filter_jit(fun, **jitkwargs))
     options = make_options(donate=donate, **jitkwargs)
     if isinstance(donate, str):
-        # Equinox traces the arrays of a function that is a pytree node.
+        # As Equinox means `donate`: "first" is the call's first argument, and it
+        # traces (so donates) the arrays of a function that is a pytree node.
         function_is_node = not jtu.treedef_is_leaf(jtu.tree_structure(fun))
         options = dataclasses.replace(
-            options, donate_as_equinox=True, donate_function=function_is_node
+            options, receiver_is_argument=False, donate_function=function_is_node
         )
     return _without_retrace_warnings(_decorate(options, fun))
 

@@ -7,10 +7,9 @@ generated function (`_compile`: the package's only `exec`):
 - `hit_caller`: a whole call at one level of calls of the shapes recorded for
   one partition, read, keyed, looked up and run (the static output of the trace
   it learned built inline), calling nothing of its dispatcher's;
-- `bound_call_reader`: a hit's reading alone, the leaves, key and traced leaves
-  of a call of one shape, which `tests/test_readers.py` checks against
-  `jax.tree_util` (`call_reader`: a pytree's leaves, which a hit reads a mutable
-  default with);
+- `call_reader`: a pytree's leaves, which a hit reads a mutable default with,
+  and which `tests/test_readers.py` checks against `jax.tree_util` (as it checks
+  what hits read);
 - `output_builder`: a static output built by one expression.
 
 A reader checks, on every call, all that JAX's flatten and a comparison of
@@ -119,38 +118,13 @@ def call_reader(treedef: PyTreeDef, types: tuple[type, ...]) -> Any:
         return None
     writer = _Writer()
     leaves = writer.node(treedef, types, "tree")
-    return writer.compile("read", "tree", leaves, None)
+    return writer.compile("read", "tree", leaves)
 
 
 def takes_defaults(sources: Sources) -> bool:
     """Whether calls bound as `sources` say take a default."""
     args, kwargs = sources
     return any(kind == "default" for kind, _ in [*args, *kwargs.values()])
-
-
-def bound_call_reader(
-    treedef: PyTreeDef,
-    types: tuple[type, ...],
-    fun_is_leaf: bool,
-    sources: Sources,
-    keyed: Partition | None = None,
-    key_suffix: Any = None,
-    defaults: DefaultsGuard | None = None,
-) -> Callable[..., Any] | None:
-    """The reader of calls of one shape, `read(fun, args, kwargs)`, as
-    `call_reader` would read their pytree once bound, but from each bound argument
-    where it comes from (`sources`); with a partition `keyed`, also their key
-    there (`Partition.reference_key`, paired with `key_suffix` unless `None`: what
-    the key of calls of this shape adds) and the traced leaves. With `defaults`, a
-    call that takes a default is read only while the function's defaults are the
-    objects read."""
-    if not ENABLED:
-        return None
-    writer = _Writer(staged=True if keyed is None else keyed.staged)
-    if defaults is not None and takes_defaults(sources):
-        writer.guard(defaults)
-    leaves = writer.call(treedef, types, fun_is_leaf, sources)
-    return writer.compile("read_call", "f, a, k", leaves, keyed, key_suffix)
 
 
 class HitCall(NamedTuple):
@@ -411,44 +385,19 @@ class _Writer:
         self.lists: set[str] = set()  # the values that are lists (the user's)
         self.depth = 0  # of the node being read
 
-    def compile(
-        self,
-        name: str,
-        parameter: str,
-        leaves: list[str] | None,
-        keyed: Any,
-        key_suffix: Any = None,
-    ) -> Any:
+    def compile(self, name: str, parameter: str, leaves: list[str] | None) -> Any:
+        """`def name(parameter)` returning the list of `leaves`, or `None` where a
+        check fails; `None` where there are no leaves to read."""
         if leaves is None:
             return None
-        if keyed is None:
-            result = [f"return [{', '.join(leaves)}]"]
-        else:
-            starred = any(leaf.startswith("*") for leaf in leaves)
-            at = (lambda p: f"l[{p}]") if starred else leaves.__getitem__
-            key = self.key(keyed, at, "l", key_suffix)
-            result = [
-                f"l = [{', '.join(leaves)}]",
-                f"return l, {key}, {self.traced(keyed, at, 'l')}",
-            ]
         body = [
             "try:",
-            *(f"    {line}" for line in [*self.lines, *result]),
+            *(f"    {line}" for line in [*self.lines, f"return [{', '.join(leaves)}]"]),
             # A missing field or key, or a static field that cannot compare.
             "except Exception:",
             "    return None",
         ]
         return _compile(name, parameter, body, self.namespace)
-
-    def traced(self, partition: Any, at: Callable[[int], str], whole: str) -> str:
-        """The traced leaves, as `partition.take_dynamic` takes them from `whole`,
-        the list of all of them, whose leaf at position `p` is `at(p)`."""
-        dynamic = partition.dynamic_positions
-        if len(dynamic) == len(partition.types):
-            return whole
-        if dynamic and dynamic[-1] - dynamic[0] + 1 == len(dynamic):
-            return f"{whole}[{dynamic[0]}:{dynamic[-1] + 1}]"
-        return f"[{''.join(f'{at(p)}, ' for p in dynamic)}]"
 
     def key(
         self,

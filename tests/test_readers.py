@@ -32,16 +32,17 @@ from hypothesis import assume, given, strategies as st
 
 import filterjit
 from filterjit import _dispatch, _fastpath
-from filterjit._binding import Binder, DefaultsGuard, Keywords
+from filterjit._binding import Binder, DefaultsGuard, Keywords, kwdefault_values
 from filterjit._exact import exact_aux
 from filterjit._fastpath import (
-    bound_call_reader,
     call_reader,
     hit_caller,
     HitCall,
     MISS,
     takes_defaults,
+    Unfinished,
 )
+from filterjit._function import defaults_source
 from filterjit._output import Carried
 from filterjit._partition import Partition
 from filterjit._trace import TOP
@@ -373,9 +374,10 @@ def _plain_hit(partition: Partition, count: int, get: Any) -> Any:
 
 
 def _check_top(recorded: Any, call: Any) -> None:
-    """A partition's hit of calls without keywords reads and keys a call as its
-    reader of such calls does, and calls the entry with the traced leaves that
-    reader takes; else it misses, as for keyword arguments, before any lookup."""
+    """A partition's hit of calls without keywords reads and keys a call as the
+    reference path does (`call`, read by `_check` as JAX flattens it), and calls
+    the entry with the traced leaves; else it misses, as for keyword arguments,
+    before any lookup."""
     if type(recorded) is not tuple:  # a `Keywords`: the call of a hit is a tuple
         return
     leaves, treedef = jtu.default_registry.flatten(recorded)
@@ -383,18 +385,55 @@ def _check_top(recorded: Any, call: Any) -> None:
     keys = []
     entry = types.SimpleNamespace(guarded=False, jitted=lambda *traced: traced)
     hit = _plain_hit(partition, len(recorded), lambda key: keys.append(key) or entry)
-    plain = ([("args", i) for i in range(len(recorded))], {})
-    read = bound_call_reader(treedef, partition.types, True, plain, partition)
-    assert hit is not None and read is not None
+    assert hit is not None
     assert hit(None, recorded, {"x": 1}) is MISS and not keys
-    found = read(None, call, {}) if len(call) == len(recorded) else None
     out = hit(None, call, {})
-    if found is None:
+    if len(call) != len(recorded):
         assert out is MISS and not keys
         return
-    _, key, dynamic = found
+    read = jtu.default_registry.flatten(call)[0]
+    key = partition.reference_key(read)
+    if partition.orders is not None:
+        key = (key, partition.orders(call))
     assert keys == [key]
+    dynamic = partition.take_dynamic(read)
     assert len(out) == len(dynamic) and all(map(operator.is_, out, dynamic))
+
+
+class _Ran(Exception):
+    """Raised by the entry `_hit_reader`'s hit finds: the call was read."""
+
+
+def _hit_reader(
+    treedef: Any,
+    types_: tuple[type, ...],
+    fun_is_leaf: bool,
+    sources: Any,
+    shape: tuple[Any, ...],
+    defaults: DefaultsGuard | None = None,
+) -> Any:
+    """`read(fun, args, kwargs)`: the leaves that a top-level hit of calls of one
+    `shape`, bound as `sources`, reads of a call (`None` where it misses), found
+    by an entry that raises as it runs; `None` where no hit reads such calls."""
+    partition = Partition(treedef, types_, TOP, lambda _: object())
+
+    def jitted(*traced: Any) -> Any:
+        raise _Ran
+
+    entry = types.SimpleNamespace(guarded=False, jitted=jitted)
+    call = HitCall(shape, sources, None, defaults)
+    hit = hit_caller(None, partition, [call], lambda _: entry, fun_is_leaf, "f")
+    if hit is None:
+        return None
+
+    def read(fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        out = hit(fun, args, kwargs)
+        if out is MISS:
+            return None
+        assert type(out) is Unfinished and type(out.outcome) is _Ran
+        return out.leaves
+
+    return read
 
 
 @needs_readers
@@ -470,7 +509,32 @@ def _same_leaves(got: list[Any] | None, expected: list[Any] | None) -> bool:
     return len(got) == len(expected) and all(map(operator.is_, got, expected))
 
 
-_functions_as_pytrees = st.sampled_from([None, Bare(jnp.ones(2)), Bare(1.0)])
+class Called(eqx.Module):
+    """A callable pytree, whose `__call__` holds its defaults."""
+
+    x: Any
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return args, kwargs
+
+
+def _free(*args: Any, **kwargs: Any) -> Any:
+    """A function that is no pytree, whose defaults a hit guards."""
+    return args, kwargs
+
+
+def _guard(fun: Any) -> DefaultsGuard:
+    """What a hit of calls of `fun` that take defaults checks (see `Function`)."""
+    source = defaults_source(fun)
+    assert source is not None
+    holder = source.holder()
+    assert holder is not None
+    kwdefaults = holder.__kwdefaults__
+    values = kwdefault_values(kwdefaults)
+    return DefaultsGuard(source.path, holder.__defaults__, kwdefaults, values)
+
+
+_functions_as_pytrees = st.sampled_from([None, Called(jnp.ones(2)), Called(1.0)])
 
 
 @needs_readers
@@ -483,7 +547,7 @@ _functions_as_pytrees = st.sampled_from([None, Bare(jnp.ones(2)), Bare(1.0)])
 )
 def test_calls_read_as_made_are_read_as_bound(passed, defaults, fun, data):
     # A call that needs binding is read as it was made, each bound argument where
-    # it comes from (`bound_call_reader`): exactly as the call bound and then read
+    # it comes from (a hit's reading): exactly as the call bound and then read
     # (`call_reader`, itself checked against JAX above), for calls of one shape.
     parameters = [
         inspect.Parameter(f"p{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -517,14 +581,18 @@ def test_calls_read_as_made_are_read_as_bound(passed, defaults, fun, data):
     types = tuple(map(type, leaves))
     sources = binder.sources((len(args), *kwargs))
     assert sources is not None
-    read_call = bound_call_reader(treedef, types, fun is None, sources)
+    shape = (len(args), *kwargs)
+    # Called with `_free` where the function is no pytree: it holds the defaults.
+    called = _free if fun is None else fun
+    guard = _guard(called) if takes_defaults(sources) else None
+    read_call = _hit_reader(treedef, types, fun is None, sources, shape, guard)
     read = call_reader(treedef, types)
     if kwargs or len(args) != len(passed):  # else never read as made
         assert (read_call is None) == (read is None)
     if read_call is None or read is None:
         assume(False)  # a call shape with no reader: nothing to compare
         return
-    assert _same_leaves(read_call(fun, args, kwargs), leaves)
+    assert _same_leaves(read_call(called, args, kwargs), leaves)
     for _ in range(4):
         values = _near_miss((*passed, *overrides), data)
         if len(values) != len(passed) + len(overrides):
@@ -532,7 +600,8 @@ def test_calls_read_as_made_are_read_as_bound(passed, defaults, fun, data):
         other = data.draw(_functions_as_pytrees) if fun is not None else None
         args, kwargs = made(values[: len(passed)], values[len(passed) :])
         expected = read(bound_tree(other, args, kwargs))
-        assert _same_leaves(read_call(other, args, kwargs), expected)
+        called = _free if other is None else other
+        assert _same_leaves(read_call(called, args, kwargs), expected)
 
 
 @needs_readers
@@ -552,7 +621,10 @@ def test_mutable_defaults_are_read_every_call():
     leaves, treedef = jtu.default_registry.flatten(Keywords(bound, bound_kwargs))
     sources = binder.sources((1, "items"))
     assert sources is not None
-    read = bound_call_reader(treedef, tuple(map(type, leaves)), True, sources)
+    shape = (1, "items")
+    read = _hit_reader(
+        treedef, tuple(map(type, leaves)), True, sources, shape, _guard(f)
+    )
     assert read is not None
     assert _same_leaves(read(f, args, kwargs), leaves)
     table["a"] = 2.0
@@ -579,9 +651,7 @@ def test_a_reader_of_calls_taking_defaults_checks_they_are_those_read():
     kwdefaults = f.__kwdefaults__
     assert kwdefaults is not None
     guard = DefaultsGuard("f", f.__defaults__, kwdefaults, (*kwdefaults.values(),))
-    read = bound_call_reader(
-        treedef, tuple(map(type, leaves)), True, sources, None, None, guard
-    )
+    read = _hit_reader(treedef, tuple(map(type, leaves)), True, sources, (1,), guard)
     assert read is not None
     assert _same_leaves(read(f, args, {}), leaves)
     f.__kwdefaults__ = {"m": 3.0}  # equal, another object

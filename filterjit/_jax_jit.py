@@ -13,7 +13,7 @@ import jax.tree_util as jtu
 from . import _trace
 from ._binding import argument_label
 from ._diagnostics import Explanation, Row, row
-from ._function import name_of, positional_names, signature_of
+from ._function import Function, positional_names
 from ._jit import _P, _R, FilterJitWrapper, is_module_global, Wrapper
 from ._level import Level, STAGED
 from ._options import make_options
@@ -140,8 +140,8 @@ class JitWrapper(Wrapper[_P, _R]):
         if level == STAGED:
             return self._nested_wrapper()._explain(args, kwargs)
         # jax.jit's roles: an argument is static as a whole, or its leaves traced.
-        signature = signature_of(self._function, follow_wrapped=True)
-        parameters = signature.parameters.values() if signature is not None else ()
+        function = Function(self._function)
+        parameters = function.parameters
         positional = positional_names(parameters)
         numbers = _as_tuple(self._jit_kwargs.get("static_argnums", ()))
         names = set(_as_tuple(self._jit_kwargs.get("static_argnames", ())))
@@ -163,7 +163,7 @@ class JitWrapper(Wrapper[_P, _R]):
                 except TypeError:  # not a JAX type: jax.jit raises, as it says
                     text = f"{type(leaf).__name__}: not a JAX type"
                     rows.append(Row(where, "traced", text, type(leaf)))
-        name = name_of(self._function)
+        name = function.name
         return Explanation(name, Level(level).description, rows, None, decorator="jit")
 
     # jax.jit's private methods, which JAX's tests and some libraries call.

@@ -137,7 +137,10 @@ def _sequence_key(value: Sequence[Any], staged: bool, memo: "_Memo") -> Any:
         return None
     if kinds == {float}:  # every bit, zeros' signs and NaNs' included
         return float, np.array(value, dtype=np.float64).tobytes()
-    if kinds <= _SIMPLE and float not in kinds:
+    # `==` between floats is exact but for zeros' signs (a NaN equals nothing but
+    # itself, as one object: a miss, never a wrong hit); a zero or a number equal
+    # to one is keyed element by element.
+    if kinds <= _SIMPLE and (float not in kinds or 0.0 not in value):
         return tuple(map(type, value)), tuple(value)
     return tuple(_element(element, staged, memo) for element in value)
 
@@ -145,7 +148,7 @@ def _sequence_key(value: Sequence[Any], staged: bool, memo: "_Memo") -> Any:
 def _dict_key(value: dict[Any, Any], staged: bool, memo: "_Memo") -> Any:
     # In insertion order: the function may iterate it.
     keys, values = tuple(value), tuple(value.values())
-    if all(type(element) in _PLAIN for element in (*keys, *values)):
+    if {*map(type, keys), *map(type, values)} <= _PLAIN:
         return None
     return _sequence_key(keys, staged, memo), _sequence_key(values, staged, memo)
 
@@ -298,7 +301,10 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
         return None  # mutable and unhashable: refused, as jax.jit refuses it
 
     def key(value: Any) -> Hashable:
-        found = _exact(value, staged, _Memo())
+        # As `_exact` keys it, the key function of its type already found.
+        memo = _Memo()
+        memo.depth = 1
+        found = key_of(value, staged, memo)
         return value if found is None else found
 
     return key

@@ -16,7 +16,8 @@ A reader checks, on every call, all that JAX's flatten and a comparison of
 structures would see, and takes the leaves in JAX's order; else it gives `None`,
 and the reference path:
 
-- a leaf of the exact type recorded, where that type is always a pytree leaf;
+- a leaf of the exact type recorded, and where that type may yet be registered
+  as a pytree node (a user's class), a leaf still (`jax.tree_util.all_leaves`);
 - an exact `list`, `tuple` or namedtuple of the recorded length, a `dict` with
   the recorded string keys, `None`;
 - an `eqx.Module` of the exact class recorded, read from its `__dict__` on every
@@ -379,6 +380,7 @@ class _Writer:
             "_dict_of": object.__getattribute__,  # not a Module's own
             "_exact_key": lambda value: exact_key(value, staged),
             "_is": operator.is_,
+            "_all_leaves": jax.tree_util.all_leaves,
         }
         self.names = itertools.count()
         self.counts: dict[str, int] = {}  # how many leaves each `*values` has
@@ -538,9 +540,9 @@ class _Writer:
         self, treedef: PyTreeDef, types: tuple[type, ...], x: str
     ) -> list[str] | None:
         if treedef.num_nodes == 1 and len(types) == 1:
-            if not is_leaf_type(types[0]):
-                return None
             self.check(f"type({x}) is not {self.constant(types[0])}")
+            if not is_leaf_type(types[0]):  # a leaf until its class is registered
+                self.check(f"not _all_leaves(({x},))")
             return [x]
         kind, data = treedef.node_data()
         if kind is type(None):
@@ -700,8 +702,6 @@ class _Writer:
         children = treedef.children()
         if treedef.num_nodes == len(types) + 1 and len(children) > 4:
             # Many children, every one a leaf: their types at C speed.
-            if not all(map(is_leaf_type, types)):
-                return None
             if len(set(types)) == 1:  # as many, all of that type
                 (kind,) = set(types)
                 count, kind_name = len(children), self.constant(kind)
@@ -711,6 +711,8 @@ class _Writer:
                 )
             else:
                 self.check(f"tuple(map(type, {values})) != {self.constant(types)}")
+            if not all(map(is_leaf_type, types)):  # leaves until registered
+                self.check(f"not _all_leaves({values})")
             return [self.starred(values, len(children))]
         if not children:
             self.check(f"len({values})")

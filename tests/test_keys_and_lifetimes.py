@@ -319,36 +319,6 @@ def test_shared_substructure_keyed_in_linear_time_nested() -> None:
     assert took < 0.1 + 5 * reference
 
 
-@dataclasses.dataclass(frozen=True)
-class Table:
-    values: tuple[float, ...]
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="a frozen dataclass static argument holding a 10k-float tuple is keyed "
-    "element by element (_fields_key -> _element per float) on every call, even "
-    "for the very same object: ~25-40x jax.jit's static hash (4 ms vs 0.17 ms; "
-    "0.1 ms at 713655a)",
-)
-def test_large_static_table_dispatch_near_jax_jit_top() -> None:
-    table = Table(tuple(float(i) for i in range(10_000)))
-    g = filter_jit(_plus_one)
-    j = jax.jit(_plus_one, static_argnums=1)
-
-    def per_call(fun: Any) -> float:
-        fun(X, table)
-        best = float("inf")
-        for _ in range(3):
-            start = time.perf_counter()
-            for _ in range(20):
-                fun(X, table)
-            best = min(best, (time.perf_counter() - start) / 20)
-        return best
-
-    assert per_call(g) < 5 * per_call(j)
-
-
 @pytest.mark.xfail(
     strict=True,
     reason="_cache.BoundedCache.put now evicts a lone entry over maxbytes at once: "

@@ -743,6 +743,37 @@ class _Opaque:
 
 
 @needs_readers
+def test_a_leaf_whose_class_is_registered_later_is_read_as_a_node():
+    # A user's class is a leaf until registered as a pytree node: a reader made
+    # while it was a leaf reads none of its instances after.
+    class Later:
+        def __init__(self, x: Any):
+            self.x = x
+
+    value = Later(jnp.ones(2))
+    read = _reader(value, 1.0)
+    assert read is not None
+    assert _same_leaves(read((value, 1.0)), [value, 1.0])
+    jtu.register_pytree_node(Later, lambda v: ((v.x,), None), lambda _, c: Later(*c))
+    assert read((value, 1.0)) is None
+
+
+def test_a_static_whose_class_is_registered_later_is_flattened_from_then():
+    # The hit that read it as a static leaf reads it no more: its array is traced.
+    class Box:
+        def __init__(self, x: Any):
+            self.x = x
+
+    g = filterjit.filter_jit(lambda x, box: (x + 1, isinstance(box.x, jax.core.Tracer)))
+    box = Box(jnp.ones(2))
+    for _ in range(3):
+        assert g(jnp.ones(2), box)[1] is False
+    jtu.register_pytree_node(Box, lambda b: ((b.x,), None), lambda _, c: Box(*c))
+    for _ in range(3):
+        assert g(jnp.ones(2), box)[1] is True
+
+
+@needs_readers
 def test_which_calls_have_readers():
     array = jnp.ones(2)
     mlp = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
@@ -761,6 +792,8 @@ def test_which_calls_have_readers():
         (Pair(1, 2), SubTriple(array, (), None)),
         (Bare({"a": array}),),
         (object(),),  # a sentinel: no program registers `object` as a node
+        (MyList([1]),),  # leaves, as long as their classes are not registered
+        (_Opaque(),),
     ]:
         assert _reader(*args) is not None, args
     for args in [
@@ -769,8 +802,6 @@ def test_which_calls_have_readers():
         (Swapped(1, 2),),  # namedtuples with a registration of their own
         (Keyed(1.0, 2.0),),
         (Backwards(1.0, 2.0, 3.0),),  # read by its items, not by iterating
-        (MyList([1]),),
-        (_Opaque(),),  # a static of a type that might be a node
         (Bare(jtu.Partial(_double, array)),),
         (_rebuilt(Flat(array, 1.0, 0.5), extra=1),),  # more than its fields
         (_rebuilt(Flat(array, 1.0, 0.5), drop="b"),),  # a field missing

@@ -1,5 +1,5 @@
-"""Composition with transforms and control flow (contract point 11): every result
-equals the same program without the decorator."""
+"""Composition with transforms and control flow (contract point 11), and nesting
+with `inline=True`: every result equals the same program without the decorator."""
 
 import differential
 import equinox as eqx
@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from differential import assert_tree_allclose
+from helpers import jit_equation_count
 from jax import lax
 
 from filterjit import filter_jit
@@ -95,6 +96,17 @@ def test_custom_jvp_and_custom_vjp_rules_inside_are_respected():
         assert_tree_allclose(run(filter_jit(g)), run(g))
     np.testing.assert_allclose(
         jax.grad(lambda x: filter_jit(g)(x, 3.0).sum())(x), 0.3 + 2.0
+    )
+
+
+# Nesting: a decorated function called in itself, inline (docs/composition.md).
+def test_inline_gives_a_flat_jaxpr_and_equal_results():
+    g = lambda x, n: jnp.sin(x) * n  # noqa: E731
+    f = filter_jit(g, inline=True)
+    closed = jax.make_jaxpr(lambda x: f(f(x, 2.0), 3.0))(jnp.float32(1))
+    assert jit_equation_count(closed) == 0
+    assert jax.jit(lambda x: f(f(x, 2.0), 3.0))(jnp.float32(1)) == g(
+        g(jnp.float32(1), 2.0), 3.0
     )
 
 

@@ -251,6 +251,11 @@ each_path = pytest.fixture(params=["fast", "reference"], autouse=True, name="pat
     _each_path
 )
 
+# Imported by a test module, it runs on both paths each test that asks for `path`
+# or is marked `on_each_path`; the module's other tests, as they are.
+both_paths = pytest.fixture(params=["fast", "reference"], name="path")(_each_path)
+on_each_path = pytest.mark.usefixtures("path")
+
 
 class ValueBox:
     """A mutable value compared (and hashed) by value, whose identity a program can

@@ -36,7 +36,7 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 from differential import assert_tree_equal
-from helpers import property_settings, ValueBox
+from helpers import property_settings
 from hypothesis import given, strategies as st
 from jax import lax
 from jax.core import Tracer
@@ -317,37 +317,6 @@ def test_top_level(fun: Callable[[Any], Any], tree: Any) -> None:
         expected = fun(variant)
         actual = decorated(variant)
         _check_top_level(actual, expected, fun is identity)
-
-
-def test_aliased_statics_at_top_level() -> None:
-    # The smallest case test_top_level found: a first call whose static leaves are
-    # one object must not make a later call with equal, distinct objects get one
-    # of them back twice.
-    # Which of two equal immutable values comes back is nothing a program can tell
-    # (`is` aside): those are not keyed by aliasing, which would double the traces
-    # (core v6, finding 9); a mutable value, compared by value, is.
-    decorated = filterjit.filter_jit(identity)
-    x = ValueBox(1000)
-    decorated([x, x])
-    a, b = ValueBox(1000), ValueBox(1000)
-    out = decorated([a, b])
-    assert out[0] is a and out[1] is b
-    ints = [int("1000"), int("1000")]
-    assert decorated([ints[0], ints[0]]) == decorated(ints) == ints
-
-
-def test_aliased_statics_inside_jit() -> None:
-    decorated = filterjit.filter_jit(identity)
-    a, b, c = np.zeros(2), np.zeros(2), np.zeros(2)
-    outs: list[Any] = []
-
-    def outer() -> None:
-        decorated([a, a])
-        outs.append(decorated([b, c]))
-
-    jax.jit(outer)()
-    ((out_b, out_c),) = outs
-    assert out_b is b and out_c is c
 
 
 def _check_top_level(actual: Any, expected: Any, identical: bool) -> None:

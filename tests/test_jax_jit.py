@@ -1,7 +1,7 @@
 """`filterjit.jit`: `jax.jit` itself outside staged traces (compared with `jax.jit`
 given the same function and keywords), and `filter_jit`'s nested no-op inside one
 (compared with the undecorated function). The no-op matrix with `filterjit.jit` is
-in test_noop_matrix.py; JAX's own jit tests run against it in benchmarks/peers.py.
+in test_leaf_kinds.py; JAX's own jit tests run against it in benchmarks/peers.py.
 """
 
 import gc

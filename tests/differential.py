@@ -5,7 +5,9 @@ top level).
 
 - `CONTEXTS`: where a call runs (the top level, eager transforms, staged
   computations), each `apply(g, x)` running `g` on the array `x` there.
-- `mismatch` / `assert_tree_equal`: how two results differ, if they do.
+- `mismatch` / `assert_tree_equal`: how two results differ, if they do;
+  `assert_tree_allclose`, the same comparison to float tolerance, any kind of
+  array for any other.
 - `outcome` / `agree`: a call's result or error, and whether two outcomes agree. A
   capture takes only the errors a program raises (from inside JAX, Equinox or
   filterjit, or of a type the test says its function raises); any other error is
@@ -272,6 +274,13 @@ def assert_tree_equal(actual: Any, expected: Any, **how: Any) -> None:
     """`mismatch(actual, expected, **how)` finds no difference."""
     why = mismatch(actual, expected, **how)
     assert why is None, why
+
+
+def assert_tree_allclose(actual: Any, expected: Any) -> None:
+    """Same structure, same leaf types, equal shapes and dtypes, values to a
+    relative 1e-6, any kind of array for any other and weak types aside:
+    `assert_tree_equal`, loosely."""
+    assert_tree_equal(actual, expected, kinds=False, weak_types=False, rtol=1e-6)
 
 
 # -------------------------------------------------------------------- outcomes

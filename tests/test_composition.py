@@ -1,5 +1,5 @@
-"""Composition with transforms and control flow (contract point 11): every result
-equals the same program without the decorator."""
+"""Composition with transforms and control flow (contract point 11), and nesting
+with `inline=True`: every result equals the same program without the decorator."""
 
 import differential
 import equinox as eqx
@@ -7,7 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_equal
+from differential import assert_tree_allclose
+from helpers import jit_equation_count
 from jax import lax
 
 from filterjit import filter_jit
@@ -55,7 +56,7 @@ def test_equals_undecorated(context):
     bodies = [body] if not context.staged else [body, numpy_body]
     for fun in bodies:
         decorated = filter_jit(fun)
-        assert_tree_equal(
+        assert_tree_allclose(
             context.apply(lambda x: decorated(x, 2, TABLE, SHIFT), x),
             context.apply(lambda x: fun(x, 2, TABLE, SHIFT), x),  # noqa: B023
         )
@@ -65,7 +66,7 @@ def test_eager_grad_keeps_python_scalars_static():
     f = filter_jit(lambda x, n: jnp.sum(body(x, n, TABLE, SHIFT) ** 2))
     g = lambda x, n: jnp.sum(body(x, n, TABLE, SHIFT) ** 2)  # noqa: E731
     x = jnp.array([0.1, 0.5, -0.3], jnp.float32)
-    assert_tree_equal(jax.grad(f)(x, 2), jax.grad(g)(x, 2))
+    assert_tree_allclose(jax.grad(f)(x, 2), jax.grad(g)(x, 2))
 
 
 def test_custom_jvp_and_custom_vjp_rules_inside_are_respected():
@@ -92,9 +93,20 @@ def test_custom_jvp_and_custom_vjp_rules_inside_are_respected():
         lambda g: jax.grad(lambda x: g(x, 3.0).sum())(x),
         lambda g: jax.jit(jax.grad(lambda x: g(x, 3.0).sum()))(x),
     ):
-        assert_tree_equal(run(filter_jit(g)), run(g))
+        assert_tree_allclose(run(filter_jit(g)), run(g))
     np.testing.assert_allclose(
         jax.grad(lambda x: filter_jit(g)(x, 3.0).sum())(x), 0.3 + 2.0
+    )
+
+
+# Nesting: a decorated function called in itself, inline (docs/composition.md).
+def test_inline_gives_a_flat_jaxpr_and_equal_results():
+    g = lambda x, n: jnp.sin(x) * n  # noqa: E731
+    f = filter_jit(g, inline=True)
+    closed = jax.make_jaxpr(lambda x: f(f(x, 2.0), 3.0))(jnp.float32(1))
+    assert jit_equation_count(closed) == 0
+    assert jax.jit(lambda x: f(f(x, 2.0), 3.0))(jnp.float32(1)) == g(
+        g(jnp.float32(1), 2.0), 3.0
     )
 
 
@@ -136,7 +148,7 @@ def test_equinox_transforms_outside(transform):
     x = jnp.concatenate([x, x[:, :1]], axis=1)
     y = jnp.array([0.1, 0.2, 0.3], jnp.float32)
     table = np.ones(3, np.float32)
-    assert_tree_equal(
+    assert_tree_allclose(
         transform(filter_jit(loss))(model, x, y, table),
         transform(loss)(model, x, y, table),
     )
@@ -151,7 +163,7 @@ def test_equinox_transforms_inside():
         value, _ = eqx.filter_value_and_grad(lambda m: jnp.sum(m(xs[0])))(model)
         return grads, value
 
-    assert_tree_equal(filter_jit(step)(model, xs), step(model, xs))
-    assert_tree_equal(
+    assert_tree_allclose(filter_jit(step)(model, xs), step(model, xs))
+    assert_tree_allclose(
         jax.jit(lambda xs: filter_jit(step)(model, xs))(xs), step(model, xs)
     )

@@ -368,7 +368,7 @@ def check(seeds: range, minimum_ok: float) -> None:
 
 def use_path(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """Wrappers made from now on take path `name` ("fast" or "reference"): the
-    `path` fixture of tests/test_call_keys.py, as a function."""
+    `path` fixture of helpers.py (`each_path`, `both_paths`), as a function."""
     if name == "fast" and not _fastpath.ENABLED:
         pytest.skip("the fast path is off (FILTERJIT_FASTPATH=0)")
     monkeypatch.setattr(_fastpath, "ENABLED", name == "fast")

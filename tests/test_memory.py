@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
-from helpers import assert_tree_equal
+from differential import assert_tree_allclose
 
 from filterjit import filter_jit
 from filterjit._dispatch import STAGED_MAXBYTES
@@ -174,7 +174,7 @@ def test_a_models_weights_used_nested_are_freed_beyond_the_byte_bound():
     # was dropped. (Below the bound they stay, counted, until evicted.)
     model = _Big(jnp.ones(5 * 2**20))  # 20 MiB, over STAGED_MAXBYTES
     weight = weakref.ref(model.weight)
-    assert_tree_equal(
+    assert_tree_allclose(
         jax.jit(lambda x, m=model: m(x))(jnp.float32(1)), jnp.float32(5 * 2**20)
     )
     del model
@@ -189,7 +189,7 @@ def test_a_numpy_view_counts_its_base():
     base = np.ones(10 * 2**20)
     view = base[:3]
     freed = weakref.ref(base)
-    assert_tree_equal(
+    assert_tree_allclose(
         jax.jit(lambda x, v=view: f(x, v))(jnp.float32(1)), jnp.float32(3)
     )
     del base, view

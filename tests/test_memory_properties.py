@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
+from differential import assert_tree_allclose
 from helpers import (
-    assert_tree_equal,
     each_path,  # noqa: F401 - autouse: each test on both paths
     property_settings,
 )
@@ -136,7 +136,7 @@ def _use(kept: Kept, kind: str, level: str) -> list[weakref.ref[Any]]:
     if kind == "module arrays":
         model = Model(jnp.ones(3), np.ones(2, np.float32))
         expected = jnp.full(2, 3.0) if level == "eager grad" else X * 3 + 2
-        assert_tree_equal(_at(level, lambda x: kept.model(model, x)), expected)
+        assert_tree_allclose(_at(level, lambda x: kept.model(model, x)), expected)
         return [weakref.ref(model.weight), weakref.ref(model.bias)]
     if kind == "static object":
         tag = Tag()
@@ -150,7 +150,7 @@ def _use(kept: Kept, kind: str, level: str) -> list[weakref.ref[Any]]:
             seen.append(out[1])
             return out
 
-        assert_tree_equal(_at(level, call), expected)
+        assert_tree_allclose(_at(level, call), expected)
         assert seen == [tag] and seen[0] is tag
         return [weakref.ref(tag)]
     elif kind == "callable argument":
@@ -175,7 +175,7 @@ def _use(kept: Kept, kind: str, level: str) -> list[weakref.ref[Any]]:
         assert kind == "wrapped jtu.Partial of a method"
         tag = Scale()
         call = filterjit.filter_jit(jtu.Partial(tag.method))
-    assert_tree_equal(_at(level, call), expected)
+    assert_tree_allclose(_at(level, call), expected)
     return [weakref.ref(tag)]
 
 
@@ -217,7 +217,7 @@ def test_nothing_the_caller_dropped_stays_alive(steps: list[tuple[str, str]]) ->
         refs.extend(_use(kept, kind, level))
     assert _alive(refs) == [], steps
     # The wrappers live on, and still work.
-    assert_tree_equal(kept.static(X, Tag()), X * 2)
+    assert_tree_allclose(kept.static(X, Tag()), X * 2)
 
 
 @SETTINGS
@@ -233,11 +233,13 @@ def test_arrays_used_nested_are_pinned_within_the_byte_bound(
     for size in sizes:
         table = np.ones(size, np.float32) if numpy else jnp.ones(size)
         out = jax.jit(lambda x, table=table: wrapped(x, table))(jnp.float32(1))
-        assert_tree_equal(out, jnp.float32(1 + size))
+        assert_tree_allclose(out, jnp.float32(1 + size))
         del table
         cache = wrapped._dispatcher.entries[2]
         assert cache._bytes <= STAGED_MAXBYTES
-    assert_tree_equal(wrapped(jnp.float32(1), np.ones(2, np.float32)), jnp.float32(3))
+    assert_tree_allclose(
+        wrapped(jnp.float32(1), np.ones(2, np.float32)), jnp.float32(3)
+    )
 
 
 def _over_the_bound(kind: str) -> tuple[Model, list[weakref.ref[Any]]]:
@@ -261,14 +263,14 @@ def test_a_nested_entry_pinning_more_than_the_bound_is_not_kept(kind: str) -> No
     model, refs = _over_the_bound(kind)
     expected = jnp.float32(float(model.weight.sum()) + float(model.bias.sum()))
     out = jax.jit(lambda x, model=model: wrapped(model, x))(jnp.float32(1))
-    assert_tree_equal(out, expected)
+    assert_tree_allclose(out, expected)
     assert wrapped._dispatcher.entries[2]._bytes <= STAGED_MAXBYTES
     del model
     assert _alive(refs) == []
     # The function still works, nested, with a small model.
     small = Model(jnp.ones(1), np.ones(2, np.float32))
     out = jax.jit(lambda x: wrapped(small, x))(jnp.float32(1))
-    assert_tree_equal(out, jnp.float32(3))
+    assert_tree_allclose(out, jnp.float32(3))
 
 
 @pytest.mark.xfail(

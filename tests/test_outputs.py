@@ -1,8 +1,11 @@
 """Outputs: traced leaves leave the jitted function, everything else is known from
-the trace, and a call whose output holds static leaves keeps JAX's fast path."""
+the trace (a static output is this call's own object; nested, concrete outputs stay
+concrete), a top-level call returns before its result is computed, and a call whose
+output holds static leaves keeps JAX's fast path."""
 
 import collections
 import operator
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +18,8 @@ import pytest
 from differential import needs_fast_path
 from helpers import cpp_cache_size, property_settings, TraceCounter
 from hypothesis import given, strategies as st
+from jax import lax
+from jax.core import Tracer
 
 from filterjit import filter_jit
 from filterjit._fastpath import output_builder
@@ -143,6 +148,109 @@ def test_nested_array_outputs_stay_what_the_function_returns():
     (table,) = seen
     assert type(table) is np.ndarray and table.dtype == np.float64
     np.testing.assert_array_equal(table, _TABLE)
+
+
+# Which output leaves come back how, at the top level and nested
+# (docs/contract.md, Outputs).
+
+
+def test_outputs_top_level():
+    table = np.arange(3)
+    marker = object()
+
+    @filter_jit
+    def f(x, n, obj, s):
+        return {
+            "y": x * 2,
+            "n": n + 1,
+            "obj": obj,
+            "s": s,
+            "np": np.arange(n),
+            "none": None,
+        }
+
+    out = f(jnp.ones(2), 3, marker, "name")
+    assert isinstance(out["y"], jax.Array)
+    assert out["n"] == 4 and type(out["n"]) is int
+    assert out["obj"] is marker
+    assert out["s"] == "name"
+    # An array returned without being computed is an output of the jit, as in
+    # jax.jit: a JAX array.
+    assert isinstance(out["np"], jax.Array)
+    np.testing.assert_array_equal(out["np"], np.arange(3))
+    assert out["none"] is None
+    del table
+
+
+def test_static_outputs_hand_back_this_calls_objects():
+    @filter_jit
+    def f(x, s):
+        return x, s
+
+    first = "".join(["na", "me"])
+    second = "".join(["nam", "e"])
+    assert first == second and first is not second
+    assert f(jnp.ones(1), first)[1] is first
+    assert f(jnp.ones(1), second)[1] is second
+
+
+def test_nested_concrete_outputs_stay_concrete():
+    @filter_jit
+    def sizes(x, n, table):
+        return x * 2, n + 1, table, table.shape[0] * 2
+
+    table = np.arange(4)
+
+    def outer(x):
+        y, m, t, k = sizes(x, np.int32(2), table)
+        assert t is table
+        assert not isinstance(m, Tracer)
+        # Usable as shapes and loop bounds.
+        return (
+            y.sum()
+            + jnp.ones(int(m)).sum()
+            + lax.fori_loop(0, k, lambda i, c: c + 1.0, 0.0)
+        )
+
+    ref = jnp.float32(2 * 3 + 3 + 8)
+    assert jax.jit(outer)(jnp.ones(3)) == ref
+    assert jax.jit(jax.grad(outer))(jnp.ones(3)).tolist() == [2.0, 2.0, 2.0]
+
+
+def test_nested_concrete_jax_array_handed_back_is_the_same_object():
+    a = jnp.arange(3.0)
+    f = filter_jit(lambda x, c: (x, c))
+
+    def outer(x):
+        _, c = f(x, a)
+        assert c is a
+        return x
+
+    jax.jit(outer)(jnp.float32(1))
+
+
+# A top-level call returns before its result is computed (docs/contract.md, Other
+# guarantees), as jax.jit's does.
+def test_top_level_call_does_not_block():
+    @filter_jit
+    def heavy(x):
+        for _ in range(8):
+            x = jnp.tanh(x @ x)
+        return x
+
+    x = jnp.ones((600, 600), jnp.float32) / 600
+    heavy(x).block_until_ready()
+    ratios = []
+    for _ in range(5):
+        start = time.perf_counter()
+        out = heavy(x)
+        returned = time.perf_counter() - start
+        out.block_until_ready()
+        ready = time.perf_counter() - start
+        ratios.append(returned / ready)
+    # Not a timing target, only "does not wait for the result": a blocking call
+    # returns at ratio ~1.
+    assert min(ratios) < 0.5, ratios
 
 
 Point = collections.namedtuple("Point", "x y")

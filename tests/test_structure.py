@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 import pytest
-from differential import assert_agree, CONTEXTS, outcome
-from helpers import assert_tree_equal, property_settings
+from differential import assert_agree, assert_tree_allclose, CONTEXTS, outcome
+from helpers import property_settings
 from hypothesis import given, strategies as st
 from jax import lax
 from jax.core import Tracer
@@ -218,7 +218,7 @@ def test_nested_dicts_keep_their_insertion_order(first):
 
         return jax.jit(outer)(X, Y)
 
-    assert_tree_equal(program(False), program(True))
+    assert_tree_allclose(program(False), program(True))
 
 
 @pytest.mark.parametrize("order", [("b", "a"), ("a", "b")])
@@ -233,7 +233,7 @@ def test_nested_kwargs_keep_their_order(order):
 
         return jax.jit(run)(X, Y)
 
-    assert_tree_equal(outer(decorated), outer(_stack_kwargs))
+    assert_tree_allclose(outer(decorated), outer(_stack_kwargs))
 
 
 def test_nested_order_in_every_staged_context():
@@ -253,7 +253,7 @@ def test_nested_order_in_every_staged_context():
             jax.jit(jax.vmap(g))(jnp.stack([X, Y])),
         ]
 
-    assert_tree_equal(contexts(decorated), contexts(_stack_values))
+    assert_tree_allclose(contexts(decorated), contexts(_stack_values))
 
 
 def test_defaultdict_order_and_factory_reach_the_function():

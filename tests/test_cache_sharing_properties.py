@@ -30,6 +30,9 @@ itself handed back. Each call must give what a fresh trace of that very value gi
 Every test runs on both paths (the fast path, the reference path alone), with 10
 examples in the default tier and `FULL_EXAMPLES` with --full. Findings still open
 are strict xfails at the end of the file.
+
+Examples of when two calls share a trace and when they must not:
+test_cache_sharing.py.
 """
 
 import dataclasses

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import differential
 import jax
 import pytest
 from hypothesis import HealthCheck, settings
@@ -77,11 +76,6 @@ class TraceCounter:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.count += 1
         return self.fun(*args, **kwargs)
-
-
-# For test_export.py and test_fastpath.py alone, until they import
-# `differential.assert_tree_allclose` themselves: then remove it.
-assert_tree_equal = differential.assert_tree_allclose
 
 
 def jit_equation_count(jaxpr: Any) -> int:

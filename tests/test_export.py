@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from _export_models import Affine, Mode, Pair, Scale
-from helpers import assert_tree_equal, subprocess_env, TraceCounter
+from differential import assert_tree_allclose
+from helpers import subprocess_env, TraceCounter
 
 import filterjit
 from filterjit import filter_jit
@@ -318,19 +319,19 @@ def _both(exported: filterjit.Exported) -> list[filterjit.Exported]:
 def test_exported_call_matches_filter_jit():
     spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
     for exported in _both(filterjit.export(_with_static_outputs)(spec, 3)):
-        assert_tree_equal(
+        assert_tree_allclose(
             exported.call(_x(6), 3), filter_jit(_with_static_outputs)(_x(6), 3)
         )
         # `n` bound by keyword: the same call.
-        assert_tree_equal(exported.call(_x(2), n=3), _with_static_outputs(_x(2), 3))
+        assert_tree_allclose(exported.call(_x(2), n=3), _with_static_outputs(_x(2), 3))
 
 
 def test_exported_of_a_filter_jit_wrapper_and_under_jit():
     wrapper = filter_jit(_affine)
     exported = filterjit.export(wrapper)(_params, jnp.ones((2, 3)), 2)
-    assert_tree_equal(exported.call(_params, _x(2), 2), _affine(_params, _x(2), 2))
+    assert_tree_allclose(exported.call(_params, _x(2), 2), _affine(_params, _x(2), 2))
     under_jit = jax.jit(lambda x: exported.call(_params, x, 2))(_x(2))
-    assert_tree_equal(under_jit, _affine(_params, _x(2), 2))
+    assert_tree_allclose(under_jit, _affine(_params, _x(2), 2))
 
 
 def test_jax_exported_of_the_array_leaves():
@@ -340,14 +341,14 @@ def test_jax_exported_of_the_array_leaves():
     # Its inputs: the arguments' traced leaves, flattened (`params` sorted: b, w).
     assert [a.shape for a in jax_exported.in_avals] == [(2,), (3, 2), (4, 3)]
     (y,) = jax_exported.call(_params["b"], _params["w"], _x(4))
-    assert_tree_equal(y, _affine(_params, _x(4), 2))
+    assert_tree_allclose(y, _affine(_params, _x(4), 2))
 
 
 def test_a_functions_own_arrays_are_compiled_in():
     # A Module, and a partial: their arrays are not inputs of the program.
     exported = filterjit.export(_scale)(jax.ShapeDtypeStruct((3,), jnp.float32))
     assert [a.shape for a in exported.exported.in_avals] == [(3,)]
-    assert_tree_equal(exported.call(jnp.ones(3)), _scale(jnp.ones(3)))
+    assert_tree_allclose(exported.call(jnp.ones(3)), _scale(jnp.ones(3)))
     partial = ft.partial(_affine, _params)
     loaded = filterjit.deserialize(
         filterjit.export(partial)(
@@ -355,7 +356,7 @@ def test_a_functions_own_arrays_are_compiled_in():
         ).serialize()
     )
     assert [a.shape for a in loaded.exported.in_avals] == [(2, 3)]
-    assert_tree_equal(loaded.call(_x(2), 2), _affine(_params, _x(2), 2))
+    assert_tree_allclose(loaded.call(_x(2), 2), _affine(_params, _x(2), 2))
 
 
 def test_a_static_that_differs_names_the_argument_and_both_values():
@@ -415,7 +416,7 @@ def test_an_unregistered_node_type_names_the_type_and_how_to_register():
     # must be rebuilt, so it must be registered.
     exported = filterjit.export(lambda m: m.weight * 2)(_NotRegistered(jnp.ones(2)))
     loaded = filterjit.deserialize(exported.serialize())
-    assert_tree_equal(loaded.call(_NotRegistered(jnp.ones(2))), jnp.full(2, 2.0))
+    assert_tree_allclose(loaded.call(_NotRegistered(jnp.ones(2))), jnp.full(2, 2.0))
     with pytest.raises(TypeError, match="another structure"):
         loaded.call(Scale(jnp.ones(2), 1))
     exported = filterjit.export(lambda x: _NotRegistered(x * 2))(jnp.ones(2))
@@ -431,7 +432,7 @@ def test_an_unregistered_node_type_names_the_type_and_how_to_register():
 def test_what_cannot_be_saved_is_named_when_saving():
     act = lambda x: x + 1  # noqa: E731  (not JAX's, not registered)
     exported = filterjit.export(lambda x, act: act(x))(jnp.ones(2), act)
-    assert_tree_equal(exported.call(jnp.ones(2), act), act(jnp.ones(2)))
+    assert_tree_allclose(exported.call(jnp.ones(2), act), act(jnp.ones(2)))
     with pytest.raises(ValueError, match="static argument `act` was"):
         exported.call(jnp.ones(2), jnp.tanh)
     with pytest.raises(TypeError, match="cannot save `act`, a `function`"):
@@ -473,7 +474,7 @@ def test_jax_export_of_filter_jit_points_to_filterjit_export():
         jax.export.export(wrapped)(_params, jnp.ones((2, 3)), 2)
     # `filterjit.jit` is `jax.jit`: JAX exports it.
     exported = jax.export.export(filterjit.jit(jnp.sin))(jnp.ones(3))
-    assert_tree_equal(exported.call(jnp.ones(3)), jnp.sin(jnp.ones(3)))
+    assert_tree_allclose(exported.call(jnp.ones(3)), jnp.sin(jnp.ones(3)))
 
 
 def test_lowered_takes_jaxs_keywords():
@@ -502,15 +503,17 @@ def test_defaults_are_compiled_in_and_keywords_bind_by_name():
     spec = jax.ShapeDtypeStruct((3,), jnp.float32)
     for exported in _both(filterjit.export(_with_defaults)(spec)):
         assert [a.shape for a in exported.exported.in_avals] == [(3,)]
-        assert_tree_equal(exported.call(_x(1)[0]), _with_defaults(_x(1)[0]))
+        assert_tree_allclose(exported.call(_x(1)[0]), _with_defaults(_x(1)[0]))
         # Passed as it was left: the same call.
-        assert_tree_equal(exported.call(x=_x(1)[0], mode="a"), _with_defaults(_x(1)[0]))
+        assert_tree_allclose(
+            exported.call(x=_x(1)[0], mode="a"), _with_defaults(_x(1)[0])
+        )
         with pytest.raises(ValueError, match="`mode` was 'a' when exported and is 'b'"):
             exported.call(_x(1)[0], mode="b")
         with pytest.raises(TypeError, match="`scale` was left to its default when "):
             exported.call(_x(1)[0], jnp.array(3.0))
     exported = filterjit.export(_with_defaults)(spec, mode="b")
-    assert_tree_equal(
+    assert_tree_allclose(
         exported.call(_x(1)[0], mode="b"), _with_defaults(_x(1)[0], mode="b")
     )
     with pytest.raises(TypeError, match="`mode` was passed when exported and is left"):
@@ -995,7 +998,7 @@ def test_the_loader_without_private_jax(monkeypatch: pytest.MonkeyPatch) -> None
     loaded = filterjit.deserialize(
         filterjit.export(_affine)(_params, spec, 3).serialize()
     )
-    assert_tree_equal(loaded.call(_params, _x(2), 3), _affine(_params, _x(2), 3))
+    assert_tree_allclose(loaded.call(_params, _x(2), 3), _affine(_params, _x(2), 3))
 
 
 @jax.tree_util.register_dataclass

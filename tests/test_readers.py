@@ -29,6 +29,7 @@ import pytest
 from differential import needs_fast_path
 from helpers import property_settings
 from hypothesis import assume, given, strategies as st
+from jax.core import Tracer
 
 import filterjit
 from filterjit import _dispatch, _fastpath
@@ -764,7 +765,7 @@ def test_a_static_whose_class_is_registered_later_is_flattened_from_then():
         def __init__(self, x: Any):
             self.x = x
 
-    g = filterjit.filter_jit(lambda x, box: (x + 1, isinstance(box.x, jax.core.Tracer)))
+    g = filterjit.filter_jit(lambda x, box: (x + 1, isinstance(box.x, Tracer)))
     box = Box(jnp.ones(2))
     for _ in range(3):
         assert g(jnp.ones(2), box)[1] is False
@@ -1035,7 +1036,7 @@ def test_a_module_read_again_gives_its_leaves_and_keeps_nothing_alive():
 
 @needs_readers
 def test_a_remembered_module_is_never_taken_for_none():
-    # Found by test_properties: once the Module remembered has died, its dead
+    # Found by test_leaf_kinds_properties: once the Module remembered has died, its dead
     # reference gives `None`, and a call with `None` in its place must not match.
     recorded = ([Flat(1.0, 2.0, 0.5), None],)
     leaves, treedef = jtu.default_registry.flatten(recorded)

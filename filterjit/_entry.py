@@ -274,6 +274,11 @@ def make_entry(
     jitkwargs = dict(options.jitkwargs)
     if staged:
         jitkwargs["inline"] = _INLINE if options.inline is True else options.inline
+        if not dynamic_positions and partition.array_positions:
+            # Inlined, as where undecorated: the arrays it captures are constants of
+            # the caller's jaxpr, which a `cond` under `vmap` batches (and runs a
+            # `jax.debug.callback` on them once per element), not of its own.
+            jitkwargs["inline"] = _INLINE
         # The outer program is compiled with its own options (jax.jit refuses them
         # nested, where the undecorated function runs).
         jitkwargs.pop("compiler_options", None)

@@ -34,9 +34,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from differential import agree, outcome
 from helpers import subprocess_env
+from jax import lax
 
 import filterjit
 from filterjit import _fastpath, _owners
@@ -395,18 +397,20 @@ def test_random_programs(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     check(range(chunk * PER_CHUNK, (chunk + 1) * PER_CHUNK), minimum_ok=0.4)
 
 
-# Disagreements the fuzzer found (seeds of this generator), kept until fixed: each
-# a count of `jax.debug.callback` effects lower than the undecorated program's.
+# Disagreements the fuzzer found (seeds of this generator): strict xfails while
+# open, each a count of `jax.debug.callback` effects lower than the undecorated
+# program's; kept, passing, once fixed.
 _UNDER_VMAP_OF_COND = (
-    "finding (core v6 #15, open): a nested call whose inputs are all concrete, in "
-    "a cond branch under vmap, runs jax.debug.callback(tick, y) once where the "
-    "undecorated program runs it once per batch element"
+    "a nested call whose inputs are all concrete, in a cond branch under vmap, ran "
+    "jax.debug.callback(tick, y) once where the undecorated program runs it once "
+    "per batch element (fixed: such a call is inlined)"
 )
 _REMATERIALIZED = (
     "finding: under jax.checkpoint differentiated (grad of jvp of checkpoint; grad "
-    "of custom_vjp of checkpoint), a nested call's jax.debug.callback on values "
-    "computed from concrete inputs runs half as often as in the undecorated "
-    "program, which runs it again when the checkpoint is rematerialized"
+    "of custom_vjp of checkpoint), a nested call with a tracer input runs a "
+    "jax.debug.callback on values computed from concrete arrays (its own jaxpr's "
+    "constants) half as often as the undecorated program, which runs it again when "
+    "the checkpoint is rematerialized"
 )
 # Seen on JAX 0.11.1 and older; JAX 0.12 runs the effects as the undecorated
 # program does.
@@ -418,12 +422,12 @@ FOUND = [
         id=f"seed {seed}",
     )
     for seed, reason, where, failing in [
-        (481, _UNDER_VMAP_OF_COND, "filter_jit", True),
-        (684, _UNDER_VMAP_OF_COND, "filterjit.jit", True),
+        (481, _UNDER_VMAP_OF_COND, "filter_jit", False),
+        (684, _UNDER_VMAP_OF_COND, "filterjit.jit", False),
         (
             486,
             _REMATERIALIZED,
-            "grad(jvp(checkpoint)), all inputs concrete",
+            "grad(jvp(checkpoint)), the concrete call inside a call of a tracer",
             _REMATERIALIZED_FAILS,
         ),
         (
@@ -460,10 +464,8 @@ def test_a_program_prints_as_a_script_that_runs(tmp_path: Path) -> None:
     assert printed == ["decorated", "reference"], result.stdout
 
 
-@pytest.mark.xfail(
-    _REMATERIALIZED_FAILS, strict=True, reason=f"{_REMATERIALIZED} (seed 486, reduced)"
-)
 def test_effects_of_a_concrete_nested_call_under_grad_of_jvp_of_checkpoint() -> None:
+    # Inlined (its inputs all concrete), it is rematerialized as undecorated.
     count = [0]
 
     def body(x: jax.Array) -> jax.Array:
@@ -486,3 +488,56 @@ def test_effects_of_a_concrete_nested_call_under_grad_of_jvp_of_checkpoint() -> 
 
     assert effects(body) == 2  # the undecorated program
     assert effects(filterjit.filter_jit(body)) == 2
+
+
+def _effects_under_vmap_of_cond(fun: Any, constant: jax.Array) -> int:
+    """How often `fun(x, constant)`, called in a `cond` branch under `vmap` (a
+    batched predicate: both branches run, as a `select`), runs the
+    `jax.debug.callback` it makes on a value computed from `constant` alone."""
+    count = [0]
+
+    def outer(x: jax.Array) -> jax.Array:
+        tick = lambda *_: count.__setitem__(0, count[0] + 1)  # noqa: E731
+        branch = lambda x: fun(x, constant, tick)  # noqa: E731
+        return lax.cond(jnp.sum(x) > 0, branch, lambda x: x + 1, x)
+
+    xs = jnp.stack([jnp.ones(3), -jnp.ones(3)])
+    jax.block_until_ready(jax.vmap(jax.jit(outer))(xs))
+    jax.effects_barrier()
+    return count[0]
+
+
+def _from_constant(x: Any, constant: Any, tick: Any) -> Any:
+    y = constant * 2.0
+    jax.debug.callback(tick, y)
+    return x * 0 + y if isinstance(x, jax.Array) else y
+
+
+def test_effects_of_a_nested_call_with_only_concrete_inputs_under_vmap_of_cond():
+    # Seeds 481 and 684, reduced: inlined, the call's constant is the branch's, and
+    # the `select` batches it, as undecorated.
+    def only_constant(x: Any, constant: Any, tick: Any) -> Any:
+        return x * 0 + filterjit.filter_jit(_from_constant)(None, constant, tick)
+
+    def undecorated(x: Any, constant: Any, tick: Any) -> Any:
+        return x * 0 + _from_constant(None, constant, tick)
+
+    for constant in (jnp.ones(3), np.ones(3, np.float32)):
+        assert _effects_under_vmap_of_cond(undecorated, constant) == 2
+        assert _effects_under_vmap_of_cond(only_constant, constant) == 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a nested call with a tracer and a concrete array emits a jit equation "
+    "whose jaxpr holds the array as its own constant, which a cond's select under "
+    "vmap does not batch: its callback on values from the array alone runs once, "
+    "where undecorated it runs per element. Inlining every such call would fix "
+    "it, at 3x the trace time of the nested benchmark's first row",
+)
+def test_effects_of_a_nested_call_with_a_concrete_array_under_vmap_of_cond():
+    assert _effects_under_vmap_of_cond(_from_constant, jnp.ones(3)) == 2
+    assert (
+        _effects_under_vmap_of_cond(filterjit.filter_jit(_from_constant), jnp.ones(3))
+        == 2
+    )

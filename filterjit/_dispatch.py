@@ -30,7 +30,7 @@ from ._errors import (
     note_recursion,
     wait_checked,
 )
-from ._exact import exact_aux
+from ._exact import exact_aux, watched
 from ._fastpath import Hit, hit_caller, HitCall, MISS, miss, Unfinished
 from ._function import Function, unwrapped
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
@@ -522,7 +522,8 @@ class Dispatcher:
             if found is not None and not (found.captured and not found.valid()):
                 return found
             cache.put(key, entry, partition.captured_bytes(leaves))
-        if weak := [leaves[p] for p in partition.weak_positions]:
+        held = [watched(leaves[p]) for p in partition.weak_positions]
+        if weak := [leaf for leaf in held if leaf is not None]:
             cache_ref, entry_ref = weakref.ref(cache), weakref.ref(entry)
 
             def drop() -> None:  # `discard` ignores an entry that died first

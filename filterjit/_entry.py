@@ -19,7 +19,7 @@ from ._cache import lifelines
 from ._diagnostics import row, TraceLog, Traces
 from ._donated import record
 from ._errors import note_loop_in_trace, scalars_in_trace, traced_a_check
-from ._exact import ndarray_key
+from ._exact import ndarray_key, weak_reference
 from ._function import Function, python_function
 from ._level import ABSTRACT, EAGER, Level, STAGED, TOP
 from ._options import Options, UNSPECIFIED
@@ -196,7 +196,7 @@ def make_entry(
         template[position] = None
     weak_positions = partition.weak_positions
     for position in weak_positions:
-        template[position] = weakref.ref(leaves[position])
+        template[position] = weak_reference(leaves[position])
     roles = partition.roles()
     log = trace_log if level in (TOP, EAGER) else None
     staged = level == STAGED

@@ -281,6 +281,46 @@ def exact_key(value: Any, staged: bool = False) -> Any:
     return _exact(value, staged, _Memo())
 
 
+def method_key(method: types.MethodType) -> Hashable:
+    """A bound method's key, as `==` compares methods: its function, and its
+    receiver's identity, held weakly where the receiver takes a weak reference (a
+    cache keyed by it is dropped when the receiver dies: see `watched`), else the
+    method itself."""
+    try:
+        return method.__func__, WeakIdentity(method.__self__)
+    except TypeError:
+        return method
+
+
+def is_weak_key(key: Any) -> bool:
+    """Whether `key`, a static leaf's, holds its object weakly (`WeakIdentity`, or
+    `method_key`'s): it is equal to nothing once the object dies."""
+    return type(key) is WeakIdentity or (
+        type(key) is tuple and len(key) == 2 and type(key[1]) is WeakIdentity
+    )
+
+
+def watched(leaf: Any) -> Any:
+    """What a cache keyed by a static leaf keyed weakly watches, to drop what it
+    keyed when it dies: the leaf, or a bound method's receiver; `None` where the
+    key holds it strongly (a receiver that takes no weak reference)."""
+    if isinstance(leaf, types.MethodType):
+        receiver = leaf.__self__
+        return receiver if type(receiver).__weakrefoffset__ else None
+    return leaf
+
+
+def weak_reference(leaf: Any) -> Callable[[], Any]:
+    """A reference to a static leaf keyed weakly, which gives it when called
+    (`None` once it died): a bound method's made again from its function and
+    receiver; the method itself where its key holds it strongly."""
+    if isinstance(leaf, types.MethodType):
+        if watched(leaf) is None:
+            return lambda: leaf
+        return weakref.WeakMethod(leaf)
+    return weakref.ref(leaf)
+
+
 def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     """How a static leaf of type `kind` is keyed (its type is keyed apart, see
     `_partition`); `None`: by itself, `==` and `hash` being exact for it. Objects
@@ -290,6 +330,8 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
         return float_key
     if kind is complex:
         return complex_key
+    if kind is types.MethodType:  # its receiver held weakly, as undecorated
+        return method_key
     key_of = _KEYS_OF.get(kind) or _key_of(kind)
     weakly = WeakIdentity if kind.__weakrefoffset__ != 0 else None
     if key_of is _opaque_key:

@@ -15,7 +15,7 @@ import jax.tree_util as jtu
 
 from ._cache import BoundedCache
 from ._dispatch import Dispatcher
-from ._exact import WeakIdentity
+from ._exact import is_weak_key, watched
 from ._function import in_call_tree
 from ._leaves import is_array
 from ._options import Options
@@ -98,7 +98,8 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     # Its structure and static leaves, keyed as static arguments are (arrays aside).
     leaves, treedef = jtu.tree_flatten(fun)
     keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
-    weak = [x for x, k in zip(leaves, keys) if k and isinstance(k[1], WeakIdentity)]
+    weak = [watched(x) for x, k in zip(leaves, keys) if k and is_weak_key(k[1])]
+    weak = [x for x in weak if x is not None]
     return owner, (treedef, tuple(keys)), weak
 
 

@@ -94,7 +94,9 @@ class Partition:
         # Not concrete jax Arrays: the nested program holds them as constants, and
         # so the entry pins them (counted in its bytes).
         self.weak_positions = tuple(
-            static[i] for i, rekey in rekeys if rekey is _exact.WeakIdentity
+            static[i]
+            for i, rekey in rekeys
+            if rekey is _exact.WeakIdentity or rekey is _exact.method_key
         )
         # What `==` does not see of the auxiliary data (see `_exact`).
         aux = aux_data(treedef)

@@ -250,11 +250,15 @@ class _Run:
     holding it would keep what the closure holds alive), and how many were traced
     before it."""
 
-    __slots__ = ("cells", "before", "functions")
+    __slots__ = ("cells", "before", "functions", "kept")
 
-    def __init__(self, cells: tuple[int, ...]):
-        self.cells = cells
+    def __init__(self, cells: tuple[Any, ...]):
+        self.cells = tuple(map(id, cells))
         self.before = 0
+        # Cells that hold only a Python number, string or `None` (nothing a caller
+        # frees memory by dropping), kept, so that another call's cells cannot take
+        # their ids (a freed cell's is reused at once) and pass for them.
+        self.kept = cells if all(map(_holds_an_atom, cells)) else ()
         # The functions counted (one wrapped again, with a trace log of its own, is
         # not one made anew).
         self.functions: weakref.WeakSet[types.FunctionType] = weakref.WeakSet()
@@ -267,6 +271,16 @@ _runs: "weakref.WeakKeyDictionary[types.CodeType, _Run]" = weakref.WeakKeyDictio
 _warned_codes: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
 
 
+_ATOMS = frozenset({int, float, complex, bool, str, bytes, type(None)})
+
+
+def _holds_an_atom(cell: Any) -> bool:
+    try:
+        return type(cell.cell_contents) in _ATOMS
+    except ValueError:  # an empty cell
+        return True
+
+
 def _remade_run(log: "TraceLog") -> int:
     """Called on each trace at the top level or under eager transforms, of the
     function of `log`: on its first, how many functions made by the same code in
@@ -277,8 +291,9 @@ def _remade_run(log: "TraceLog") -> int:
     (a script's, a notebook cell's, the REPL's: one run), or share closure cells,
     which belong to the one call of the function that made them. Functions made by
     separate calls (a test parametrized over cases) have cells of their own, and
-    are not counted. (The previous function's cells, while its loop runs, are
-    alive: their ids are theirs.)"""
+    are not counted. (Cells are compared by id: a run keeps those it recorded that
+    hold only Python numbers, strings or `None`, so that no later call's cell takes
+    one's id; others, while their loop runs, are alive anyway.)"""
     code = log.code
     function = None if log.function is None else log.function()
     if log.count != 1 or code is None or function is None:
@@ -291,7 +306,7 @@ def _remade_run(log: "TraceLog") -> int:
         run.before += 1
         run.functions.add(function)
         return run.before
-    run = _runs[code] = _Run(cells)
+    run = _runs[code] = _Run(log.cells)
     run.functions.add(function)
     return 0
 

@@ -91,12 +91,11 @@ def _is_fori_loop(eqn: Any) -> bool:
     return eqn.primitive is while_p and _trace.made_by(source, "fori_loop")
 
 
-# A checked call under way: its function's name, `jitted`, its traced leaves and
-# (where known) their names; a plain tuple, made on every checked call.
-# The notes for the reverse-mode error on loops that checked calls traced with
-# bounds from traced NumPy or JAX scalars, by the stack JAX recorded with each loop
-# (equal to the one it reports while transposing the loop). Strings only: a loop's
-# note outlives the call, and keeps no array alive. The latest few are kept.
+# The notes for the reverse-mode error on loops that top-level and eager calls
+# traced with bounds from traced NumPy or JAX scalars, by the stack JAX recorded
+# with each loop (equal to the one it reports while transposing the loop). Strings
+# only: a loop's note outlives the call, and keeps no array alive. The latest few
+# are kept.
 _loop_notes: dict[object, str] = {}
 _MAX_LOOP_NOTES = 256
 _loop_notes_lock = threading.Lock()  # traces run in any thread

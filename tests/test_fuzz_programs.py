@@ -490,7 +490,7 @@ def test_effects_of_a_concrete_nested_call_under_grad_of_jvp_of_checkpoint() -> 
     assert effects(filterjit.filter_jit(body)) == 2
 
 
-def _effects_under_vmap_of_cond(fun: Any, constant: jax.Array) -> int:
+def _effects_under_vmap_of_cond(fun: Any, constant: Any) -> int:
     """How often `fun(x, constant)`, called in a `cond` branch under `vmap` (a
     batched predicate: both branches run, as a `select`), runs the
     `jax.debug.callback` it makes on a value computed from `constant` alone."""

@@ -18,7 +18,7 @@ from ._binding import FUNCTION, LeafParameter, positional_names
 from ._cache import lifelines
 from ._diagnostics import row, TraceLog, Traces
 from ._donated import record
-from ._errors import note_loop_in_trace, scalars_in_trace, traced_a_check
+from ._errors import integer_scalars, note_loop_in_trace, traced_a_check
 from ._exact import ndarray_key, weak_reference
 from ._function import Function, python_function
 from ._level import ABSTRACT, EAGER, Level, STAGED, TOP
@@ -234,7 +234,7 @@ def make_entry(
         # Top level and eager: its NumPy and JAX integer scalars, for the notes on
         # reverse mode through `fori_loop`s with bounds from them.
         scalars = (
-            [] if staged else scalars_in_trace(traced_labels, traced_types, dynamic)
+            [] if staged else integer_scalars(traced_labels, traced_types, dynamic)
         )
         try:
             output = f(*args, **kwargs)
@@ -265,9 +265,7 @@ def make_entry(
     # So that JAX's messages point at the user's function and name its arguments.
     run.__name__ = function.name.rpartition(".")[2]
     run.__qualname__ = function.name
-    signature = _signature(
-        [*(["(call)"] if takes_call else []), *(labels[p] for p in dynamic_positions)]
-    )
+    signature = _signature([*(["(call)"] if takes_call else []), *traced_labels])
     run.__signature__ = signature  # pyright: ignore[reportFunctionMemberAccess]
     if (source := _source_of(fun)) is not None:
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
@@ -299,7 +297,6 @@ def make_entry(
         jitted = TopCall(with_call, TOP_CALL)
     else:
         with_call = None
-    traced_labels = [labels[p] for p in dynamic_positions]
     if options.donate in ("all", "all-except-first") and level == TOP:
         jitted = _silencing(jitted)
     if donated:

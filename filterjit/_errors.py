@@ -40,7 +40,7 @@ def traced_a_check(name: str, scalars: Sequence["_Scalar"]) -> bool:
     transform: whether it traced a runtime check, a `pure_callback` into Equinox,
     at any depth (`True` where that cannot be known, so that errors are never
     lost). Also records the `lax.fori_loop`s whose bounds the traced integer
-    scalars `scalars` gave (see `scalars_in_trace`), for the error reverse mode
+    scalars `scalars` gave (see `integer_scalars`), for the error reverse mode
     raises on them later (see `_note_loop`)."""
     if (eqns := _trace.current_equations()) is None:
         return True
@@ -275,34 +275,22 @@ class _Scalar(NamedTuple):
         return f"`{self.label}`, a {self.kind} {self.dtype}"
 
 
-def _traced_scalars(labels: Sequence[str], dynamic: Sequence[Any]) -> list[_Scalar]:
-    """The traced leaves that are NumPy or JAX integer or bool scalars (which a
-    Python int or bool in their place keeps static). A PRNG key's dtype, an
-    extended one, is not a NumPy dtype and has no `kind`."""
-    return [
-        _Scalar(i, label, "NumPy" if isinstance(leaf, NUMPY_TYPES) else "JAX", dtype)
-        for i, (label, leaf) in enumerate(zip(labels, dynamic))
-        if is_array(leaf)
-        and not isinstance(leaf, Tracer)
-        and leaf.shape == ()
-        and isinstance(dtype := leaf.dtype, np.dtype)
-        and dtype.kind in "biu"
-    ]
-
-
-def scalars_in_trace(
-    labels: Sequence[str], types: Sequence[type], tracers: Sequence[Any]
+def integer_scalars(
+    labels: Sequence[str], types: Sequence[type], values: Sequence[Any]
 ) -> list[_Scalar]:
     """The traced leaves of a top-level or eager call (named `labels`, of the
-    types `types` in the call, traced as `tracers`) that are NumPy or JAX integer
-    or bool scalars. Not an outer transform's tracers: their values are not known
-    outside either."""
+    types `types` in the call, as `values`: themselves, or the tracers a trace of
+    the call made of them) that are NumPy or JAX integer or bool scalars, which a
+    Python int or bool in their place keeps static. Not an outer transform's
+    tracers: their values are not known outside either. A PRNG key's dtype, an
+    extended one, is not a NumPy dtype and has no `kind`."""
     return [
         _Scalar(i, label, "NumPy" if issubclass(kind, NUMPY_TYPES) else "JAX", dtype)
-        for i, (label, kind, tracer) in enumerate(zip(labels, types, tracers))
-        if not issubclass(kind, Tracer)
-        and tracer.shape == ()
-        and isinstance(dtype := tracer.dtype, np.dtype)
+        for i, (label, kind, value) in enumerate(zip(labels, types, values))
+        if is_array(value)
+        and not issubclass(kind, Tracer)
+        and value.shape == ()
+        and isinstance(dtype := value.dtype, np.dtype)
         and dtype.kind in "biu"
     ]
 
@@ -325,7 +313,7 @@ def _note_traced_scalars(
     `if n`, an index) which traced arguments were NumPy or JAX integer or bool
     scalars, which a Python int or bool in their place keeps static; and takes out
     JAX's advice to use `static_argnums`."""
-    scalars = _traced_scalars(labels, dynamic)
+    scalars = integer_scalars(labels, list(map(type, dynamic)), dynamic)
     # JAX names the argument the failing value depends on (its parameter name in
     # the jitted function: the label made an identifier).
     named = re.findall(r"depends on the value of the argument (\w+)", str(error))

@@ -98,8 +98,8 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     # Its structure and static leaves, keyed as static arguments are (arrays aside).
     leaves, treedef = jtu.tree_flatten(fun)
     keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
+    # A weak key was made: its object (a method's receiver) takes weak references.
     weak = [watched(x) for x, k in zip(leaves, keys) if k and is_weak_key(k[1])]
-    weak = [x for x in weak if x is not None]
     return owner, (treedef, tuple(keys)), weak
 
 

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.tree_util as jtu
 
-from . import _fastpath
+from . import _fastpath, _trace
 from ._binding import Args, Kwargs, LeafParameter, Shape
 from ._cache import BoundedCache, lifelines
 from ._diagnostics import (
@@ -102,6 +102,17 @@ class Route:
         self.calls.clear()
         self.learned = None
         self.hit = None
+
+
+def _over_bound(cache: BoundedCache[Entry], nbytes: int) -> object | None:
+    """Where an entry pins more bytes than `cache` may hold: the trace the call is
+    made in, for which alone the entry is kept (identical calls in it share it;
+    it is dropped when that trace ends); `None` where it is within the bound, or
+    the trace cannot be found (the cache then evicts it at once)."""
+    if cache.maxbytes is None or nbytes <= cache.maxbytes:
+        return None
+    trace = _trace.current_trace()
+    return trace if type(trace).__weakrefoffset__ else None
 
 
 class Dispatcher:
@@ -517,12 +528,16 @@ class Dispatcher:
             leaves,
             defaulted,
         )
+        nbytes = partition.captured_bytes(leaves)
+        held = [watched(leaves[p]) for p in partition.weak_positions]
+        if over_bound := _over_bound(cache, nbytes):
+            held.append(over_bound)
+            nbytes = 0  # held for that trace alone, uncounted
         with self._lock:
             found = cache.get(key)
             if found is not None and not (found.captured and not found.valid()):
                 return found
-            cache.put(key, entry, partition.captured_bytes(leaves))
-        held = [watched(leaves[p]) for p in partition.weak_positions]
+            cache.put(key, entry, nbytes)
         if weak := [leaf for leaf in held if leaf is not None]:
             cache_ref, entry_ref = weakref.ref(cache), weakref.ref(entry)
 

@@ -118,6 +118,10 @@ def _current_equations_public() -> list[Any] | None:
     return None  # unknown: the caller assumes the worst
 
 
+def _current_trace_public() -> object | None:
+    return None
+
+
 def _current_inputs_public() -> list[Any] | None:
     return None  # unknown
 
@@ -191,6 +195,7 @@ except ImportError:  # pragma: no cover - the tests simulate this by monkeypatch
     trace_level = _trace_level_public
     current_equations = _current_equations_public
     current_inputs = _current_inputs_public
+    current_trace = _current_trace_public
     level_reader = PUBLIC_READER
 else:
     private_api_available = True
@@ -221,7 +226,12 @@ else:
         invars = getattr(getattr(_current_trace.value, "frame", None), "invars", None)
         return None if invars is None else list(invars)
 
+    def _current_trace_private() -> object | None:
+        # The innermost trace (transform or staging) the call is made in.
+        return _current_trace.value
+
     trace_level = _trace_level_private
+    current_trace = _current_trace_private
     current_equations = _current_equations_private
     current_inputs = _current_inputs_private
     # Each read a C call: the state's getter, bound to it.

@@ -196,6 +196,8 @@ class Dispatcher:
             level, fun, tree, leaves, treedef, shape, called
         )
         partition = route.partition
+        if partition.runs_undecorated:
+            return fun(*args, **kwargs)
         dynamic = partition.take_dynamic(leaves)
         made = entry is None
         if entry is None:

@@ -352,6 +352,22 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
     return key
 
 
+def held_by_its_key(kind: type) -> bool:
+    """Whether a static leaf of type `kind` is kept alive by its key inside a staged
+    trace: compared by identity there (`==` not seen through, or `object`'s), and
+    taking no weak reference (`__slots__` without `__weakref__`)."""
+    if kind.__weakrefoffset__ != 0:
+        return False
+    key_of = _KEYS_OF.get(kind) or _key_of(kind)
+    if key_of is _opaque_key:
+        return True
+    return (
+        key_of is _by_eq
+        and kind.__eq__ is object.__eq__
+        and kind.__hash__ is object.__hash__
+    )
+
+
 def exact_aux(treedef: PyTreeDef, staged: bool = False) -> Any:
     """`exact_key` of `treedef`'s nodes' auxiliary data (`None`: `==` is exact)."""
     return exact_key(aux_data(treedef), staged)

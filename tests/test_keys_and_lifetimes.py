@@ -282,13 +282,8 @@ class Unreferenceable:
         self.payload = payload
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nested, a static leaf compared by identity that takes no weak "
-    "reference (__slots__ without __weakref__) is keyed by itself, held strongly "
-    "by the entry until STAGED_MAXSIZE entries push it out",
-)
 def test_unweakrefable_static_freed_nested() -> None:
+    # Its key would keep it alive: the call runs as the undecorated function.
     g = filter_jit(_plus_one)
     payload = Payload()
     ref = weakref.ref(payload)
@@ -296,6 +291,26 @@ def test_unweakrefable_static_freed_nested() -> None:
     del payload
     gc.collect()
     assert ref() is None
+
+
+def test_unweakrefable_static_nested_runs_as_undecorated() -> None:
+    runs = []
+
+    def f(x: Any, holder: Any) -> Any:
+        runs.append(holder)
+        return x * len(holder.payload), holder
+
+    g = filter_jit(f)
+    holder = Unreferenceable([1, 2, 3])
+
+    def outer(h: Any) -> Any:
+        return lambda x: h(x, holder)[0] + h(x, holder)[0]
+
+    assert_tree_allclose(jax.jit(outer(g))(X), jax.jit(outer(f))(X))
+    assert len(runs) == 4  # twice for each program, as undecorated
+    same = []
+    jax.make_jaxpr(lambda x: same.append(g(x, holder)[1] is holder))(X)
+    assert same == [True]
 
 
 # --- 3. Slowdowns ----------------------------------------------------------------

@@ -30,7 +30,7 @@ from ._errors import (
     note_recursion,
     wait_checked,
 )
-from ._exact import exact_aux, watched
+from ._exact import exact_aux, watched, WouldPin
 from ._fastpath import Hit, hit_caller, HitCall, MISS, miss, Unfinished
 from ._function import Function, unwrapped
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
@@ -102,6 +102,10 @@ class Route:
         self.calls.clear()
         self.learned = None
         self.hit = None
+
+
+# The key of a call that runs as the undecorated function (see `_lookup`).
+UNDECORATED = object()
 
 
 def _over_bound(cache: BoundedCache[Entry], nbytes: int) -> object | None:
@@ -195,9 +199,9 @@ class Dispatcher:
         route, cache, key, entry = self._lookup(
             level, fun, tree, leaves, treedef, shape, called
         )
-        partition = route.partition
-        if partition.runs_undecorated:
+        if key is UNDECORATED:
             return fun(*args, **kwargs)
+        partition = route.partition
         dynamic = partition.take_dynamic(leaves)
         made = entry is None
         if entry is None:
@@ -291,14 +295,19 @@ class Dispatcher:
         `_defaulted`). A nested call whose leaves of array types are all tracers,
         its dicts in JAX's order, is the program a top-level call is: it uses the
         top level's entries. `shape` has the latest hit at `level` read calls of
-        that shape (`None`: looked at)."""
+        that shape (`None`: looked at). The key is `UNDECORATED`, and there is no
+        entry, where a key would keep alive what the caller may drop (nested: see
+        `_exact.WouldPin`)."""
         route = self._route(level, fun, leaves, treedef, shape)
         partition = route.partition
         shared = route.shares_top and (
             partition.orders is None or _in_jax_order(partition.orders(tree))
         )
-        key = self._key(partition, tree, leaves, shared, called, self._keys_aliases)
         cache = self.entries[TOP if shared else level]
+        try:
+            key = self._key(partition, tree, leaves, shared, called, self._keys_aliases)
+        except WouldPin:  # nested: no entry, which would keep it alive
+            return route, cache, UNDECORATED, None
         try:
             entry = cache.get(key)
         except Exception as e:

@@ -76,6 +76,14 @@ class WeakIdentity:
         return found is not None and found is other.ref()
 
 
+class WouldPin(Exception):
+    """Raised by the key of a static leaf inside a staged trace where the key would
+    keep alive what the caller may drop: an object compared by identity that takes
+    no weak reference, or a concrete jax Array inside a static value (a constant
+    of the trace, which the entry would hold). Such a call runs as the undecorated
+    function, which keeps nothing (see `Dispatcher._lookup`)."""
+
+
 def float_key(x: float) -> float | str | bytes:
     # Only the two cases that `==` gets wrong need the (slower) exact key: a zero's
     # sign, and a NaN's sign and payload (its bits).
@@ -121,6 +129,8 @@ def _element(value: Any, staged: bool, memo: "_Memo") -> tuple[type, Any]:
     key = _exact(value, staged, memo)
     if key is not None:
         return type(value), key
+    if staged and memo.refuses_pins and _held_by_key(type(value)):
+        raise WouldPin
     # `==` is exact for it; a container of plain values, hashable as a tuple.
     if isinstance(value, list):
         return list, tuple(value)
@@ -225,7 +235,7 @@ def _key_of(kind: type) -> Callable[[Any, bool, "_Memo"], Any]:
     if kind is complex:
         return lambda value, staged, memo: complex_key(value)
     if issubclass(kind, jax.Array):  # `==` is elementwise: identity at every level
-        return lambda value, staged, memo: Identity(value)
+        return _array_key
     if issubclass(kind, jtu.PyTreeDef):
         return _treedef_key
     if sees_through(kind):
@@ -247,9 +257,21 @@ _KEYS_OF = {
 class _Memo(dict[int, Any]):
     """The keys of the containers met so far in one key's computation, by id (a
     value holding one object at many places is keyed in time linear in its size),
-    and the depth reached."""
+    the depth reached, and whether a key that would pin raises `WouldPin` (a
+    static leaf's, not a structure's auxiliary data)."""
 
     depth = 0
+    refuses_pins = False
+
+
+def _array_key(value: Any, staged: bool, memo: _Memo) -> Identity:
+    if staged and memo.refuses_pins:
+        raise WouldPin
+    return Identity(value)
+
+
+def _refuse_pin(value: Any) -> Any:
+    raise WouldPin
 
 
 def _exact(value: Any, staged: bool, memo: _Memo) -> Any:
@@ -321,6 +343,16 @@ def weak_reference(leaf: Any) -> Callable[[], Any]:
     return weakref.ref(leaf)
 
 
+def _held_by_key(kind: type) -> bool:
+    """Whether a value of type `kind` compared by identity (its own `__eq__` and
+    `__hash__` being `object`'s) takes no weak reference."""
+    return (
+        kind.__weakrefoffset__ == 0
+        and kind.__eq__ is object.__eq__
+        and kind.__hash__ is object.__hash__
+    )
+
+
 def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     """How a static leaf of type `kind` is keyed (its type is keyed apart, see
     `_partition`); `None`: by itself, `==` and `hash` being exact for it. Objects
@@ -335,9 +367,11 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
     key_of = _KEYS_OF.get(kind) or _key_of(kind)
     weakly = WeakIdentity if kind.__weakrefoffset__ != 0 else None
     if key_of is _opaque_key:
-        return (weakly or Identity) if staged else None
+        return (weakly or _refuse_pin) if staged else None
     if key_of is _by_eq:
         identity = kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__
+        if identity and weakly is None and staged:
+            return _refuse_pin
         return weakly if identity else None
     if kind is set:
         return None  # mutable and unhashable: refused, as jax.jit refuses it
@@ -346,26 +380,11 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
         # As `_exact` keys it, the key function of its type already found.
         memo = _Memo()
         memo.depth = 1
+        memo.refuses_pins = True
         found = key_of(value, staged, memo)
         return value if found is None else found
 
     return key
-
-
-def held_by_its_key(kind: type) -> bool:
-    """Whether a static leaf of type `kind` is kept alive by its key inside a staged
-    trace: compared by identity there (`==` not seen through, or `object`'s), and
-    taking no weak reference (`__slots__` without `__weakref__`)."""
-    if kind.__weakrefoffset__ != 0:
-        return False
-    key_of = _KEYS_OF.get(kind) or _key_of(kind)
-    if key_of is _opaque_key:
-        return True
-    return (
-        key_of is _by_eq
-        and kind.__eq__ is object.__eq__
-        and kind.__hash__ is object.__hash__
-    )
 
 
 def exact_aux(treedef: PyTreeDef, staged: bool = False) -> Any:

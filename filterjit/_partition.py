@@ -59,7 +59,6 @@ class Partition:
         "static_positions",
         "array_positions",
         "weak_positions",
-        "runs_undecorated",
         "take_dynamic",
         "_take_static",
         "rekeys",
@@ -98,12 +97,6 @@ class Partition:
             static[i]
             for i, rekey in rekeys
             if rekey is _exact.WeakIdentity or rekey is _exact.method_key
-        )
-        # Nested, a static leaf that its key would keep alive (see
-        # `_exact.held_by_its_key`): such calls run as the undecorated function,
-        # which keeps nothing (and traces anew on every call, as this would).
-        self.runs_undecorated = staged and any(
-            _exact.held_by_its_key(types[p]) for p in static
         )
         # What `==` does not see of the auxiliary data (see `_exact`).
         aux = aux_data(treedef)

@@ -130,7 +130,7 @@ def _element(value: Any, staged: bool, memo: "_Memo") -> tuple[type, Any]:
     if key is not None:
         return type(value), key
     if staged and memo.refuses_pins and _held_by_key(type(value)):
-        raise WouldPin
+        raise WouldPin  # compared by identity: the key would hold it
     # `==` is exact for it; a container of plain values, hashable as a tuple.
     if isinstance(value, list):
         return list, tuple(value)
@@ -183,7 +183,11 @@ def _fields_key(value: Any, staged: bool, memo: "_Memo") -> Any:
 def _opaque_key(value: Any, staged: bool, memo: "_Memo") -> Any:
     # Top level: `==` and `hash`, as jax.jit keys a static argument. Nested: identity,
     # as the undecorated program traces it anew on every call.
-    return Identity(value) if staged else None
+    if not staged:
+        return None
+    if memo.refuses_pins and type(value).__weakrefoffset__ == 0:
+        raise WouldPin
+    return Identity(value)
 
 
 def _by_eq(value: Any, staged: bool, memo: "_Memo") -> None:

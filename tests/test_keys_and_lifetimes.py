@@ -298,12 +298,35 @@ class Unreferenceable:
         self.payload = payload
 
 
-def test_unweakrefable_static_freed_nested() -> None:
+class UnreferenceableByValue(Unreferenceable):
+    """Compared by value with an `__eq__` that cannot be seen through, and no weak
+    reference to it can be taken."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.payload is self.payload
+
+    def __hash__(self) -> int:
+        return id(self.payload)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        Unreferenceable,
+        UnreferenceableByValue,
+        lambda payload: Holder(Unreferenceable(payload)),
+        lambda payload: Holder(UnreferenceableByValue(payload)),
+    ],
+    ids=["identity", "by value", "identity in a dataclass", "by value in a dataclass"],
+)
+def test_unweakrefable_static_freed_nested(make: Any) -> None:
     # Its key would keep it alive: the call runs as the undecorated function.
     g = filter_jit(_plus_one)
     payload = Payload()
     ref = weakref.ref(payload)
-    nested(g, Unreferenceable(payload))
+    nested(g, make(payload))
     del payload
     gc.collect()
     assert ref() is None

@@ -30,7 +30,7 @@ from ._errors import (
     note_recursion,
     wait_checked,
 )
-from ._exact import exact_aux, watched, WouldPin
+from ._exact import exact_aux, watched, weak_parts, WouldPin
 from ._fastpath import Hit, hit_caller, HitCall, MISS, miss, Unfinished
 from ._function import Function, unwrapped
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
@@ -530,6 +530,8 @@ class Dispatcher:
             self._check_processes_agree(route, leaves)
         defaulted = () if called is None else self._defaulted(called)
         top = level == ABSTRACT or (level == STAGED and cache is self.entries[TOP])
+        # Nested, objects inside static leaves that the key holds weakly.
+        inside = weak_parts(key) if partition.staged else []
         entry = make_entry(
             self._entry_maker(),
             fun,
@@ -538,9 +540,11 @@ class Dispatcher:
             route.leaf_parameters(self.function),
             leaves,
             defaulted,
+            keeps_call=not inside,
         )
         nbytes = partition.captured_bytes(leaves)
         held = [watched(leaves[p]) for p in partition.weak_positions]
+        held += inside
         if over_bound := _over_bound(cache, nbytes):
             held.append(over_bound)
             nbytes = 0  # held for that trace alone, uncounted

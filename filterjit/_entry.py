@@ -184,14 +184,18 @@ def make_entry(
     leaf_parameters: list[LeafParameter],
     leaves: list[Any],
     defaulted: tuple[str, ...] = (),
+    keeps_call: bool = True,
 ) -> Entry:
     """The entry for a call with these leaves, not yet traced. `defaulted`: the
-    parameters the call left to their defaults (not donated)."""
+    parameters the call left to their defaults (not donated). `keeps_call`:
+    whether it keeps the call's static leaves, for a trace at the top level (not
+    where its key holds objects inside them weakly: only calls inside a trace,
+    which hand over their own, find it)."""
     function, options, trace_log, compile_build = maker
     treedef, dynamic_positions = partition.treedef, partition.dynamic_positions
     labels = [p.label for p in leaf_parameters]
     # Keep no traced leaf alive, and objects keyed by identity only weakly.
-    template: list[Any] = list(leaves)
+    template: list[Any] = list(leaves) if keeps_call else [None] * len(leaves)
     for position in dynamic_positions:
         template[position] = None
     weak_positions = partition.weak_positions
@@ -220,6 +224,7 @@ def make_entry(
         the call's own pytree and leaves `under_way`, else in a copy of those of
         the call that made the entry."""
         entry = entry_ref()
+        assert keeps_call or under_way is not None  # see `keeps_call`
         inputs = list(template if under_way is None else under_way[1])
         for position, leaf in zip(dynamic_positions, dynamic):
             inputs[position] = leaf

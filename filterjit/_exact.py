@@ -129,8 +129,8 @@ def _element(value: Any, staged: bool, memo: "_Memo") -> tuple[type, Any]:
     key = _exact(value, staged, memo)
     if key is not None:
         return type(value), key
-    if staged and memo.refuses_pins and _held_by_key(type(value)):
-        raise WouldPin  # compared by identity: the key would hold it
+    if staged and memo.refuses_pins and _by_identity(type(value)):
+        return type(value), _weak_part(value)
     # `==` is exact for it; a container of plain values, hashable as a tuple.
     if isinstance(value, list):
         return list, tuple(value)
@@ -185,9 +185,7 @@ def _opaque_key(value: Any, staged: bool, memo: "_Memo") -> Any:
     # as the undecorated program traces it anew on every call.
     if not staged:
         return None
-    if memo.refuses_pins and type(value).__weakrefoffset__ == 0:
-        raise WouldPin
-    return Identity(value)
+    return _weak_part(value) if memo.refuses_pins else Identity(value)
 
 
 def _by_eq(value: Any, staged: bool, memo: "_Memo") -> None:
@@ -261,8 +259,9 @@ _KEYS_OF = {
 class _Memo(dict[int, Any]):
     """The keys of the containers met so far in one key's computation, by id (a
     value holding one object at many places is keyed in time linear in its size),
-    the depth reached, and whether a key that would pin raises `WouldPin` (a
-    static leaf's, not a structure's auxiliary data)."""
+    the depth reached, and whether it is a static leaf's key (not a structure's
+    auxiliary data), which in a staged trace holds objects compared by identity
+    weakly and raises `WouldPin` where it cannot."""
 
     depth = 0
     refuses_pins = False
@@ -347,14 +346,34 @@ def weak_reference(leaf: Any) -> Callable[[], Any]:
     return weakref.ref(leaf)
 
 
-def _held_by_key(kind: type) -> bool:
-    """Whether a value of type `kind` compared by identity (its own `__eq__` and
-    `__hash__` being `object`'s) takes no weak reference."""
-    return (
-        kind.__weakrefoffset__ == 0
-        and kind.__eq__ is object.__eq__
-        and kind.__hash__ is object.__hash__
-    )
+def _by_identity(kind: type) -> bool:
+    """Whether values of type `kind` are compared by identity (their `__eq__` and
+    `__hash__` are `object`'s)."""
+    return kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__
+
+
+def _weak_part(value: Any) -> "WeakIdentity":
+    """Inside a static value in a staged trace: an object keyed by its identity,
+    held weakly (an entry keyed by it is dropped when it dies: see `weak_parts`);
+    `WouldPin` where it takes no weak reference."""
+    if type(value).__weakrefoffset__ == 0:
+        raise WouldPin
+    return WeakIdentity(value)
+
+
+def weak_parts(key: Any) -> list[Any]:
+    """The live objects that `key`, a staged call's, holds weakly (its
+    `WeakIdentity`s, through tuples and frozensets)."""
+    found: list[Any] = []
+    stack = [key]
+    while stack:
+        part = stack.pop()
+        if type(part) is WeakIdentity:
+            if (alive := part.ref()) is not None:
+                found.append(alive)
+        elif isinstance(part, (tuple, frozenset)):
+            stack.extend(part)
+    return found
 
 
 def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
@@ -373,7 +392,7 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
     if key_of is _opaque_key:
         return (weakly or _refuse_pin) if staged else None
     if key_of is _by_eq:
-        identity = kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__
+        identity = _by_identity(kind)
         if identity and weakly is None and staged:
             return _refuse_pin
         return weakly if identity else None

@@ -198,12 +198,6 @@ def _plus_one(x: Any, holder: Any) -> Any:
     return x + 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nested, a frozen dataclass static leaf is keyed by _fields_key, whose "
-    "_element puts (type, value) of an identity-compared field in the key, held "
-    "strongly; the entry (which also holds the leaf) is never dropped",
-)
 def test_frozen_dataclass_field_object_freed_nested() -> None:
     g = filter_jit(_plus_one)
     payload = Payload()
@@ -212,6 +206,33 @@ def test_frozen_dataclass_field_object_freed_nested() -> None:
     del payload
     gc.collect()
     assert ref() is None
+
+
+def test_objects_inside_a_static_value_are_keyed_weakly_nested() -> None:
+    # A frozen dataclass made anew on each call, holding the same object: one
+    # trace; another object: a trace of its own, whose entry is dropped with it.
+    runs = []
+
+    def f(x: Any, holder: Any) -> Any:
+        runs.append(holder.value)
+        return x + 1
+
+    g = filter_jit(f)
+    dispatcher: Any = g._dispatcher  # pyright: ignore[reportAttributeAccessIssue]
+    caches = {id(cache): cache for cache in dispatcher.entries}.values()
+    payload = Payload()
+    for _ in range(3):
+        assert nested(g, Holder(payload)) == 2.0
+    assert len(runs) == 1 and runs[0] is payload
+    other = Payload()
+    assert nested(g, Holder(other)) == 2.0
+    assert len(runs) == 2 and runs[1] is other
+    before = sum(map(len, caches))
+    del other, runs[1]
+    gc.collect()
+    assert sum(map(len, caches)) == before - 1
+    nested(g, Holder(payload))
+    assert len(runs) == 1
 
 
 def test_frozen_dataclass_field_array_freed_nested() -> None:

@@ -40,7 +40,7 @@ from helpers import (
     each_path,  # noqa: F401 - autouse: each test on both paths
     property_settings,
 )
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 import filterjit
 from filterjit._dispatch import STAGED_MAXBYTES
@@ -220,6 +220,8 @@ KINDS = [
 # Kinds drawn inside a staged trace alone: elsewhere, a static value compared by
 # value is kept as `jax.jit(static_argnums)` keeps it (the documented exception).
 STAGED_ONLY = {"object in a static dataclass", "array in a static dataclass"}
+# Kinds whose arrays are constants nested, pinned up to the bound: the next tests.
+PINNED_NESTED = {"module arrays", "wrapped partial of an array"}
 # Not drawn: a bound method passed as a static argument, alone or in a jtu.Partial
 # (compared by `==`: at the top level kept as `jax.jit(static_argnums)` keeps it;
 # nested, see `test_a_bound_method_passed_nested_frees_its_receiver`).
@@ -239,12 +241,16 @@ def _alive(refs: list[weakref.ref[Any]]) -> list[Any]:
         max_size=4,
     )
 )
+# Each kind at a level where it is asserted dead, whatever the draws.
+@example(steps=[(kind, "nested") for kind in KINDS if kind not in PINNED_NESTED])
+@example(steps=[(kind, "top") for kind in KINDS if kind not in STAGED_ONLY])
+@example(steps=[(kind, "eager grad") for kind in KINDS if kind not in STAGED_ONLY])
 def test_nothing_the_caller_dropped_stays_alive(steps: list[tuple[str, str]]) -> None:
     kept = Kept()
     refs = []
     for kind, level in steps:
-        if kind == "module arrays" and level == "nested":
-            continue  # constants, pinned up to the bound: the next test
+        if kind in PINNED_NESTED and level == "nested":
+            continue  # constants, pinned up to the bound: the next tests
         if kind in STAGED_ONLY and level != "nested":
             continue
         refs.extend(_use(kept, kind, level))

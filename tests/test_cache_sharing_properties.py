@@ -553,6 +553,16 @@ def test_a_shared_trace_is_the_trace_of_each_value_nested(
     _check_nested(role, decorate, a, b)
 
 
+# The pair that `==` confuses most often, in every role, whatever the draws.
+@pytest.mark.parametrize("level", ["top", "nested"])
+@pytest.mark.parametrize("role", list(ROLES))
+def test_a_signed_zero_is_told_apart_in_every_role(role: str, level: str) -> None:
+    if level == "top":
+        _check_top_level(role, 0.0, -0.0, lying=False)
+    else:
+        _check_nested(role, filterjit.filter_jit, 0.0, -0.0)
+
+
 @SETTINGS
 @given(role=st.sampled_from(LYING_TOP_ROLES), pair=lying_pairs())
 def test_lying_values_at_the_top_level_share_a_trace_as_jax_jit_shares_it(

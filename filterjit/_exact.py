@@ -361,6 +361,19 @@ def _weak_part(value: Any) -> "WeakIdentity":
     return WeakIdentity(value)
 
 
+def holds_by_identity(value: Any) -> bool:
+    """Whether a static value holds objects compared by identity inside it (not
+    itself, which a key holds weakly), or a jax Array: its key at the top level
+    holds them strongly, as `jax.jit` keys a static argument."""
+    memo = _Memo()
+    memo.refuses_pins = True
+    try:
+        key = _exact(value, True, memo)
+    except WouldPin:
+        return True
+    return type(key) is not WeakIdentity and bool(weak_parts(key))
+
+
 def weak_parts(key: Any) -> list[Any]:
     """The live objects that `key`, a staged call's, holds weakly (its
     `WeakIdentity`s, through tuples and frozensets)."""

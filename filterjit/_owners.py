@@ -1,6 +1,7 @@
 """Who owns a function's caches: one dispatcher per function, as JAX and Equinox
 see it, and per set of options. A function (any callable compared by identity) owns
-its own; a bound method or a partial, the function it wraps; any other callable (a
+its own; a bound method or a partial, the function it wraps (a partial whose bound
+static values hold objects by identity, its own); any other callable (a
 callable `eqx.Module`, a frozen dataclass), its class's `__call__`, keyed by its
 structure and static leaves. Dispatchers live in the owner's own `__dict__`: dropping
 a function frees its caches, and a cycle through them is garbage."""
@@ -15,7 +16,7 @@ import jax.tree_util as jtu
 
 from ._cache import BoundedCache
 from ._dispatch import Dispatcher
-from ._exact import is_weak_key, watched
+from ._exact import holds_by_identity, is_weak_key, watched
 from ._function import in_call_tree
 from ._leaves import is_array
 from ._options import Options
@@ -86,6 +87,11 @@ def _forget(key: Any, holder: "_Holder | None") -> None:
 def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     """What owns `fun`'s caches, its key there, and the objects the key holds weakly."""
     if isinstance(fun, jtu.Partial):
+        bound = jtu.tree_leaves((fun.args, fun.keywords))
+        if any(not is_array(x) and holds_by_identity(x) for x in bound):
+            # Keys of its calls would hold those objects: caches of its own, which
+            # die with it, not its function's, which may live for the process.
+            return fun, None, []
         owner, key, weak = _owner(fun.func)
         # A bound method (`Method`) apart from a partial (for donation).
         return owner, (type(fun), key, len(fun.args), tuple(fun.keywords)), weak

@@ -295,12 +295,6 @@ def _take_holder(holder: Any, x: Any) -> Any:
     return x + 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a partial bound to a frozen dataclass holding an object: the cache key "
-    "(_fields_key's (type, value)) holds the object strongly, in the cache of the "
-    "shared owner (the module-level function), which outlives the wrapper",
-)
 def test_partial_over_frozen_dataclass_freed_with_wrapper_top() -> None:
     payload = Payload()
     ref = weakref.ref(payload)
@@ -308,6 +302,25 @@ def test_partial_over_frozen_dataclass_freed_with_wrapper_top() -> None:
     del payload
     gc.collect()
     assert ref() is None
+
+
+def test_partials_over_a_frozen_dataclass_share_caches_where_it_holds_values() -> None:
+    # Wrappers made anew: partials binding equal values share their function's
+    # caches; one holding an object by identity has caches of its own, which die
+    # with it (as `jax.jit` of a partial made anew traces anew).
+    runs = []
+
+    def take(holder: Any, x: Any) -> Any:
+        runs.append(None)
+        return x * 2
+
+    for _ in range(3):
+        assert_tree_allclose(filter_jit(ft.partial(take, Holder(2.0)))(X), X * 2)
+    assert len(runs) == 1
+    payload = Payload()
+    for _ in range(2):
+        assert_tree_allclose(filter_jit(ft.partial(take, Holder(payload)))(X), X * 2)
+    assert len(runs) == 3
 
 
 class Unreferenceable:

@@ -362,16 +362,20 @@ def _weak_part(value: Any) -> "WeakIdentity":
 
 
 def holds_by_identity(value: Any) -> bool:
-    """Whether a static value holds objects compared by identity inside it (not
-    itself, which a key holds weakly), or a jax Array: its key at the top level
-    holds them strongly, as `jax.jit` keys a static argument."""
+    """Whether a static value holds data compared by identity inside it (not
+    itself, which a key holds weakly): an object that is not callable, or a jax
+    Array. Its key at the top level holds them strongly, as `jax.jit` keys a static
+    argument. (Callables, functions above all, are code, as long-lived as what
+    defines them.)"""
     memo = _Memo()
     memo.refuses_pins = True
     try:
         key = _exact(value, True, memo)
     except WouldPin:
         return True
-    return type(key) is not WeakIdentity and bool(weak_parts(key))
+    if type(key) is WeakIdentity:
+        return False
+    return not all(map(callable, weak_parts(key)))
 
 
 def weak_parts(key: Any) -> list[Any]:

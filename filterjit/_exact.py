@@ -375,7 +375,9 @@ def holds_by_identity(value: Any) -> bool:
         return True
     if type(key) is WeakIdentity:
         return False
-    return not all(map(callable, weak_parts(key)))
+    # Not those with an `__eq__` of their own, which the top level keys by `==`.
+    parts = weak_parts(key)
+    return any(_by_identity(type(part)) and not callable(part) for part in parts)
 
 
 def weak_parts(key: Any) -> list[Any]:

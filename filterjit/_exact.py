@@ -129,7 +129,7 @@ def _element(value: Any, staged: bool, memo: "_Memo") -> tuple[type, Any]:
     key = _exact(value, staged, memo)
     if key is not None:
         return type(value), key
-    if staged and memo.refuses_pins and _by_identity(type(value)):
+    if staged and memo.of_static_leaf and _by_identity(type(value)):
         return type(value), _weak_part(value)
     # `==` is exact for it; a container of plain values, hashable as a tuple.
     if isinstance(value, list):
@@ -185,7 +185,7 @@ def _opaque_key(value: Any, staged: bool, memo: "_Memo") -> Any:
     # as the undecorated program traces it anew on every call.
     if not staged:
         return None
-    return _weak_part(value) if memo.refuses_pins else Identity(value)
+    return _weak_part(value) if memo.of_static_leaf else Identity(value)
 
 
 def _by_eq(value: Any, staged: bool, memo: "_Memo") -> None:
@@ -264,11 +264,11 @@ class _Memo(dict[int, Any]):
     weakly and raises `WouldPin` where it cannot."""
 
     depth = 0
-    refuses_pins = False
+    of_static_leaf = False
 
 
 def _array_key(value: Any, staged: bool, memo: _Memo) -> Identity:
-    if staged and memo.refuses_pins:
+    if staged and memo.of_static_leaf:
         raise WouldPin
     return Identity(value)
 
@@ -352,7 +352,7 @@ def _by_identity(kind: type) -> bool:
     return kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__
 
 
-def _weak_part(value: Any) -> "WeakIdentity":
+def _weak_part(value: Any) -> WeakIdentity:
     """Inside a static value in a staged trace: an object keyed by its identity,
     held weakly (an entry keyed by it is dropped when it dies: see `weak_parts`);
     `WouldPin` where it takes no weak reference."""
@@ -368,7 +368,7 @@ def holds_by_identity(value: Any) -> bool:
     argument. (Callables, functions above all, are code, as long-lived as what
     defines them.)"""
     memo = _Memo()
-    memo.refuses_pins = True
+    memo.of_static_leaf = True
     try:
         key = _exact(value, True, memo)
     except WouldPin:
@@ -381,8 +381,8 @@ def holds_by_identity(value: Any) -> bool:
 
 
 def weak_parts(key: Any) -> list[Any]:
-    """The live objects that `key`, a staged call's, holds weakly (its
-    `WeakIdentity`s, through tuples and frozensets)."""
+    """The live objects that `key` holds weakly (its `WeakIdentity`s, through
+    tuples and frozensets)."""
     found: list[Any] = []
     stack = [key]
     while stack:
@@ -422,7 +422,7 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
         # As `_exact` keys it, the key function of its type already found.
         memo = _Memo()
         memo.depth = 1
-        memo.refuses_pins = True
+        memo.of_static_leaf = True
         found = key_of(value, staged, memo)
         return value if found is None else found
 

@@ -30,7 +30,7 @@ from ._errors import (
     note_recursion,
     wait_checked,
 )
-from ._exact import exact_aux, watched, weak_parts, WouldPin
+from ._exact import exact_aux, watched, WouldPin
 from ._fastpath import Hit, hit_caller, HitCall, MISS, miss, Unfinished
 from ._function import Function, unwrapped
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
@@ -530,8 +530,9 @@ class Dispatcher:
             self._check_processes_agree(route, leaves)
         defaulted = () if called is None else self._defaulted(called)
         top = level == ABSTRACT or (level == STAGED and cache is self.entries[TOP])
-        # Nested, objects inside static leaves that the key holds weakly.
-        inside = weak_parts(key) if partition.staged else []
+        # Nested, objects inside static leaves that the key holds weakly: a key no
+        # top-level call makes alike, so the entry keeps none of the call's leaves.
+        inside = partition.held_inside(leaves)
         entry = make_entry(
             self._entry_maker(),
             fun,

@@ -136,6 +136,20 @@ class Partition:
                 statics[index] = rekey(statics[index])
         return statics
 
+    def held_inside(self, leaves: list[Any]) -> list[Any]:
+        """Inside a staged trace, the objects that the keys of the static leaves
+        hold weakly inside those leaves (a frozen dataclass's fields: see
+        `_exact.weak_parts`); not the leaves keyed weakly themselves
+        (`weak_positions`), whose keys the top level makes alike."""
+        if not self.staged:
+            return []
+        weak = set(self.weak_positions)
+        found: list[Any] = []
+        for position, key in zip(self.static_positions, self.statics(leaves)):
+            if position not in weak:
+                found += _exact.weak_parts(key)
+        return found
+
     def roles(self) -> list[str]:
         """What happens to each leaf: "traced", "concrete" (an array passed through
         unchanged inside a staged trace) or "static"."""

@@ -235,6 +235,25 @@ def test_objects_inside_a_static_value_are_keyed_weakly_nested() -> None:
     assert len(runs) == 1
 
 
+@pytest.mark.parametrize(
+    "make", [lambda f: f, Holder], ids=["a function", "a dataclass holding one"]
+)
+def test_a_static_keyed_weakly_nested_then_at_the_top_level(make: Any) -> None:
+    # Nested first, then at the top level with arrays of another shape, which
+    # traces again: a function is keyed alike at both levels (the entry the nested
+    # call made is found, and traces with the leaves it keeps); a dataclass holding
+    # one is not (the top level makes an entry of its own).
+    def apply(x: Any, fun: Any) -> Any:
+        return (fun if callable(fun) else fun.value)(x)
+
+    g = filter_jit(apply)
+    static = make(jnp.sin)
+    assert_tree_allclose(jax.jit(lambda x: g(x, static))(X), jnp.sin(X))
+    wide = jnp.arange(5.0)
+    assert_tree_allclose(g(wide, static), jnp.sin(wide))
+    assert_tree_allclose(g(X, static), jnp.sin(X))
+
+
 def test_frozen_dataclass_field_array_freed_nested() -> None:
     g = filter_jit(_plus_one)
     array = jnp.arange(1000.0)

@@ -363,10 +363,10 @@ def _weak_part(value: Any) -> WeakIdentity:
 
 def holds_by_identity(value: Any) -> bool:
     """Whether a static value holds data compared by identity inside it (not
-    itself, which a key holds weakly): an object that is not callable, or a jax
-    Array. Its key at the top level holds them strongly, as `jax.jit` keys a static
-    argument. (Callables, functions above all, are code, as long-lived as what
-    defines them.)"""
+    itself, which a key holds weakly): an object that is not callable nor one of
+    the markers in every Module's structure, or a jax Array. Its key at the top
+    level holds them strongly, as `jax.jit` keys a static argument. (Callables,
+    functions above all, are code, as long-lived as what defines them.)"""
     memo = _Memo()
     memo.of_static_leaf = True
     try:
@@ -377,7 +377,29 @@ def holds_by_identity(value: Any) -> bool:
         return False
     # Not those with an `__eq__` of their own, which the top level keys by `==`.
     parts = weak_parts(key)
-    return any(_by_identity(type(part)) and not callable(part) for part in parts)
+    return any(
+        _by_identity(type(part)) and not callable(part) and not _is_marker(part)
+        for part in parts
+    )
+
+
+class _Bare(eqx.Module):
+    pass
+
+
+# What Equinox puts in every Module's structure (a sentinel), found as it is there:
+# the process holds them anyway, and a key holding them pins nothing.
+_MODULE_MARKERS = tuple(
+    part
+    for data in aux_data(jtu.tree_structure(_Bare()))
+    for part in (data if isinstance(data, tuple) else (data,))
+    if _by_identity(type(part))
+)
+
+
+def _is_marker(value: Any) -> bool:
+    """Whether `value` is one of `_MODULE_MARKERS`."""
+    return any(value is marker for marker in _MODULE_MARKERS)
 
 
 def weak_parts(key: Any) -> list[Any]:

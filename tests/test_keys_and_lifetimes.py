@@ -295,22 +295,53 @@ class Settings(eqx.Module):
         return x + 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a callable Module's caches are its class's __call__'s, keyed by its "
-    "structure, whose static fields the dispatchers' table, its partitions and its "
-    "hits hold: as long as the class lives (jax.jit frees it). Caches per instance "
-    "would trace every Module made anew (a model per training step) again, and "
-    "no test tells data from code in a static field (Equinox's MISSING sentinel "
-    "is an object compared by identity too)",
-)
-def test_module_static_field_freed_with_wrapper_top() -> None:
+def _called_at(level: str, fun: Any) -> Any:
+    """`fun(X)` at the top level, or nested in a `jax.jit` made anew."""
+    return fun(X) if level == "top" else jax.jit(lambda x: fun(x))(X)
+
+
+@pytest.mark.parametrize("level", ["top", "nested"])
+def test_module_static_field_freed_with_wrapper(level: str) -> None:
+    # Its key would hold the object: the Module owns its caches, which die with it.
     payload = Payload()
     ref = weakref.ref(payload)
-    filter_jit(Settings(payload))(X)
+    assert_tree_allclose(_called_at(level, filter_jit(Settings(payload))), X + 1)
     del payload
     gc.collect()
     assert ref() is None
+
+
+ACTIVATED_TRACES: list[None] = []
+
+
+class Activated(eqx.Module):
+    """A callable Module whose static field is code or a value."""
+
+    activation: Any = eqx.field(static=True)
+    weight: jax.Array
+
+    def __call__(self, x: Any) -> Any:
+        ACTIVATED_TRACES.append(None)
+        return self.activation(x * self.weight)
+
+
+@pytest.mark.parametrize(
+    "activation",
+    [jnp.sin, jax.nn.relu, ft.partial(jnp.clip, max=0.5)],
+    ids=["jnp.sin", "jax.nn.relu", "a partial of jnp.clip"],
+)
+def test_modules_made_anew_share_a_trace_where_static_fields_hold_no_data(
+    activation: Any,
+) -> None:
+    # Functions are code: Modules made anew (a model per step) are one program,
+    # traced once. A field holding an object by identity is data the key would
+    # pin: such a Module traces as `jax.jit` of it does, once per instance (the
+    # test above).
+    ACTIVATED_TRACES.clear()
+    for _ in range(3):
+        module = Activated(activation, jnp.ones(3))
+        assert_tree_allclose(filter_jit(module)(X), activation(X))
+    assert len(ACTIVATED_TRACES) == 1
 
 
 def _take_holder(holder: Any, x: Any) -> Any:

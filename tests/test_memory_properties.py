@@ -6,9 +6,10 @@ level, nested in a `jax.jit` made anew, under an eager `jax.grad`): an object
 compared by identity passed as a static argument (handed back or not), a callable
 object or a `jtu.Partial` of a bound method passed as a static argument, the
 receiver of a decorated method, a callable object, a bound method, a
-`jtu.Partial(obj.method)` or a `functools.partial` binding an array wrapped
-directly (the wrapper dropped with it), and a
-Module whose arrays are traced (at the top level and under eager transforms). Each
+`jtu.Partial(obj.method)`, a `functools.partial` binding an array or a callable
+Module holding an object in a static field wrapped directly (the wrapper dropped
+with it), and a Module whose arrays are traced (at the top level and under eager
+transforms). Each
 input is made in a function of its own and watched through `weakref.ref`; after
 `gc.collect()` every one must be dead. Every test runs on both paths.
 
@@ -84,6 +85,15 @@ class Holder:
 class Model(eqx.Module):
     weight: jax.Array
     bias: np.ndarray
+
+
+class Configured(eqx.Module):
+    """A callable Module whose static field holds an object."""
+
+    tag: Any = eqx.field(static=True)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x * 2
 
 
 def _static(x: jax.Array, tag: Any) -> jax.Array:
@@ -193,6 +203,9 @@ def _use(kept: Kept, kind: str, level: str) -> list[weakref.ref[Any]]:
     elif kind == "wrapped bound method":
         tag = Scale()
         call = filterjit.filter_jit(tag.method)
+    elif kind == "wrapped Module holding an object":
+        tag = Tag()
+        call = filterjit.filter_jit(Configured(tag))
     elif kind == "wrapped partial of an array":
         tag = jnp.full(3, 2 / 3)
         call = filterjit.filter_jit(ft.partial(_scaled, tag))
@@ -213,6 +226,7 @@ KINDS = [
     "wrapped bound method",
     "wrapped jtu.Partial of a method",
     "wrapped partial of an array",
+    "wrapped Module holding an object",
     "module arrays",
     "object in a static dataclass",
     "array in a static dataclass",

@@ -26,6 +26,7 @@ from ._options import Options, UNSPECIFIED
 from ._output import BuilderCompiler, Carried, jit_output
 from ._partition import Partition
 from ._structure import replace_leaves
+from ._trace import nested_caller
 
 
 # `inline=True`: inlined while tracing (jax >= 0.11.2 reads `True` as `JAX_LATE`).
@@ -51,6 +52,7 @@ class Entry:
         "traces",
         "guarded",
         "with_call",
+        "nested",
         "_lifelines",
         "__weakref__",
     )
@@ -66,8 +68,9 @@ class Entry:
         # Called with the traced leaves (at the top level, ahead of time).
         self.jitted = jitted
         # Where nested calls can find it, called with a `CallUnderWay` first (see
-        # `run_nested`; at the top level, `TOP_CALL`).
+        # `run_nested`; at the top level, `TOP_CALL`), and what calls it nested.
         self.with_call = with_call
+        self.nested = None if with_call is None else nested_caller(with_call)
         self.labels = labels or []  # of the traced leaves, for errors
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
@@ -132,11 +135,11 @@ class TopCall(ft.partial[Any]):
 def run_nested(entry: Entry, tree: Any, leaves: list[Any], dynamic: Any) -> Any:
     """Calls an entry's jitted function nested, with the call's traced leaves
     `dynamic`, its pytree `tree` and all its `leaves` at hand for a trace."""
-    assert entry.with_call is not None  # every entry a nested call finds takes it
+    assert entry.nested is not None  # every entry a nested call finds takes it
     call = CallUnderWay()
     call.under_way = (tree, leaves)
     try:
-        return entry.with_call(call, *dynamic)
+        return entry.nested(call, *dynamic)
     finally:
         call.under_way = None
 
@@ -277,11 +280,6 @@ def make_entry(
     jitkwargs = dict(options.jitkwargs)
     if staged:
         jitkwargs["inline"] = _INLINE if options.inline is True else options.inline
-        if not dynamic_positions and partition.array_positions:
-            # Inlined, as where undecorated: the arrays it captures are constants of
-            # the caller's jaxpr, which a `cond` under `vmap` batches (and runs a
-            # `jax.debug.callback` on them once per element), not of its own.
-            jitkwargs["inline"] = _INLINE
         # The outer program is compiled with its own options (jax.jit refuses them
         # nested, where the undecorated function runs).
         jitkwargs.pop("compiler_options", None)

@@ -53,7 +53,7 @@ from ._binding import (
     Source,
     Sources,
 )
-from ._entry import run_nested, TOP_CALL
+from ._entry import CallUnderWay, TOP_CALL
 from ._errors import call_checked
 from ._exact import exact_key, float_key
 from ._leaves import is_leaf_type
@@ -205,7 +205,7 @@ def hit_caller(
         _miss=MISS,
         _checked=call_checked,
         _name=name,
-        _run_nested=run_nested,
+        _call_under_way=CallUnderWay,
         _top_call=TOP_CALL,
     )
     if learned is not None and not staged:
@@ -312,8 +312,13 @@ def _branch(
             "            break",
             "    except Exception:",
             "        break",
-            # With the call's own pytree, for a trace.
-            f"    o = _run_nested(e, {tree}, l, ({traced}{',' if traced else ''}))",
+            # With the call's own pytree, for a trace (as `_entry.run_nested`).
+            "    u = _call_under_way()",
+            f"    u.under_way = ({tree}, l)",
+            "    try:",
+            f"        o = e.nested(u{', ' if traced else ''}{traced})",
+            "    finally:",
+            "        u.under_way = None",
             "    if type(o) is not _carried:",
             "        return o",
             "    s, d = o.args",

@@ -250,6 +250,62 @@ def jit_cache_size(jitted: Any) -> int | None:
     return None if size is None else int(size())
 
 
+def _nested_caller_public(jitted: Any) -> Any:
+    return jitted  # the constants stay in its jit equation's jaxpr
+
+
+def _choose_nested_caller() -> Callable[[Any], Any]:
+    try:
+        from jax._src import pjit
+        from jax._src.interpreters.partial_eval import separate_consts
+
+        infer_params, jit_p, unspecified = (
+            pjit._infer_params,  # pyright: ignore[reportPrivateUsage]
+            pjit.jit_p,
+            pjit.UNSPECIFIED,  # pyright: ignore[reportPrivateImportUsage]
+        )
+    except (ImportError, AttributeError):  # pragma: no cover - the tests simulate it
+        return _nested_caller_public
+
+    def _nested_caller_private(jitted: Any) -> Any:
+        fun = getattr(jitted, "_fun", None)
+        info = getattr(jitted, "_jit_info", None)
+        if fun is None or info is None:
+            return jitted  # not a `jax.jit` object as this knows it
+
+        def call_nested(*args: Any) -> Any:
+            # What `jitted(*args)` does inside a trace (one cached trace, one jit
+            # equation), its jaxpr's constants moved to the front of its operands,
+            # as JAX moves constants that are tracers: the outer program's
+            # constants then, as where undecorated, which a `cond` under `vmap`
+            # batches and a rematerialized checkpoint computes again.
+            found, operands = infer_params(fun, info, args, {})
+            params = found.params
+            if params["jaxpr"].consts:
+                jaxpr, consts = separate_consts(params["jaxpr"])
+                count = len(consts)
+                params = dict(
+                    params,
+                    jaxpr=jaxpr,
+                    in_shardings=(unspecified,) * count + tuple(params["in_shardings"]),
+                    in_layouts=(None,) * count + tuple(params["in_layouts"]),
+                    donated_invars=(False,) * count + tuple(params["donated_invars"]),
+                )
+                operands = [*consts, *operands]
+            out = jit_p.bind(*operands, **params)
+            return jax.tree_util.tree_unflatten(found.out_tree, out)
+
+        return call_nested
+
+    return _nested_caller_private
+
+
+# `nested_caller(jitted)`: what calls the `jax.jit` object `jitted` inside a staged
+# trace, as `jitted` itself does but for the constants of its trace, which are the
+# caller's (see `_nested_caller_private`).
+nested_caller = _choose_nested_caller()
+
+
 def _aux_data_public(treedef: PyTreeDef) -> list[Any]:
     found: list[Any] = []
     data = treedef.node_data()

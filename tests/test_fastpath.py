@@ -333,8 +333,10 @@ def _hit_functions(call):
 def test_a_warm_hit_runs_few_of_filterjits_functions():
     """2 for a plain function, 3 for a Module method and 3 nested: the wrapper's
     `__call__` (after the method's `__get__`) and the generated hit, which reads,
-    keys, runs and builds the output; nested, `_entry.run_nested`, which hands the
-    entry the call's pytree; nothing of the dispatcher's."""
+    keys, runs and builds the output (nested, handing the entry the call's pytree,
+    as `_entry.run_nested`); nested, the entry's caller, which moves the trace's
+    constants to the operands (`_trace.nested_caller`); nothing of the
+    dispatcher's."""
     x = jnp.ones(3)
     g = filter_jit(raises)  # `x + n`: arrays out
     plain_hit = _hit_functions(lambda: g(x, 2))
@@ -368,7 +370,7 @@ def test_a_warm_hit_runs_few_of_filterjits_functions():
         return x
 
     outer(x)
-    assert nested_hit == [*plain_hit, "run_nested"], nested_hit
+    assert nested_hit == [*plain_hit, "call_nested"], nested_hit
     assert len(set(plain_hit + method_hit + nested_hit)) == len(
         set(plain_hit) | set(method_hit) | set(nested_hit)
     )

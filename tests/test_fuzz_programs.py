@@ -23,7 +23,7 @@ value), the final arrays (to a relative 1e-6), and the count of
 A disagreement prints the program as a script that runs both variants. The default
 tier runs seeds 0-9 (a few seconds), --full seeds 10-209 (about 30 s on 2 CPUs),
 each chunk of ten seeds on one path (fast, reference) in turn. Disagreements found
-with other seeds, open filterjit findings, are strict xfails (`FOUND`).
+with other seeds are kept, fixed, as `FOUND`.
 """
 
 import random
@@ -397,45 +397,21 @@ def test_random_programs(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     check(range(chunk * PER_CHUNK, (chunk + 1) * PER_CHUNK), minimum_ok=0.4)
 
 
-# Disagreements the fuzzer found (seeds of this generator): strict xfails while
-# open, each a count of `jax.debug.callback` effects lower than the undecorated
-# program's; kept, passing, once fixed.
-_UNDER_VMAP_OF_COND = (
-    "a nested call whose inputs are all concrete, in a cond branch under vmap, ran "
-    "jax.debug.callback(tick, y) once where the undecorated program runs it once "
-    "per batch element (fixed: such a call is inlined)"
-)
-_REMATERIALIZED = (
-    "finding: under jax.checkpoint differentiated (grad of jvp of checkpoint; grad "
-    "of custom_vjp of checkpoint), a nested call with a tracer input runs a "
-    "jax.debug.callback on values computed from concrete arrays (its own jaxpr's "
-    "constants) half as often as the undecorated program, which runs it again when "
-    "the checkpoint is rematerialized"
-)
-# Seen on JAX 0.11.1 and older; JAX 0.12 runs the effects as the undecorated
-# program does.
-_REMATERIALIZED_FAILS = jax.__version_info__ < (0, 12)
+# Disagreements the fuzzer found (seeds of this generator), each a count of
+# `jax.debug.callback` effects lower than the undecorated program's: a nested
+# call's jit equation held the arrays it captured (or computed from them alone) as
+# constants of its own jaxpr, where undecorated they are the caller's. Fixed (they
+# are its operands, see `filterjit._trace.call_nested`), kept as they were found.
 FOUND = [
-    pytest.param(
-        seed,
-        marks=pytest.mark.xfail(failing, strict=True, reason=f"{reason} ({where})"),
-        id=f"seed {seed}",
-    )
-    for seed, reason, where, failing in [
-        (481, _UNDER_VMAP_OF_COND, "filter_jit", False),
-        (684, _UNDER_VMAP_OF_COND, "filterjit.jit", False),
-        (
-            486,
-            _REMATERIALIZED,
-            "grad(jvp(checkpoint)), the concrete call inside a call of a tracer",
-            _REMATERIALIZED_FAILS,
-        ),
-        (
-            718,
-            _REMATERIALIZED,
-            "grad(custom_vjp(checkpoint)), a tracer input",
-            _REMATERIALIZED_FAILS,
-        ),
+    pytest.param(seed, id=f"seed {seed}: {where}")
+    for seed, where in [
+        # Inputs all concrete, in a cond branch under vmap: once, not per element.
+        (481, "filter_jit under vmap of cond"),
+        (684, "filterjit.jit under vmap of cond"),
+        # Under a differentiated checkpoint: not run again on rematerializing
+        # (JAX 0.11 and older).
+        (486, "grad(jvp(checkpoint)), a concrete call inside a call of a tracer"),
+        (718, "grad(custom_vjp(checkpoint)), a tracer input"),
     ]
 ]
 
@@ -465,7 +441,7 @@ def test_a_program_prints_as_a_script_that_runs(tmp_path: Path) -> None:
 
 
 def test_effects_of_a_concrete_nested_call_under_grad_of_jvp_of_checkpoint() -> None:
-    # Inlined (its inputs all concrete), it is rematerialized as undecorated.
+    # Its constants the caller's, it is rematerialized as undecorated.
     count = [0]
 
     def body(x: jax.Array) -> jax.Array:
@@ -514,8 +490,8 @@ def _from_constant(x: Any, constant: Any, tick: Any) -> Any:
 
 
 def test_effects_of_a_nested_call_with_only_concrete_inputs_under_vmap_of_cond():
-    # Seeds 481 and 684, reduced: inlined, the call's constant is the branch's, and
-    # the `select` batches it, as undecorated.
+    # Seeds 481 and 684, reduced: the call's constant is an operand of its equation
+    # and a constant of the branch, which the `select` batches, as undecorated.
     def only_constant(x: Any, constant: Any, tick: Any) -> Any:
         return x * 0 + filterjit.filter_jit(_from_constant)(None, constant, tick)
 
@@ -527,15 +503,9 @@ def test_effects_of_a_nested_call_with_only_concrete_inputs_under_vmap_of_cond()
         assert _effects_under_vmap_of_cond(only_constant, constant) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a nested call with a tracer and a concrete array emits a jit equation "
-    "whose jaxpr holds the array as its own constant, which a cond's select under "
-    "vmap does not batch: its callback on values from the array alone runs once, "
-    "where undecorated it runs per element. Inlining every such call would fix "
-    "it, at 3x the trace time of the nested benchmark's first row",
-)
 def test_effects_of_a_nested_call_with_a_concrete_array_under_vmap_of_cond():
+    # A tracer and a concrete array: the array is an operand of the call's jit
+    # equation, a constant of the branch, which the `select` batches.
     assert _effects_under_vmap_of_cond(_from_constant, jnp.ones(3)) == 2
     assert (
         _effects_under_vmap_of_cond(filterjit.filter_jit(_from_constant), jnp.ones(3))

@@ -22,7 +22,7 @@ from helpers import subprocess_env, traceback_frames
 from jax import lax
 
 import filterjit
-from filterjit import _trace
+from filterjit import _entry, _trace
 from filterjit._jax_jit import JitWrapper, level_switch as jit_level_switch
 from filterjit._jit import FilterJitWrapper, level_switch
 from filterjit._trace import EAGER, STAGED, TOP
@@ -324,6 +324,30 @@ def test_boxed_partial_reads_jaxs_box():
     assert unboxed.keywords == {"scale": 2.0}
     assert _trace.boxed_partial(_lookup) is None
     assert _trace._boxed_partial_public(outer.func) is None
+
+
+def test_a_nested_calls_constants_are_operands_of_its_equation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # If this fails, JAX has moved `_infer_params`, `jit_p`, `separate_consts` or
+    # what a `jax.jit` object holds: update `_choose_nested_caller` in
+    # filterjit/_trace.py. The fallback calls the `jax.jit` object, whose jaxpr keeps
+    # the arrays a call captured as constants of its own, which a `cond` under
+    # `vmap` does not batch (a `jax.debug.callback` on them then runs once, where
+    # undecorated it runs per element: tests/test_fuzz_programs.py).
+    assert _trace.nested_caller.__name__ == "_nested_caller_private"
+    table = np.arange(3.0, dtype=np.float32)
+
+    def equation() -> tuple[int, int]:
+        """A nested call's equation: its jaxpr's constants, and its operands."""
+        scaled = filterjit.filter_jit(lambda x, t: x * t)
+        (eqn,) = jax.make_jaxpr(lambda x: scaled(x, table))(jnp.ones(3)).eqns
+        assert jax.jit(lambda x: scaled(x, table))(jnp.ones(3)).tolist() == [0, 1, 2]
+        return len(eqn.params["jaxpr"].consts), len(eqn.invars)
+
+    assert equation() == (0, 2)
+    monkeypatch.setattr(_entry, "nested_caller", _trace._nested_caller_public)
+    assert equation() == (1, 1)
 
 
 def _lookup(table: dict[str, float], x: float, scale: float = 1.0) -> float:

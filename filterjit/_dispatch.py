@@ -30,7 +30,7 @@ from ._errors import (
     note_recursion,
     wait_checked,
 )
-from ._exact import exact_aux, watched, WouldPin
+from ._exact import exact_aux, holds_by_identity, watched, WouldPin
 from ._fastpath import Hit, hit_caller, HitCall, MISS, miss, Unfinished
 from ._function import Function, unwrapped
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
@@ -73,6 +73,7 @@ class Route:
         "partition",
         "get",
         "shares_top",
+        "undecorated",
         "calls",
         "learned",
         "hit",
@@ -80,11 +81,17 @@ class Route:
     )
 
     def __init__(
-        self, partition: Partition, get: Callable[[Any], Any], shares_top: bool
+        self,
+        partition: Partition,
+        get: Callable[[Any], Any],
+        shares_top: bool,
+        undecorated: bool = False,
     ):
         self.partition = partition
         self.get = get
         self.shares_top = shares_top
+        # Whether its calls run as the undecorated function (see `_route`).
+        self.undecorated = undecorated
         self.calls: dict[Shape, HitCall | None] = {}
         self.learned: OutputSpec | None = None
         self.hit: Hit | None = None
@@ -296,10 +303,12 @@ class Dispatcher:
         its dicts in JAX's order, is the program a top-level call is: it uses the
         top level's entries. `shape` has the latest hit at `level` read calls of
         that shape (`None`: looked at). The key is `UNDECORATED`, and there is no
-        entry, where a key would keep alive what the caller may drop (nested: see
-        `_exact.WouldPin`)."""
+        entry, where a key or a route would keep alive what the caller may drop
+        (nested: see `_exact.WouldPin` and `_route`)."""
         route = self._route(level, fun, leaves, treedef, shape)
         partition = route.partition
+        if route.undecorated:
+            return route, self.entries[level], UNDECORATED, None
         shared = route.shares_top and (
             partition.orders is None or _in_jax_order(partition.orders(tree))
         )
@@ -348,7 +357,8 @@ class Dispatcher:
         """The route of the partition of a structure and leaf types at `level`.
         Where `shape` is given, it is recorded (made if new), and its hit, made to
         read calls of that shape if it can, is the latest at its level; else only
-        looked at."""
+        looked at. Nested, one that recording would keep objects alive is not (its
+        calls run as the undecorated function)."""
         types = tuple(map(type, leaves))
         cache = self.routes[level]
         try:
@@ -364,10 +374,19 @@ class Dispatcher:
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, None, e) from e
         if route is None:
-            if shape is None:  # looked at, not recorded
+            # Nested, a structure whose auxiliary data holds objects by identity (a
+            # `jtu.Partial` of a bound method, a Module's static field holding an
+            # object) is never recorded: a route, its hit and its entries would
+            # keep them alive. Its calls run as the undecorated function.
+            undecorated = (
+                shape is not None
+                and level == STAGED
+                and holds_by_identity(tuple(_trace.aux_data(treedef)))
+            )
+            if shape is None or undecorated:  # looked at, or never recorded
                 program_of = lambda s: self._programs.get(s) or object()  # noqa: E731
                 partition = Partition(treedef, types, level, program_of)
-                return Route(partition, lambda _: None, False)
+                return Route(partition, lambda _: None, False, undecorated)
             route = self._new_route(level, treedef, types)
             if cache.get((treedef, types)) is None:
                 cache.put((treedef, types), route)

@@ -70,10 +70,17 @@ class WeakIdentity:
         return self._id
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is not WeakIdentity or other._id != self._id:
+        if type(other) is not type(self) or other._id != self._id:
             return False
         found = self.ref()
         return found is not None and found is other.ref()
+
+
+class WeakReceiver(WeakIdentity):
+    """A bound method's receiver inside a static value, held weakly: data, whatever
+    its type (a callable object too; see `holds_by_identity`)."""
+
+    __slots__ = ()
 
 
 class WouldPin(Exception):
@@ -129,8 +136,14 @@ def _element(value: Any, staged: bool, memo: "_Memo") -> tuple[type, Any]:
     key = _exact(value, staged, memo)
     if key is not None:
         return type(value), key
-    if staged and memo.of_static_leaf and _by_identity(type(value)):
-        return type(value), _weak_part(value)
+    if staged and memo.of_static_leaf:
+        if _by_identity(type(value)):
+            return type(value), _weak_part(value)
+        if type(value) is types.MethodType:  # compared by its receiver's identity
+            receiver = value.__self__
+            if type(receiver).__weakrefoffset__ == 0:
+                raise WouldPin
+            return types.MethodType, (value.__func__, WeakReceiver(receiver))
     # `==` is exact for it; a container of plain values, hashable as a tuple.
     if isinstance(value, list):
         return list, tuple(value)
@@ -364,7 +377,8 @@ def _weak_part(value: Any) -> WeakIdentity:
 def holds_by_identity(value: Any) -> bool:
     """Whether a static value holds data compared by identity inside it (not
     itself, which a key holds weakly): an object that is not callable nor one of
-    the markers in every Module's structure, or a jax Array. Its key at the top
+    the markers in every Module's structure, a bound method's receiver, or a jax
+    Array. Its key at the top
     level holds them strongly, as `jax.jit` keys a static argument. (Callables,
     functions above all, are code, as long-lived as what defines them.)"""
     memo = _Memo()
@@ -375,12 +389,19 @@ def holds_by_identity(value: Any) -> bool:
         return True
     if type(key) is WeakIdentity:
         return False
-    # Not those with an `__eq__` of their own, which the top level keys by `==`.
-    parts = weak_parts(key)
-    return any(
-        _by_identity(type(part)) and not callable(part) and not _is_marker(part)
-        for part in parts
-    )
+    return any(map(_is_data, _weak_identities(key)))
+
+
+def _is_data(held: WeakIdentity) -> bool:
+    """Whether an object a key holds weakly is data: a method's receiver, or an
+    object compared by identity (not one with an `__eq__` of its own, which the top
+    level keys by `==`) that is not callable nor one of `_MODULE_MARKERS`."""
+    part = held.ref()
+    if part is None:
+        return False
+    if type(held) is WeakReceiver:
+        return True
+    return _by_identity(type(part)) and not callable(part) and not _is_marker(part)
 
 
 class _Bare(eqx.Module):
@@ -405,13 +426,17 @@ def _is_marker(value: Any) -> bool:
 def weak_parts(key: Any) -> list[Any]:
     """The live objects that `key` holds weakly (its `WeakIdentity`s, through
     tuples and frozensets)."""
-    found: list[Any] = []
+    return [part for held in _weak_identities(key) if (part := held.ref()) is not None]
+
+
+def _weak_identities(key: Any) -> list[WeakIdentity]:
+    """The `WeakIdentity`s in `key`, through tuples and frozensets."""
+    found: list[WeakIdentity] = []
     stack = [key]
     while stack:
         part = stack.pop()
-        if type(part) is WeakIdentity:
-            if (alive := part.ref()) is not None:
-                found.append(alive)
+        if isinstance(part, WeakIdentity):
+            found.append(part)
         elif isinstance(part, (tuple, frozenset)):
             stack.extend(part)
     return found

@@ -235,6 +235,79 @@ def test_objects_inside_a_static_value_are_keyed_weakly_nested() -> None:
     assert len(runs) == 1
 
 
+class Receiver:
+    """A callable object with a method: data, whose methods a call may be given."""
+
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+    def __call__(self, x: Any) -> Any:
+        return x * self.scale
+
+    def method(self, x: Any) -> Any:
+        return x * self.scale
+
+
+def test_a_bound_method_inside_a_static_value_is_keyed_weakly_nested() -> None:
+    # Its receiver compared by identity and held weakly, whatever its type: the same
+    # receiver, one trace; another, a trace of its own; dropped, freed.
+    runs = []
+
+    def f(x: Any, holder: Any) -> Any:
+        runs.append(None)
+        return holder.value(x)
+
+    g = filter_jit(f)
+    receiver = Receiver(2.0)
+    for _ in range(3):
+        assert nested(g, Holder(receiver.method)) == 2.0
+    assert len(runs) == 1
+    assert nested(g, Holder(Receiver(3.0).method)) == 3.0
+    assert len(runs) == 2
+    ref = weakref.ref(receiver)
+    del receiver
+    gc.collect()
+    assert ref() is None
+
+
+def _apply(fun: Any, x: Any) -> Any:
+    return fun(x)
+
+
+@pytest.mark.parametrize(
+    "make, held",
+    [
+        (lambda r: jtu.Partial(r.method), lambda: Receiver(2.0)),
+        (lambda r: Settings(r), Payload),
+    ],
+    ids=["a jtu.Partial of a method", "a Module holding an object"],
+)
+def test_a_structure_holding_an_object_runs_undecorated_nested(
+    make: Any, held: Any
+) -> None:
+    # Its auxiliary data holds the object, which a route, its hit and its entries
+    # would keep alive: the call runs as the undecorated function, tracing its body
+    # each time, as undecorated, and keeps nothing.
+    runs = []
+
+    def f(fun: Any, x: Any) -> Any:
+        runs.append(None)
+        return fun(x) if isinstance(fun, jtu.Partial) else x * 2
+
+    def twice(fun: Any, obj: Any) -> Any:
+        return jax.jit(lambda x: fun(make(obj), x) + fun(make(obj), x))(X)
+
+    receiver = held()
+    expected = twice(f, receiver)
+    assert len(runs) == 2
+    assert_tree_allclose(twice(filter_jit(f), receiver), expected)
+    assert len(runs) == 4
+    ref = weakref.ref(receiver)
+    del receiver
+    gc.collect()
+    assert ref() is None
+
+
 @pytest.mark.parametrize(
     "make", [lambda f: f, Holder], ids=["a function", "a dataclass holding one"]
 )

@@ -14,6 +14,7 @@ import enum
 import hashlib
 import operator
 import struct
+import sys
 import types
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -376,11 +377,11 @@ def _weak_part(value: Any) -> WeakIdentity:
 
 def holds_by_identity(value: Any) -> bool:
     """Whether a static value holds data compared by identity inside it (not
-    itself, which a key holds weakly): an object that is not callable nor one of
-    the markers in every Module's structure, a bound method's receiver, or a jax
-    Array. Its key at the top
-    level holds them strongly, as `jax.jit` keys a static argument. (Callables,
-    functions above all, are code, as long-lived as what defines them.)"""
+    itself, which a key holds weakly): an object that is neither callable nor a
+    global of its class's module, a bound method's receiver, or a jax Array. Its
+    key at the top level holds them strongly, as `jax.jit` keys a static argument.
+    (Callables, functions above all, are code, as long-lived as what defines
+    them.)"""
     memo = _Memo()
     memo.of_static_leaf = True
     try:
@@ -395,32 +396,22 @@ def holds_by_identity(value: Any) -> bool:
 def _is_data(held: WeakIdentity) -> bool:
     """Whether an object a key holds weakly is data: a method's receiver, or an
     object compared by identity (not one with an `__eq__` of its own, which the top
-    level keys by `==`) that is not callable nor one of `_MODULE_MARKERS`."""
+    level keys by `==`) that is neither callable nor a global of its module."""
     part = held.ref()
     if part is None:
         return False
     if type(held) is WeakReceiver:
         return True
-    return _by_identity(type(part)) and not callable(part) and not _is_marker(part)
+    return _by_identity(type(part)) and not callable(part) and not _is_global(part)
 
 
-class _Bare(eqx.Module):
-    pass
-
-
-# What Equinox puts in every Module's structure (a sentinel), found as it is there:
-# the process holds them anyway, and a key holding them pins nothing.
-_MODULE_MARKERS = tuple(
-    part
-    for data in aux_data(jtu.tree_structure(_Bare()))
-    for part in (data if isinstance(data, tuple) else (data,))
-    if _by_identity(type(part))
-)
-
-
-def _is_marker(value: Any) -> bool:
-    """Whether `value` is one of `_MODULE_MARKERS`."""
-    return any(value is marker for marker in _MODULE_MARKERS)
+def _is_global(value: Any) -> bool:
+    """Whether `value` is bound to a name in its class's module: a sentinel (the
+    one Equinox puts in every Module's structure), a tag (Lineax's operator tags).
+    The module holds it anyway, and a key holding it pins nothing."""
+    module = sys.modules.get(type(value).__module__)
+    namespace = getattr(module, "__dict__", None)
+    return type(namespace) is dict and any(v is value for v in namespace.values())
 
 
 def weak_parts(key: Any) -> list[Any]:

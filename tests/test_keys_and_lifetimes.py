@@ -417,6 +417,67 @@ def test_modules_made_anew_share_a_trace_where_static_fields_hold_no_data(
     assert len(ACTIVATED_TRACES) == 1
 
 
+class _Tag:
+    """A tag, compared by identity, whose instances are globals of this module."""
+
+
+SYMMETRIC = _Tag()
+
+
+class Tagged(eqx.Module):
+    """An operator-like Module whose static field holds global tags (as Lineax's
+    operators do)."""
+
+    matrix: jax.Array
+    tags: frozenset[Any] = eqx.field(static=True)
+
+    def __call__(self, x: Any) -> Any:
+        TAGGED_TRACES.append(None)
+        return self.matrix @ x
+
+
+TAGGED_TRACES: list[None] = []
+
+
+def test_structures_holding_global_tags_share_a_trace() -> None:
+    # A global of its class's module lives as long as the module: a key holding it
+    # pins nothing. Nested, the structure is recorded (one trace for calls with
+    # operators made anew, in outer traces made anew); a callable one made anew
+    # shares its class's caches.
+    runs = []
+
+    def apply(operator: Any, x: Any) -> Any:
+        runs.append(None)
+        return operator(x)
+
+    g = filter_jit(apply)
+    for _ in range(3):
+        operator = Tagged(jnp.eye(3), frozenset({SYMMETRIC}))
+        assert_tree_allclose(jax.jit(lambda o, x: g(o, x))(operator, X), X)
+    assert len(runs) == 1
+    TAGGED_TRACES.clear()
+    for _ in range(3):
+        assert_tree_allclose(
+            filter_jit(Tagged(jnp.eye(3), frozenset({SYMMETRIC})))(X), X
+        )
+    assert len(TAGGED_TRACES) == 1
+
+
+def test_a_lineax_operator_nested_shares_a_trace() -> None:
+    lineax = pytest.importorskip("lineax")
+    runs = []
+
+    def mv(operator: Any, x: Any) -> Any:
+        runs.append(None)
+        return operator.mv(x)
+
+    g = filter_jit(mv)
+    for _ in range(3):
+        operator = lineax.MatrixLinearOperator(jnp.eye(3), lineax.symmetric_tag)
+        assert_tree_allclose(jax.jit(lambda o, x: g(o, x))(operator, X), X)
+    assert len(runs) == 1
+
+
 def _take_holder(holder: Any, x: Any) -> Any:
     return x + 1
 

@@ -4,8 +4,8 @@ its own; a bound method or a partial, the function it wraps (a partial whose bou
 static values hold objects by identity, its own); any other callable (a
 callable `eqx.Module`, a frozen dataclass), its class's `__call__`, keyed by its
 structure and static leaves (one whose static fields hold objects by identity, its
-own). Dispatchers live in the owner's own `__dict__`: dropping
-a function frees its caches, and a cycle through them is garbage."""
+own). Dispatchers live in the owner's own `__dict__`: dropping a function frees its
+caches, and a cycle through them is garbage."""
 
 import inspect
 import threading
@@ -22,6 +22,7 @@ from ._function import in_call_tree
 from ._leaves import is_array
 from ._options import Options
 from ._partition import static_key
+from ._structure import PyTreeDef
 from ._trace import aux_data
 
 
@@ -89,7 +90,7 @@ def _forget(key: Any, holder: "_Holder | None") -> None:
 def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
     """What owns `fun`'s caches, its key there, and the objects the key holds weakly."""
     if isinstance(fun, jtu.Partial):
-        if _holds_data_by_identity((fun.args, fun.keywords)):
+        if _holds_data_by_identity(*jtu.tree_flatten((fun.args, fun.keywords))):
             # Keys of its calls would hold those objects: caches of its own, which
             # die with it, not its function's, which may live for the process.
             return fun, None, []
@@ -100,25 +101,24 @@ def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
         # Compared by identity, and so called as itself: the owner of its own caches
         # (a method-like object made anew on each access is a function of its own).
         return fun, None, []
-    if _holds_data_by_identity(fun):
+    leaves, treedef = jtu.tree_flatten(fun)
+    if _holds_data_by_identity(leaves, treedef):
         # Its key would hold them, as long as its class lives: its own caches.
         return fun, None, []
     call = inspect.getattr_static(type(fun), "__call__", None)
     owner = call if isinstance(call, types.FunctionType) else type(fun)
     # Its structure and static leaves, keyed as static arguments are (arrays aside).
-    leaves, treedef = jtu.tree_flatten(fun)
     keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
     # A weak key was made: its object (a method's receiver) takes weak references.
     weak = [watched(x) for x, k in zip(leaves, keys) if k and is_weak_key(k[1])]
     return owner, (treedef, tuple(keys)), weak
 
 
-def _holds_data_by_identity(tree: Any) -> bool:
-    """Whether a key of `tree`'s static leaves and structure would hold an object
+def _holds_data_by_identity(leaves: list[Any], treedef: PyTreeDef) -> bool:
+    """Whether a key of a pytree's static leaves and structure would hold an object
     compared by identity, or a jax Array, that the caller may drop (see
     `holds_by_identity`): in a static leaf, or in its structure's auxiliary data (a
     Module's static fields), which a key holds as they are."""
-    leaves, treedef = jtu.tree_flatten(tree)
     statics = [leaf for leaf in leaves if not is_array(leaf)]
     return any(map(holds_by_identity, statics)) or holds_by_identity(
         tuple(aux_data(treedef))

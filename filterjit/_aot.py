@@ -72,9 +72,10 @@ class Specialisation:
                     "stands for an array of its shape and dtype, and was traced as "
                     "one; the compiled function takes that array. Pass an array "
                     f"of shape {leaves[position].shape} and dtype "
-                    f"{leaves[position].dtype}; for a static setting, pass a value "
+                    f"{leaves[position].dtype}. For a static setting, pass a value "
                     "of another type (a tuple of the shape and dtype) when lowering "
-                    "and calling."
+                    "and calling, or name it static with `filterjit.jit(f, "
+                    f"static_argnames={labels[position]!r})`."
                 )
         statics = list(partition.statics(leaves))
         if partition.signature[2] == lowered.signature[2] and statics == self.statics:

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import filterjit
 from filterjit import filter_jit
 
 
@@ -52,6 +53,27 @@ def test_a_compiled_call_given_a_shape_dtype_struct_says_it_stands_for_an_array(
     assert compiled(jnp.ones(3), jnp.ones(2)).tolist() == 5.0
     with pytest.raises(TypeError, match=r"argument `s` is a `jax.ShapeDtypeStruct`"):
         compiled(jnp.ones(3), spec)
+
+
+def test_a_shape_dtype_struct_named_static_is_a_static_setting():
+    # What the error above suggests: named static, it is the setting itself when
+    # lowering, as in `jax.jit(f, static_argnames="s")`, whose compiled function
+    # takes the traced arguments alone.
+    seen = []
+
+    def f(x, s):
+        seen.append(type(s))
+        return x.sum() + jnp.zeros(s.shape, s.dtype).sum()
+
+    spec = jax.ShapeDtypeStruct((2,), jnp.float32)
+    for jit in (jax.jit, filterjit.jit):
+        g = jit(f, static_argnames="s")
+        compiled = g.lower(jnp.ones(3), spec).compile()
+        assert compiled(jnp.ones(3)).tolist() == 3.0
+        assert g(jnp.ones(3), spec).tolist() == 3.0
+    assert seen and set(seen) == {jax.ShapeDtypeStruct}  # one trace, shared
+    with pytest.raises(TypeError, match=r"static_argnames='s'"):
+        filter_jit(f).lower(jnp.ones(3), spec).compile()(jnp.ones(3), spec)
 
 
 def test_trace_and_eval_shape():

@@ -9,18 +9,20 @@ receiver of a decorated method, a callable object, a bound method, a
 `jtu.Partial(obj.method)`, a `functools.partial` binding an array or a callable
 Module holding an object in a static field wrapped directly (the wrapper dropped
 with it), and a Module whose arrays are traced (at the top level and under eager
-transforms). Each
-input is made in a function of its own and watched through `weakref.ref`; after
-`gc.collect()` every one must be dead. Every test runs on both paths.
+transforms). Each input is made in a function of its own and watched through
+`weakref.ref`; after `gc.collect()` every one must be dead. Every test runs on
+both paths.
 
 Known and documented exceptions, not asserted dead: a static value compared by value
-(`==`) stays in its function's cache until evicted by count, as with
-`jax.jit(f, static_argnums)`; a concrete array used nested is a compile-time
-constant, pinned up to `filterjit._dispatch.STAGED_MAXBYTES` bytes per function:
-that bound is asserted, and an entry pinning more than it is kept for the trace
-that made it alone (its arrays die with that trace). Inside a staged trace, the
-objects held by a static value compared by value (a frozen dataclass holding an
-object or a jax Array) are drawn too: there they die with the caller's.
+(`==`), and a structure's auxiliary data (a `jtu.Partial`'s bound method), stay in
+the function's caches until evicted by count, as with `jax.jit(f,
+static_argnums)`; a concrete array used nested is a compile-time constant, pinned
+up to `filterjit._dispatch.STAGED_MAXBYTES` bytes per function: that bound is
+asserted, and an entry pinning more than it is kept for the trace that made it
+alone (its arrays die with that trace). Inside a staged trace, the objects held by
+a static value compared by value (a frozen dataclass holding an object, a jax
+Array or a bound method) and by a structure's auxiliary data (a `jtu.Partial` of a
+bound method argument) are drawn too: there they die with the caller's.
 """
 
 import dataclasses
@@ -185,6 +187,9 @@ def _use(kept: Kept, kind: str, level: str) -> list[weakref.ref[Any]]:
     elif kind == "array in a static dataclass":
         tag = jnp.ones(2)
         call = lambda x: kept.static(x, Holder(tag))  # noqa: E731
+    elif kind == "bound method in a static dataclass":
+        tag = Scale()
+        call = lambda x: kept.static(x, Holder(tag.method))  # noqa: E731
     elif kind == "callable argument":
         tag = Scale()
         call = lambda x: kept.apply(tag, x)  # noqa: E731
@@ -230,10 +235,18 @@ KINDS = [
     "module arrays",
     "object in a static dataclass",
     "array in a static dataclass",
+    "bound method in a static dataclass",
+    "jtu.Partial argument",
 ]
 # Kinds drawn inside a staged trace alone: elsewhere, a static value compared by
-# value is kept as `jax.jit(static_argnums)` keeps it (the documented exception).
-STAGED_ONLY = {"object in a static dataclass", "array in a static dataclass"}
+# value, or a structure's auxiliary data, is kept as `jax.jit(static_argnums)` and
+# `jax.jit`'s cache keep them (the documented exception).
+STAGED_ONLY = {
+    "object in a static dataclass",
+    "array in a static dataclass",
+    "bound method in a static dataclass",
+    "jtu.Partial argument",
+}
 # Kinds whose arrays are constants nested, pinned up to the bound: the next tests.
 PINNED_NESTED = {"module arrays", "wrapped partial of an array"}
 # Not drawn: a bound method passed as a static argument, alone or in a jtu.Partial

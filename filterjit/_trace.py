@@ -1,7 +1,8 @@
 """The only module that touches private JAX API, each access with a public fallback
 and a canary test (`tests/test_private_jax_api.py`, and `tests/test_export.py` for the
 loader's): where in JAX's trace stack a call happens, which frames JAX shows, what
-a pytree structure holds, waiting for arrays, the partial a `jtu.Partial` boxes,
+a pytree structure holds, the jit equation a nested call emits (its constants the
+caller's), waiting for arrays, the partial a `jtu.Partial` boxes,
 the rule that raises JAX's reverse-mode loop error (wrapped once, to add a note
 and raise it as it was), and for loading an export, the custom-call targets JAX
 guarantees stable and those a StableHLO module calls."""

@@ -236,7 +236,8 @@ def test_objects_inside_a_static_value_are_keyed_weakly_nested() -> None:
 
 
 class Receiver:
-    """A callable object with a method: data, whose methods a call may be given."""
+    """A callable object with a method: data, whose bound method a call may be
+    given."""
 
     def __init__(self, scale: float) -> None:
         self.scale = scale
@@ -268,10 +269,6 @@ def test_a_bound_method_inside_a_static_value_is_keyed_weakly_nested() -> None:
     del receiver
     gc.collect()
     assert ref() is None
-
-
-def _apply(fun: Any, x: Any) -> Any:
-    return fun(x)
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from ._errors import (
     note_recursion,
     wait_checked,
 )
-from ._exact import exact_aux, holds_by_identity, watched, WouldPin
+from ._exact import aux_holds_by_identity, exact_aux, watched, WouldPin
 from ._fastpath import Hit, hit_caller, HitCall, MISS, miss, Unfinished
 from ._function import Function, unwrapped
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
@@ -379,9 +379,7 @@ class Dispatcher:
             # object) is never recorded: a route, its hit and its entries would
             # keep them alive. Its calls run as the undecorated function.
             undecorated = (
-                shape is not None
-                and level == STAGED
-                and holds_by_identity(tuple(_trace.aux_data(treedef)))
+                shape is not None and level == STAGED and aux_holds_by_identity(treedef)
             )
             if shape is None or undecorated:  # looked at, or never recorded
                 program_of = lambda s: self._programs.get(s) or object()  # noqa: E731

@@ -141,10 +141,8 @@ def _element(value: Any, staged: bool, memo: "_Memo") -> tuple[type, Any]:
         if _by_identity(type(value)):
             return type(value), _weak_part(value)
         if type(value) is types.MethodType:  # compared by its receiver's identity
-            receiver = value.__self__
-            if type(receiver).__weakrefoffset__ == 0:
-                raise WouldPin
-            return types.MethodType, (value.__func__, WeakReceiver(receiver))
+            receiver = _weak_part(value.__self__, WeakReceiver)
+            return types.MethodType, (value.__func__, receiver)
     # `==` is exact for it; a container of plain values, hashable as a tuple.
     if isinstance(value, list):
         return list, tuple(value)
@@ -366,13 +364,14 @@ def _by_identity(kind: type) -> bool:
     return kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__
 
 
-def _weak_part(value: Any) -> WeakIdentity:
+def _weak_part(value: Any, kind: type[WeakIdentity] = WeakIdentity) -> WeakIdentity:
     """Inside a static value in a staged trace: an object keyed by its identity,
-    held weakly (an entry keyed by it is dropped when it dies: see `weak_parts`);
-    `WouldPin` where it takes no weak reference."""
+    held weakly (an entry keyed by it is dropped when it dies: see `weak_parts`), as
+    a `kind` (a `WeakReceiver` for a bound method's receiver); `WouldPin` where it
+    takes no weak reference."""
     if type(value).__weakrefoffset__ == 0:
         raise WouldPin
-    return WeakIdentity(value)
+    return kind(value)
 
 
 def holds_by_identity(value: Any) -> bool:
@@ -417,7 +416,12 @@ def _is_global(value: Any) -> bool:
 def weak_parts(key: Any) -> list[Any]:
     """The live objects that `key` holds weakly (its `WeakIdentity`s, through
     tuples and frozensets)."""
-    return [part for held in _weak_identities(key) if (part := held.ref()) is not None]
+    found: list[Any] = []
+    for held in _weak_identities(key):
+        part = held.ref()
+        if part is not None:
+            found.append(part)
+    return found
 
 
 def _weak_identities(key: Any) -> list[WeakIdentity]:
@@ -465,6 +469,13 @@ def static_key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None
         return value if found is None else found
 
     return key
+
+
+def aux_holds_by_identity(treedef: PyTreeDef) -> bool:
+    """Whether `treedef`'s nodes' auxiliary data (a Module's static fields), which a
+    key of the structure holds as it is, holds data compared by identity (see
+    `holds_by_identity`)."""
+    return holds_by_identity(tuple(aux_data(treedef)))
 
 
 def exact_aux(treedef: PyTreeDef, staged: bool = False) -> Any:

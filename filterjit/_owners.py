@@ -17,13 +17,12 @@ import jax.tree_util as jtu
 
 from ._cache import BoundedCache
 from ._dispatch import Dispatcher
-from ._exact import holds_by_identity, is_weak_key, watched
+from ._exact import aux_holds_by_identity, holds_by_identity, is_weak_key, watched
 from ._function import in_call_tree
 from ._leaves import is_array
 from ._options import Options
 from ._partition import static_key
 from ._structure import PyTreeDef
-from ._trace import aux_data
 
 
 _ATTRIBUTE = "__filterjit_dispatchers__"
@@ -120,9 +119,7 @@ def _holds_data_by_identity(leaves: list[Any], treedef: PyTreeDef) -> bool:
     `holds_by_identity`): in a static leaf, or in its structure's auxiliary data (a
     Module's static fields), which a key holds as they are."""
     statics = [leaf for leaf in leaves if not is_array(leaf)]
-    return any(map(holds_by_identity, statics)) or holds_by_identity(
-        tuple(aux_data(treedef))
-    )
+    return any(map(holds_by_identity, statics)) or aux_holds_by_identity(treedef)
 
 
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:

@@ -459,9 +459,8 @@ class Dispatcher:
         if level == STAGED:
             out = run_nested(entry, tree, leaves, dynamic)
         else:
-            ready = entry.awaited if level == TOP else None
             name = self.function.name
-            out = call_checked(entry.jitted, dynamic, name, ready, entry.labels)
+            out = call_checked(entry.jitted, dynamic, name, entry.awaited, entry.labels)
         if type(out) is Carried:
             return self._finish(level, out, leaves, waited=True, tree=tree)
         return out
@@ -482,7 +481,7 @@ class Dispatcher:
             self._key_aliases()
         if level == STAGED:
             return spec.finish_nested(out.leaves, leaves, tree)
-        if spec.runtime_check and level == TOP and not waited:
+        if spec.runtime_check and not waited:
             wait_checked(spec.awaited(out.leaves), self.function.name)
         return spec.build(out.leaves, leaves)
 

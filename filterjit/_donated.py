@@ -78,8 +78,10 @@ def check_not_deleted(
     error: BaseException, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
     """Raises, naming the argument, where `error` is JAX refusing a buffer that was
-    deleted or donated and one of the traced leaves `dynamic` is such an array."""
-    if not isinstance(error, ValueError | RuntimeError) or "deleted" not in str(error):
+    deleted or donated and one of the traced leaves `dynamic` is such an array.
+    (JAX's words for it differ by backend: "deleted" on a CPU, "Donation requested
+    for invalid buffer" on a TPU; a deleted argument is the cause wherever.)"""
+    if not isinstance(error, ValueError | RuntimeError):
         return
     for label, leaf in zip(labels, dynamic):
         if not _is_deleted(leaf):

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.tree_util as jtu
 import numpy as np
+from jax.core import Tracer
 
 from ._binding import FUNCTION, LeafParameter, positional_names
 from ._cache import lifelines
@@ -86,14 +87,19 @@ class Entry:
         return all(ndarray_key(array) == key for array, key in self.captured)
 
     def awaited(self, out: Any) -> Any:
-        """What a top-level call waits for, to raise a failed runtime check at the
-        call (see `OutputSpec.awaited`); `None` for nothing."""
+        """What a call outside staged traces waits for, to raise a failed runtime
+        check at the call (see `OutputSpec.awaited`); `None` for nothing."""
         if type(out) is Carried:
             return out.spec.awaited(out.leaves)
-        # A boxed output (`out_shardings`) waits if any trace of the entry checked.
+        # A boxed output (`out_shardings`, top level only) waits if any trace of the
+        # entry checked.
         if not self.has_checks:
             return None
-        return [leaf for leaf in jtu.tree_leaves(out) if isinstance(leaf, jax.Array)]
+        return [
+            leaf
+            for leaf in jtu.tree_leaves(out)
+            if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer)
+        ]
 
     def drop_with(self, objects: list[Any], drop: Callable[[], None]) -> None:
         """Drops this entry (`drop()`) when any of `objects` dies."""

@@ -57,7 +57,6 @@ from ._entry import CallUnderWay, TOP_CALL
 from ._errors import call_checked
 from ._exact import exact_key, float_key
 from ._leaves import is_leaf_type
-from ._level import TOP
 from ._output import Carried, OutputSpec
 from ._partition import Partition
 from ._structure import MAX_DEPTH, PyTreeDef, shape_of
@@ -326,7 +325,6 @@ def _branch(
             f"        return _unfinished(o, l, False, {tree}, _route)",
             f"    return s.finish_nested(d, l, {tree})",
         ]
-    top = partition.level == TOP
     if learned is None:  # the first from-traced output has the hit made again
         inline = []
         from_traced = f"_unfinished(o, {whole}, g, None, _route)"
@@ -347,8 +345,7 @@ def _branch(
         "    except Exception:",
         "        break",
         "    if g:  # run and waited for in one checked call",
-        f"        o = _checked(e.jitted, [{traced}], _name, "
-        f"{'e.awaited' if top else 'None'}, e.labels)",
+        f"        o = _checked(e.jitted, [{traced}], _name, e.awaited, e.labels)",
         "    else:",
         "        try:",
         f"            o = {'e.with_call(_top_call, ' if takes_call else 'e.jitted('}"

@@ -11,6 +11,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
@@ -125,7 +126,6 @@ class OutputSpec:
     __slots__ = (
         "aliases",
         "runtime_check",
-        "wait_on",
         "dynamic_positions",
         "build",
         "build_nested",
@@ -174,11 +174,6 @@ class OutputSpec:
         # then on (`Dispatcher._key_aliases`), so that the group holds one object.
         self.aliases = tuple(aliases)
         self.runtime_check = runtime_check
-        # With a check, the traced leaf a top-level call waits for (`None`: all): one
-        # the executable computes, whose wait raises any check failed in it.
-        handed_back = {id(leaf) for leaf in inputs if isinstance(leaf, Tracer)}
-        computed = [id(leaves[p]) not in handed_back for p in dynamic]
-        self.wait_on = computed.index(True) if True in computed else None
         self.dynamic_positions = tuple(dynamic)
         pooled = {*dynamic, *(position for position, _ in passthrough)}
         template = [None if p in pooled else leaf for p, leaf in enumerate(leaves)]
@@ -203,6 +198,9 @@ class OutputSpec:
             )
             take = items_getter(kept)
             self.build_nested = lambda out, inputs: nested(take(out), inputs)
+        if runtime_check:  # the traced leaves end with the check's marker
+            self.build = _without_marker(self.build)
+            self.build_nested = _without_marker(self.build_nested)
         if orders is not None and handed is None:
             unordered = self.build_nested
             self.build_nested = lambda out, inputs: restore_orders(
@@ -237,10 +235,24 @@ class OutputSpec:
         return restore_orders(built, self.orders, skip)
 
     def awaited(self, out: Any) -> Any:
-        """What of the traced leaves `out` a top-level call waits for."""
-        if not self.runtime_check:
-            return None
-        return out if self.wait_on is None else [out[self.wait_on]]
+        """What of the traced leaves `out` a call outside staged traces waits for:
+        with a runtime check, its marker (see `check_marker`)."""
+        return [out[-1]] if self.runtime_check else None
+
+
+def check_marker() -> Any:
+    """An output of a trace that holds a runtime check, for the call to wait for.
+    A constant: neither batched nor differentiated, so under eager `vmap`, `jvp` and
+    `grad` it comes back as a concrete array (the traced leaves are tracers there);
+    as any output of the executable, waiting for it raises a check failed in it."""
+    return jnp.zeros((), np.int32)
+
+
+def _without_marker(
+    build: Callable[[Any, list[Any]], Any],
+) -> Callable[[Any, list[Any]], Any]:
+    """`build` of traced leaves that end with a check's marker."""
+    return lambda out, inputs: build(out[:-1], inputs)
 
 
 class Carried(Exception):
@@ -341,4 +353,7 @@ def jit_output(
     spec = OutputSpec(
         treedef, leaves, inputs, runtime_check, orders, compile_build, handed
     )
-    return Carried(spec, [leaves[p] for p in spec.dynamic_positions])
+    traced = [leaves[p] for p in spec.dynamic_positions]
+    if runtime_check:
+        traced.append(check_marker())
+    return Carried(spec, traced)

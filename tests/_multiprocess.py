@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from helpers import subprocess_env
+from helpers import subprocess_env, WARNINGS_AS_ERRORS
 
 
 TESTS = Path(__file__).resolve().parent
@@ -119,7 +119,7 @@ def launch(
     timeout: float = 120.0,
     check: bool = True,
     env: dict[str, str] | None = None,
-    python_flags: Sequence[str] = ("-W", "error"),
+    python_flags: Sequence[str] = WARNINGS_AS_ERRORS,
     grace: float = GRACE_S,
 ) -> list[ProcessResult]:
     """Runs `script args` in `num_processes` processes of one JAX program.

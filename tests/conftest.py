@@ -5,8 +5,19 @@ Hypothesis examples per property (25, or 10 where each example compiles:
 `helpers.property_settings`). `python -m pytest --full` also runs the tests
 marked `slow` (the code on the docs pages, the slow examples) and the properties
 with 200 examples; `.ci/run` runs that. Both spread the test files over xdist
-workers (pyproject.toml's addopts).
+workers (pyproject.toml's addopts), and both run on the host's CPU whatever
+accelerator the machine has: one process at a time can hold a TPU chip, and the
+workers and the Python children the tests start would race for it.
+
+`python -m pytest --device` runs the device tier instead: the tests of
+`DEVICE_FILES` (those whose behaviour depends on the backend: the contract
+matrix, the fast path, donation, asynchronous dispatch, runtime checks, AOT
+stages, export), in this one process, on JAX's default backend (a TPU or GPU
+where there is one). The children those tests start still run on the CPU.
 """
+
+import os
+import warnings
 
 import hypothesis
 import jax
@@ -21,6 +32,22 @@ hypothesis.settings.register_profile("filterjit-default", max_examples=25)
 hypothesis.settings.register_profile("filterjit-full", max_examples=200)
 
 
+# The device tier: the test files whose results depend on the backend.
+DEVICE_FILES = frozenset(
+    {
+        "test_aot.py",
+        "test_composition.py",
+        "test_donation.py",
+        "test_export.py",
+        "test_fastpath.py",
+        "test_leaf_kinds.py",
+        "test_misuse_errors.py",
+        "test_outputs.py",
+        "test_static_outputs_and_runtime_checks.py",
+    }
+)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--full",
@@ -28,9 +55,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="also run the slow tier (tests marked slow), and the property tests "
         "with many examples",
     )
+    parser.addoption(
+        "--device",
+        action="store_true",
+        help="run the device tier alone: the tests whose results depend on the "
+        "backend, in one process, on JAX's default backend (a TPU or GPU where the "
+        "machine has one)",
+    )
 
 
+def _keep_to_the_cpu() -> None:
+    """Keeps this process, the workers it starts and their children on the CPU."""
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    jax.config.update("jax_platforms", "cpu")
+
+
+def _open_the_device(config: pytest.Config) -> None:
+    """Runs this process's tests on JAX's default backend, in this process alone
+    (one process at a time can hold a TPU chip), and keeps its children off it."""
+    config.option.numprocesses = 0
+    config.option.dist = "no"
+    config.option.tx = []
+    # The backend's start-up warnings (a TPU's, say) are no test's subject.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jax.devices()
+    os.environ["JAX_PLATFORMS"] = "cpu"  # read by the children's JAX only
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--device"):
+        _open_the_device(config)
+    else:
+        _keep_to_the_cpu()
     # Before collection, so that the settings the test modules build see it. An
     # explicit --hypothesis-profile wins.
     if config.getoption("hypothesis_profile", None) is None:
@@ -43,6 +101,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(
     config: pytest.Config, items: list[pytest.Item]
 ) -> None:
+    if config.getoption("--device"):
+        elsewhere = [item for item in items if item.path.name not in DEVICE_FILES]
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = [item for item in items if item.path.name in DEVICE_FILES]
     if config.getoption("--full"):
         return
     skip = pytest.mark.skip(reason="in the slow tier: run with --full")

@@ -18,6 +18,13 @@ from hypothesis import HealthCheck, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# On a TPU machine JAX warns at import in every process, whatever its platform
+# (its start-up looks at the hardware): that is not the code under test, so a
+# child run with warnings as errors tolerates it.
+BACKEND_START_UP_WARNINGS = "ignore::UserWarning:jax._src.cloud_tpu_init"
+# A child Python's flags for warnings as errors.
+WARNINGS_AS_ERRORS = ("-W", "error", "-W", BACKEND_START_UP_WARNINGS)
+
 
 def subprocess_env(*paths: Path, **variables: str) -> dict[str, str]:
     """This process's environment, with `variables` set, for a Python subprocess

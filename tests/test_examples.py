@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jax
 import pytest
-from helpers import subprocess_env
+from helpers import BACKEND_START_UP_WARNINGS, subprocess_env, WARNINGS_AS_ERRORS
 from test_docs import fenced_blocks, OUTPUT_INFO
 
 
@@ -97,10 +97,10 @@ def without_digits(text: str) -> list[str]:
 
 
 def run(name: str, args: list[str]) -> str:
-    env = subprocess_env(PYTHONWARNINGS="error")
+    env = subprocess_env(PYTHONWARNINGS=f"error,{BACKEND_START_UP_WARNINGS}")
     env.pop("FILTERJIT_EXPLAIN_RETRACES", None)
     result = subprocess.run(
-        [sys.executable, "-W", "error", str(EXAMPLES / name), *args],
+        [sys.executable, *WARNINGS_AS_ERRORS, str(EXAMPLES / name), *args],
         capture_output=True,
         text=True,
         timeout=300,

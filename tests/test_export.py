@@ -221,6 +221,12 @@ def _in_a_fresh_interpreter(script: str, *arguments: Path) -> Any:
     that imports this checkout's filterjit, with `tests/` importable, on this
     process's platforms (what was exported for the default backend loads there;
     on a GPU, not preallocating its memory beside this process)."""
+    if jax.default_backend() != "cpu":  # `pytest --device` on an accelerator
+        pytest.skip(
+            "the fresh interpreter runs on the CPU (this process holds the "
+            "accelerator), where what was exported for the accelerator does not "
+            "load; the default tier runs this on the CPU"
+        )
     result = subprocess.run(
         [sys.executable, "-c", script, *map(str, arguments)],
         capture_output=True,

@@ -4,12 +4,12 @@ import subprocess
 import sys
 
 import pytest
-from helpers import subprocess_env
+from helpers import subprocess_env, WARNINGS_AS_ERRORS
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-W", "error", "-m", "filterjit", *args],
+        [sys.executable, *WARNINGS_AS_ERRORS, "-m", "filterjit", *args],
         capture_output=True,
         text=True,
         timeout=300,

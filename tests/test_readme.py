@@ -5,6 +5,7 @@ import pathlib
 import re
 
 import pytest
+from helpers import WARNINGS_AS_ERRORS
 
 
 README = pathlib.Path(__file__).parent.parent / "README.md"
@@ -48,7 +49,7 @@ def test_readme_patch_equinox_block():
     code, shown = _python_blocks(README.read_text())[-1]
     assert shown is not None
     result = subprocess.run(
-        [sys.executable, "-W", "error", "-c", code],
+        [sys.executable, *WARNINGS_AS_ERRORS, "-c", code],
         cwd=README.parent,
         capture_output=True,
         text=True,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import subprocess_env
+from helpers import subprocess_env, WARNINGS_AS_ERRORS
 
 
 # What the subprocess needs: 8 devices of JAX's CPU platform.
@@ -21,7 +21,7 @@ def test_shardings_on_eight_devices():
     # This checkout's filterjit, not an installed one.
     env = subprocess_env(**EIGHT_CPU_DEVICES)
     result = subprocess.run(
-        [sys.executable, "-W", "error", str(script)],
+        [sys.executable, *WARNINGS_AS_ERRORS, str(script)],
         capture_output=True,
         text=True,
         env=env,

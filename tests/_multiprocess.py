@@ -87,6 +87,12 @@ def skip_reason() -> str | None:
         return f"jaxlib's internals moved ({error}); cannot check for gloo"
     if not hasattr(_jax, "make_gloo_tcp_collectives"):
         return "this jaxlib is built without gloo CPU collectives"
+    return port_refused()
+
+
+def port_refused() -> str | None:
+    """Why no port can be bound on the loopback interface (a sandbox without
+    sockets, say), or `None`: the harness hands each launch one."""
     try:
         free_port()
     except OSError as error:

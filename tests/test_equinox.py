@@ -56,15 +56,46 @@ def test_only_calls_with_a_runtime_check_wait(monkeypatch):
     for _ in range(2):
         checked(jnp.ones(2))
         plain(jnp.ones(2))
-    # Under eager transforms a failed check raises at the call without a wait.
     jax.grad(lambda x: checked(x).sum())(jnp.ones(2))
-    assert waits == [1, 1]  # the one output of each top-level call
+    jax.grad(lambda x: plain(x).sum())(jnp.ones(2))
+    assert waits == [1, 1, 1]  # the marker of each checked call, eager grad's too
 
 
-def test_a_checked_call_waits_for_one_computed_output(monkeypatch):
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda g, x: jax.grad(lambda x: g(x).sum())(x),
+        lambda g, x: jax.vmap(g)(x),
+        lambda g, x: jax.jvp(g, (x,), (x,)),
+        lambda g, x: jax.vmap(jax.grad(lambda x: g(x).sum()))(x[None]),
+    ],
+    ids=["grad", "vmap", "jvp", "vmap(grad)"],
+)
+def test_a_checked_call_under_eager_transforms_waits_at_the_call(monkeypatch, call):
+    # On an accelerator a failed check surfaces when the result is waited for, and
+    # under eager grad the forward result may never be: so the call waits, as
+    # Equinox's does, for a concrete output (its traced leaves are tracers here).
+    waits = []
+    block_leaves = _trace.block_leaves
+
+    def recording(arrays):
+        assert not any(isinstance(array, jax.core.Tracer) for array in arrays)
+        waits.append(len(arrays))
+        block_leaves(arrays)
+
+    monkeypatch.setattr(_trace, "block_leaves", recording)
+    checked = filter_jit(_positive)
+    call(checked, jnp.ones(2))  # traced
+    call(checked, jnp.ones(2))  # cached
+    assert waits == [1, 1]
+    with pytest.raises(eqx.EquinoxRuntimeError, match="x must be positive"):
+        call(checked, -jnp.ones(2))
+
+
+def test_a_checked_call_waits_for_its_marker_alone(monkeypatch):
     # As Equinox waits for one output of its own: the execution's error comes with
-    # any of its outputs. Not an input handed back, which the executable may not
-    # compute.
+    # any of its outputs. A marker the executable computes, not an input handed
+    # back, which the executable may not compute.
     waits = []
     block_leaves = _trace.block_leaves
 
@@ -81,7 +112,7 @@ def test_a_checked_call_waits_for_one_computed_output(monkeypatch):
     x, y = jnp.ones(2), jnp.ones(3)
     for _ in range(2):
         assert f(x, y)[2].tolist() == [2.0, 2.0, 2.0]
-    assert waits == [[(3,)], [(3,)]]
+    assert waits == [[()], [()]]
     with pytest.raises(eqx.EquinoxRuntimeError, match="must be non-negative"):
         f(x, -y)
 

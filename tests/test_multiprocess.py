@@ -23,7 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from _multiprocess import launch, LaunchError, ProcessResult, skip_reason
+from _multiprocess import (
+    launch,
+    LaunchError,
+    port_refused,
+    ProcessResult,
+    skip_reason,
+)
 from helpers import subprocess_env
 
 from filterjit._multiprocess import canonical, check_statics_agree, spans_processes
@@ -48,6 +54,10 @@ MISMATCHED = [
 ]
 needs_multiprocess = pytest.mark.skipif(
     skip_reason() is not None, reason=f"no multi-process CPU JAX: {skip_reason()}"
+)
+# The harness's own tests need a loopback port, and no JAX.
+needs_a_port = pytest.mark.skipif(
+    port_refused() is not None, reason=f"{port_refused()}"
 )
 
 
@@ -75,6 +85,7 @@ def _gone(pid: int) -> bool:
         return False
 
 
+@needs_a_port
 def test_harness_collects_every_process_result(tmp_path):
     script = _script(
         tmp_path,
@@ -103,6 +114,7 @@ def test_harness_collects_every_process_result(tmp_path):
     assert flags == "--xla_force_host_platform_device_count=4"
 
 
+@needs_a_port
 def test_harness_kills_the_others_when_one_process_fails(tmp_path):
     # Process 1 fails; process 0 waits forever, as it would in a collective that
     # process 1 never joins.
@@ -129,6 +141,7 @@ def test_harness_kills_the_others_when_one_process_fails(tmp_path):
     assert "--- process 0: killed" in message, message
 
 
+@needs_a_port
 def test_harness_times_out_and_kills_the_whole_process_group(tmp_path):
     # Each process starts a child of its own that would outlive it.
     script = _script(

@@ -208,7 +208,7 @@ def patch_equinox() -> EquinoxPatch:
 
     **Returns:**
 
-    An [`filterjit.EquinoxPatch`][]: what was replaced, where, and what was left.
+    A [`filterjit.EquinoxPatch`][]: what was replaced, where, and what was left.
 
     **Raises:**
 

@@ -205,6 +205,24 @@ def test_module_names_in_the_pages_exist():
             assert hasattr(imported, name), f"{page.name}: {module}.{name}"
 
 
+def test_an_article_fits_the_name_it_introduces():
+    """"a `filterjit.EquinoxPatch`", "an `eqx.Module`": in the pages and in the
+    docstrings the API pages render, "an" comes before a name that starts with
+    a, e, i or o, "a" before one that starts with a consonant (`n`, `u` and `x`
+    read either way: "a `None`", "an `nnx.Module`")."""
+    article = re.compile(r"\b([Aa]n?) \[?`([A-Za-z])")
+    sources = [README, *DOCS.rglob("*.md"), *(ROOT / "filterjit").glob("*.py")]
+    wrong = []
+    for source in sources:
+        for number, line in enumerate(source.read_text().splitlines(), 1):
+            for word, letter in article.findall(line):
+                if letter.lower() in "nux":
+                    continue
+                if (word.lower() == "an") != (letter.lower() in "aeio"):
+                    wrong.append(f"{source.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_navigation():
     """Users' pages first; the pages for contributors in a section of their own;
     the examples page lists every example; libraries.md says how to install the

@@ -206,7 +206,7 @@ def test_module_names_in_the_pages_exist():
 
 
 def test_an_article_fits_the_name_it_introduces():
-    """"a `filterjit.EquinoxPatch`", "an `eqx.Module`": in the pages and in the
+    """A `filterjit.EquinoxPatch`, an `eqx.Module`: in the pages and in the
     docstrings the API pages render, "an" comes before a name that starts with
     a, e, i or o, "a" before one that starts with a consonant (`n`, `u` and `x`
     read either way: "a `None`", "an `nnx.Module`")."""

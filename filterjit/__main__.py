@@ -33,7 +33,7 @@ def _count_up(init: Any, lower: Any) -> jax.Array:
 
 CASES: tuple[tuple[str, Callable[[Decorator], Any]], ...] = (
     (
-        "1. results change: jnp.zeros(n), n = np.int32(2), inside jax.jit",
+        "1. code that ran now raises: jnp.zeros(n), n = np.int32(2), inside jax.jit",
         lambda jit: jax.jit(lambda: jit(lambda n: jnp.zeros(n))(np.int32(2)))(),
     ),
     (
@@ -42,8 +42,8 @@ CASES: tuple[tuple[str, Callable[[Decorator], Any]], ...] = (
         lambda jit: jax.jit(lambda: jax.grad(jit(_count_up))(0.0, np.int32(0)))(),
     ),
     (
-        "3. specialisation lost: x**3 as `for _ in range(n - 1)`, n = np.int32(3), "
-        "inside jax.jit",
+        "3. a loop no longer unrolls: x**3 as `for _ in range(n - 1)`, "
+        "n = np.int32(3), inside jax.jit",
         lambda jit: jax.jit(lambda x: jit(_power)(x, np.int32(3)))(jnp.asarray(2.0)),
     ),
 )

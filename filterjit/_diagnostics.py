@@ -203,13 +203,40 @@ def _hint(old: Row | None, new: Row | None) -> str:
             "arguments"
         )
     if new.kind in (bool, int, float, complex):
-        return f"a Python {kind} is static; pass jnp.asarray({new.path}) to trace it"
+        return _scalar_hint(new.kind, new.path)
     if new.role == "concrete":
         return (
             f"a concrete {kind} inside a staged trace is a compile-time constant, "
             "keyed by value"
         )
     return f"a {kind} is static: every new value is traced anew"
+
+
+def _scalar_hint(kind: type, path: str) -> str:
+    """What to do about a Python scalar that took a new value. Tracing it is right
+    where it is only a number; where it decides the program (a count, a shape, a
+    branch) it must stay static, and tracing it breaks the function."""
+    if kind is int:
+        return (
+            "a Python int is static, and each new value traces anew. Where it is a "
+            f"count, a shape or an index (`range({path})`, a `lax.fori_loop` bound, "
+            f"`jnp.zeros({path})`), keep it static: traced, `range` and shapes "
+            "raise, and `fori_loop` becomes a `while_loop`, which reverse mode "
+            "cannot differentiate. Where it is only a number in arithmetic, pass "
+            f"jnp.asarray({path}) to trace it"
+        )
+    if kind is bool:
+        return (
+            "a Python bool is static: each of its two values traces once. Where "
+            f"Python branches on it (`if {path}:`) it must stay static; trace it "
+            f"(jnp.asarray({path})) only where it is used through `lax.cond` or "
+            "`jnp.where`"
+        )
+    return (
+        f"a Python {kind.__name__} is static, and each new value traces anew; "
+        f"pass jnp.asarray({path}) to trace it, unless Python branches on it: "
+        f"`if {path} > 0:` needs it static"
+    )
 
 
 def describe_change(change: Change) -> str:
@@ -469,8 +496,9 @@ class TraceLog:
         passed = f"what it closes over ({closes})" if closes else "what changes"
         advice = (
             f"define it once, outside the loop, and pass {passed} as arguments, as "
-            "arrays where the values change (`jnp.asarray(value)`: a Python scalar "
-            "is static, and each new value traces anew)"
+            "arrays where they are numbers that change (`jnp.asarray(value)`: a "
+            "Python scalar is static, and each new value traces anew; one that is "
+            "a count, a shape or a loop bound must stay static)"
         )
         said = (
             f"filter_jit: {in_a_row + 1} functions `{self.name}` made anew by the "

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
+from ._introspect import _outside_filterjit
 from ._jit import _decorate, filter_jit
 from ._options import DonateOption, make_options
 from ._trace import hiding_frames
@@ -207,7 +208,7 @@ def patch_equinox() -> EquinoxPatch:
 
     **Returns:**
 
-    An [`filterjit.EquinoxPatch`][]: what was replaced, where, and what was left.
+    A [`filterjit.EquinoxPatch`][]: what was replaced, where, and what was left.
 
     **Raises:**
 
@@ -286,7 +287,8 @@ def patch_equinox() -> EquinoxPatch:
             f"filterjit.patch_equinox(): {len(left)} function(s) compiled with "
             "Equinox's filter_jit, or decorator factories of it, keep it: "
             + "; ".join(left),
-            stacklevel=2,
+            # At the caller's line: `hiding_frames` wraps this function.
+            stacklevel=_outside_filterjit(sys._getframe()),
         )
     return EquinoxPatch(tuple(swapped.values()), tuple(places), tuple(left))
 

@@ -88,9 +88,49 @@ def test_retrace_log_names_the_changed_argument(monkeypatch, caplog):
         f({"w": jnp.ones(4)}, 3, {"mode": "a"})
     first, second = [r.getMessage() for r in caplog.records if r.name == "filterjit"]
     assert "_f traced again (trace 2) because n: 2 -> 3" in first
-    assert "a Python int is static; pass jnp.asarray(n) to trace it" in first
+    assert "a Python int is static, and each new value traces anew" in first
     assert "params['w']: f32[3] -> f32[4]" in second
     assert "n:" not in second
+
+
+def _passes(x, n_passes):
+    return jax.lax.fori_loop(0, n_passes, lambda _, y: jnp.sin(y), x)
+
+
+def _scaled_by(x, factor):
+    return x * factor
+
+
+def test_retrace_advice_keeps_a_loop_bound_static(monkeypatch, caplog):
+    """The retrace log's advice for a Python int that changed does not tell a loop
+    bound to be traced without its cost: traced, it makes the `fori_loop` a
+    `while_loop`, which reverse mode cannot differentiate (checked below). For a
+    float, tracing it is the advice."""
+    monkeypatch.setenv("FILTERJIT_EXPLAIN_RETRACES", "1")
+    passes, scaled = filter_jit(_passes), filter_jit(_scaled_by)
+    x = jnp.ones(3)
+    with caplog.at_level(logging.WARNING, logger="filterjit"):
+        for n in (2, 3):
+            passes(x, n)
+        for factor in (2.0, 3.0):
+            scaled(x, factor)
+    logged = [r.getMessage() for r in caplog.records if r.name == "filterjit"]
+    for_int, for_float = logged
+    assert "n_passes: 2 -> 3" in for_int
+    assert (
+        "Where it is a count, a shape or an index (`range(n_passes)`, a "
+        "`lax.fori_loop` bound, `jnp.zeros(n_passes)`), keep it static" in for_int
+    )
+    assert "`fori_loop` becomes a `while_loop`, which reverse mode" in for_int
+    assert "Where it is only a number in arithmetic, pass jnp.asarray(n_passes)" in (
+        for_int
+    )
+    assert "pass jnp.asarray(factor) to trace it" in for_float
+    # What the advice says it costs.
+    loss = lambda x, n: jnp.sum(passes(x, n))  # noqa: E731
+    assert jax.grad(loss)(x, 3).shape == (3,)
+    with pytest.raises(ValueError, match="Reverse-mode differentiation does not"):
+        jax.grad(loss)(x, jnp.asarray(3))
 
 
 def test_retrace_log_follows_jax_explain_cache_misses(caplog):
@@ -419,6 +459,49 @@ def test_explain_of_equinox_filter_jit_raises_naming_it():
 
     with pytest.raises(TypeError, match="wrapped by `equinox.filter_jit`"):
         filterjit.explain(Model().__call__, jnp.ones(3))
+
+
+_EXPLAIN_AN_EQUINOX_WRAPPER = """
+import json
+
+import equinox as eqx
+import jax.numpy as jnp
+
+import filterjit
+
+
+@eqx.filter_jit
+def g(x):
+    return x + 1
+
+
+def explained(wrapper):
+    try:
+        return str(filterjit.explain(wrapper, jnp.ones(3)))
+    except TypeError as error:
+        return str(error)
+
+
+held = [g]  # held in a list too: the patch replaces the attribute alone
+before = explained(g)
+filterjit.patch_equinox()
+print(json.dumps({"before": before, "after": explained(g), "held": explained(held[0])}))
+"""
+
+
+def test_explain_of_an_equinox_wrapper_says_what_patch_equinox_replaces(tmp_path):
+    """The advice holds: `patch_equinox()` replaces a wrapper made before it where
+    it is a module's attribute, so the same name explains afterwards; the same
+    wrapper held in a list stays Equinox's."""
+    from helpers import run_program
+
+    said = run_program(tmp_path, _EXPLAIN_AN_EQUINOX_WRAPPER)
+    assert "is wrapped by `equinox.filter_jit`" in said["before"]
+    assert "before decorating" not in said["before"]
+    assert "replaces the Equinox wrappers already made" in said["before"]
+    assert "one held elsewhere (a local variable, a list) stays" in said["before"]
+    assert said["after"].startswith("filter_jit(g), called at the top level")
+    assert said["held"] == said["before"]
 
 
 def test_explain_of_another_jit_wrapper_warns_naming_it():

@@ -1,13 +1,16 @@
 """The documentation: every public name has an API entry, and every code example
 in the pages runs and prints what the page says it prints.
 
-Conventions in `docs/**/*.md`:
+Conventions in `README.md` and `docs/**/*.md`:
 
 - A ```` ```python ```` block is run alone: its text as a script of its own, in
   a fresh Python process, in an empty folder (the way a reader copies one block).
-  So each block holds its imports and its setup.
+  So each block holds its imports and its setup; one that imports a package
+  filterjit does not install says so in its first line
+  (`# needs diffrax: pip install diffrax`).
 - A ```` ```text title="Output" ```` block right after a `python` block is what that
   block prints (stdout and stderr); it is compared exactly, trailing spaces aside.
+  A block with none prints nothing.
 - A ```` ```py ```` block is shown but not run: a fragment, or a signature.
 
 Running every block takes a while, so that test is in the slow tier
@@ -27,11 +30,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
-from helpers import subprocess_env
+from helpers import BACKEND_START_UP_WARNINGS, subprocess_env
 
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+README = ROOT / "README.md"
 API = DOCS / "api"
 OUTPUT_INFO = 'text title="Output"'
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>.*)$")
@@ -93,39 +97,20 @@ def _block_env() -> dict[str, str]:
     for name in ("FILTERJIT_EXPLAIN_RETRACES", "FILTERJIT_RETRACE_WARNING_THRESHOLD"):
         env.pop(name, None)
     env["PYTHONUNBUFFERED"] = "1"  # stdout and stderr in the order they were written
+    # What a block prints is compared: a TPU machine's start-up warning is not.
+    env["PYTHONWARNINGS"] = BACKEND_START_UP_WARNINGS
     return env
-
-
-# Pages whose blocks still build on the blocks above them: each block runs after
-# those, their output discarded. Remove a page once its blocks run alone.
-AFTER_THE_BLOCKS_ABOVE = {"how-to/export.md"}
-
-_SILENTLY = """\
-import contextlib as _contextlib, io as _io
-with _contextlib.redirect_stdout(_io.StringIO()), \\
-        _contextlib.redirect_stderr(_io.StringIO()):
-    exec(compile({source!r}, "the blocks above", "exec"))
-del _contextlib, _io
-"""
-
-
-def runs_alone(path: Path) -> bool:
-    return path.relative_to(DOCS).as_posix() not in AFTER_THE_BLOCKS_ABOVE
 
 
 def run_block(path: Path, block: Block) -> str:
     """Runs one `python` block alone, as a reader who copies it would: its text as
     a script of its own, in a fresh interpreter, in an empty folder. Returns what
     it printed (stdout and stderr together)."""
-    name = f"{path.relative_to(DOCS).with_suffix('')}".replace(os.sep, "-")
-    source = block.text + "\n"
-    if not runs_alone(path):
-        pairs = examples(path.read_text(encoding="utf-8"))
-        above = "\n".join(b.text for b, _ in pairs if b.line < block.line)
-        source = _SILENTLY.format(source=above + "\n") + source
+    shown = _shown(path)
+    name = path.stem if shown.is_absolute() else "-".join(shown.with_suffix("").parts)
     with tempfile.TemporaryDirectory(prefix="filterjit-docs-") as folder:
         script = Path(folder) / f"{name}-line{block.line}.py"
-        script.write_text(source, encoding="utf-8")
+        script.write_text(block.text + "\n", encoding="utf-8")
         result = subprocess.run(
             [sys.executable, script.name],
             stdout=subprocess.PIPE,
@@ -137,7 +122,7 @@ def run_block(path: Path, block: Block) -> str:
         )
     if result.returncode != 0:
         raise AssertionError(
-            f"{path.relative_to(ROOT)}, block at line {block.line} fails when run "
+            f"{_shown(path)}, block at line {block.line} fails when run "
             f"alone:\n{result.stdout[-6000:]}"
         )
     return result.stdout
@@ -150,12 +135,18 @@ def run_page(path: Path, workers: int = 1) -> list[str]:
         return list(pool.map(lambda block: run_block(path, block), blocks))
 
 
+def _shown(path: Path) -> Path:
+    """`path` as a message shows it: from the repository's root where it is in it."""
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
 def pages_with_examples() -> list[Path]:
-    return sorted(
+    """The README and every page of `docs/` with a `python` block."""
+    return [
         path
-        for path in DOCS.rglob("*.md")
+        for path in [README, *sorted(DOCS.rglob("*.md"))]
         if examples(path.read_text(encoding="utf-8"))
-    )
+    ]
 
 
 # -- Tests
@@ -216,6 +207,24 @@ def test_module_names_in_the_pages_exist():
             assert hasattr(imported, name), f"{page.name}: {module}.{name}"
 
 
+def test_an_article_fits_the_name_it_introduces():
+    """A `filterjit.EquinoxPatch`, an `eqx.Module`: in the pages and in the
+    docstrings the API pages render, "an" comes before a name that starts with
+    a, e, i or o, "a" before one that starts with a consonant (`n`, `u` and `x`
+    read either way: "a `None`", "an `nnx.Module`")."""
+    article = re.compile(r"\b([Aa]n?) \[?`([A-Za-z])")
+    sources = [README, *DOCS.rglob("*.md"), *(ROOT / "filterjit").glob("*.py")]
+    wrong = []
+    for source in sources:
+        for number, line in enumerate(source.read_text().splitlines(), 1):
+            for word, letter in article.findall(line):
+                if letter.lower() in "nux":
+                    continue
+                if (word.lower() == "an") != (letter.lower() in "aeio"):
+                    wrong.append(f"{source.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_navigation():
     """Users' pages first; the pages for contributors in a section of their own;
     the examples page lists every example; libraries.md says how to install the
@@ -247,8 +256,8 @@ def test_fenced_block_parser():
 
 
 def test_pages_have_examples():
-    pages = {str(p.relative_to(DOCS)) for p in pages_with_examples()}
-    assert {"index.md", "getting-started.md", "composition.md"} <= pages
+    pages = {str(p.relative_to(ROOT)) for p in pages_with_examples()}
+    assert {"docs/index.md", "docs/getting-started.md", "README.md"} <= pages
 
 
 _outputs: dict[tuple[Path, int], "concurrent.futures.Future[str]"] = {}
@@ -277,8 +286,59 @@ def _all_blocks() -> list[tuple[Path, Block, Block | None]]:
 def pytest_generate_tests(metafunc: Any) -> None:
     if "page_block" in metafunc.fixturenames:
         found = _all_blocks()
-        ids = [f"{page.relative_to(DOCS)}:{block.line}" for page, block, _ in found]
+        ids = [f"{page.relative_to(ROOT)}:{block.line}" for page, block, _ in found]
         metafunc.parametrize("page_block", found, ids=ids)
+
+
+def test_the_readme_and_every_page_are_checked_each_block_alone(tmp_path: Path):
+    """Every page with a `python` block is checked, the README too, none exempted;
+    and a block that uses what the block above it made fails the check."""
+    with_python = [
+        page
+        for page in [README, *DOCS.rglob("*.md")]
+        if "\n```python\n" in page.read_text(encoding="utf-8")
+    ]
+    assert sorted(pages_with_examples()) == sorted(with_python)
+    page = tmp_path / "page.md"
+    page.write_text("```python\nx = 1\n```\n\n```python\nprint(x + 1)\n```\n")
+    first, second = [block for block, _ in examples(page.read_text())]
+    assert run_block(page, first) == ""
+    with pytest.raises(AssertionError, match="block at line 5 fails when run alone"):
+        run_block(page, second)
+
+
+def _dependencies() -> set[str]:
+    """The modules filterjit's installation brings: its dependencies, the standard
+    library and filterjit."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {Requirement(d).name for d in project["dependencies"]}
+    return names | set(sys.stdlib_module_names) | {"filterjit"}
+
+
+def test_a_block_that_needs_another_package_says_so_first():
+    """A block copied alone into an environment with filterjit alone says in its
+    first line what else it needs: `# needs diffrax: pip install diffrax`."""
+    installed = _dependencies()
+    for page, block, _ in _all_blocks():
+        imported = set()
+        for node in ast.walk(ast.parse(block.text)):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+        needed = sorted(imported - installed)
+        first = block.text.split("\n", 1)[0]
+        installs = first.partition(": pip install ")[2].split()
+        said = first.startswith("# needs ") and set(needed) <= set(installs)
+        assert not needed or said, (
+            f"{page.relative_to(ROOT)}, block at line {block.line} imports {needed}, "
+            "which filterjit does not install: its first line says so, as "
+            f"`# needs {', '.join(needed)}: pip install {' '.join(needed)}`"
+        )
 
 
 def test_blocks_import_what_they_use():
@@ -286,8 +346,6 @@ def test_blocks_import_what_they_use():
     quick check of what the slow test below finds by running the blocks)."""
     modules = {"jax", "jnp", "np", "eqx", "lax", "filterjit", "optax", "jtu"}
     for page, block, _ in _all_blocks():
-        if not runs_alone(page):
-            continue
         tree = ast.parse(block.text)
         imported = set()
         for node in ast.walk(tree):
@@ -311,11 +369,11 @@ def test_each_block_alone_prints_what_the_page_shows(
 ):
     page, block, shown = page_block
     printed = block_output(page, block)
-    if shown is not None:
-        assert _normalise(printed) == _normalise(shown.text), (
-            f"{page.relative_to(ROOT)}, block at line {block.line}, run alone, "
-            f"prints\n{printed}\nbut the page shows\n{shown.text}"
-        )
+    expected = "" if shown is None else shown.text
+    assert _normalise(printed) == _normalise(expected), (
+        f"{page.relative_to(ROOT)}, block at line {block.line}, run alone, "
+        f"prints\n{printed}\nbut the page shows\n{expected or '(no Output block)'}"
+    )
 
 
 # -- Command line

@@ -24,7 +24,7 @@ def test_help_prints_the_usage_and_runs_nothing(flag: str):
     assert done.stdout.startswith("usage: python -m filterjit"), done.stdout
     words = " ".join(done.stdout.split())  # argparse wraps to the terminal's width
     assert "jax.jit, equinox.filter_jit and filterjit.filter_jit" in words
-    assert "results change" not in done.stdout  # the demo did not run
+    assert "backprop breaks" not in done.stdout  # the demo did not run
     assert done.stderr == ""
 
 
@@ -49,3 +49,23 @@ def test_the_demo_shows_filterjit_keeping_each_program():
     assert by_name["undecorated"] == ["ok"] * 3, done.stdout
     assert by_name["filterjit.filter_jit"] == ["ok"] * 3, done.stdout
     assert "FAIL" in by_name["jax.jit"], done.stdout
+
+
+def test_each_case_is_labelled_by_what_the_decorators_do():
+    """A case whose decorated runs raise says so in its label (not "results
+    change", which a run that raises does not do); each label names its failure."""
+    done = _run()
+    assert done.returncode == 0, done.stderr
+    cases = done.stdout.strip().split("\n\n")
+    assert len(cases) == 3, done.stdout
+    for case in cases:
+        title, *rows = case.splitlines()
+        outcomes = dict(row.split(None, 1) for row in rows)
+        reference = outcomes["undecorated"]
+        changed = [
+            o for o in outcomes.values() if o.startswith("ok") and o != reference
+        ]
+        assert not changed and "FAIL" in case, case
+        label = title.split(":")[0]
+        assert "results change" not in label, title
+        assert any(word in label for word in ("raises", "breaks", "no longer")), title

@@ -425,6 +425,35 @@ def test_without_equinox_the_error_says_so(monkeypatch: pytest.MonkeyPatch):
         filterjit.patch_equinox()
 
 
+_LEFT_IN_A_CLOSURE = """
+import json
+import warnings
+
+import equinox as eqx
+
+import filterjit
+
+
+def make():
+    return eqx.filter_jit(lambda x: x + 1)
+
+
+kept = [make()]  # held in a list, not an attribute: left, and warned of
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    filterjit.patch_equinox()  # the warning's line
+(warning,) = caught
+print(json.dumps({"file": warning.filename, "line": warning.lineno}))
+"""
+
+
+def test_the_warning_for_what_is_left_points_at_the_callers_line(tmp_path: Path):
+    where = _run(tmp_path, _LEFT_IN_A_CLOSURE)
+    lines = _LEFT_IN_A_CLOSURE.splitlines()
+    assert Path(where["file"]) == tmp_path / "program.py", where
+    assert lines[where["line"] - 1].endswith("# the warning's line"), where
+
+
 # A library built on Equinox (as interpax is), decorating with `eqx.filter_jit`
 # at import, with a static float, and anew on every call.
 _QUIET_LIBRARY = """

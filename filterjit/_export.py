@@ -3,6 +3,7 @@ what `filter_jit` keeps static (the arguments' structure and static leaves, the
 output's structure and static leaves) as data that loads without importing or
 unpickling anything it names."""
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -17,7 +18,7 @@ from jax.core import ShapedArray, Tracer
 from ._aot import Specialisation
 from ._binding import argument_label, Binder, BOUND
 from ._exact import exact_aux
-from ._export_payload import pack, unpack
+from ._export_payload import pack, PayloadError, unpack
 from ._export_values import (
     check,
     decode,
@@ -689,11 +690,11 @@ def _check_aval(
 # -- Loading.
 
 
-_NOT_LOADED = "filterjit.deserialize"
-
 # Targets that hold an address in the process that made the program: never valid
 # in a payload, whatever the export allowed.
 _NEVER_ALLOWED = ("xla_python_", "xla_ffi_python_", "xla_ffi_partitioned_python_")
+# How a serialized MLIR module in bytecode begins (MLIR's bytecode format).
+_MLIR_BYTECODE = b"ML\xefR"
 
 
 def _check_custom_calls(exported: jax.export.Exported, depth: int) -> None:
@@ -706,27 +707,88 @@ def _check_custom_calls(exported: jax.export.Exported, depth: int) -> None:
             allowed.add(target)
     for target in custom_call_targets(exported):
         if target.startswith(_NEVER_ALLOWED):
-            raise ValueError(
-                f"{_NOT_LOADED}: the payload's program calls `{target}`, a host "
-                "callback of the process that made it, which no other process can "
-                "run. It is refused: such a payload is corrupt or crafted."
+            raise PayloadError(
+                "program",
+                f"the payload's program calls `{target}`, a host callback of the "
+                "process that made it, which no other process can run. It is "
+                "refused: such a payload is corrupt or crafted.",
             )
         if target not in allowed and "ALL" not in allowed:
-            raise ValueError(
-                f"{_NOT_LOADED}: the payload's program calls the custom call "
-                f"`{target}`, which is not among the targets JAX guarantees stable, "
-                "and the export did not allow it. Export with `disabled_checks="
-                f"[jax.export.DisabledSafetyCheck.custom_call({target!r})]` if this "
-                "process provides it."
+            raise PayloadError(
+                "program",
+                f"the payload's program calls the custom call `{target}`, which is "
+                "not among the targets JAX guarantees stable, and the export did "
+                "not allow it. Export with `disabled_checks=[jax.export."
+                f"DisabledSafetyCheck.custom_call({target!r})]` if this process "
+                "provides it.",
             )
     if depth > 0:
-        _check_custom_calls(exported.vjp(), depth - 1)
+        _check_custom_calls(_vjp_of(exported), depth - 1)
 
 
-def _malformed() -> ValueError:
-    return ValueError(
-        f"{_NOT_LOADED}: the payload's header is not valid (a corrupt or crafted "
-        "payload). Save it again."
+def _vjp_of(exported: jax.export.Exported) -> jax.export.Exported:
+    """The program's derivative, which the header says the payload holds."""
+    if not exported.has_vjp():
+        raise PayloadError(
+            "program",
+            "the payload's header says its program holds its derivative "
+            "(`vjp_order`), and the program holds none (a corrupt or crafted "
+            "payload). Save it again.",
+        )
+    return exported.vjp()
+
+
+def _check_program(exported: jax.export.Exported, depth: int) -> None:
+    """What can be checked of a program before JAX parses its StableHLO: the form
+    of its module and the calling convention of its inputs, and of its `depth`
+    orders of derivatives."""
+    count = len(exported.in_avals)
+    kept = exported.module_kept_var_idx
+    if not exported.mlir_module_serialized.startswith(_MLIR_BYTECODE):
+        raise PayloadError(
+            "program",
+            "the payload's program holds no StableHLO module in MLIR's bytecode "
+            "(a corrupt or crafted payload). Save it again.",
+        )
+    if list(kept) != sorted(set(kept)) or not all(0 <= i < count for i in kept):
+        raise PayloadError(
+            "program",
+            f"the payload's program keeps inputs {list(kept)} of {count}, which "
+            "`jax.export` cannot have written (a corrupt or crafted payload).",
+        )
+    if exported.in_tree != jtu.tree_structure((tuple(range(count)), {})):
+        raise PayloadError(
+            "program",
+            "the payload's program does not take its arrays as positional "
+            "arguments, as an export of filterjit does (a corrupt or crafted "
+            "payload).",
+        )
+    if depth > 0:
+        _check_program(_vjp_of(exported), depth - 1)
+
+
+@contextlib.contextmanager
+def _jax_reading() -> Iterator[None]:
+    """Where JAX reads the payload's program: what it raises for bytes it cannot
+    read (`struct.error`, `IndexError`, its runtime's errors) refused as the
+    payload's."""
+    try:
+        yield
+    except PayloadError:
+        raise
+    except Exception as error:  # JAX's reader, never user code
+        raise PayloadError(
+            "program",
+            "JAX cannot read the payload's program (a corrupt payload, or one of "
+            f"an incompatible JAX): {type(error).__name__}. Export it again.",
+        ) from None
+
+
+def _malformed(part: str) -> PayloadError:
+    return PayloadError(
+        "header",
+        f"the payload's header is not valid (a corrupt or crafted payload): {part} "
+        "is not what `Exported.serialize()` writes. Save it again.",
     )
 
 
@@ -737,8 +799,14 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
     static outputs must be registered in this process with
     `filterjit.register_serializable` first (arguments need no registration), and
     their instances are rebuilt without calling `__init__`. The payload's checksum,
-    versions and structure are checked, and its program may call no custom call
-    outside JAX's stable targets unless the export allowed it (`disabled_checks`).
+    versions and structure are checked, functions it names must be among those a
+    payload may name, and its program may call no custom call outside JAX's stable
+    targets unless the export allowed it (`disabled_checks`).
+
+    The checks find damage and refuse what `serialize()` cannot have written, but
+    the program's StableHLO is read by JAX, whose reader can abort the process on
+    some crafted bytes: load bytes from a source you do not trust in a separate
+    process.
 
     **Arguments:**
 
@@ -750,9 +818,10 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
 
     **Raises:**
 
-    A `ValueError` saying what is wrong for a truncated, corrupt or crafted
-    payload, one of another format or of a newer JAX; a `TypeError` naming the
-    class or function to register for a static output this process cannot rebuild.
+    A `filterjit.PayloadError` (a `ValueError`) saying where and what is wrong for
+    every payload it refuses: truncated, corrupt or crafted, of another format or
+    of a newer JAX. A `TypeError` naming the class or function to register for a
+    static output this process cannot rebuild.
 
     !!! example
 
@@ -764,25 +833,36 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
     header, program = unpack(bytes(data))
     try:
         parts = _read_header(header)
+    except PayloadError:
+        raise
     except (Malformed, LookupError, TypeError, ValueError, RecursionError):
-        raise _malformed() from None
+        raise _malformed("its function, parameters or arguments") from None
     fun_name, parameters, arguments, output_data, donated, vjp_order = parts
     try:
         output = _Template.loaded(output_data, "output")
+    except (PayloadError, TypeError):
+        raise  # a function it may not name; a class to register
     except (Malformed, LookupError, ValueError, RecursionError):
-        raise _malformed() from None
-    try:
+        raise _malformed("its output") from None
+    with _jax_reading():  # its Python parts: the StableHLO is not parsed yet
         exported = jax.export.deserialize(bytearray(program))
-    except Exception:
-        raise ValueError(
-            f"{_NOT_LOADED}: JAX cannot read the payload's program (a corrupt "
-            "payload, or one of an incompatible JAX). Export it again."
-        ) from None
-    _check_custom_calls(exported, vjp_order)
+        _check_program(exported, vjp_order)
+    if len(set(donated)) != len(donated) or not all(
+        0 <= i < len(exported.in_avals) for i in donated
+    ):
+        raise _malformed("its donated inputs")
     try:
-        return Exported(exported, fun_name, parameters, arguments, output, donated)
+        loaded = Exported(exported, fun_name, parameters, arguments, output, donated)
     except ValueError:
-        raise _malformed() from None
+        raise PayloadError(
+            "header",
+            "the payload's header is not valid (a corrupt or crafted payload): its "
+            "arguments and output hold other arrays than its program takes "
+            f"({len(exported.in_avals)}) and returns ({len(exported.out_avals)}).",
+        ) from None
+    with _jax_reading():  # parses the StableHLO, and its derivatives'
+        _check_custom_calls(exported, vjp_order)
+    return loaded
 
 
 def _read_header(

@@ -27,6 +27,7 @@ from ._export_values import (
     encode,
     Encoding,
     fields_of,
+    is_named,
     is_namedtuple_type,
     is_state_type,
     Malformed,
@@ -166,11 +167,12 @@ class _Difference:
     """Where an argument first differs from what the export saved: `static` if in a
     static value, else in its structure."""
 
-    def __init__(self, where: str, then: str, now: Any, static: bool):
+    def __init__(self, where: str, then: str, now: Any, static: bool, advice: str = ""):
         self.where = where
         self.then = then  # as an error names it
         self.now = now
         self.static = static
+        self.advice = advice  # a sentence on how to fix it, if there is one
 
 
 def _shape_of(node: Any) -> str:
@@ -245,7 +247,9 @@ def _difference(
             dataclasses.is_dataclass(now) and not isinstance(now, type)
         )
         fields = [field for field, _ in then[2]]
-        if not is_node or type_name(kind) != then[1] or fields_of(kind) != fields:
+        if is_node and not is_named(kind, then[1]) and _short(kind) == _short(then[1]):
+            return _other_module(where, then[1], now)
+        if not is_node or not is_named(kind, then[1]) or fields_of(kind) != fields:
             return _Difference(where, describe(then), now, False)
         children = [(f".{f}", item, getattr(now, f)) for f, item in then[2]]
     elif tag == "state":
@@ -261,6 +265,23 @@ def _difference(
         if (found_difference := _difference(a, b, where + step, opaque)) is not None:
             return found_difference
     return None
+
+
+def _short(kind: type | str) -> str:
+    return (kind if isinstance(kind, str) else type_name(kind)).rpartition(".")[2]
+
+
+def _other_module(where: str, saved: str, now: Any) -> _Difference:
+    """A class of the saved class's name from another module (a class saved from
+    a script, `__main__.Net`, called with `mypkg.Net`)."""
+    name, short = type_name(type(now)), _short(saved)
+    advice = (
+        f" The export saved a `{saved}`, and `{where}` is a `{name}`: if they are "
+        "one class, moved to another module, register it under the saved name "
+        f"before calling: `filterjit.register_serializable({short}, "
+        f"name={saved!r})`."
+    )
+    return _Difference(where, f"a `{saved}`", now, False, advice)
 
 
 def _same_static(now: Any, then: Any) -> bool:
@@ -549,15 +570,16 @@ class Exported(Generic[_P, _T]):
         traced = [(name + jtu.keystr(p), leaf) for p, leaf in paths if _is_traced(leaf)]
         if found is not None or len(traced) != len(argument.labels):
             differs = ""
+            advice = " Pass an argument of that structure, or export again."
             if found is not None:
-                differs = (
-                    f" (`{found.where}` is {_shape_of(found.now)}, where the export "
-                    f"has {found.then})"
-                )
+                now = _shape_of(found.now)
+                if found.advice:
+                    now, advice = f"a `{type_name(type(found.now))}`", found.advice
+                differs = f" (`{found.where}` is {now}, where the export has "
+                differs += f"{found.then})"
             raise TypeError(
                 f"{fun_name}: argument `{name}` has another structure than the "
-                f"export was made for{differs}. Pass an argument of that structure, "
-                "or export again."
+                f"export was made for{differs}.{advice}"
             )
         if traced and not argument.given:
             raise TypeError(

@@ -1094,13 +1094,29 @@ def test_functions_are_saved_by_reference_and_found_without_importing() -> None:
     ]
     _, functions = filterjit.deserialize(data).call(jnp.ones(2))
     assert functions == (jax.nn.relu, jnp.tanh, jax.lax.max, _scaled_relu)
-    # A name outside JAX and Equinox, or in a module not imported, is not resolved
-    # (and nothing is imported to try).
+    # A name outside what a payload may name is refused (and nothing is imported
+    # to try): private ones too, of modules that are imported.
     before = set(sys.modules)
-    for name in ("os:system", "builtins:eval", "jax.not_a_module:f", "json:loads"):
+    for name in (
+        "os:system",
+        "builtins:eval",
+        "jax.not_a_module:f",
+        "json:loads",
+        "jax._src.config:update",
+        "jax.numpy:__getattr__",
+        "jax.nn:_private",
+        "equinox._module:_wrap_method",
+    ):
         header["output"][1][1][1][0] = ["ref", name]
-        with pytest.raises(TypeError, match="neither a JAX or Equinox function"):
+        with pytest.raises(filterjit.PayloadError, match="not among what a payload"):
             filterjit.deserialize(_pack(header, program))
+        argument = ["tuple", [["traced"], ["ref", name]]]
+        crafted = {
+            **header,
+            "arguments": [{**header["arguments"][0], "value": argument}],
+        }
+        with pytest.raises(filterjit.PayloadError, match="not among what a payload"):
+            filterjit.deserialize(_pack(crafted, program))
     assert set(sys.modules) == before
 
 

@@ -3,6 +3,7 @@ what `filter_jit` keeps static (the arguments' structure and static leaves, the
 output's structure and static leaves) as data that loads without importing or
 unpickling anything it names."""
 
+import ast
 import contextlib
 import dataclasses
 import inspect
@@ -517,16 +518,17 @@ class Exported(Generic[_P, _T]):
                 f"({', '.join(map(self._parameters.name, self._arguments))}). Pass "
                 "the arguments the export was made with, or export again."
             )
-        sizes: dict[str, tuple[str, int]] = {}
+        sizes: list[tuple[str, int, Any]] = []
         for key, value in bound:
             inputs += self._check(self._arguments[key], value, sizes)
+        _check_sizes(self.fun_name, sizes)
         return self._output.finish(iter(self._program(*inputs)))
 
     def _check(
-        self, argument: _Argument, value: Any, sizes: dict[str, tuple[str, int]]
+        self, argument: _Argument, value: Any, sizes: list[tuple[str, int, Any]]
     ) -> list[Any]:
         """The traced leaves of one argument of a call, checked against the export.
-        `sizes`: the size each symbolic dimension has in this call, and where."""
+        `sizes`: collects each symbolic dimension's place, size and expression."""
         fun_name, name = self.fun_name, self._parameters.name(argument.key)
         if value is _DEFAULT:
             if argument.given:
@@ -681,7 +683,7 @@ def _check_aval(
     label: str,
     leaf: Any,
     aval: ShapedArray,
-    sizes: dict[str, tuple[str, int]],
+    sizes: list[tuple[str, int, Any]],
 ) -> None:
     found = jax.typeof(leaf)
     shape, dtype = found.shape, found.dtype  # pyright: ignore[reportAttributeAccessIssue]
@@ -696,17 +698,124 @@ def _check_aval(
             "shape and dtype, or export again."
         )
     for axis, (size, expected) in enumerate(zip(shape, aval.shape)):
-        symbol = str(expected)
-        if isinstance(expected, int) or not symbol.isidentifier():
-            continue  # a constant, or an expression JAX checks
-        where = f"{label}.shape[{axis}]"
-        first = sizes.setdefault(symbol, (where, size))
-        if first[1] != size:
+        if not isinstance(expected, int):
+            sizes.append((f"{label}.shape[{axis}]", int(size), expected))
+
+
+def _check_sizes(fun_name: str, sizes: list[tuple[str, int, Any]]) -> None:
+    """Raises, naming the arguments, unless a call's sizes give each symbolic
+    dimension one value: the dimensions' values are read where the export has a
+    dimension alone (`b`), or solved where an expression holds one unknown
+    (`2*b`); then every expression must give the size it stands for."""
+    values: dict[str, tuple[int, str]] = {}  # each dimension's value, and where
+    expressions: list[tuple[str, int, str, ast.expr]] = []
+    for where, size, expected in sizes:
+        text = str(expected)
+        if text.isidentifier():
+            first = values.setdefault(text, (size, where))
+            if first[0] != size:
+                raise TypeError(
+                    f"{fun_name}: `{where}` is {size}, but `{first[1]}` is "
+                    f"{first[0]}, and the export has `{text}` for both. Pass arrays "
+                    "whose sizes agree."
+                )
+        else:
+            expressions.append((where, size, text, _parsed(text)))
+    for where, size, text, tree in expressions:
+        unknown = sorted(_dimension_names(tree) - set(values))
+        if len(unknown) == 1 and not _solve(tree, unknown[0], size, values, where):
             raise TypeError(
-                f"{fun_name}: `{where}` is {size}, but `{first[0]}` is {first[1]}, "
-                f"and the export has `{symbol}` for both. Pass arrays whose sizes "
-                "agree."
+                f"{fun_name}: `{where}` is {size}, but the export has `{text}` "
+                f"there, which is {size} for no size `{unknown[0]}` (an integer, at "
+                "least 1). Pass arrays whose sizes agree."
             )
+    for where, size, text, tree in expressions:
+        env = {name: value for name, (value, _) in values.items()}
+        if not _dimension_names(tree) <= set(env):
+            continue  # dimensions no size determines: JAX's own check names them
+        if _evaluate(tree, env) != size:
+            given = ", ".join(
+                f"`{name}` = {values[name][0]} (from `{values[name][1]}`)"
+                for name in sorted(_dimension_names(tree))
+            )
+            raise TypeError(
+                f"{fun_name}: `{where}` is {size}, but the export has `{text}` "
+                f"there, which is {_evaluate(tree, env)} with {given}. Pass arrays "
+                "whose sizes agree."
+            )
+
+
+_DIMENSION_FUNCTIONS: dict[str, Callable[..., int]] = {
+    "floordiv": lambda a, b: a // b,
+    "mod": lambda a, b: a % b,
+    "max": max,
+    "min": min,
+    "non_negative": lambda a: max(a, 0),
+}
+
+
+def _parsed(text: str) -> ast.expr:
+    # JAX writes a power `b^2`.
+    return ast.parse(text.replace("^", "**"), mode="eval").body
+
+
+def _dimension_names(tree: ast.expr) -> set[str]:
+    return {
+        node.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and node.id not in _DIMENSION_FUNCTIONS
+    }
+
+
+def _evaluate(tree: ast.expr, env: dict[str, int]) -> int:
+    """The value of a dimension expression as JAX writes it (`2*b + 1`,
+    `floordiv(b, 2)`), its dimensions' values in `env`."""
+    if isinstance(tree, ast.Constant) and type(tree.value) is int:
+        return tree.value
+    if isinstance(tree, ast.Name):
+        return env[tree.id]
+    if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.USub):
+        return -_evaluate(tree.operand, env)
+    if isinstance(tree, ast.BinOp):
+        left, right = _evaluate(tree.left, env), _evaluate(tree.right, env)
+        operations: dict[type, Callable[[int, int], int]] = {
+            ast.Add: lambda a, b: a + b,
+            ast.Sub: lambda a, b: a - b,
+            ast.Mult: lambda a, b: a * b,
+            ast.Pow: lambda a, b: a**b,
+        }
+        return operations[type(tree.op)](left, right)
+    if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name):
+        function = _DIMENSION_FUNCTIONS[tree.func.id]
+        return function(*(_evaluate(argument, env) for argument in tree.args))
+    raise ValueError(f"not a dimension expression: {ast.unparse(tree)}")
+
+
+def _solve(
+    tree: ast.expr,
+    name: str,
+    size: int,
+    values: dict[str, tuple[int, str]],
+    where: str,
+) -> bool:
+    """Records the value of `name`, the one unknown of the expression at `where`,
+    where the expression is linear in it (`2*b + 1`): `False` if no value gives
+    `size`. Leaves another expression to JAX's check (`True`)."""
+    env = {known: value for known, (value, _) in values.items()}
+    try:
+        at_0 = _evaluate(tree, {**env, name: 0})
+        slope = _evaluate(tree, {**env, name: 1}) - at_0
+        linear = _evaluate(tree, {**env, name: 2}) - at_0 == 2 * slope
+    except (ValueError, KeyError, ZeroDivisionError):
+        return True
+    if slope == 0 or not linear:
+        return True
+    value = (size - at_0) // slope
+    if (size - at_0) % slope != 0 or value < 1:
+        return False
+    if _evaluate(tree, {**env, name: value}) == size:
+        values[name] = (value, where)
+    return True
 
 
 # -- Loading.

@@ -1136,3 +1136,35 @@ def test_a_partial_binding_a_keyword_is_exported() -> None:
         assert exported.call(jnp.ones(2), shift=0.0).tolist() == [3.0, 3.0]
         with pytest.raises(TypeError, match=r"called with the arguments \(x, factor"):
             exported.call(jnp.ones(2), factor=2.0)
+
+
+def _two_lengths(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> Any:
+    return params["w"] * x.sum() + y.sum()
+
+
+def test_a_symbolic_expression_that_disagrees_names_the_argument() -> None:
+    (b,) = jax.export.symbolic_shape("b")
+    params = {"v": jnp.ones(3), "w": jnp.ones(2)}
+    x, y = (jax.ShapeDtypeStruct((n,), jnp.float32) for n in (b, 2 * b))
+    for exported in _both(filterjit.export(_two_lengths)(params, x, y)):
+        assert exported.call(params, jnp.ones(3), jnp.ones(6)).tolist() == [9.0] * 2
+        with pytest.raises(
+            TypeError,
+            match=r"_two_lengths: `y.shape\[0\]` is 7, but the export has `2\*b` "
+            r"there, which is 6 with `b` = 3 \(from `x.shape\[0\]`\)",
+        ):
+            exported.call(params, jnp.ones(3), jnp.ones(7))
+    # An expression alone: its dimension solved from it, or none fits.
+    spec = jax.ShapeDtypeStruct((2 * b + 1,), jnp.float32)
+    for exported in _both(filterjit.export(_total)(spec)):
+        assert float(exported.call(jnp.ones(9))) == 9.0
+        with pytest.raises(
+            TypeError,
+            match=r"_total: `z.shape\[0\]` is 8, but the export has `2\*b \+ 1` "
+            r"there, which is 8 for no size `b`",
+        ):
+            exported.call(jnp.ones(8))
+
+
+def _total(z: jax.Array) -> jax.Array:
+    return z.sum()

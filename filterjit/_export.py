@@ -40,8 +40,10 @@ from ._export_values import (
     Unsavable,
 )
 from ._function import call_signature, Function, signature_of
+from ._jax_jit import JitWrapper
 from ._jit import filter_jit, FilterJitWrapper
 from ._leaves import is_array
+from ._options import make_options
 from ._output import finish
 from ._partition import static_key
 from ._structure import PyTreeDef
@@ -1094,7 +1096,12 @@ def export(
         data = exported.serialize()  # filterjit.deserialize(data).call(x) elsewhere
         ```
     """
-    wrapper = fun if isinstance(fun, FilterJitWrapper) else filter_jit(fun)
+    if isinstance(fun, JitWrapper):
+        wrapper = _as_filter_jit(fun)
+    elif isinstance(fun, FilterJitWrapper):
+        wrapper = fun
+    else:
+        wrapper = filter_jit(fun)
     checks = tuple(disabled_checks)
 
     # Untyped: arrays may be given as `jax.ShapeDtypeStruct`s.
@@ -1102,6 +1109,50 @@ def export(
         return _export(wrapper, platforms, checks, args, kwargs)
 
     return exporting
+
+
+def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
+    """A `filterjit.jit` wrapper as `filter_jit` with its keywords, so that its
+    export is the program `jax.export.export` makes of it: its donated arguments
+    donated, its shardings kept, its other keywords passed on. Its static arguments
+    are static as every leaf that is not an array is."""
+    keywords = dict(wrapper._jit_kwargs)
+    name = getattr(wrapper, "__qualname__", repr(wrapper))
+    parameters = list(inspect.signature(wrapper).parameters.values())
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p.name for p in parameters if p.kind in kinds]
+
+    def named(option: str) -> list[str]:
+        """The parameters an `*_argnums` or `*_argnames` option names."""
+        found = list(_as_tuple(keywords.pop(f"{option}_argnames", ())))
+        for number in _as_tuple(keywords.pop(f"{option}_argnums", ())):
+            if not -len(positional) <= number < len(positional):
+                raise TypeError(
+                    f"filterjit.export: {name} has {option}_argnums={number}, which "
+                    "is not a parameter of its own (an argument that `*args` "
+                    f"collects). Export a function that names it, or use "
+                    f"`filterjit.filter_jit(f, donate=...)`."
+                )
+            found.append(positional[number])
+        return found
+
+    static = named("static")
+    donated = named("donate")
+    if isinstance(keywords.get("in_shardings"), tuple | list):
+        # jax.jit's are the non-static arguments'; filter_jit's, every positional's.
+        given = iter(keywords["in_shardings"])
+        keywords["in_shardings"] = tuple(
+            None if parameter in static else next(given, None)
+            for parameter in positional
+        )
+    options = make_options(donate=tuple(donated) or "none", **keywords)
+    return FilterJitWrapper(wrapper._function, options)
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, int | str) else tuple(value)
 
 
 def _leaf_count(tree: Any) -> int:

@@ -101,7 +101,11 @@ def register_serializable(nodetype: _T, name: str | None = None) -> _T:
     own functions (`jax.nn.relu`, `jnp.tanh`, `lax.max`: saved by name, found among
     the modules already imported), nor `eqx.nn.State`. Saving needs no
     registration: a type is saved under its registered name, or else under
-    `module.QualifiedName`, the name that registering it without `name` gives.
+    `module.QualifiedName`, the name that registering it without `name` gives,
+    by the shortest public module that holds it (`equinox.nn.MLP`, not the module
+    that defines it). A class moved to another module (trained in a script as
+    `__main__.Net`, served from `mypkg`) is registered in the loading process under
+    the name it was saved by: `register_serializable(Net, name="__main__.Net")`.
 
     **Arguments:**
 
@@ -110,7 +114,8 @@ def register_serializable(nodetype: _T, name: str | None = None) -> _T:
         calling `__init__` or `__post_init__`, as `jax.tree_util` unflattens a
         Module; an enum member by its name; a function is the very object
         registered.
-    - `name`: the name to save and load it by; `module.QualifiedName` if omitted.
+    - `name`: the name to save and load it by; `module.QualifiedName` if omitted
+        (and a payload that names it by the module that defines it loads too).
 
     **Returns:**
 

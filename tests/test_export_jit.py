@@ -71,10 +71,10 @@ wrapper = filterjit.jit(
     scaled, in_shardings=(sharding, sharding), out_shardings=sharding,
     static_argnums=1,
 )
-x = jax.device_put(jnp.arange(4.0), sharding)
-y = jax.device_put(jnp.ones(4), sharding)
+x, y = jnp.arange(4.0), jnp.ones(4)  # exported from arrays of one device
 ours = filterjit.deserialize(filterjit.export(wrapper)(x, 2, y).serialize())
 theirs = jax.export.deserialize(jax.export.export(wrapper)(x, 2, y).serialize())
+x, y = jax.device_put(x, sharding), jax.device_put(y, sharding)
 found, expected = ours.call(x, 2, y), theirs.call(x, y)
 print(json.dumps({
     "devices": [ours.nr_devices, theirs.nr_devices],

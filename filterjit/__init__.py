@@ -10,6 +10,7 @@ from ._export import (
     export as export,
     Exported as Exported,
 )
+from ._export_payload import PayloadError as PayloadError
 from ._export_values import register_serializable as register_serializable
 from ._introspect import (
     clear_caches as clear_caches,

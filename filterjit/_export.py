@@ -3,6 +3,8 @@ what `filter_jit` keeps static (the arguments' structure and static leaves, the
 output's structure and static leaves) as data that loads without importing or
 unpickling anything it names."""
 
+import ast
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -17,7 +19,7 @@ from jax.core import ShapedArray, Tracer
 from ._aot import Specialisation
 from ._binding import argument_label, Binder, BOUND
 from ._exact import exact_aux
-from ._export_payload import pack, unpack
+from ._export_payload import pack, PayloadError, unpack
 from ._export_values import (
     check,
     decode,
@@ -26,6 +28,7 @@ from ._export_values import (
     encode,
     Encoding,
     fields_of,
+    is_named,
     is_namedtuple_type,
     is_state_type,
     Malformed,
@@ -37,8 +40,10 @@ from ._export_values import (
     Unsavable,
 )
 from ._function import call_signature, Function, signature_of
+from ._jax_jit import JitWrapper
 from ._jit import filter_jit, FilterJitWrapper
 from ._leaves import is_array
+from ._options import make_options
 from ._output import finish
 from ._partition import static_key
 from ._structure import PyTreeDef
@@ -165,11 +170,12 @@ class _Difference:
     """Where an argument first differs from what the export saved: `static` if in a
     static value, else in its structure."""
 
-    def __init__(self, where: str, then: str, now: Any, static: bool):
+    def __init__(self, where: str, then: str, now: Any, static: bool, advice: str = ""):
         self.where = where
         self.then = then  # as an error names it
         self.now = now
         self.static = static
+        self.advice = advice  # a sentence on how to fix it, if there is one
 
 
 def _shape_of(node: Any) -> str:
@@ -244,7 +250,9 @@ def _difference(
             dataclasses.is_dataclass(now) and not isinstance(now, type)
         )
         fields = [field for field, _ in then[2]]
-        if not is_node or type_name(kind) != then[1] or fields_of(kind) != fields:
+        if is_node and not is_named(kind, then[1]) and _short(kind) == _short(then[1]):
+            return _other_module(where, then[1], now)
+        if not is_node or not is_named(kind, then[1]) or fields_of(kind) != fields:
             return _Difference(where, describe(then), now, False)
         children = [(f".{f}", item, getattr(now, f)) for f, item in then[2]]
     elif tag == "state":
@@ -260,6 +268,23 @@ def _difference(
         if (found_difference := _difference(a, b, where + step, opaque)) is not None:
             return found_difference
     return None
+
+
+def _short(kind: type | str) -> str:
+    return (kind if isinstance(kind, str) else type_name(kind)).rpartition(".")[2]
+
+
+def _other_module(where: str, saved: str, now: Any) -> _Difference:
+    """A class of the saved class's name from another module (a class saved from
+    a script, `__main__.Net`, called with `mypkg.Net`)."""
+    name, short = type_name(type(now)), _short(saved)
+    advice = (
+        f" The export saved a `{saved}`, and `{where}` is a `{name}`: if they are "
+        "one class, moved to another module, register it under the saved name "
+        f"before calling: `filterjit.register_serializable({short}, "
+        f"name={saved!r})`."
+    )
+    return _Difference(where, f"a `{saved}`", now, False, advice)
 
 
 def _same_static(now: Any, then: Any) -> bool:
@@ -495,16 +520,17 @@ class Exported(Generic[_P, _T]):
                 f"({', '.join(map(self._parameters.name, self._arguments))}). Pass "
                 "the arguments the export was made with, or export again."
             )
-        sizes: dict[str, tuple[str, int]] = {}
+        sizes: list[tuple[str, int, Any]] = []
         for key, value in bound:
             inputs += self._check(self._arguments[key], value, sizes)
+        _check_sizes(self.fun_name, sizes)
         return self._output.finish(iter(self._program(*inputs)))
 
     def _check(
-        self, argument: _Argument, value: Any, sizes: dict[str, tuple[str, int]]
+        self, argument: _Argument, value: Any, sizes: list[tuple[str, int, Any]]
     ) -> list[Any]:
         """The traced leaves of one argument of a call, checked against the export.
-        `sizes`: the size each symbolic dimension has in this call, and where."""
+        `sizes`: collects each symbolic dimension's place, size and expression."""
         fun_name, name = self.fun_name, self._parameters.name(argument.key)
         if value is _DEFAULT:
             if argument.given:
@@ -548,15 +574,16 @@ class Exported(Generic[_P, _T]):
         traced = [(name + jtu.keystr(p), leaf) for p, leaf in paths if _is_traced(leaf)]
         if found is not None or len(traced) != len(argument.labels):
             differs = ""
+            advice = " Pass an argument of that structure, or export again."
             if found is not None:
-                differs = (
-                    f" (`{found.where}` is {_shape_of(found.now)}, where the export "
-                    f"has {found.then})"
-                )
+                now = _shape_of(found.now)
+                if found.advice:
+                    now, advice = f"a `{type_name(type(found.now))}`", found.advice
+                differs = f" (`{found.where}` is {now}, where the export has "
+                differs += f"{found.then})"
             raise TypeError(
                 f"{fun_name}: argument `{name}` has another structure than the "
-                f"export was made for{differs}. Pass an argument of that structure, "
-                "or export again."
+                f"export was made for{differs}.{advice}"
             )
         if traced and not argument.given:
             raise TypeError(
@@ -658,7 +685,7 @@ def _check_aval(
     label: str,
     leaf: Any,
     aval: ShapedArray,
-    sizes: dict[str, tuple[str, int]],
+    sizes: list[tuple[str, int, Any]],
 ) -> None:
     found = jax.typeof(leaf)
     shape, dtype = found.shape, found.dtype  # pyright: ignore[reportAttributeAccessIssue]
@@ -673,27 +700,134 @@ def _check_aval(
             "shape and dtype, or export again."
         )
     for axis, (size, expected) in enumerate(zip(shape, aval.shape)):
-        symbol = str(expected)
-        if isinstance(expected, int) or not symbol.isidentifier():
-            continue  # a constant, or an expression JAX checks
-        where = f"{label}.shape[{axis}]"
-        first = sizes.setdefault(symbol, (where, size))
-        if first[1] != size:
+        if not isinstance(expected, int):
+            sizes.append((f"{label}.shape[{axis}]", int(size), expected))
+
+
+def _check_sizes(fun_name: str, sizes: list[tuple[str, int, Any]]) -> None:
+    """Raises, naming the arguments, unless a call's sizes give each symbolic
+    dimension one value: the dimensions' values are read where the export has a
+    dimension alone (`b`), or solved where an expression holds one unknown
+    (`2*b`); then every expression must give the size it stands for."""
+    values: dict[str, tuple[int, str]] = {}  # each dimension's value, and where
+    expressions: list[tuple[str, int, str, ast.expr]] = []
+    for where, size, expected in sizes:
+        text = str(expected)
+        if text.isidentifier():
+            first = values.setdefault(text, (size, where))
+            if first[0] != size:
+                raise TypeError(
+                    f"{fun_name}: `{where}` is {size}, but `{first[1]}` is "
+                    f"{first[0]}, and the export has `{text}` for both. Pass arrays "
+                    "whose sizes agree."
+                )
+        else:
+            expressions.append((where, size, text, _parsed(text)))
+    for where, size, text, tree in expressions:
+        unknown = sorted(_dimension_names(tree) - set(values))
+        if len(unknown) == 1 and not _solve(tree, unknown[0], size, values, where):
             raise TypeError(
-                f"{fun_name}: `{where}` is {size}, but `{first[0]}` is {first[1]}, "
-                f"and the export has `{symbol}` for both. Pass arrays whose sizes "
-                "agree."
+                f"{fun_name}: `{where}` is {size}, but the export has `{text}` "
+                f"there, which is {size} for no size `{unknown[0]}` (an integer, at "
+                "least 1). Pass arrays whose sizes agree."
             )
+    for where, size, text, tree in expressions:
+        env = {name: value for name, (value, _) in values.items()}
+        if not _dimension_names(tree) <= set(env):
+            continue  # dimensions no size determines: JAX's own check names them
+        if _evaluate(tree, env) != size:
+            given = ", ".join(
+                f"`{name}` = {values[name][0]} (from `{values[name][1]}`)"
+                for name in sorted(_dimension_names(tree))
+            )
+            raise TypeError(
+                f"{fun_name}: `{where}` is {size}, but the export has `{text}` "
+                f"there, which is {_evaluate(tree, env)} with {given}. Pass arrays "
+                "whose sizes agree."
+            )
+
+
+_DIMENSION_FUNCTIONS: dict[str, Callable[..., int]] = {
+    "floordiv": lambda a, b: a // b,
+    "mod": lambda a, b: a % b,
+    "max": max,
+    "min": min,
+    "non_negative": lambda a: max(a, 0),
+}
+
+
+def _parsed(text: str) -> ast.expr:
+    # JAX writes a power `b^2`.
+    return ast.parse(text.replace("^", "**"), mode="eval").body
+
+
+def _dimension_names(tree: ast.expr) -> set[str]:
+    return {
+        node.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and node.id not in _DIMENSION_FUNCTIONS
+    }
+
+
+def _evaluate(tree: ast.expr, env: dict[str, int]) -> int:
+    """The value of a dimension expression as JAX writes it (`2*b + 1`,
+    `floordiv(b, 2)`), its dimensions' values in `env`."""
+    if isinstance(tree, ast.Constant) and type(tree.value) is int:
+        return tree.value
+    if isinstance(tree, ast.Name):
+        return env[tree.id]
+    if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.USub):
+        return -_evaluate(tree.operand, env)
+    if isinstance(tree, ast.BinOp):
+        left, right = _evaluate(tree.left, env), _evaluate(tree.right, env)
+        operations: dict[type, Callable[[int, int], int]] = {
+            ast.Add: lambda a, b: a + b,
+            ast.Sub: lambda a, b: a - b,
+            ast.Mult: lambda a, b: a * b,
+            ast.Pow: lambda a, b: a**b,
+        }
+        return operations[type(tree.op)](left, right)
+    if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name):
+        function = _DIMENSION_FUNCTIONS[tree.func.id]
+        return function(*(_evaluate(argument, env) for argument in tree.args))
+    raise ValueError(f"not a dimension expression: {ast.unparse(tree)}")
+
+
+def _solve(
+    tree: ast.expr,
+    name: str,
+    size: int,
+    values: dict[str, tuple[int, str]],
+    where: str,
+) -> bool:
+    """Records the value of `name`, the one unknown of the expression at `where`,
+    where the expression is linear in it (`2*b + 1`): `False` if no value gives
+    `size`. Leaves another expression to JAX's check (`True`)."""
+    env = {known: value for known, (value, _) in values.items()}
+    try:
+        at_0 = _evaluate(tree, {**env, name: 0})
+        slope = _evaluate(tree, {**env, name: 1}) - at_0
+        linear = _evaluate(tree, {**env, name: 2}) - at_0 == 2 * slope
+    except (ValueError, KeyError, ZeroDivisionError):
+        return True
+    if slope == 0 or not linear:
+        return True
+    value = (size - at_0) // slope
+    if (size - at_0) % slope != 0 or value < 1:
+        return False
+    if _evaluate(tree, {**env, name: value}) == size:
+        values[name] = (value, where)
+    return True
 
 
 # -- Loading.
 
 
-_NOT_LOADED = "filterjit.deserialize"
-
 # Targets that hold an address in the process that made the program: never valid
 # in a payload, whatever the export allowed.
 _NEVER_ALLOWED = ("xla_python_", "xla_ffi_python_", "xla_ffi_partitioned_python_")
+# How a serialized MLIR module in bytecode begins (MLIR's bytecode format).
+_MLIR_BYTECODE = b"ML\xefR"
 
 
 def _check_custom_calls(exported: jax.export.Exported, depth: int) -> None:
@@ -706,27 +840,88 @@ def _check_custom_calls(exported: jax.export.Exported, depth: int) -> None:
             allowed.add(target)
     for target in custom_call_targets(exported):
         if target.startswith(_NEVER_ALLOWED):
-            raise ValueError(
-                f"{_NOT_LOADED}: the payload's program calls `{target}`, a host "
-                "callback of the process that made it, which no other process can "
-                "run. It is refused: such a payload is corrupt or crafted."
+            raise PayloadError(
+                "program",
+                f"the payload's program calls `{target}`, a host callback of the "
+                "process that made it, which no other process can run. It is "
+                "refused: such a payload is corrupt or crafted.",
             )
         if target not in allowed and "ALL" not in allowed:
-            raise ValueError(
-                f"{_NOT_LOADED}: the payload's program calls the custom call "
-                f"`{target}`, which is not among the targets JAX guarantees stable, "
-                "and the export did not allow it. Export with `disabled_checks="
-                f"[jax.export.DisabledSafetyCheck.custom_call({target!r})]` if this "
-                "process provides it."
+            raise PayloadError(
+                "program",
+                f"the payload's program calls the custom call `{target}`, which is "
+                "not among the targets JAX guarantees stable, and the export did "
+                "not allow it. Export with `disabled_checks=[jax.export."
+                f"DisabledSafetyCheck.custom_call({target!r})]` if this process "
+                "provides it.",
             )
     if depth > 0:
-        _check_custom_calls(exported.vjp(), depth - 1)
+        _check_custom_calls(_vjp_of(exported), depth - 1)
 
 
-def _malformed() -> ValueError:
-    return ValueError(
-        f"{_NOT_LOADED}: the payload's header is not valid (a corrupt or crafted "
-        "payload). Save it again."
+def _vjp_of(exported: jax.export.Exported) -> jax.export.Exported:
+    """The program's derivative, which the header says the payload holds."""
+    if not exported.has_vjp():
+        raise PayloadError(
+            "program",
+            "the payload's header says its program holds its derivative "
+            "(`vjp_order`), and the program holds none (a corrupt or crafted "
+            "payload). Save it again.",
+        )
+    return exported.vjp()
+
+
+def _check_program(exported: jax.export.Exported, depth: int) -> None:
+    """What can be checked of a program before JAX parses its StableHLO: the form
+    of its module and the calling convention of its inputs, and of its `depth`
+    orders of derivatives."""
+    count = len(exported.in_avals)
+    kept = exported.module_kept_var_idx
+    if not exported.mlir_module_serialized.startswith(_MLIR_BYTECODE):
+        raise PayloadError(
+            "program",
+            "the payload's program holds no StableHLO module in MLIR's bytecode "
+            "(a corrupt or crafted payload). Save it again.",
+        )
+    if list(kept) != sorted(set(kept)) or not all(0 <= i < count for i in kept):
+        raise PayloadError(
+            "program",
+            f"the payload's program keeps inputs {list(kept)} of {count}, which "
+            "`jax.export` cannot have written (a corrupt or crafted payload).",
+        )
+    if exported.in_tree != jtu.tree_structure((tuple(range(count)), {})):
+        raise PayloadError(
+            "program",
+            "the payload's program does not take its arrays as positional "
+            "arguments, as an export of filterjit does (a corrupt or crafted "
+            "payload).",
+        )
+    if depth > 0:
+        _check_program(_vjp_of(exported), depth - 1)
+
+
+@contextlib.contextmanager
+def _jax_reading() -> Iterator[None]:
+    """Where JAX reads the payload's program: what it raises for bytes it cannot
+    read (`struct.error`, `IndexError`, its runtime's errors) refused as the
+    payload's."""
+    try:
+        yield
+    except PayloadError:
+        raise
+    except Exception as error:  # JAX's reader, never user code
+        raise PayloadError(
+            "program",
+            "JAX cannot read the payload's program (a corrupt payload, or one of "
+            f"an incompatible JAX): {type(error).__name__}. Export it again.",
+        ) from None
+
+
+def _malformed(part: str) -> PayloadError:
+    return PayloadError(
+        "header",
+        f"the payload's header is not valid (a corrupt or crafted payload): {part} "
+        "is not what `Exported.serialize()` writes. Save it again.",
     )
 
 
@@ -737,8 +932,14 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
     static outputs must be registered in this process with
     `filterjit.register_serializable` first (arguments need no registration), and
     their instances are rebuilt without calling `__init__`. The payload's checksum,
-    versions and structure are checked, and its program may call no custom call
-    outside JAX's stable targets unless the export allowed it (`disabled_checks`).
+    versions and structure are checked, functions it names must be among those a
+    payload may name, and its program may call no custom call outside JAX's stable
+    targets unless the export allowed it (`disabled_checks`).
+
+    The checks find damage and refuse what `serialize()` cannot have written, but
+    the program's StableHLO is read by JAX, whose reader can abort the process on
+    some crafted bytes: load bytes from a source you do not trust in a separate
+    process.
 
     **Arguments:**
 
@@ -750,9 +951,10 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
 
     **Raises:**
 
-    A `ValueError` saying what is wrong for a truncated, corrupt or crafted
-    payload, one of another format or of a newer JAX; a `TypeError` naming the
-    class or function to register for a static output this process cannot rebuild.
+    A `filterjit.PayloadError` (a `ValueError`) saying where and what is wrong for
+    every payload it refuses: truncated, corrupt or crafted, of another format or
+    of a newer JAX. A `TypeError` naming the class or function to register for a
+    static output this process cannot rebuild.
 
     !!! example
 
@@ -764,25 +966,36 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
     header, program = unpack(bytes(data))
     try:
         parts = _read_header(header)
+    except PayloadError:
+        raise
     except (Malformed, LookupError, TypeError, ValueError, RecursionError):
-        raise _malformed() from None
+        raise _malformed("its function, parameters or arguments") from None
     fun_name, parameters, arguments, output_data, donated, vjp_order = parts
     try:
         output = _Template.loaded(output_data, "output")
+    except (PayloadError, TypeError):
+        raise  # a function it may not name; a class to register
     except (Malformed, LookupError, ValueError, RecursionError):
-        raise _malformed() from None
-    try:
+        raise _malformed("its output") from None
+    with _jax_reading():  # its Python parts: the StableHLO is not parsed yet
         exported = jax.export.deserialize(bytearray(program))
-    except Exception:
-        raise ValueError(
-            f"{_NOT_LOADED}: JAX cannot read the payload's program (a corrupt "
-            "payload, or one of an incompatible JAX). Export it again."
-        ) from None
-    _check_custom_calls(exported, vjp_order)
+        _check_program(exported, vjp_order)
+    if len(set(donated)) != len(donated) or not all(
+        0 <= i < len(exported.in_avals) for i in donated
+    ):
+        raise _malformed("its donated inputs")
     try:
-        return Exported(exported, fun_name, parameters, arguments, output, donated)
+        loaded = Exported(exported, fun_name, parameters, arguments, output, donated)
     except ValueError:
-        raise _malformed() from None
+        raise PayloadError(
+            "header",
+            "the payload's header is not valid (a corrupt or crafted payload): its "
+            "arguments and output hold other arrays than its program takes "
+            f"({len(exported.in_avals)}) and returns ({len(exported.out_avals)}).",
+        ) from None
+    with _jax_reading():  # parses the StableHLO, and its derivatives'
+        _check_custom_calls(exported, vjp_order)
+    return loaded
 
 
 def _read_header(
@@ -883,7 +1096,12 @@ def export(
         data = exported.serialize()  # filterjit.deserialize(data).call(x) elsewhere
         ```
     """
-    wrapper = fun if isinstance(fun, FilterJitWrapper) else filter_jit(fun)
+    if isinstance(fun, JitWrapper):
+        wrapper = _as_filter_jit(fun)
+    elif isinstance(fun, FilterJitWrapper):
+        wrapper = fun
+    else:
+        wrapper = filter_jit(fun)
     checks = tuple(disabled_checks)
 
     # Untyped: arrays may be given as `jax.ShapeDtypeStruct`s.
@@ -891,6 +1109,50 @@ def export(
         return _export(wrapper, platforms, checks, args, kwargs)
 
     return exporting
+
+
+def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
+    """A `filterjit.jit` wrapper as `filter_jit` with its keywords, so that its
+    export is the program `jax.export.export` makes of it: its donated arguments
+    donated, its shardings kept, its other keywords passed on. Its static arguments
+    are static as every leaf that is not an array is."""
+    keywords = dict(wrapper._jit_kwargs)
+    name = getattr(wrapper, "__qualname__", repr(wrapper))
+    parameters = list(inspect.signature(wrapper).parameters.values())
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p.name for p in parameters if p.kind in kinds]
+
+    def named(option: str) -> list[str]:
+        """The parameters an `*_argnums` or `*_argnames` option names."""
+        found = list(_as_tuple(keywords.pop(f"{option}_argnames", ())))
+        for number in _as_tuple(keywords.pop(f"{option}_argnums", ())):
+            if not -len(positional) <= number < len(positional):
+                raise TypeError(
+                    f"filterjit.export: {name} has {option}_argnums={number}, which "
+                    "is not a parameter of its own (an argument that `*args` "
+                    f"collects). Export a function that names it, or use "
+                    f"`filterjit.filter_jit(f, donate=...)`."
+                )
+            found.append(positional[number])
+        return found
+
+    static = named("static")
+    donated = named("donate")
+    if isinstance(keywords.get("in_shardings"), tuple | list):
+        # jax.jit's are the non-static arguments'; filter_jit's, every positional's.
+        given = iter(keywords["in_shardings"])
+        keywords["in_shardings"] = tuple(
+            None if parameter in static else next(given, None)
+            for parameter in positional
+        )
+    options = make_options(donate=tuple(donated) or "none", **keywords)
+    return FilterJitWrapper(wrapper._function, options)
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, int | str) else tuple(value)
 
 
 def _leaf_count(tree: Any) -> int:

@@ -1,6 +1,6 @@
 """The bytes of a saved export: a versioned header and the program, checked by a
 checksum. Unpacking trusts nothing it reads: every malformed, truncated, corrupt
-or mismatched payload raises one `ValueError` that says which."""
+or mismatched payload raises one `PayloadError` that says where and which."""
 
 import hashlib
 import json
@@ -36,27 +36,54 @@ def pack(header: dict[str, Any], program: bytes) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
-def _refuse(what: str) -> ValueError:
-    return ValueError(f"{_WHERE}: {what}")
+class PayloadError(ValueError):
+    """Raised by `filterjit.deserialize` for every payload it refuses: truncated,
+    corrupt, of another format or of a newer JAX, or crafted (a header or program
+    that `Exported.serialize()` cannot have written, a function outside what a
+    payload may name, a program calling a custom call it may not).
+
+    A `ValueError`; `region` says which part of the payload is refused: `"magic"`,
+    `"format"`, `"lengths"`, `"checksum"`, `"header"` or `"program"`. The message
+    says what was expected there.
+
+    !!! example
+
+        ```python
+        try:
+            served = filterjit.deserialize(data)
+        except filterjit.PayloadError as error:
+            print(error.region, error)
+        ```
+    """
+
+    region: str
+    """The part of the payload refused."""
+
+    def __init__(self, region: str, what: str):
+        super().__init__(f"{_WHERE}: {what}")
+        self.region = region
 
 
 def unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
     """The header and the program of a payload that `pack` made, its checksum and
-    versions checked. Raises a `ValueError` saying what is wrong otherwise."""
+    versions checked. Raises a `PayloadError` saying what is wrong otherwise."""
     if not data.startswith(MAGIC):
         if MAGIC.startswith(data):
-            raise _refuse(
+            raise PayloadError(
+                "magic",
                 f"the payload is truncated ({len(data)} bytes, not even its "
-                "header). Save it again."
+                "header). Save it again.",
             )
-        raise _refuse(
+        raise PayloadError(
+            "magic",
             "these bytes were not made by `filterjit.Exported.serialize()` (they do "
-            "not begin as a filterjit payload does)."
+            f"not begin with {MAGIC!r}, as a filterjit payload does).",
         )
     if len(data) < _START + _DIGEST:
-        raise _refuse(
+        raise PayloadError(
+            "lengths",
             f"the payload is truncated ({len(data)} bytes, shorter than its fixed "
-            "header and checksum). Save it again."
+            f"header and checksum, {_START + _DIGEST} bytes). Save it again.",
         )
     form, header_length, program_length = _PREFIX.unpack_from(data, len(MAGIC))
     if form != FORMAT:
@@ -65,31 +92,38 @@ def unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
             if form == 0
             else f"another version of filterjit (format {form})"
         )
-        raise _refuse(
+        raise PayloadError(
+            "format",
             f"the payload was made by {made_by}, or is corrupt; this version reads "
-            f"format {FORMAT}. Export it again with this version of filterjit."
+            f"format {FORMAT}. Export it again with this version of filterjit.",
         )
     expected = _START + header_length + program_length + _DIGEST
     if len(data) != expected:
         state = (
             "truncated (or its lengths corrupt)" if len(data) < expected else "corrupt"
         )
-        raise _refuse(
+        raise PayloadError(
+            "lengths",
             f"the payload is {state}: it has {len(data)} bytes where its header "
-            f"gives {expected}. Save it again."
+            f"gives {expected}. Save it again.",
         )
     body, digest = data[:-_DIGEST], data[-_DIGEST:]
     if hashlib.sha256(body).digest() != digest:
-        raise _refuse(
+        raise PayloadError(
+            "checksum",
             "the payload is corrupt: its checksum does not match its contents (a "
-            "changed or damaged byte). Save it again."
+            "changed or damaged byte). Save it again.",
         )
     try:
         header = json.loads(data[_START : _START + header_length].decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         header = None
     if not isinstance(header, dict):
-        raise _refuse("the payload's header is not valid (a corrupt payload).")
+        raise PayloadError(
+            "header",
+            "the payload's header is not valid (a corrupt payload): it is not the "
+            "JSON object that `serialize()` writes.",
+        )
     _check_versions(header)
     return header, data[_START + header_length : -_DIGEST]
 
@@ -99,11 +133,16 @@ def _check_versions(header: dict[str, Any]) -> None:
     version = _version_tuple(made_with) if isinstance(made_with, str) else None
     here = _version_tuple(jax.__version__)
     if version is None or not isinstance(header.get("filterjit"), str):
-        raise _refuse("the payload's header names no valid JAX or filterjit version.")
+        raise PayloadError(
+            "header",
+            "the payload's header is not valid: it names no JAX version "
+            "(`major.minor.patch`) or no filterjit version.",
+        )
     if here is not None and version > here:
-        raise _refuse(
+        raise PayloadError(
+            "header",
             f"the payload was exported with JAX {made_with}, and this process has "
             f"JAX {jax.__version__}, which may not run a newer JAX's program. Load "
             f"it with JAX {made_with} or newer, or export it again with JAX "
-            f"{jax.__version__}."
+            f"{jax.__version__}.",
         )

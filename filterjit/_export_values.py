@@ -8,11 +8,14 @@ import base64
 import dataclasses
 import enum
 import sys
+import threading
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
+
+from ._export_payload import PayloadError
 
 
 _T = TypeVar("_T")
@@ -49,8 +52,22 @@ def fields_of(kind: type) -> list[str]:
     return [field.name for field in dataclasses.fields(kind)]
 
 
-def _default_name(thing: Any) -> str:
+def _module_path_name(thing: Any) -> str:
     return f"{thing.__module__}.{thing.__qualname__}"
+
+
+def _default_name(thing: Any) -> str:
+    """`module.QualifiedName`, by the shortest public module that holds `thing`
+    under its name (`equinox.nn.MLP`, not `equinox.nn._mlp.MLP`): a payload that
+    names it outlives a move between a package's private modules."""
+    parts = thing.__module__.split(".")
+    for end in range(1, len(parts)):
+        if parts[end - 1].startswith("_"):
+            break
+        module = sys.modules.get(".".join(parts[:end]))
+        if module is not None and vars(module).get(thing.__qualname__) is thing:
+            return f"{module.__name__}.{thing.__qualname__}"
+    return _module_path_name(thing)
 
 
 def is_state_type(kind: object) -> bool:
@@ -84,7 +101,11 @@ def register_serializable(nodetype: _T, name: str | None = None) -> _T:
     own functions (`jax.nn.relu`, `jnp.tanh`, `lax.max`: saved by name, found among
     the modules already imported), nor `eqx.nn.State`. Saving needs no
     registration: a type is saved under its registered name, or else under
-    `module.QualifiedName`, the name that registering it without `name` gives.
+    `module.QualifiedName`, the name that registering it without `name` gives,
+    by the shortest public module that holds it (`equinox.nn.MLP`, not the module
+    that defines it). A class moved to another module (trained in a script as
+    `__main__.Net`, served from `mypkg`) is registered in the loading process under
+    the name it was saved by: `register_serializable(Net, name="__main__.Net")`.
 
     **Arguments:**
 
@@ -93,7 +114,8 @@ def register_serializable(nodetype: _T, name: str | None = None) -> _T:
         calling `__init__` or `__post_init__`, as `jax.tree_util` unflattens a
         Module; an enum member by its name; a function is the very object
         registered.
-    - `name`: the name to save and load it by; `module.QualifiedName` if omitted.
+    - `name`: the name to save and load it by; `module.QualifiedName` if omitted
+        (and a payload that names it by the module that defines it loads too).
 
     **Returns:**
 
@@ -124,6 +146,8 @@ def register_serializable(nodetype: _T, name: str | None = None) -> _T:
         )
     _by_name[name] = nodetype
     _names_by_id[id(nodetype)] = (name, nodetype)
+    if name == _default_name(nodetype):  # payloads that name its module's path
+        _by_name.setdefault(_module_path_name(nodetype), nodetype)
     return nodetype
 
 
@@ -133,11 +157,15 @@ def type_name(kind: type) -> str:
     return _default_name(kind) if found is None else found[0]
 
 
+def is_named(kind: type, name: str) -> bool:
+    """Whether a payload's class name `name` names `kind`: its name, or the path of
+    its module (as payloads saved it before public names)."""
+    return name in (type_name(kind), _module_path_name(kind))
+
+
 # -- JAX's and Equinox's own functions, by the name of a module already imported.
 
-# The modules whose functions (and dtypes) are saved by reference, best name first;
-# and the packages whose modules a payload may name.
-_LIBRARY_MODULES = (
+LIBRARY_MODULES = (
     "jax.nn",
     "jax.numpy",
     "jax.lax",
@@ -146,54 +174,83 @@ _LIBRARY_MODULES = (
     "equinox.nn",
     "equinox",
 )
-_LIBRARY_PACKAGES = ("jax.", "equinox.")
-_references: dict[int, tuple[str, Any]] = {}
+"""The modules whose public callables (functions and classes, their names not
+beginning with `_`) a payload may name, best name first."""
+PRIVATE_DEFAULTS = ("equinox.nn._mlp:_identity",)
+"""Callables a payload may name that no public name holds: defaults of Equinox's
+public classes (`eqx.nn.MLP`'s `final_activation`)."""
+
+_public: dict[int, tuple[str, Any]] = {}  # by identity: what may be named, and how
 _scanned: set[str] = set()
-
-
-def _library_modules() -> list[str]:
-    extra = sorted(
-        name
-        for name in list(sys.modules)
-        if name.startswith("equinox.") and name not in _LIBRARY_MODULES
-    )
-    return [name for name in (*_LIBRARY_MODULES, *extra) if name in sys.modules]
+# First exports may run in threads at once: a module is marked scanned only once its
+# callables are recorded, under this lock (no user code runs while it is held).
+_scanning = threading.Lock()
 
 
 def _referable(value: Any) -> bool:
     return callable(value) and not isinstance(value, types.ModuleType)
 
 
-def _library_name(value: Any) -> str | None:
-    """`module:attribute` where an imported module of JAX or Equinox holds `value`."""
-    found = _references.get(id(value))
-    if found is None:
-        for module_name in _library_modules():
-            if module_name in _scanned:
+def _allowed_name(name: str) -> bool:
+    """Whether `module:attribute` is among what a payload may name."""
+    module_name, _, attribute = name.partition(":")
+    public = module_name in LIBRARY_MODULES and not attribute.startswith("_")
+    return (public and attribute.isidentifier()) or name in PRIVATE_DEFAULTS
+
+
+def _scan() -> None:
+    """Records the callables a payload may name of the modules imported since."""
+    with _scanning:
+        for module_name in LIBRARY_MODULES:
+            module = sys.modules.get(module_name)
+            if module is None or module_name in _scanned:
                 continue
+            for attribute, item in list(vars(module).items()):
+                if not attribute.startswith("_") and _referable(item):
+                    _public.setdefault(id(item), (f"{module_name}:{attribute}", item))
             _scanned.add(module_name)
-            namespace = vars(sys.modules[module_name])
-            for attribute, item in list(namespace.items()):
-                if _referable(item) and id(item) not in _references:
-                    _references[id(item)] = (f"{module_name}:{attribute}", item)
-        found = _references.get(id(value))
+        for name in PRIVATE_DEFAULTS:
+            module_name, _, attribute = name.partition(":")
+            module = sys.modules.get(module_name)
+            item = None if module is None else vars(module).get(attribute)
+            if _referable(item):
+                _public.setdefault(id(item), (name, item))
+
+
+def _library_name(value: Any) -> str | None:
+    """`module:attribute` where a module a payload may name holds `value`."""
+    found = _public.get(id(value))
+    if found is None:  # or in a module imported since the last scan
+        _scan()
+        found = _public.get(id(value))
     return None if found is None or found[1] is not value else found[0]
 
 
 def resolve_reference(name: str) -> Any:
     """What a saved reference names, if this process has it (registered, or in an
-    imported module of JAX or Equinox), else `None`. Imports nothing."""
+    imported module a payload may name), else `None`. Imports nothing; raises
+    `PayloadError` for a name outside what a payload may name."""
     if name in _by_name:
         return _by_name[name]
     module_name, colon, attribute = name.partition(":")
-    library = module_name in _LIBRARY_MODULES or module_name.startswith(
-        _LIBRARY_PACKAGES
-    )
-    module = sys.modules.get(module_name) if colon and library else None
-    if module is None:
-        return None
-    value = vars(module).get(attribute)
+    if not colon:
+        return None  # a registered name, not registered here
+    if not _allowed_name(name):
+        raise _not_allowed(name)
+    module = sys.modules.get(module_name)
+    value = None if module is None else vars(module).get(attribute)
     return value if _referable(value) else None
+
+
+def _not_allowed(name: str) -> PayloadError:
+    return PayloadError(
+        "header",
+        f"the payload names `{name}`, which is not among what a payload may name "
+        "(a crafted payload): the public functions and classes of "
+        f"{', '.join(LIBRARY_MODULES)}, Equinox's defaults "
+        f"{', '.join(PRIVATE_DEFAULTS)}, and what `filterjit.register_serializable` "
+        "registered.",
+    )
 
 
 # -- Encoding.
@@ -486,6 +543,8 @@ class _Decoder:
             return decode_enum(data[1], data[2], self.classes)
         if tag == "ref":
             _need(len(data) == 2 and isinstance(data[1], str))
+            if ":" in data[1] and not _allowed_name(data[1]):
+                raise _not_allowed(data[1])
             if not self.build:
                 return None
             found = resolve_reference(data[1])

@@ -1100,13 +1100,29 @@ def test_functions_are_saved_by_reference_and_found_without_importing() -> None:
     ]
     _, functions = filterjit.deserialize(data).call(jnp.ones(2))
     assert functions == (jax.nn.relu, jnp.tanh, jax.lax.max, _scaled_relu)
-    # A name outside JAX and Equinox, or in a module not imported, is not resolved
-    # (and nothing is imported to try).
+    # A name outside what a payload may name is refused (and nothing is imported
+    # to try): private ones too, of modules that are imported.
     before = set(sys.modules)
-    for name in ("os:system", "builtins:eval", "jax.not_a_module:f", "json:loads"):
+    for name in (
+        "os:system",
+        "builtins:eval",
+        "jax.not_a_module:f",
+        "json:loads",
+        "jax._src.config:update",
+        "jax.numpy:__getattr__",
+        "jax.nn:_private",
+        "equinox._module:_wrap_method",
+    ):
         header["output"][1][1][1][0] = ["ref", name]
-        with pytest.raises(TypeError, match="neither a JAX or Equinox function"):
+        with pytest.raises(filterjit.PayloadError, match="not among what a payload"):
             filterjit.deserialize(_pack(header, program))
+        argument = ["tuple", [["traced"], ["ref", name]]]
+        crafted = {
+            **header,
+            "arguments": [{**header["arguments"][0], "value": argument}],
+        }
+        with pytest.raises(filterjit.PayloadError, match="not among what a payload"):
+            filterjit.deserialize(_pack(crafted, program))
     assert set(sys.modules) == before
 
 
@@ -1126,3 +1142,35 @@ def test_a_partial_binding_a_keyword_is_exported() -> None:
         assert exported.call(jnp.ones(2), shift=0.0).tolist() == [3.0, 3.0]
         with pytest.raises(TypeError, match=r"called with the arguments \(x, factor"):
             exported.call(jnp.ones(2), factor=2.0)
+
+
+def _two_lengths(params: dict[str, jax.Array], x: jax.Array, y: jax.Array) -> Any:
+    return params["w"] * x.sum() + y.sum()
+
+
+def test_a_symbolic_expression_that_disagrees_names_the_argument() -> None:
+    (b,) = jax.export.symbolic_shape("b")
+    params = {"v": jnp.ones(3), "w": jnp.ones(2)}
+    x, y = (jax.ShapeDtypeStruct((n,), jnp.float32) for n in (b, 2 * b))
+    for exported in _both(filterjit.export(_two_lengths)(params, x, y)):
+        assert exported.call(params, jnp.ones(3), jnp.ones(6)).tolist() == [9.0] * 2
+        with pytest.raises(
+            TypeError,
+            match=r"_two_lengths: `y.shape\[0\]` is 7, but the export has `2\*b` "
+            r"there, which is 6 with `b` = 3 \(from `x.shape\[0\]`\)",
+        ):
+            exported.call(params, jnp.ones(3), jnp.ones(7))
+    # An expression alone: its dimension solved from it, or none fits.
+    spec = jax.ShapeDtypeStruct((2 * b + 1,), jnp.float32)
+    for exported in _both(filterjit.export(_total)(spec)):
+        assert float(exported.call(jnp.ones(9))) == 9.0
+        with pytest.raises(
+            TypeError,
+            match=r"_total: `z.shape\[0\]` is 8, but the export has `2\*b \+ 1` "
+            r"there, which is 8 for no size `b`",
+        ):
+            exported.call(jnp.ones(8))
+
+
+def _total(z: jax.Array) -> jax.Array:
+    return z.sum()

@@ -5,7 +5,7 @@ read from a config file or computed with NumPy) inside the caller's `jax.jit`.
 Undecorated, the helper sees the value itself. Decorated with `jax.jit` or
 `equinox.filter_jit`, it sees a tracer, and:
 
-1. results change: code that ran now raises (`jnp.zeros(n)` needs a concrete `n`);
+1. code that ran now raises: `jnp.zeros(n)` needs a concrete `n`;
 2. backprop breaks: `fori_loop` with a traced bound is a `while_loop`, which
    reverse-mode cannot differentiate;
 3. specialisation is lost: a helper that unrolls a loop when it knows the count, and
@@ -50,7 +50,7 @@ def power(x: jax.Array, n: Any) -> jax.Array:
     return y
 
 
-def results_change(helper: Callable[..., Any]) -> str:
+def now_raises(helper: Callable[..., Any]) -> str:
     return f"{jax.jit(lambda: helper(n))()}"
 
 
@@ -66,7 +66,7 @@ def specialisation_lost(helper: Callable[..., Any]) -> str:
 
 
 CASES: list[tuple[str, Callable[..., Any], Callable[[Callable[..., Any]], str]]] = [
-    ("1. results change: jnp.zeros(n)", zeros, results_change),
+    ("1. code that ran now raises: jnp.zeros(n)", zeros, now_raises),
     (
         "2. backprop breaks: jax.grad of fori_loop(lower, 1, ...)",
         count_up,

@@ -3,7 +3,8 @@
 Each row is a call pattern of real code in which what a jit keys on changes
 between calls: a static argument that alternates between two types or two values,
 an optional argument given or left `None`, a Module, wrapper or
-`PartitionSpec` made anew at every step, and a large static tuple. Every
+`PartitionSpec` made anew at every step, and a large static tuple, passed or held
+in a Module's static field. Every
 implementation computes the same thing; jax.jit (and nnx.jit, where the row is a
 plain function) is the closest jax.jit program: the static value in
 `static_argnums`, and a wrapper made once where filterjit and Equinox make one
@@ -218,6 +219,32 @@ def _vmap_row(xs: jax.Array) -> Row:
     )
 
 
+class _Table(eqx.Module):
+    table: tuple[float, ...] = eqx.field(static=True)
+
+
+def _table_field_sum(x: jax.Array, holder: _Table) -> jax.Array:
+    return _tuple_sum(x, holder.table)
+
+
+def _table_field_row(x: jax.Array, table: tuple[float, ...]) -> Row:
+    holder = _Table(table)
+    flat = jax.jit(_tuple_sum, static_argnums=1)
+    eqx_sum = eqx.filter_jit(_table_field_sum)
+    filterjit_sum = filterjit.filter_jit(_table_field_sum)
+    return Row(
+        "(g2) 10,000-float static field",
+        f"`f(x, holder)`, `holder` a Module whose static field is one tuple of "
+        f"{TUPLE_LENGTH:,} floats; jax.jit: the tuple static",
+        lambda n: [holder] * n,
+        {
+            harness.JAX: lambda h: flat(x, h.table),
+            harness.EQX: lambda h: eqx_sum(x, h),
+            harness.FILTERJIT: lambda h: filterjit_sum(x, h),
+        },
+    )
+
+
 def _rows(x: jax.Array) -> list[Row]:
     mask = x > 0
     table = tuple(float(i) for i in range(TUPLE_LENGTH))
@@ -253,11 +280,12 @@ def _rows(x: jax.Array) -> list[Row]:
         _inference_row(x),
         _vmap_row(jnp.stack([x, x * 2])),
         Row(
-            "(g) 10,000-float static tuple",
+            "(g1) 10,000-float static tuple",
             f"`f(x, table)`, `table` one tuple of {TUPLE_LENGTH:,} floats, static",
             lambda n: [table] * n,
             over(_tuple_sum),
         ),
+        _table_field_row(x, table),
     ]
 
 

@@ -35,7 +35,13 @@ Everything is written under one temporary directory, removed at the end (`--keep
 DIR` keeps the pytest logs and the raw results); pytest's cache and bytecode files
 are not written into the suite's checkout, and anything else a run writes there is
 removed. `--rev REV` tests filterjit as committed at REV rather than the working
-tree; `--json FILE` writes every test's outcome.
+tree; `--json FILE` writes every test's outcome. Each run counts the
+`equinox.filter_jit` wrappers that filterjit and Equinox made during it.
+
+`--check` (what CI's equinox leg runs, .ci/equinox) runs each test that passes
+unpatched and not patched again alone, patched, then prints a closing line per
+suite, and exits 1 if such a test fails again (or a run ran no test, timed out, or
+was not patched): a test that fails only under load, a timing test, passes alone.
 
 `--target jax.jit` puts `filterjit.jit` in place of `jax.jit` instead, for JAX's own
 tests (a checkout of JAX's tests at the tag of the installed version). The plugin

@@ -2,13 +2,12 @@
 
 Each row is a call pattern of real code in which what a jit keys on changes
 between calls: a static argument that alternates between two types or two values,
-an optional argument given or left `None`, a Module, wrapper or
-`PartitionSpec` made anew at every step, and a large static tuple, passed or held
-in a Module's static field. Every
-implementation computes the same thing; jax.jit (and nnx.jit, where the row is a
-plain function) is the closest jax.jit program: the static value in
-`static_argnums`, and a wrapper made once where filterjit and Equinox make one
-anew.
+an optional argument given or left `None`, a Module, wrapper or `PartitionSpec`
+made anew at every step, and a large static tuple, passed or held in a Module's
+static field. Every implementation computes the same thing; jax.jit (and nnx.jit,
+where the row is a plain function) is the closest jax.jit program: the static
+value in `static_argnums`, and a wrapper made once where filterjit and Equinox
+make one anew.
 """
 
 import dataclasses

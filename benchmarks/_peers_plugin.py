@@ -85,9 +85,11 @@ def pytest_load_initial_conftests(early_config, parser, args):
     import equinox
 
     swapped = left = None
+    _count_equinox_wrappers()
     if _PATCH:
         import filterjit
 
+        _count_filterjit_wrappers(filterjit)
         if hasattr(filterjit, "patch_equinox"):
             patch = filterjit.patch_equinox()
             swapped, left = list(patch.swapped), list(patch.left)
@@ -101,6 +103,41 @@ def pytest_load_initial_conftests(early_config, parser, args):
         swapped=swapped,
         left=left,
     )
+
+
+# How many jit wrappers each library made during the run: Equinox's counted where
+# its `filter_jit` finishes one (`module_update_wrapper`, a global of
+# `equinox._jit` that only `filter_jit` calls), filterjit's where one is
+# initialised. In the patched run, Equinox's are the ones left unswapped: made by
+# code that bound Equinox's `filter_jit` before the patch.
+_MADE = {"equinox": 0, "filterjit": 0}
+_UNCOUNTED = set()
+
+
+def _count_equinox_wrappers():
+    import equinox._jit
+
+    finish = getattr(equinox._jit, "module_update_wrapper", None)
+    if finish is None:  # an Equinox without it: no count
+        _UNCOUNTED.add("equinox")
+        return
+
+    def counted(wrapper, *args, **kwargs):
+        _MADE["equinox"] += 1
+        return finish(wrapper, *args, **kwargs)
+
+    setattr(equinox._jit, "module_update_wrapper", counted)
+
+
+def _count_filterjit_wrappers(filterjit):
+    cls = type(filterjit.filter_jit(_count_filterjit_wrappers))
+    init = cls.__init__
+
+    def counted(self, *args, **kwargs):
+        _MADE["filterjit"] += 1
+        init(self, *args, **kwargs)
+
+    cls.__init__ = counted
 
 
 def _message(report):
@@ -260,4 +297,8 @@ def pytest_sessionfinish(session, exitstatus):
         exitstatus=int(exitstatus),
         filter_jit=_name(equinox.filter_jit),
         entry_points=_wrapped_entry_points(),
+        made={
+            library: None if library in _UNCOUNTED else n
+            for library, n in _MADE.items()
+        },
     )

@@ -35,7 +35,13 @@ Everything is written under one temporary directory, removed at the end (`--keep
 DIR` keeps the pytest logs and the raw results); pytest's cache and bytecode files
 are not written into the suite's checkout, and anything else a run writes there is
 removed. `--rev REV` tests filterjit as committed at REV rather than the working
-tree; `--json FILE` writes every test's outcome.
+tree; `--json FILE` writes every test's outcome. Each run counts the
+`equinox.filter_jit` wrappers that filterjit and Equinox made during it.
+
+`--check` (what CI's equinox leg runs, .ci/equinox) runs each test that passes
+unpatched and not patched again alone, patched, then prints a closing line per
+suite, and exits 1 if such a test fails again (or a run ran no test, timed out, or
+was not patched): a test that fails only under load, a timing test, passes alone.
 
 `--target jax.jit` puts `filterjit.jit` in place of `jax.jit` instead, for JAX's own
 tests (a checkout of JAX's tests at the tag of the installed version). The plugin
@@ -120,6 +126,7 @@ class Run:
     returncode: int | None
     timed_out: bool
     filter_jit: str  # the equinox.filter_jit, or the tests' jit, the run saw
+    made: dict[str, int | None]  # equinox.filter_jit wrappers made, by library
     notes: list[str]
     log: str
 
@@ -397,6 +404,23 @@ def run_suite(
             + (f" ({shown})" if shown else "")
             + f"; made by filterjit itself: {own}"
         )
+    made = [e["made"] for e in ends if "made" in e]  # one per process
+    counts: dict[str, int | None] = {}
+    if made:
+        counts = {
+            library: None
+            if any(m.get(library) is None for m in made)
+            else sum(m[library] for m in made)
+            for library in ("filterjit", "equinox")
+        }
+        notes.append(
+            "`equinox.filter_jit` wrappers made during the run: "
+            + ", ".join(
+                f"{'n/a' if n is None else n} by {library}"
+                for library, n in counts.items()
+            )
+            + (" (Equinox's left unswapped)" if patched else "")
+        )
     if ends and ends[-1]["filter_jit"] != seen:
         notes.append(f"{name} was {ends[-1]['filter_jit']} at the end")
     if patched and starts and not seen.startswith("filterjit."):
@@ -409,6 +433,7 @@ def run_suite(
         returncode=None if timed_out or process is None else process.returncode,
         timed_out=timed_out,
         filter_jit=seen,
+        made=counts,
         notes=notes,
         log=log.read_text(encoding="utf-8", errors="replace"),
     )
@@ -419,6 +444,54 @@ def _cell(text: str, limit: int = 160) -> str:
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     return text.replace("|", "\\|").replace("`", "'")
+
+
+def lost_tests(runs: dict[str, Run]) -> list[str]:
+    """The tests that pass unpatched and do not pass patched (or did not run)."""
+    before, after = runs["unpatched"], runs["patched"]
+    return sorted(
+        n
+        for n, o in before.outcomes.items()
+        if o == "passed" and after.outcomes.get(n) != "passed"
+    )
+
+
+def check(suite: Suite, runs: dict[str, Run], rerun: Run | None) -> tuple[bool, str]:
+    """Whether the suite passes patched as it passes unpatched, and one line that
+    says so: every test that passes unpatched passes patched, or passes when run
+    again alone, patched (`rerun`: a test that fails under load either way, a
+    timing test, is not filterjit's); both runs ran, to the end, and the patched
+    one with filterjit in place."""
+    before, after = runs["unpatched"], runs["patched"]
+    counts = "; ".join(
+        f"{label} {run.count('passed')} passed, {run.count('failed')} failed, "
+        f"{run.count('error')} errors"
+        for label, run in runs.items()
+    )
+    problems = []
+    for label, run in runs.items():
+        if not run.outcomes:
+            problems.append(f"the {label} run ran no test")
+        if run.timed_out:
+            problems.append(f"the {label} run timed out")
+    if not after.filter_jit.startswith("filterjit."):
+        problems.append(f"not patched: the patched run saw {after.filter_jit}")
+    lost = lost_tests(runs)
+    flaky = [n for n in lost if rerun is not None and rerun.outcomes.get(n) == "passed"]
+    regressions = [n for n in lost if n not in flaky]
+    if regressions:
+        problems.append(
+            f"{len(regressions)} of the {before.count('passed')} tests that pass "
+            f"unpatched fail patched ({', '.join(regressions)})"
+        )
+    line = f"{suite.name}: " + ("FAIL: " + "; ".join(problems) if problems else "PASS")
+    line += f". {counts}"
+    if flaky:
+        line += (
+            f"; {len(flaky)} failed patched in the suite and passed run again "
+            f"alone ({', '.join(flaky)})"
+        )
+    return not problems, line + "."
 
 
 def report(suite: Suite, runs: dict[str, Run], target: str) -> str:
@@ -447,11 +520,7 @@ def report(suite: Suite, runs: dict[str, Run], target: str) -> str:
             lines += [tail, "```"]
     if set(runs) == set(RUNS):
         before, after = runs["unpatched"], runs["patched"]
-        lost = sorted(
-            n
-            for n, o in before.outcomes.items()
-            if o == "passed" and after.outcomes.get(n) != "passed"
-        )
+        lost = lost_tests(runs)
         gained = sorted(
             n
             for n, o in after.outcomes.items()
@@ -518,6 +587,13 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Suite]]:
         "where the process nears the kernel's limit on memory maps, where XLA "
         "would crash)",
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="run again alone, patched, each test that passes unpatched and not "
+        "patched; then print a line per suite, and exit 1 if one still fails "
+        "patched (or a run ran no test, timed out, or was not patched)",
+    )
     parser.add_argument("--json", type=Path, help="also write the outcomes here")
     parser.add_argument(
         "--keep", type=Path, help="keep each run's pytest log and results here"
@@ -556,7 +632,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, _exit_on_signal)
     labels = [args.only] if args.only else list(RUNS)
+    if args.check and args.only:
+        raise SystemExit("peers.py: --check compares both runs; drop --only")
     everything: dict[str, dict[str, dict]] = {}
+    verdicts: list[tuple[bool, str]] = []
     with tempfile.TemporaryDirectory(prefix="filterjit-peers-") as name:
         workdir = Path(name)
         plugin = workdir / "plugin"
@@ -593,6 +672,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.clear,
                 )
             print(report(suite, runs, args.target), flush=True)
+            if args.check:
+                lost = lost_tests(runs)
+                rerun = None
+                if lost and not runs["patched"].timed_out:
+                    print(f"<!-- {suite.name}: {len(lost)} run again ... -->")
+                    again = Suite(f"{suite.name}-again", suite.directory, tuple(lost))
+                    rerun = run_suite(
+                        again, args.target, True, workdir, args.timeout, args.clear
+                    )
+                verdicts.append(check(suite, runs, rerun))
             everything[suite.name] = {
                 label: {
                     "outcomes": run.outcomes,
@@ -602,6 +691,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "timed_out": run.timed_out,
                     "returncode": run.returncode,
                     "filter_jit": run.filter_jit,
+                    "made": run.made,
                     "notes": run.notes,
                 }
                 for label, run in runs.items()
@@ -619,7 +709,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             shutil.copy(
                                 run_dir / kept, args.keep / f"{run_dir.name}.{kept}"
                             )
-    return 0
+    for _, line in verdicts:
+        print(line)
+    return 0 if all(passed for passed, _ in verdicts) else 1
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

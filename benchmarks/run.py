@@ -42,6 +42,7 @@ import _plot  # noqa: E402
 import _profile  # noqa: E402
 import _programs  # noqa: E402
 import _specialise  # noqa: E402
+import _varying  # noqa: E402
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 
@@ -56,6 +57,7 @@ SECTIONS: dict[str, Callable[[harness.Settings], harness.Section]] = {
     "async": _async.run,
     "memory": _memory.run,
     "specialisation": _specialise.run,
+    "varying": _varying.run,
     "libraries": _libraries.run,
     "patched": _patched.run,
 }

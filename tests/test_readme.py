@@ -178,14 +178,15 @@ def test_install_is_the_one_in_getting_started():
 
 def test_ci_runs_the_matrix():
     """CI runs the floor, Python 3.12 and newest legs after the main one, and each
-    leg runs the README's test command."""
+    leg runs the README's test command; the equinox leg beside them."""
     commands = _ci_commands()
-    matrix_legs = ".ci/matrix --parallel floor py312 newest"
+    matrix_legs = ".ci/matrix --parallel floor py312 newest equinox"
     assert matrix_legs in commands
     assert commands.index(matrix_legs) > commands.index("python -m pytest --full")
     matrix = (README.parent / ".ci" / "matrix").read_text()
     matrix_commands = [line.split("#")[0].strip() for line in matrix.splitlines()]
     assert "python -m pytest" in matrix_commands
+    assert ".ci/equinox" in matrix_commands
 
 
 def test_floor_leg_pins_the_lower_bounds():

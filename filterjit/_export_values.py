@@ -543,8 +543,9 @@ class _Decoder:
             return decode_enum(data[1], data[2], self.classes)
         if tag == "ref":
             _need(len(data) == 2 and isinstance(data[1], str))
-            if ":" in data[1] and not _allowed_name(data[1]):
-                raise _not_allowed(data[1])
+            name = data[1]
+            if ":" in name and name not in _by_name and not _allowed_name(name):
+                raise _not_allowed(name)
             if not self.build:
                 return None
             found = resolve_reference(data[1])

@@ -8,6 +8,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.core import Tracer
 
 from filterjit import _trace, filter_jit
 
@@ -79,7 +80,7 @@ def test_a_checked_call_under_eager_transforms_waits_at_the_call(monkeypatch, ca
     block_leaves = _trace.block_leaves
 
     def recording(arrays):
-        assert not any(isinstance(array, jax.core.Tracer) for array in arrays)
+        assert not any(isinstance(array, Tracer) for array in arrays)
         waits.append(len(arrays))
         block_leaves(arrays)
 

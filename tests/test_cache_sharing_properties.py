@@ -572,11 +572,17 @@ def test_lying_values_at_the_top_level_share_a_trace_as_jax_jit_shares_it(
 
 
 @SETTINGS
-@given(role=st.sampled_from(LYING_ROLES), decorate=DECORATORS, pair=lying_pairs())
-def test_lying_values_nested_are_traced_each_as_itself(
+@given(role=st.sampled_from(LYING_TOP_ROLES), decorate=DECORATORS, pair=lying_pairs())
+def test_lying_values_nested_share_a_trace_as_jax_jit_shares_it(
     role: str, decorate: Decorator, pair: Pair
 ) -> None:
-    _check_nested(role, decorate, *pair)
+    # One rule at every level: nested as at the top level, by `==` and `hash`.
+    decorated = ROLES[role][1](decorate)
+    reference = _top_reference_sharing(role)
+    for v in (*pair, pair[0]):
+        actual, _ = _staged(decorated(v), X)
+        why = _difference(actual, reference(v)(X), v, top=True, lying=True)
+        assert why is None, f"{role}, nested ({decorate.__name__}), value {v!r}: {why}"
 
 
 @pytest.mark.parametrize("level", ["top", "nested"])

@@ -24,9 +24,9 @@ from ._diagnostics import (
 )
 from ._entry import (
     aval_key,
+    copied_by_jax,
     Entry,
     EntryMaker,
-    copied_by_jax,
     make_entry,
     run_nested,
     with_leaves,
@@ -120,9 +120,7 @@ class Route:
         self.hit = None
 
 
-def _over_bound(
-    cache: BoundedCache[Entry], nbytes: int, copied: bool
-) -> object | None:
+def _over_bound(cache: BoundedCache[Entry], nbytes: int, copied: bool) -> object | None:
     """Where an entry pins more bytes than `cache` may hold, or holds a copy JAX
     made of a NumPy constant (`copied`: JAX finds that copy again by the array's
     identity while it lives, so that after the array is changed in place every

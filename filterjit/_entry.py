@@ -169,6 +169,7 @@ def with_leaves(entry: Entry, leaves: list[Any]) -> tuple[Any, CallUnderWay]:
     hand for a trace (its static leaves, not those of the call that made the
     entry: equal by `==`, they may differ), and the `CallUnderWay` holding them,
     to be emptied when the call returns."""
+    assert entry.with_call is not None  # an entry that takes a call
     call = CallUnderWay()
     call.under_way = (None, leaves)
     return ft.partial(entry.with_call, call), call

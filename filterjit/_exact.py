@@ -28,6 +28,7 @@ import equinox as eqx
 import jax
 import jax.tree_util as jtu
 import numpy as np
+from jax.core import Tracer
 
 from ._structure import PyTreeDef
 from ._trace import aux_data
@@ -147,7 +148,7 @@ def _treedef(value: PyTreeDef, memo: _Memo) -> Any:
 
 def _jax_array(value: jax.Array, memo: _Memo) -> Any:
     # By its value, as a NumPy array's (a key holds no array); a tracer by identity.
-    if isinstance(value, jax.core.Tracer):
+    if isinstance(value, Tracer):
         return Identity(value)
     return ndarray_key(np.asarray(value))
 
@@ -181,7 +182,7 @@ def _key_of(kind: type) -> Callable[[Any, _Memo], Any]:
         return lambda value, memo: float_key(value)
     if kind is complex:
         return lambda value, memo: complex_key(value)
-    if issubclass(kind, (jax.Array, jax.core.Tracer)):  # `==` is elementwise
+    if issubclass(kind, (jax.Array, Tracer)):  # `==` is elementwise
         return _jax_array
     if issubclass(kind, jtu.PyTreeDef):
         return _treedef

@@ -341,7 +341,7 @@ def _branch(
         from_traced = "s.from_traced(d)"
     # Where static leaves equal by `==` may differ, a trace takes this call's own.
     current = takes_call and partition.by_eq
-    call = "u" if current else "_top_call"
+    under_way = "u" if current else "_top_call"
     checked = "_partial(e.with_call, u)" if current else "e.jitted"
     run = [
         "    if g:  # run and waited for in one checked call",
@@ -349,7 +349,7 @@ def _branch(
         f"{'e.awaited' if top else 'None'}, e.labels)",
         "    else:",
         "        try:",
-        f"            o = {f'e.with_call({call}, ' if takes_call else 'e.jitted('}"
+        f"            o = {f'e.with_call({under_way}, ' if takes_call else 'e.jitted('}"
         f"{traced})",
         "        except Exception as x:  # named in the user's terms",
         f"            return _unfinished(x, {whole}, False, None, _route)",

@@ -299,7 +299,7 @@ class ContainerIndex(NamedTuple):
     say)."""
 
     nodes: list[Any]
-    index: dict[int, int]
+    positions: dict[int, int]
 
 
 def container_index(call: Any) -> ContainerIndex:
@@ -317,7 +317,7 @@ def container_index(call: Any) -> ContainerIndex:
 
 def _handed_nodes(output: Any, containers: ContainerIndex) -> HandedNodes | None:
     """The containers of the call that `output` holds (see `HandedNodes`)."""
-    index = containers.index
+    index = containers.positions
     if not index:
         return None
     leaves, view = jtu.tree_flatten(output, is_leaf=lambda x: id(x) in index)

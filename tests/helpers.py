@@ -290,7 +290,7 @@ def evict_everything() -> None:
     caches += [o.dispatchers for o in gc.get_objects() if type(o) is _owners._Holder]
     for cache in caches:
         bound, cache.maxsize = cache.maxsize, 0
-        cache.put(object(), None)
+        cache.put(object(), None)  # pyright: ignore[reportArgumentType]
         cache.maxsize = bound
     for dispatcher in list(_dispatch._dispatchers):
         dispatcher.hits[:] = [_fastpath.miss] * len(dispatcher.hits)

@@ -152,14 +152,14 @@ def test_a_partial_of_a_bound_method_holds_its_receiver_until_evicted():
         _use_everywhere(wrapped)
         dispatchers.add(id(wrapped._dispatcher))
         refs.append(weakref.ref(obj))
-        del obj
+        del obj, wrapped
     gc.collect()
     assert len(dispatchers) == 1  # one function, one dispatcher
     # Each receiver a static leaf of its calls, held by their keys until evicted.
     assert refs[-1]() is not None
+    wrapped = filter_jit(ft.partial(Obj().method, k=2))
     evict_with_bound(wrapped)
-    del wrapped
-    _use_everywhere(filter_jit(ft.partial(Obj().method, k=2)))
+    _use_everywhere(wrapped)
     gc.collect()
     assert [ref() for ref in refs] == [None] * 3
 

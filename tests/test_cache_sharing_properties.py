@@ -638,3 +638,160 @@ def test_a_container_handed_back_nested_is_the_callers(value: Any) -> None:
 
             jax.jit(outer)(X)
             assert seen[0] is value, fun
+
+
+# ---------------------------------------------------- sequences of calls (turn 7)
+#
+# A sequence of calls with static values of every kind the one key rule names
+# (numbers, strings, `None`, dicts in frozen dataclasses, frozensets, value types
+# changed in place), float64 NumPy arrays changed in place, and nested calls
+# passing one array at two places: nested, each call computes what the
+# undecorated function does; at the top level, what the undecorated function
+# does, with no more traces than distinct values (by type and bits) and no more
+# than Equinox's where Equinox runs the sequence.
+
+
+class Knob:
+    """A value type compared and hashed by its `k`, which changes in place."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Knob and other.k == self.k
+
+    def __hash__(self) -> int:
+        return hash(self.k)
+
+    def __repr__(self) -> str:
+        return f"Knob({self.k})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tabled:
+    table: Any
+
+
+KNOBS = [Knob(1), Knob(2)]
+_sequence_atoms = st.one_of(
+    st.sampled_from([0, 1, True, 1.0, 0.0, -0.0, None, "relu", "tanh"]),
+    st.sampled_from(KNOBS),
+)
+sequence_values = st.recursive(
+    _sequence_atoms,
+    lambda children: st.one_of(
+        st.tuples(children, children),
+        st.dictionaries(st.sampled_from(["a", "b", 0]), children, max_size=2).map(
+            Tabled
+        ),
+        st.frozensets(st.sampled_from([1, 9, 17]), max_size=3),
+    ),
+    max_leaves=4,
+)
+
+
+def _exactly(v: Any) -> str:
+    """`v` with every type, every dict's order and every set's iteration order:
+    what a function may see of it."""
+    if isinstance(v, Tabled):
+        return f"Tabled({_exactly(v.table)})"
+    if isinstance(v, dict):
+        return (
+            "{" + ", ".join(f"{_exactly(k)}: {_exactly(x)}" for k, x in v.items()) + "}"
+        )
+    if isinstance(v, tuple | frozenset):
+        return f"{type(v).__name__}({', '.join(map(_exactly, v))})"
+    return f"{type(v).__name__}:{v!r}"
+
+
+def _digest(v: Any) -> float:
+    return float(sum(map(ord, _exactly(v))) % 97)
+
+
+def sequence_body(x: jax.Array, v: Any, a: Any, b: Any) -> tuple[jax.Array, Any]:
+    total = jnp.asarray(a).sum().astype(jnp.float32)
+    return x * _digest(v) + total, b
+
+
+Step = tuple[str, Any]
+sequence_steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.sampled_from(["top", "nested", "nested aliased"]), sequence_values
+        ),
+        st.tuples(st.just("turn knob"), st.sampled_from([0, 1])),
+        st.tuples(st.just("change array"), st.integers(1, 5)),
+    ),
+    min_size=2,
+    max_size=8,
+)
+
+
+def _run(steps: list[Step], fun: Any) -> tuple[list[Any], list[Any]]:
+    """The results of `steps` with `fun`, and each top-level value's exact key and
+    class by `==`, when called."""
+    for knob, k in zip(KNOBS, (1, 2)):
+        knob.k = k
+    array, other = np.ones(3, np.float64), np.ones(3, np.float64)
+    results, top = [], []
+    for what, v in steps:
+        if what == "turn knob":
+            KNOBS[v].k += 10
+        elif what == "change array":
+            array[:] = v
+        elif what == "top":
+            out, _ = fun(X, v, array, other)  # the arrays traced, as `jax.jit`'s
+            results.append((float(out), None))
+            top.append((_exactly(v), _eq_class(v)))
+        else:
+            b = array if what == "nested aliased" else other
+            seen: list[Any] = []
+
+            def outer(x: jax.Array, v: Any = v, b: Any = b) -> jax.Array:
+                out, back = fun(x, v, array, b)
+                seen.append(back is b)
+                return out
+
+            results.append((float(jax.jit(outer)(X)), seen[0]))
+    return results, top
+
+
+def _eq_class(v: Any) -> Any:
+    """What Equinox keys `v` by (`==` and `hash`): one value per class."""
+    try:
+        hash(v)
+    except TypeError:
+        return None
+    return v
+
+
+@SETTINGS
+@given(steps=sequence_steps)
+def test_a_sequence_of_calls_computes_as_undecorated_and_traces_each_value_once(
+    steps: list[Step],
+) -> None:
+    traces: list[None] = []
+
+    def counted(x: jax.Array, v: Any, a: Any, b: Any) -> Any:
+        traces.append(None)
+        return sequence_body(x, v, a, b)
+
+    with jax.numpy_dtype_promotion("standard"):
+        expected, top = _run(steps, sequence_body)
+        wrapped = filterjit.filter_jit(counted)
+        actual, _ = _run(steps, wrapped)
+        ours = filterjit.num_traces(wrapped)
+        assert actual == expected, steps
+        assert ours <= len({exact for exact, _ in top}), steps
+        if any(eq is None for _, eq in top):
+            return  # Equinox refuses an unhashable static value
+        traces.clear()
+        _run(
+            [s for s in steps if not s[0].startswith("nested")], eqx.filter_jit(counted)
+        )
+    # Equinox keys by `==`: values equal by it but not exactly share its traces.
+    classes: dict[Any, set[str]] = {}
+    for exact, eq in top:
+        classes.setdefault(eq, set()).add(exact)
+    told_apart = sum(len(exacts) - 1 for exacts in classes.values())
+    assert ours <= len(traces) + told_apart, steps

@@ -54,7 +54,7 @@ from helpers import (
     each_path,  # noqa: F401 - autouse: each test on both paths
     property_settings,
 )
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 from jax import lax
 
 import filterjit
@@ -767,6 +767,15 @@ def _eq_class(v: Any) -> Any:
 
 @SETTINGS
 @given(steps=sequence_steps)
+# Each pattern of the one key rule, whatever the draws: a dict's values, a value
+# type changed in place, a frozenset's iteration order, `None` inside a value, a
+# NumPy array changed after a nested call, one array at two places nested.
+@example(steps=[("top", Tabled({0: "relu"})), ("nested", Tabled({0: "tanh"}))] * 2)
+@example(steps=[("nested", KNOBS[0]), ("turn knob", 0), ("nested", KNOBS[0])])
+@example(steps=[("nested", frozenset([1, 9])), ("nested", frozenset([9, 1]))])
+@example(steps=[("top", (None, 0)), ("top", (None, 0))])
+@example(steps=[("nested", 0), ("change array", 3), ("nested", 0), ("top", 0)])
+@example(steps=[("top", 1), ("nested aliased", 1), ("top", 1)])
 def test_a_sequence_of_calls_computes_as_undecorated_and_traces_each_value_once(
     steps: list[Step],
 ) -> None:

@@ -40,6 +40,7 @@ import functools as ft
 import math
 import struct
 import warnings
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -705,7 +706,7 @@ def _exactly(v: Any) -> str:
 
 
 def _digest(v: Any) -> float:
-    return float(sum(map(ord, _exactly(v))) % 97)
+    return float(zlib.crc32(_exactly(v).encode()) % 97)
 
 
 def sequence_body(x: jax.Array, v: Any, a: Any, b: Any) -> tuple[jax.Array, Any]:
@@ -778,7 +779,7 @@ def _eq_class(v: Any) -> Any:
 @example(steps=[("nested", Tabled({0: "relu"})), ("nested", Tabled({0: "tanh"}))])
 @example(steps=[("nested", KNOBS[0]), ("turn knob", 0), ("nested", KNOBS[0])])
 @example(steps=[("nested", frozenset([1, 9])), ("nested", frozenset([9, 1]))])
-@example(steps=[("top", (None, 0)), ("top", (None, 0))])
+@example(steps=[("top", Tabled({"a": None})), ("top", Tabled({"a": None}))])
 @example(steps=[("nested wide", 0), ("change array", 3), ("nested wide", 0)])
 @example(steps=[("top", 1), ("nested aliased", 1), ("top", 1)])
 def test_a_sequence_of_calls_computes_as_undecorated_and_traces_each_value_once(

@@ -1,9 +1,8 @@
 """A small thread-safe cache bounded by entry count and by pinned bytes."""
 
 import threading
-import weakref
-from collections.abc import Callable, Hashable
-from typing import Any, Generic, TypeVar
+from collections.abc import Hashable
+from typing import Generic, TypeVar
 
 
 _V = TypeVar("_V")
@@ -64,9 +63,3 @@ class BoundedCache(Generic[_V]):
 
     def __len__(self) -> int:
         return len(self._values)
-
-
-def lifelines(objects: list[Any], drop: Callable[[], None]) -> list[weakref.ref[Any]]:
-    """Weak references to `objects` that call `drop()` when any of them dies: kept
-    by whatever is to be dropped, so that they live as long as it."""
-    return [weakref.ref(o, lambda _: drop()) for o in objects]

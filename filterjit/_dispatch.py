@@ -14,7 +14,7 @@ import jax.tree_util as jtu
 
 from . import _fastpath, _trace
 from ._binding import Args, Kwargs, LeafParameter, Shape
-from ._cache import BoundedCache, lifelines
+from ._cache import BoundedCache
 from ._diagnostics import (
     check_traceable,
     Explanation,
@@ -22,7 +22,15 @@ from ._diagnostics import (
     row,
     TraceLog,
 )
-from ._entry import aval_key, Entry, EntryMaker, make_entry, run_nested
+from ._entry import (
+    aval_key,
+    copied_by_jax,
+    Entry,
+    EntryMaker,
+    make_entry,
+    run_nested,
+    with_leaves,
+)
 from ._errors import (
     call_checked,
     check_failed,
@@ -30,7 +38,7 @@ from ._errors import (
     note_recursion,
     wait_checked,
 )
-from ._exact import aux_holds_by_identity, exact_aux, watched, WouldPin
+from ._exact import exact_aux
 from ._fastpath import Hit, hit_caller, HitCall, MISS, miss, Unfinished
 from ._function import Function, unwrapped
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
@@ -73,10 +81,10 @@ class Route:
         "partition",
         "get",
         "shares_top",
-        "undecorated",
         "calls",
         "learned",
         "hit",
+        "keys_aliases",
         "_leaf_parameters",
     )
 
@@ -85,16 +93,17 @@ class Route:
         partition: Partition,
         get: Callable[[Any], Any],
         shares_top: bool,
-        undecorated: bool = False,
     ):
         self.partition = partition
         self.get = get
         self.shares_top = shares_top
-        # Whether its calls run as the undecorated function (see `_route`).
-        self.undecorated = undecorated
         self.calls: dict[Shape, HitCall | None] = {}
         self.learned: OutputSpec | None = None
         self.hit: Hit | None = None
+        # Whether its keys say which static leaves are one object: from the first
+        # trace that handed back one of several static inputs that were one object
+        # (see `OutputSpec.aliases`), decided before each call runs; its hit off.
+        self.keys_aliases = False
         self._leaf_parameters: list[LeafParameter] | None = None
 
     def leaf_parameters(self, function: Function) -> list[LeafParameter]:
@@ -111,16 +120,16 @@ class Route:
         self.hit = None
 
 
-# The key of a call that runs as the undecorated function (see `_lookup`).
-UNDECORATED = object()
-
-
-def _over_bound(cache: BoundedCache[Entry], nbytes: int) -> object | None:
-    """Where an entry pins more bytes than `cache` may hold: the trace the call is
-    made in, for which alone the entry is kept (identical calls in it share it;
-    it is dropped when that trace ends); `None` where it is within the bound, or
-    the trace cannot be found (the cache then evicts it at once)."""
-    if cache.maxbytes is None or nbytes <= cache.maxbytes:
+def _over_bound(cache: BoundedCache[Entry], nbytes: int, copied: bool) -> object | None:
+    """Where an entry pins more bytes than `cache` may hold, or holds a copy JAX
+    made of a NumPy constant (`copied`: JAX finds that copy again by the array's
+    identity while it lives, so that after the array is changed in place every
+    program, the user's own included, would read the copy): the trace the call is
+    made in, for which alone the entry is kept (identical calls in it share it; it
+    is dropped when that trace ends, as the undecorated program's constants are);
+    `None` where it is within the bound, or the trace cannot be found (the cache
+    then evicts it at once)."""
+    if not copied and (cache.maxbytes is None or nbytes <= cache.maxbytes):
         return None
     trace = _trace.current_trace()
     return trace if type(trace).__weakrefoffset__ else None
@@ -157,13 +166,7 @@ class Dispatcher:
         # so that concurrent first calls of one key share one entry. Re-entrant:
         # an eviction may run a finalizer that calls the function.
         self._lock = threading.RLock()
-        # Whether keys say which static leaves are one object: from the first trace
-        # that handed back one of several static inputs that were one object (see
-        # `OutputSpec.aliases`), decided before each call runs; hits off.
-        self._keys_aliases = False
         self._defaulted_by_shape: dict[Shape, tuple[str, ...]] = {}
-        # Drop it from its owner's caches when its key's weak objects die (`_owners`).
-        self._lifelines: list[Any] = []
         _dispatchers.add(self)
 
     @property
@@ -171,10 +174,6 @@ class Dispatcher:
         """Whether donation depends on which arguments a call passed (see
         `_defaulted`)."""
         return self.options.donate != "none" and self.function.has_defaults
-
-    def drop_with(self, objects: list[Any], drop: Callable[[], None]) -> None:
-        """Calls `drop()` when any of `objects` dies."""
-        self._lifelines = lifelines(objects, drop)
 
     def resume(
         self, level: Level, unfinished: Unfinished, fun: Any, args: Args, kwargs: Kwargs
@@ -192,7 +191,9 @@ class Dispatcher:
             raise outcome
         if outcome.spec.from_traced is not None:
             self._specialise(route, outcome.spec)
-        return self._finish(level, outcome, leaves, unfinished.waited, unfinished.tree)
+        return self._finish(
+            level, route, outcome, leaves, unfinished.waited, unfinished.tree
+        )
 
     def _call(self, level: Level, fun: Any, args: Args, kwargs: Kwargs) -> Any:
         """The reference path: binds, flattens with `jax.tree_util`, looks up (see
@@ -206,16 +207,14 @@ class Dispatcher:
         route, cache, key, entry = self._lookup(
             level, fun, tree, leaves, treedef, shape, called
         )
-        if key is UNDECORATED:
-            return fun(*args, **kwargs)
         partition = route.partition
         dynamic = partition.take_dynamic(leaves)
         made = entry is None
         if entry is None:
             entry = self._make(level, fun, route, leaves, called, cache, key)
-        keyed_aliases = self._keys_aliases
+        keyed_aliases = route.keys_aliases
         try:
-            out = self._run(level, entry, tree, leaves, dynamic)
+            out = self._run(level, route, entry, tree, leaves, dynamic)
         except BaseException as error:
             # Raised as it was raised, once. An entry that no trace completed pins
             # nothing useful: dropped, so that a call raising on every trace leaves
@@ -230,18 +229,21 @@ class Dispatcher:
             if isinstance(error, TypeError):  # a leaf JAX cannot trace, named
                 self._check_traceable(route, leaves)
             raise
-        if self._keys_aliases and not keyed_aliases:
+        if route.keys_aliases and not keyed_aliases:
             # Its trace made keys say which static leaves are one object: the entry
-            # serves calls whose leaves are one object as this call's were.
+            # serves calls whose leaves are one object as this call's were, and
+            # no other.
             shared = cache is not self.entries[level]
             aliased = self._key(partition, tree, leaves, shared, called, True)
+            cache.discard(key, entry)
             cache.put(aliased, entry, partition.captured_bytes(leaves))
         return out
 
     def _specialise(self, route: Route, spec: OutputSpec) -> None:
         """Makes `route`'s hit again, once, building the static output of `spec`
         (an `OutputSpec` with `from_traced`) inline (see `hit_caller`)."""
-        if route.learned is not None or route.hit is None or not self._reads_calls():
+        reads = self._reads_calls(route)
+        if route.learned is not None or route.hit is None or not reads:
             return
         route.learned = spec
         self._make_hit(route)
@@ -253,7 +255,7 @@ class Dispatcher:
         installed under it unless hits were turned off meanwhile."""
         hit = self.hit_of(route, route.get)
         with self._lock:
-            if not self._reads_calls():
+            if not self._reads_calls(route):
                 return
             before, route.hit = route.hit, hit
             level = route.partition.level
@@ -302,21 +304,15 @@ class Dispatcher:
         `_defaulted`). A nested call whose leaves of array types are all tracers,
         its dicts in JAX's order, is the program a top-level call is: it uses the
         top level's entries. `shape` has the latest hit at `level` read calls of
-        that shape (`None`: looked at). The key is `UNDECORATED`, and there is no
-        entry, where a key or a route would keep alive what the caller may drop
-        (nested: see `_exact.WouldPin` and `_route`)."""
+        that shape (`None`: looked at)."""
         route = self._route(level, fun, leaves, treedef, shape)
         partition = route.partition
-        if route.undecorated:
-            return route, self.entries[level], UNDECORATED, None
         shared = route.shares_top and (
             partition.orders is None or _in_jax_order(partition.orders(tree))
         )
         cache = self.entries[TOP if shared else level]
-        try:
-            key = self._key(partition, tree, leaves, shared, called, self._keys_aliases)
-        except WouldPin:  # nested: no entry, which would keep it alive
-            return route, cache, UNDECORATED, None
+        aliases = route.keys_aliases
+        key = self._key(partition, tree, leaves, shared, called, aliases)
         try:
             entry = cache.get(key)
         except Exception as e:
@@ -357,8 +353,7 @@ class Dispatcher:
         """The route of the partition of a structure and leaf types at `level`.
         Where `shape` is given, it is recorded (made if new), and its hit, made to
         read calls of that shape if it can, is the latest at its level; else only
-        looked at. Nested, one that recording would keep objects alive is not (its
-        calls run as the undecorated function)."""
+        looked at."""
         types = tuple(map(type, leaves))
         cache = self.routes[level]
         try:
@@ -368,23 +363,14 @@ class Dispatcher:
             route = cache.get((treedef, types))
             if route is not None and route.partition.exact is not None:
                 if not route.partition.exactly(treedef):
-                    route = cache.get(
-                        (treedef, types, exact_aux(treedef, level == STAGED))
-                    )
+                    route = cache.get((treedef, types, exact_aux(treedef)))
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, None, e) from e
         if route is None:
-            # Nested, a structure whose auxiliary data holds objects by identity (a
-            # `jtu.Partial` of a bound method, a Module's static field holding an
-            # object) is never recorded: a route, its hit and its entries would
-            # keep them alive. Its calls run as the undecorated function.
-            undecorated = (
-                shape is not None and level == STAGED and aux_holds_by_identity(treedef)
-            )
-            if shape is None or undecorated:  # looked at, or never recorded
+            if shape is None:  # looked at
                 program_of = lambda s: self._programs.get(s) or object()  # noqa: E731
                 partition = Partition(treedef, types, level, program_of)
-                return Route(partition, lambda _: None, False, undecorated)
+                return Route(partition, lambda _: None, False)
             route = self._new_route(level, treedef, types)
             if cache.get((treedef, types)) is None:
                 cache.put((treedef, types), route)
@@ -392,7 +378,7 @@ class Dispatcher:
                 cache.put((treedef, types, route.partition.exact), route)
         elif shape is None:
             return route
-        reads = self._reads_calls() and len(route.calls) < _MAX_HIT_CALLS
+        reads = self._reads_calls(route) and len(route.calls) < _MAX_HIT_CALLS
         if reads and shape not in route.calls:
             route.calls[shape] = self._hit_call(route, shape)
             self._make_hit(route)
@@ -414,10 +400,10 @@ class Dispatcher:
         get = self.entries[TOP if shares_top else level].get
         return Route(partition, get, shares_top)
 
-    def _reads_calls(self) -> bool:
-        """Whether routes get hits: the fast path is on, and keys need not say
-        which static leaves are one object."""
-        return self._fast and not self._keys_aliases
+    def _reads_calls(self, route: Route) -> bool:
+        """Whether `route` gets hits: the fast path is on, and its keys need not
+        say which static leaves are one object."""
+        return self._fast and not route.keys_aliases
 
     def _hit_call(self, route: Route, shape: Shape) -> HitCall | None:
         """How a hit reads calls of `shape` on `route` (see `_fastpath`), or `None`
@@ -447,6 +433,7 @@ class Dispatcher:
     def _run(
         self,
         level: Level,
+        route: Route,
         entry: Entry,
         tree: Any,
         leaves: list[Any],
@@ -455,32 +442,46 @@ class Dispatcher:
         """Calls an entry's jitted function (which may trace) and finishes the
         output. Nested, with the caller's pytree `tree` at hand for a trace (see
         `_entry.run_nested`); at the top level, run and waited for in one checked
-        call, so that a failed runtime check is raised at the call."""
+        call, so that a failed runtime check is raised at the call, with the
+        call's leaves at hand for a trace where static leaves equal by `==` may
+        differ (see `Partition.by_eq`)."""
+        nodes = None
         if level == STAGED:
-            out = run_nested(entry, tree, leaves, dynamic)
+            out, nodes = run_nested(entry, tree, leaves, dynamic)
         else:
             name = self.function.name
-            out = call_checked(entry.jitted, dynamic, name, entry.awaited, entry.labels)
+            jitted, call = entry.jitted, None
+            if entry.with_call is not None and route.partition.by_eq:
+                # Static leaves equal by `==` may differ: a trace takes this call's.
+                jitted, call = with_leaves(entry, leaves)
+            try:
+                out = call_checked(jitted, dynamic, name, entry.awaited, entry.labels)
+            finally:
+                if call is not None:
+                    call.under_way = None
         if type(out) is Carried:
-            return self._finish(level, out, leaves, waited=True, tree=tree)
+            return self._finish(level, route, out, leaves, True, tree, nodes)
         return out
 
     def _finish(
         self,
         level: Level,
+        route: Route,
         out: Carried,
         leaves: list[Any],
         waited: bool = False,
         tree: Any = None,
+        nodes: list[Any] | None = None,
     ) -> Any:
         """The user's output from a `Carried` one: the trace's own spec finishes
-        it with this call's leaves. At the top level, a trace that holds a runtime
-        check waits, to raise a failed check at the call."""
+        it with this call's leaves (nested, and its containers: see
+        `OutputSpec.finish_nested`). At the top level, a trace that holds a
+        runtime check waits, to raise a failed check at the call."""
         spec = out.spec
-        if spec.aliases and not self._keys_aliases:
-            self._key_aliases()
+        if spec.aliases and not route.keys_aliases:
+            self._key_aliases(route)
         if level == STAGED:
-            return spec.finish_nested(out.leaves, leaves, tree)
+            return spec.finish_nested(out.leaves, leaves, tree, nodes)
         if spec.runtime_check and not waited:
             wait_checked(spec.awaited(out.leaves), self.function.name)
         return spec.build(out.leaves, leaves)
@@ -494,16 +495,19 @@ class Dispatcher:
             self._defaulted_by_shape = {}
             self._forget_calls()
 
-    def _key_aliases(self) -> None:
-        """Keys calls by which static leaves are one object from now on: a trace
-        handed back one of several that were one object, and so the same program
-        serves only calls in which they are one object again. This call's were
-        (its trace saw them: at the top level an entry is traced with the leaves
-        of the call that made it, nested with the call's own). The hits, whose
-        keys do not say it, are dropped for this function."""
+    def _key_aliases(self, route: Route) -> None:
+        """Keys `route`'s calls by which static leaves are one object from now on:
+        a trace handed back one of several that were one object, and so the same
+        program serves only calls in which they are one object again. This call's
+        were (its trace saw them: at the top level an entry is traced with the
+        leaves of the call that made it, nested with the call's own). Its hit,
+        whose keys do not say it, is dropped."""
         with self._lock:
-            self._keys_aliases = True
-            self._forget_calls()
+            route.keys_aliases = True
+            level = route.partition.level
+            if route.hit is not None and self.hits[level] is route.hit:
+                self.hits[level] = miss
+            route.forget_calls()
 
     def _forget_calls(self) -> None:
         """Drops every route's hit: every call takes the reference path until it
@@ -537,18 +541,14 @@ class Dispatcher:
         key: Any,
     ) -> Entry:
         """A new entry for a call at `level` (a top-level one in the top level's
-        cache, so that either level may trace it), stored in `cache` under `key`
-        and dropped when an object it is keyed by weakly dies; or the one another
-        thread stored first."""
+        cache, so that either level may trace it), stored in `cache` under `key`;
+        or the one another thread stored first."""
         partition = route.partition
         self._check_traceable(route, leaves)
         if level in (TOP, EAGER) and jax.process_count() > 1:
             self._check_processes_agree(route, leaves)
         defaulted = () if called is None else self._defaulted(called)
         top = level == ABSTRACT or (level == STAGED and cache is self.entries[TOP])
-        # Nested, objects inside static leaves that the key holds weakly: a key no
-        # top-level call makes alike, so the entry keeps none of the call's leaves.
-        inside = partition.held_inside(leaves)
         entry = make_entry(
             self._entry_maker(),
             fun,
@@ -557,27 +557,27 @@ class Dispatcher:
             route.leaf_parameters(self.function),
             leaves,
             defaulted,
-            keeps_call=not inside,
+            # Only nested calls, which hand over their own, trace a nested entry.
+            keeps_call=level != STAGED or top,
         )
         nbytes = partition.captured_bytes(leaves)
-        held = [watched(leaves[p]) for p in partition.weak_positions]
-        held += inside
-        if over_bound := _over_bound(cache, nbytes):
-            held.append(over_bound)
+        copied = any(map(copied_by_jax, entry.captured))
+        over_bound = _over_bound(cache, nbytes, copied)
+        if over_bound is not None:
             nbytes = 0  # held for that trace alone, uncounted
         with self._lock:
             found = cache.get(key)
             if found is not None and not (found.captured and not found.valid()):
                 return found
             cache.put(key, entry, nbytes)
-        if weak := [leaf for leaf in held if leaf is not None]:
+        if over_bound is not None:
             cache_ref, entry_ref = weakref.ref(cache), weakref.ref(entry)
 
             def drop() -> None:  # `discard` ignores an entry that died first
                 if (alive := cache_ref()) is not None:
                     alive.discard(key, entry_ref())
 
-            entry.drop_with(weak, drop)
+            entry.drop_with(over_bound, drop)
         return entry
 
     def _entry_maker(self) -> EntryMaker:
@@ -637,7 +637,6 @@ class Dispatcher:
 
     def clear(self) -> None:
         self.hits[:] = [miss] * LEVELS
-        self._keys_aliases = False  # no entry is left that a key must tell apart
         for cache in (*self.routes, *self.entries, self._programs):
             cache.clear()
 

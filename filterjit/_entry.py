@@ -16,15 +16,20 @@ import numpy as np
 from jax.core import Tracer
 
 from ._binding import FUNCTION, LeafParameter, positional_names
-from ._cache import lifelines
 from ._diagnostics import row, TraceLog, Traces
 from ._donated import record
 from ._errors import integer_scalars, note_loop_in_trace, traced_a_check
-from ._exact import ndarray_key, weak_reference
+from ._exact import ndarray_key
 from ._function import Function, python_function
 from ._level import ABSTRACT, EAGER, Level, STAGED, TOP
 from ._options import Options, UNSPECIFIED
-from ._output import BuilderCompiler, Carried, jit_output
+from ._output import (
+    BuilderCompiler,
+    Carried,
+    container_index,
+    FilledContainers,
+    jit_output,
+)
 from ._partition import Partition
 from ._structure import replace_leaves
 from ._trace import nested_caller
@@ -54,7 +59,7 @@ class Entry:
         "guarded",
         "with_call",
         "nested",
-        "_lifelines",
+        "_dropped_with",
         "__weakref__",
     )
 
@@ -80,7 +85,7 @@ class Entry:
         self.traces = Traces()  # the rows of its traces, for the retrace log
         # Whether calls take the checked path (`Dispatcher._run`); nested, always.
         self.guarded = bool(captured) or staged
-        self._lifelines: list[Any] = []
+        self._dropped_with: Any = None
 
     def valid(self) -> bool:
         """Whether no NumPy array compiled in has been changed since it was keyed."""
@@ -101,19 +106,23 @@ class Entry:
             if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer)
         ]
 
-    def drop_with(self, objects: list[Any], drop: Callable[[], None]) -> None:
-        """Drops this entry (`drop()`) when any of `objects` dies."""
-        self._lifelines = lifelines(objects, drop)
+    def drop_with(self, trace: Any, drop: Callable[[], None]) -> None:
+        """Drops this entry (`drop()`) when `trace` ends (dies)."""
+        self._dropped_with = weakref.ref(trace, lambda _: drop())
 
 
 class CallUnderWay(int):
-    """A nested call's own pytree and leaves (`under_way`), handed to its entry's
-    jitted function as its first argument, a static one: every one equal to and
+    """A nested call's own pytree and leaves (`under_way`; a top-level call's
+    leaves, with `None` for its pytree), handed to its entry's jitted function as
+    its first argument, a static one: every one equal to and
     hashed as 0, so that every call of the entry (at the top level, one that holds
     no call) finds JAX's traces of it, and emptied when the call returns, so that
     the one JAX keeps in its cache key holds nothing of the call's."""
 
     under_way: tuple[Any, list[Any]] | None = None
+    # The containers of the call's pytree, listed by a trace before the function
+    # ran (see `_output.container_index`).
+    nodes: list[Any] | None = None
 
 
 # The `CallUnderWay` of every top-level call: it holds no call.
@@ -138,16 +147,38 @@ class TopCall(ft.partial[Any]):
         return jitted.eval_shape(*self.args, *dynamic)
 
 
-def run_nested(entry: Entry, tree: Any, leaves: list[Any], dynamic: Any) -> Any:
+def run_nested(
+    entry: Entry, tree: Any, leaves: list[Any], dynamic: Any
+) -> tuple[Any, list[Any] | None]:
     """Calls an entry's jitted function nested, with the call's traced leaves
-    `dynamic`, its pytree `tree` and all its `leaves` at hand for a trace."""
+    `dynamic`, its pytree `tree` and all its `leaves` at hand for a trace; and the
+    containers of `tree` as a trace listed them before the function ran (`None`:
+    no trace ran)."""
     assert entry.nested is not None  # every entry a nested call finds takes it
     call = CallUnderWay()
     call.under_way = (tree, leaves)
     try:
-        return entry.nested(call, *dynamic)
+        return entry.nested(call, *dynamic), call.nodes
     finally:
-        call.under_way = None
+        call.under_way = call.nodes = None
+
+
+def copied_by_jax(captured: tuple[np.ndarray, Any]) -> bool:
+    """Whether JAX turns a captured NumPy array into a constant of another dtype
+    (a float64 one without x64): a copy it caches by the array's identity."""
+    dtype = captured[0].dtype
+    return jax.dtypes.canonicalize_dtype(dtype) != dtype
+
+
+def with_leaves(entry: Entry, leaves: list[Any]) -> tuple[Any, CallUnderWay]:
+    """`entry`'s jitted function for a top-level call, with the call's `leaves` at
+    hand for a trace (its static leaves, not those of the call that made the
+    entry: equal by `==`, they may differ), and the `CallUnderWay` holding them,
+    to be emptied when the call returns."""
+    assert entry.with_call is not None  # an entry that takes a call
+    call = CallUnderWay()
+    call.under_way = (None, leaves)
+    return ft.partial(entry.with_call, call), call
 
 
 def _source_of(fun: Any) -> Any:
@@ -197,19 +228,15 @@ def make_entry(
 ) -> Entry:
     """The entry for a call with these leaves, not yet traced. `defaulted`: the
     parameters the call left to their defaults (not donated). `keeps_call`:
-    whether it keeps the call's static leaves, for a trace at the top level (not
-    where its key holds objects inside them weakly: only calls inside a trace,
-    which hand over their own, find it)."""
+    whether it keeps the call's static leaves, for a trace at the top level (a
+    nested entry's calls hand over their own)."""
     function, options, trace_log, compile_build = maker
     treedef, dynamic_positions = partition.treedef, partition.dynamic_positions
     labels = [p.label for p in leaf_parameters]
-    # Keep no traced leaf alive, and objects keyed by identity only weakly.
+    # Keep no traced leaf alive.
     template: list[Any] = list(leaves) if keeps_call else [None] * len(leaves)
     for position in dynamic_positions:
         template[position] = None
-    weak_positions = partition.weak_positions
-    for position in weak_positions:
-        template[position] = weak_reference(leaves[position])
     roles = partition.roles()
     log = trace_log if level in (TOP, EAGER) else None
     staged = level == STAGED
@@ -228,23 +255,35 @@ def make_entry(
     traced_labels = [labels[p] for p in dynamic_positions]
     traced_types = [partition.types[p] for p in dynamic_positions]
 
-    def trace(under_way: tuple[Any, list[Any]] | None, dynamic: Any) -> Any:
-        """The function called with a call's traced leaves `dynamic`: nested, in
-        the call's own pytree and leaves `under_way`, else in a copy of those of
-        the call that made the entry."""
+    def trace(taken: CallUnderWay | None, dynamic: Any) -> Any:
+        """The function called with a call's traced leaves `dynamic`: in the
+        call's own pytree and leaves `taken.under_way` (at the top level, its
+        leaves alone), else in a copy of those of the call that made the entry."""
+        under_way = None if taken is None else taken.under_way
         entry = entry_ref()
         assert keeps_call or under_way is not None  # see `keeps_call`
         inputs = list(template if under_way is None else under_way[1])
         for position, leaf in zip(dynamic_positions, dynamic):
             inputs[position] = leaf
-        if under_way is None:
-            for position in weak_positions:
-                inputs[position] = inputs[position]()
-        if under_way is None or deep:  # deep: JAX's rebuild (see `_structure`)
+        # Top level (no pytree handed over), or deep: JAX's rebuild (`_structure`).
+        if under_way is None or under_way[0] is None or deep:
             call = jtu.tree_unflatten(treedef, inputs)
         else:  # the caller's own arguments, traced leaves replaced
             call = replace_leaves(under_way[0], lambda position, _: inputs[position])
+        # The containers it may hand back, found before it runs (it may change them:
+        # pop a key, or mark an `eqx.nn.State` used); nested, for every call of
+        # the trace to find its own by the same indexes.
+        containers = None if deep or boxed else container_index(call)
+        nested = under_way is not None and under_way[0] is not None
+        if nested:
+            assert taken is not None
+            taken.nodes = None if containers is None else containers.nodes
         f, args, kwargs = function.split_call(fun_ref(), call)
+        filled = None
+        if nested:
+            named = [(function.label(i), a) for i, a in enumerate(args)]
+            named += [(function.label(k), v) for k, v in kwargs.items()]
+            filled = FilledContainers(named)
         # Top level and eager: its NumPy and JAX integer scalars, for the notes on
         # reverse mode through `fori_loop`s with bounds from them.
         scalars = (
@@ -255,20 +294,23 @@ def make_entry(
         except ValueError as error:  # noted, raised as it is
             note_loop_in_trace(error, function.name, scalars)
             raise
+        if filled is not None:
+            filled.check(function.name)
         # Whether a failed check is raised at the call (never nested), which waits.
         runtime_check = not staged and traced_a_check(function.name, scalars)
         if entry is not None:
             if runtime_check:
                 entry.has_checks = entry.guarded = True
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
-        if log is not None and under_way is None:  # traced at the top level
+        if log is not None and (under_way is None or under_way[0] is None):
             rows = list(map(row, labels, roles, inputs))
             log.record(rows, None if entry is None else entry.traces)
-        seen = None if deep else call  # the containers it may have handed back
-        return jit_output(output, inputs, runtime_check, boxed, compile_build, seen)
+        return jit_output(
+            output, inputs, runtime_check, boxed, compile_build, containers
+        )
 
     def run_taking_call(call: CallUnderWay, *dynamic: Any) -> Any:
-        return trace(call.under_way, dynamic)
+        return trace(call, dynamic)
 
     def run_top(*dynamic: Any) -> Any:
         return trace(None, dynamic)

@@ -34,6 +34,7 @@ namedtuple, are checked against JAX once per class, on a probe instance.
 """
 
 import dataclasses
+import functools
 import itertools
 import linecache
 import operator
@@ -55,7 +56,7 @@ from ._binding import (
 )
 from ._entry import CallUnderWay, TOP_CALL
 from ._errors import call_checked
-from ._exact import exact_key, float_key
+from ._exact import exact_values, float_key, key as exact_key, unchanging
 from ._leaves import is_leaf_type
 from ._output import Carried, OutputSpec
 from ._partition import Partition
@@ -195,7 +196,7 @@ def hit_caller(
     if not ENABLED:
         return None
     staged = partition.staged
-    writer = _Writer(miss="break", staged=staged)
+    writer = _Writer(miss="break")
     writer.namespace.update(
         _get=get,
         _carried=Carried,
@@ -205,6 +206,7 @@ def hit_caller(
         _checked=call_checked,
         _name=name,
         _call_under_way=CallUnderWay,
+        _partial=functools.partial,
         _top_call=TOP_CALL,
     )
     if learned is not None and not staged:
@@ -323,7 +325,8 @@ def _branch(
             "    s, d = o.args",
             "    if s.aliases:",
             f"        return _unfinished(o, l, False, {tree}, _route)",
-            f"    return s.finish_nested(d, l, {tree})",
+            # The call's containers as a trace listed them before the function ran.
+            f"    return s.finish_nested(d, l, {tree}, u.nodes)",
         ]
     if learned is None:  # the first from-traced output has the hit made again
         inline = []
@@ -334,6 +337,29 @@ def _branch(
             [f"    if s is {constant}:", f"        return {built}"] if built else []
         )
         from_traced = "s.from_traced(d)"
+    # Where static leaves equal by `==` may differ, a trace takes this call's own.
+    current = takes_call and partition.by_eq
+    under_way = "u" if current else "_top_call"
+    checked = "_partial(e.with_call, u)" if current else "e.jitted"
+    run = [
+        "    if g:  # run and waited for in one checked call",
+        f"        o = _checked({checked}, [{traced}], _name, e.awaited, e.labels)",
+        "    else:",
+        "        try:",
+        f"            o = {f'e.with_call({under_way}, ' if takes_call else 'e.jitted('}"
+        f"{traced})",
+        "        except Exception as x:  # named in the user's terms",
+        f"            return _unfinished(x, {whole}, False, None, _route)",
+    ]
+    if current:
+        run = [
+            "    u = _call_under_way()",
+            f"    u.under_way = (None, {whole})",
+            "    try:",
+            *(f"    {line}" for line in run),
+            "    finally:",
+            "        u.under_way = None",
+        ]
     return [
         f"while {condition}:",
         "    try:",
@@ -344,14 +370,7 @@ def _branch(
         "            break",
         "    except Exception:",
         "        break",
-        "    if g:  # run and waited for in one checked call",
-        f"        o = _checked(e.jitted, [{traced}], _name, e.awaited, e.labels)",
-        "    else:",
-        "        try:",
-        f"            o = {'e.with_call(_top_call, ' if takes_call else 'e.jitted('}"
-        f"{traced})",
-        "        except Exception as x:  # named in the user's terms",
-        f"            return _unfinished(x, {whole}, False, None, _route)",
+        *run,
         "    if type(o) is not _carried:",
         "        return o",
         "    s, d = o.args",
@@ -370,17 +389,14 @@ class _Writer:
     per node costs a call per node; for a `diffrax.diffeqsolve` call that was 8 µs
     of 10.)"""
 
-    def __init__(self, miss: str = "return None", staged: bool = True) -> None:
+    def __init__(self, miss: str = "return None") -> None:
         # What a failed check does: the reader gives `None`; `top` leaves its loop.
         self.miss = miss
-        # Whether it reads calls in a staged trace, where a Module's static field of
-        # a type whose `__eq__` cannot be seen through is keyed by identity.
-        self.staged = staged
         self.lines: list[str] = []
         self.namespace: dict[str, Any] = {
             "_count_of": operator.countOf,
             "_dict_of": object.__getattribute__,  # not a Module's own
-            "_exact_key": lambda value: exact_key(value, staged),
+            "_exact_key": exact_key,
             "_is": operator.is_,
             "_all_leaves": jax.tree_util.all_leaves,
         }
@@ -589,8 +605,10 @@ class _Writer:
         self.lines.append(f"{fields} = _dict_of({x}, '__dict__')")
         self.check(f"len({fields}) != {len(dynamic) + len(static)}")
         if static:
-            # Each the very object recorded (then `==` of the tuples is true), else
-            # equal, and exactly: `scale=1` is not the `scale=1.0` recorded.
+            # Each the very object recorded, where that proves them the same (then
+            # `==` of the tuples is true), else equal, and exactly, by the key's
+            # hash recomputed too: `scale=1` is not the `scale=1.0` recorded, and an
+            # object changed in place is not the one recorded.
             recorded = self.constant(data[1:])
             if len(static) <= 4:
                 taken = [f"{fields}[{self.constant(key)}]" for key in static]
@@ -603,10 +621,17 @@ class _Writer:
                 statics = self.items(fields, static)
                 same = f"all(map(_is, {statics}, {recorded}))"
             differs = f"{statics} != {recorded}"
-            exact = exact_key(data[1:], self.staged)
+            exact = exact_values(data[1:])
             if exact is not None:
-                differs += f" or _exact_key({statics}) != {self.constant(exact)}"
-            self.check(f"not ({same}) and ({differs})")
+                keyed, hashed = self.constant(exact), self.constant(hash(exact))
+                found = self.variable()
+                differs += (
+                    f" or hash({found} := _exact_key({statics})) != {hashed}"
+                    f" or {found} != {keyed}"
+                )
+            if unchanging(data[1:]):
+                differs = f"not ({same}) and ({differs})"
+            self.check(differs)
         return self.values(treedef, types, self.items(fields, dynamic))
 
     def call(

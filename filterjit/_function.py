@@ -61,14 +61,21 @@ def unwrapped(fun: Any) -> Any:
 _MAX_DEPTH = 32
 
 
-def python_function(fun: Any) -> tuple[types.FunctionType, str] | None:
+def python_function(
+    fun: Any, signed: bool = False
+) -> tuple[types.FunctionType, str] | None:
     """The Python function a call of `fun` runs: under its partials and methods,
     else its class's `__call__`; and the expression reaching it from `f` (`"f"`,
-    `"f.func"`, `"type(f).__call__"`). `None` for C code."""
+    `"f.func"`, `"type(f).__call__"`). `None` for C code. `signed`: the function
+    whose signature `inspect` gives, which for a partial subclass with a
+    `__call__` of its own is its `func`'s."""
     path = "f"
     for _ in range(_MAX_DEPTH):
         if isinstance(fun, types.FunctionType):
             return fun, path
+        if signed and isinstance(fun, ft.partial):
+            fun, path = fun.func, path + ".func"
+            continue
         inside = _inside(fun)
         if inside is None:
             call = getattr(type(fun), "__call__", None)
@@ -138,7 +145,7 @@ class DefaultsSource(NamedTuple):
 def defaults_source(fun: Any) -> DefaultsSource | None:
     """Where calls of `fun` find their defaults, which may be reassigned at any
     time (`f.__defaults__ = ...`); `None` for a callable without Python defaults."""
-    found = python_function(fun)
+    found = python_function(fun, signed=True)
     return None if found is None else DefaultsSource(weakref.ref(found[0]), found[1])
 
 
@@ -329,6 +336,11 @@ class Function:
         """The parameter that receives positional argument `where` (an int) or
         keyword argument `where` (a str), and how to name the argument to a user."""
         return argument_label(self.parameters, where)
+
+    def label(self, where: int | str) -> str:
+        """How positional argument `where` (an int) or keyword argument `where` (a
+        str) is named to a user."""
+        return self._parameter(where)[1]
 
     def _function_label(self, path: jtu.KeyPath) -> str:
         # What a `jtu.Partial` binds, by the parameter that receives it.

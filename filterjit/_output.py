@@ -220,14 +220,19 @@ class OutputSpec:
         if self.from_traced is not None:
             self.leaf_sources = treedef, leaf_sources(template, dynamic, passthrough)
 
-    def finish_nested(self, out: Any, inputs: list[Any], tree: Any) -> Any:
+    def finish_nested(
+        self, out: Any, inputs: list[Any], tree: Any, nodes: list[Any] | None = None
+    ) -> Any:
         """A nested call's output, from the traced leaves `out`, the call's leaves
-        `inputs` and its pytree `tree` (whose containers it may hand back)."""
+        `inputs` and its pytree `tree` (whose containers it may hand back), whose
+        containers a trace run for this call listed as `nodes` before the function
+        ran (`None`: no trace ran, and so nothing changed them)."""
         built = self.build_nested(out, inputs)
         if self.handed is None:
             return built
         view, handed, _ = self.handed
-        nodes = container_nodes(tree)
+        if nodes is None:
+            nodes = container_nodes(tree)
         built = hand_back(built, view, handed, nodes)
         if self.orders is None:
             return built
@@ -298,11 +303,20 @@ class HandedNodes(NamedTuple):
     ids: frozenset[int]  # of the containers handed back, in this trace
 
 
-def _handed_nodes(output: Any, call: Any) -> HandedNodes | None:
-    """The containers of the pytree `call` that `output` holds (see `HandedNodes`)."""
+class ContainerIndex(NamedTuple):
+    """The containers of a call's pytree (`nodes`, see `_structure.container_nodes`),
+    listed before the function ran, and by id the index of each that holds no
+    tracer and is met once (a container passed at two places is not told apart:
+    which one a later call hands back, where they are two, only its trace could
+    say)."""
+
+    nodes: list[Any]
+    positions: dict[int, int]
+
+
+def container_index(call: Any) -> ContainerIndex:
+    """The `ContainerIndex` of the pytree `call`, before the function runs."""
     nodes = container_nodes(call)
-    # A container passed at two places is not told apart: which one a later call
-    # hands back, where they are two, only its trace could say.
     counts = collections.Counter(map(id, nodes))
     index = {}
     for position, node in enumerate(nodes):
@@ -310,6 +324,12 @@ def _handed_nodes(output: Any, call: Any) -> HandedNodes | None:
             isinstance(leaf, Tracer) for leaf in jtu.tree_leaves(node)
         ):
             index[id(node)] = position
+    return ContainerIndex(nodes, index)
+
+
+def _handed_nodes(output: Any, containers: ContainerIndex) -> HandedNodes | None:
+    """The containers of the call that `output` holds (see `HandedNodes`)."""
+    index = containers.positions
     if not index:
         return None
     leaves, view = jtu.tree_flatten(output, is_leaf=lambda x: id(x) in index)
@@ -322,22 +342,66 @@ def _handed_nodes(output: Any, call: Any) -> HandedNodes | None:
     return HandedNodes(view, positions, ids)
 
 
+class FilledContainers:
+    """The dicts and lists a nested call's caller passed, each with its name in
+    the user's terms and the ids of what it held before the function ran: a
+    traced value the function stores in one would leak to the caller, a tracer
+    of a trace that has ended."""
+
+    def __init__(self, named: list[tuple[str, Any]]):
+        self.found: list[tuple[str, Any, set[int]]] = []
+        pending = list(named)
+        while pending and len(self.found) < _MAX_FILLED:
+            label, value = pending.pop()
+            kind = type(value)
+            if kind is dict:
+                items = list(value.items())
+            elif kind is list or kind is tuple:
+                items = list(enumerate(value))
+            else:
+                continue
+            if kind is not tuple:
+                self.found.append((label, value, {id(v) for _, v in items}))
+            pending += [(f"{label}[{key!r}]", item) for key, item in items]
+
+    def check(self, name: str) -> None:
+        """Raises where the function stored a new tracer in one of them."""
+        for label, container, before in self.found:
+            items = (
+                container.items() if type(container) is dict else enumerate(container)
+            )
+            for key, value in items:
+                if isinstance(value, Tracer) and id(value) not in before:
+                    raise TypeError(
+                        f"{name} stored a traced value in `{label}[{key!r}]`, a "
+                        f"container its caller passed as `{label}`, inside a nested "
+                        "call: the caller would read a tracer of a trace that has "
+                        "ended. Return the value instead (`return out, value`), "
+                        "and store it where the function is called."
+                    )
+
+
+# Containers looked at for values stored in them, per call (a bound on the walk).
+_MAX_FILLED = 1000
+
+
 def jit_output(
     output: Any,
     inputs: list[Any],
     runtime_check: bool,
     boxed: bool,
     compile_build: BuilderCompiler | None = None,
-    call: Any = None,
+    containers: ContainerIndex | None = None,
 ) -> Any:
     """What the jitted function returns for the user's `output`, traced with
     `inputs` (the call's leaves, tracers for traced ones): every array leaf is an
     output of the jit, as in `jax.jit`. `boxed`: keep the user's structure (for
     `out_shardings`, a prefix of it); inputs handed back are then the traced
     call's (equal to this call's: they are keyed by value). `compile_build`: how
-    the output's builders may be compiled."""
+    the output's builders may be compiled. `containers`: the call's, which it
+    may hand back."""
     leaves, treedef = jtu.tree_flatten(output)
-    handed = None if call is None or boxed else _handed_nodes(output, call)
+    handed = None if containers is None else _handed_nodes(output, containers)
     # Dicts whose order JAX's rebuild changes: restored for nested calls (not in
     # the containers handed back, which are the caller's own).
     skip = frozenset() if handed is None else handed.ids

@@ -1,11 +1,11 @@
 """Who owns a function's caches: one dispatcher per function, as JAX and Equinox
 see it, and per set of options. A function (any callable compared by identity) owns
-its own; a bound method or a partial, the function it wraps (a partial whose bound
-static values hold objects by identity, its own); any other callable (a
+its own; a bound method or a partial, the function it wraps; any other callable (a
 callable `eqx.Module`, a frozen dataclass), its class's `__call__`, keyed by its
-structure and static leaves (one whose static fields hold objects by identity, its
-own). Dispatchers live in the owner's own `__dict__`: dropping a function frees its
-caches, and a cycle through them is garbage."""
+structure and static leaves as static arguments are keyed (`_exact`), and so held
+until evicted by the bound on dispatchers per owner. Dispatchers live in the
+owner's own `__dict__`: dropping a function frees its caches, and a cycle through
+them is garbage."""
 
 import inspect
 import threading
@@ -17,12 +17,11 @@ import jax.tree_util as jtu
 
 from ._cache import BoundedCache
 from ._dispatch import Dispatcher
-from ._exact import aux_holds_by_identity, holds_by_identity, is_weak_key, watched
+from ._exact import exact_aux
 from ._function import in_call_tree
 from ._leaves import is_array
 from ._options import Options
 from ._partition import static_key
-from ._structure import PyTreeDef
 
 
 _ATTRIBUTE = "__filterjit_dispatchers__"
@@ -86,45 +85,27 @@ def _forget(key: Any, holder: "_Holder | None") -> None:
             del _without_dict[key]
 
 
-def _owner(fun: Any) -> tuple[Any, Any, list[Any]]:
-    """What owns `fun`'s caches, its key there, and the objects the key holds weakly."""
+def _owner(fun: Any) -> tuple[Any, Any]:
+    """What owns `fun`'s caches, and its key there."""
     if isinstance(fun, jtu.Partial):
-        if _holds_data_by_identity(*jtu.tree_flatten((fun.args, fun.keywords))):
-            # Keys of its calls would hold those objects: caches of its own, which
-            # die with it, not its function's, which may live for the process.
-            return fun, None, []
-        owner, key, weak = _owner(fun.func)
+        owner, key = _owner(fun.func)
         # A bound method (`Method`) apart from a partial (for donation).
-        return owner, (type(fun), key, len(fun.args), tuple(fun.keywords)), weak
+        return owner, (type(fun), key, len(fun.args), tuple(fun.keywords))
     if not in_call_tree(fun):
         # Compared by identity, and so called as itself: the owner of its own caches
         # (a method-like object made anew on each access is a function of its own).
-        return fun, None, []
+        return fun, None
     leaves, treedef = jtu.tree_flatten(fun)
-    if _holds_data_by_identity(leaves, treedef):
-        # Its key would hold them, as long as its class lives: its own caches.
-        return fun, None, []
     call = inspect.getattr_static(type(fun), "__call__", None)
     owner = call if isinstance(call, types.FunctionType) else type(fun)
     # Its structure and static leaves, keyed as static arguments are (arrays aside).
     keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
-    # A weak key was made: its object (a method's receiver) takes weak references.
-    weak = [watched(x) for x, k in zip(leaves, keys) if k and is_weak_key(k[1])]
-    return owner, (treedef, tuple(keys)), weak
-
-
-def _holds_data_by_identity(leaves: list[Any], treedef: PyTreeDef) -> bool:
-    """Whether a key of a pytree's static leaves and structure would hold an object
-    compared by identity, or a jax Array, that the caller may drop (see
-    `holds_by_identity`): in a static leaf, or in its structure's auxiliary data (a
-    Module's static fields), which a key holds as they are."""
-    statics = [leaf for leaf in leaves if not is_array(leaf)]
-    return any(map(holds_by_identity, statics)) or aux_holds_by_identity(treedef)
+    return owner, (treedef, exact_aux(treedef), tuple(keys))
 
 
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     """The dispatcher shared by the wrappers of `fun` with `options`."""
-    owner, key, weak = _owner(fun)
+    owner, key = _owner(fun)
     if (holder := _holder(owner)) is None:
         return Dispatcher(fun, options)
     dispatchers = holder.dispatchers
@@ -139,6 +120,4 @@ def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
         if (found := dispatchers.get(key)) is None:
             found = Dispatcher(fun, options)
             dispatchers.put(key, found)
-            if weak:
-                found.drop_with(weak, lambda: dispatchers.discard(key, found))
         return found

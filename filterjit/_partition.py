@@ -24,7 +24,7 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
         return _exact.generic_key
     if staged and issubclass(kind, jax.Array):
         return id  # immutable and held by the entry: its id is not reused while keyed
-    return _exact.static_key_function(kind, staged)
+    return _exact.static_key_function(kind)
 
 
 def static_key(leaf: Any) -> Any:
@@ -58,7 +58,6 @@ class Partition:
         "dynamic_positions",
         "static_positions",
         "array_positions",
-        "weak_positions",
         "take_dynamic",
         "_take_static",
         "rekeys",
@@ -66,8 +65,10 @@ class Partition:
         "level",
         "staged",
         "_aux",
+        "_hashed",
         "orders",
         "deep",
+        "by_eq",
     )
 
     def __init__(
@@ -90,20 +91,14 @@ class Partition:
         self.array_positions = tuple(
             p for p in static if staged and issubclass(types[p], ARRAY_TYPES)
         )
-        # The static leaves that caches hold only weakly (see `_exact.WeakIdentity`).
-        # Not concrete jax Arrays: the nested program holds them as constants, and
-        # so the entry pins them (counted in its bytes).
-        self.weak_positions = tuple(
-            static[i]
-            for i, rekey in rekeys
-            if rekey is _exact.WeakIdentity or rekey is _exact.method_key
-        )
-        # What `==` does not see of the auxiliary data (see `_exact`).
+        # What `==` does not see of the auxiliary data (see `_exact`), and the data
+        # itself where holding the very same objects proves a structure the same.
         aux = aux_data(treedef)
         self.level = level
         self.staged = staged
-        self.exact = _exact.exact_key(aux, staged)
-        self._aux = aux if self.exact is not None else None
+        self.exact = _exact.exact_aux(treedef)
+        self._aux = aux if _exact.unchanging(aux) else None
+        self._hashed = hash(self.exact)
         # Nested, `orders(tree)`: the order of the call's dicts, also keyed.
         sorted_dicts, self.deep = shape_of(treedef)
         self.orders = dict_orders if staged and sorted_dicts else None
@@ -114,6 +109,9 @@ class Partition:
         self._take_static = _taker(static, len(types))
         # (index among the static leaves, its key function) where not the leaf.
         self.rekeys = tuple(rekeys)
+        # Whether two calls of one key may hold static leaves that differ (equal by
+        # `==`, containers), so that a trace must take the call's own.
+        self.by_eq = not all(map(_exact.determined, static_types))
 
     def reference_key(self, leaves: list[Any]) -> Any:
         """The cache key of a call's leaves: the program, then its static keys."""
@@ -124,8 +122,7 @@ class Partition:
     def exactly(self, treedef: PyTreeDef) -> bool:
         """Whether `treedef`, equal to this partition's by `==`, is exactly equal
         (for a partition whose `exact` is not `None`)."""
-        assert self._aux is not None
-        return _exact.same_exact(treedef, self._aux, self.exact, self.staged)
+        return _exact.same_exact(treedef, self._aux, self.exact, self._hashed)
 
     def statics(self, leaves: list[Any]) -> Sequence[Any]:
         """The keys of the static leaves."""
@@ -135,20 +132,6 @@ class Partition:
             for index, rekey in self.rekeys:
                 statics[index] = rekey(statics[index])
         return statics
-
-    def held_inside(self, leaves: list[Any]) -> list[Any]:
-        """Inside a staged trace, the objects that the keys of the static leaves
-        hold weakly inside those leaves (a frozen dataclass's fields: see
-        `_exact.weak_parts`); not the leaves keyed weakly themselves
-        (`weak_positions`), whose keys the top level makes alike."""
-        if not self.staged:
-            return []
-        weak = set(self.weak_positions)
-        found: list[Any] = []
-        for position, key in zip(self.static_positions, self.statics(leaves)):
-            if position not in weak:
-                found += _exact.weak_parts(key)
-        return found
 
     def roles(self) -> list[str]:
         """What happens to each leaf: "traced", "concrete" (an array passed through

@@ -270,3 +270,34 @@ class ValueBox:
 
     def __hash__(self) -> int:
         return hash(self.value)
+
+
+def evict_with_bound(wrapper: Any, bound: int = 1) -> None:
+    """Lowers the bound on entries of `wrapper`'s caches (every level) to `bound`,
+    so that the next new entries evict the oldest: what a cache holds, it holds
+    until evicted by that bound."""
+    dispatcher = wrapper._dispatcher
+    for cache in (*dispatcher.entries, *dispatcher.routes, dispatcher._programs):
+        cache.maxsize = bound
+
+
+def evict_everything() -> None:
+    """Evicts every entry of every live dispatcher's caches, and every dispatcher
+    an owner holds, as their bounds on entries would once filled: each bound
+    lowered to zero for one insertion, then restored."""
+    import gc
+
+    from filterjit import _dispatch, _fastpath, _owners
+
+    caches = [
+        cache
+        for dispatcher in list(_dispatch._dispatchers)
+        for cache in (*dispatcher.entries, *dispatcher.routes, dispatcher._programs)
+    ]
+    caches += [o.dispatchers for o in gc.get_objects() if type(o) is _owners._Holder]
+    for cache in caches:
+        bound, cache.maxsize = cache.maxsize, 0
+        cache.put(object(), None)  # pyright: ignore[reportArgumentType]
+        cache.maxsize = bound
+    for dispatcher in list(_dispatch._dispatchers):
+        dispatcher.hits[:] = [_fastpath.miss] * len(dispatcher.hits)

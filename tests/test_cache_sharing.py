@@ -739,26 +739,23 @@ def test_values_equal_by_eq_that_trace_differently_share_no_trace(level, how, pa
 
 
 @on_each_path
-def test_a_lying_eq_is_keyed_by_identity_nested():
-    # Nested, a type whose `__eq__` cannot be seen through shares no trace with
-    # another object (the undecorated program traces each); at the top level it
-    # is keyed as jax.jit keys a static argument, by `==` and `hash`.
+def test_a_lying_eq_is_keyed_by_eq_at_every_level():
+    # A type whose `__eq__` cannot be seen through is keyed as jax.jit keys a static
+    # argument, by `==` and `hash`, nested as at the top level: inside a container,
+    # a dataclass or a Module's static field alike.
     x = jnp.ones(2)
+    theirs = jax.jit(lambda y, liar: y * liar.value, static_argnums=1)
+    expected = [theirs(x, _Liar(value)) for value in (2.0, 3.0, 2.0)]
     g = filter_jit(lambda y, liar: y * liar.value)
-    for value in (2.0, 3.0, 2.0):
-        assert_tree_allclose(jax.jit(lambda y: g(y, _Liar(value)))(x), x * value)
-    # Inside a container, a dataclass or a Module's static field alike.
     inside = filter_jit(lambda y, liars: y * liars[0].value)
     held = filter_jit(lambda y, loss: y * loss.weight.value)
-    for value in (2.0, 3.0, 2.0):
-        assert_tree_allclose(
-            jax.jit(lambda y: inside(y, (_Liar(value),)))(x), x * value
-        )
-        in_dataclass = jax.jit(lambda y: held(y, _Loss(_Liar(value))))
-        assert_tree_allclose(in_dataclass(x), x * value)
-    theirs = jax.jit(lambda y, liar: y * liar.value, static_argnums=1)
-    for value in (2.0, 3.0):
-        assert_tree_allclose(g(x, _Liar(value)), theirs(x, _Liar(value)))
+    for value, want in zip((2.0, 3.0, 2.0), expected):
+        assert_tree_allclose(jax.jit(lambda y: g(y, _Liar(value)))(x), want)
+        assert_tree_allclose(jax.jit(lambda y: inside(y, (_Liar(value),)))(x), want)
+        assert_tree_allclose(jax.jit(lambda y: held(y, _Loss(_Liar(value))))(x), want)
+    top = filter_jit(lambda y, liar: y * liar.value)
+    for value, want in zip((2.0, 3.0, 2.0), expected):
+        assert_tree_allclose(top(x, _Liar(value)), want)
 
 
 class _Model(eqx.Module):

@@ -1,5 +1,5 @@
 """Static values that `==` takes for one are keyed apart (`filterjit/_exact.py`):
-`exact_key` checked against a reference on generated values, then a Module's
+`key` checked against a reference on generated values, then a Module's
 static fields (`scale=1` against `scale=1.0`) on every path a call can take.
 """
 
@@ -17,7 +17,7 @@ from helpers import property_settings
 from hypothesis import assume, given, strategies as st
 
 from filterjit import filter_jit
-from filterjit._exact import exact_aux, exact_key
+from filterjit._exact import exact_aux, key
 
 
 # The scalars, in classes of values that `==` confuses.
@@ -43,7 +43,7 @@ _values = st.recursive(
 
 
 def _reference(x: Any) -> Any:
-    """Independently of `exact_key`: a value's types all the way down, floats by
+    """Independently of `key`: a value's types all the way down, floats by
     their bits."""
     if type(x) in (tuple, list):
         return type(x), tuple(map(_reference, x))
@@ -56,10 +56,8 @@ def _reference(x: Any) -> Any:
 
 
 def _keyed(x: Any) -> Any:
-    """`x` as a cache keys it: its type, and its exact key or itself (`None`: `==`
-    between values of its type is exact)."""
-    key = exact_key(x)
-    return type(x), (x if key is None else key)
+    """`x` as a cache keys it."""
+    return key(x)
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -86,7 +84,7 @@ def _confusable(value: Any) -> st.SearchStrategy[Any]:
         _values.flatmap(lambda a: st.tuples(st.just(a), _confusable(a))),
     )
 )
-def test_exact_key_tells_apart_what_eq_confuses(pair):
+def test_key_tells_apart_what_eq_confuses(pair):
     a, b = pair
     # Only pairs `==` confuses (or equal by the reference: nan): `==` already
     # tells the others apart.

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from differential import assert_same_outcome, assert_tree_allclose, JAX_ERRORS, outcome
-from helpers import jit_equation_count, subprocess_env, TraceCounter
+from helpers import evict_with_bound, jit_equation_count, subprocess_env, TraceCounter
 from jax import lax
 
 import filterjit
@@ -184,6 +184,9 @@ def test_an_object_holding_its_jitted_method_is_collected():
     holders[0].jitted(jnp.ones(2))  # called at the top level
     _call_nested(holders[1].jitted)  # and nested
     refs = [weakref.ref(holder) for holder in holders]
+    # A receiver is held by the keys of its function's caches until evicted.
+    evict_with_bound(holders[1].jitted._nested)
+    _call_nested(Holder().jitted)
     del holders
     gc.collect()
     assert [ref() for ref in refs] == [None] * 3

@@ -1,6 +1,6 @@
-"""Values equal by `==` that exact keys must tell apart, caches that must let go of
-what the caller dropped, and keys that must stay cheap. The defects still open are
-marked `xfail(strict=True)`, with what is wrong and where.
+"""Values equal by `==` that exact keys must tell apart, values keyed by `==` alike
+at every level (as `jax.jit` keys a static argument), caches that hold what a key
+names until their bound on entries evicts it, and keys that must stay cheap.
 
 Every test fails on both paths (`FILTERJIT_FASTPATH=0` too). References: nested,
 the undecorated function under the same outer `jax.jit`; at the top level,
@@ -23,6 +23,7 @@ import jax.tree_util as jtu
 import numpy as np
 import pytest
 from differential import assert_tree_allclose
+from helpers import evict_with_bound
 
 from filterjit import _fastpath, filter_jit
 from filterjit._level import STAGED
@@ -82,12 +83,19 @@ def _reciprocal_sign(x: Any, d: Any) -> Any:
     return x * float(np.copysign(1.0, float(d)))
 
 
-def test_decimal_signed_zero_nested() -> None:
+def _as_jax_jit(fun: Any, *values: Any) -> list[float]:
+    """`fun(X, value)` for each value in turn under `jax.jit` with the value a
+    static argument: the rule for a type with an `__eq__` of its own."""
+    jitted = jax.jit(fun, static_argnums=1)
+    return [float(jitted(X, value)[0]) for value in values]
+
+
+def test_decimal_is_keyed_by_eq_at_every_level() -> None:
+    # A type with its own `==` is keyed by it, nested as at the top level, as
+    # `jax.jit` keys a static argument: `Decimal("-0")` finds `Decimal("0")`'s trace.
+    values = decimal.Decimal("0"), decimal.Decimal("-0")
     g = filter_jit(_reciprocal_sign)
-    assert nested(g, decimal.Decimal("0")) == 1.0
-    assert nested(g, decimal.Decimal("-0")) == nested(
-        _reciprocal_sign, decimal.Decimal("-0")
-    )  # -1.0
+    assert [nested(g, v) for v in values] == _as_jax_jit(_reciprocal_sign, *values)
 
 
 NAN = float("nan")
@@ -129,12 +137,11 @@ def _by_unit(x: Any, value: Any) -> Any:
 
 
 @pytest.mark.parametrize("kind", [Metres, Count])
-def test_number_subclass_attributes_nested(kind: type) -> None:
+def test_number_subclass_is_keyed_by_eq_at_every_level(kind: type) -> None:
     m, cm = kind(1), kind(1)
     m.unit, cm.unit = "m", "cm"
     g = filter_jit(_by_unit)
-    assert nested(g, m) == 1.0
-    assert nested(g, cm) == nested(_by_unit, cm) == 100.0
+    assert [nested(g, m), nested(g, cm)] == _as_jax_jit(_by_unit, m, cm)
 
 
 class Agreeable(tuple):
@@ -151,12 +158,10 @@ def _first_length(x: Any, t: Any) -> Any:
     return x * float(len(t[0]))
 
 
-def test_lying_tuple_subclass_nested() -> None:
+def test_lying_tuple_subclass_is_keyed_by_eq_at_every_level() -> None:
+    values = Agreeable(("a",)), Agreeable(("abc",))
     g = filter_jit(_first_length)
-    assert nested(g, Agreeable(("a",))) == 1.0
-    assert nested(g, Agreeable(("abc",))) == nested(
-        _first_length, Agreeable(("abc",))
-    )  # 3.0
+    assert [nested(g, v) for v in values] == _as_jax_jit(_first_length, *values)
 
 
 class Signed:
@@ -182,7 +187,7 @@ def test_static_treedef_signed_zero_aux_nested() -> None:
     assert nested(g, minus) == nested(_by_treedef, minus) == -1.0
 
 
-# --- 2. Caches that keep what the caller dropped ---------------------------------
+# --- 2. Caches hold what a key names until their bound evicts it -----------------
 
 
 class Payload:
@@ -198,19 +203,23 @@ def _plus_one(x: Any, holder: Any) -> Any:
     return x + 1
 
 
-def test_frozen_dataclass_field_object_freed_nested() -> None:
+def test_frozen_dataclass_field_object_held_until_evicted_nested() -> None:
     g = filter_jit(_plus_one)
     payload = Payload()
     ref = weakref.ref(payload)
     nested(g, Holder(payload))
     del payload
     gc.collect()
+    assert ref() is not None  # its key names it: held, as jax.jit holds it
+    evict_with_bound(g)
+    nested(g, Holder(Payload()))
+    gc.collect()
     assert ref() is None
 
 
-def test_objects_inside_a_static_value_are_keyed_weakly_nested() -> None:
+def test_objects_inside_a_static_value_are_keyed_by_identity_nested() -> None:
     # A frozen dataclass made anew on each call, holding the same object: one
-    # trace; another object: a trace of its own, whose entry is dropped with it.
+    # trace; another object: a trace of its own, held until evicted.
     runs = []
 
     def f(x: Any, holder: Any) -> Any:
@@ -227,12 +236,9 @@ def test_objects_inside_a_static_value_are_keyed_weakly_nested() -> None:
     other = Payload()
     assert nested(g, Holder(other)) == 2.0
     assert len(runs) == 2 and runs[1] is other
-    before = sum(map(len, caches))
-    del other, runs[1]
-    gc.collect()
-    assert sum(map(len, caches)) == before - 1
+    assert sum(map(len, caches)) == 2
     nested(g, Holder(payload))
-    assert len(runs) == 1
+    assert len(runs) == 2
 
 
 class Receiver:
@@ -249,9 +255,9 @@ class Receiver:
         return x * self.scale
 
 
-def test_a_bound_method_inside_a_static_value_is_keyed_weakly_nested() -> None:
-    # Its receiver compared by identity and held weakly, whatever its type: the same
-    # receiver, one trace; another, a trace of its own; dropped, freed.
+def test_a_bound_method_inside_a_static_value_is_keyed_by_its_receiver_nested() -> None:
+    # Its receiver compared by identity, whatever its type: the same receiver, one
+    # trace; another, a trace of its own; held until evicted.
     runs = []
 
     def f(x: Any, holder: Any) -> Any:
@@ -267,6 +273,8 @@ def test_a_bound_method_inside_a_static_value_is_keyed_weakly_nested() -> None:
     assert len(runs) == 2
     ref = weakref.ref(receiver)
     del receiver
+    evict_with_bound(g)
+    assert nested(g, Holder(Receiver(4.0).method)) == 4.0
     gc.collect()
     assert ref() is None
 
@@ -279,12 +287,9 @@ def test_a_bound_method_inside_a_static_value_is_keyed_weakly_nested() -> None:
     ],
     ids=["a jtu.Partial of a method", "a Module holding an object"],
 )
-def test_a_structure_holding_an_object_runs_undecorated_nested(
-    make: Any, held: Any
-) -> None:
-    # Its auxiliary data holds the object, which a route, its hit and its entries
-    # would keep alive: the call runs as the undecorated function, tracing its body
-    # each time, as undecorated, and keeps nothing.
+def test_a_structure_holding_an_object_traces_once_nested(make: Any, held: Any) -> None:
+    # Its auxiliary data holds the object, keyed by identity: the calls of every
+    # outer trace share one trace (as Equinox's), held until evicted.
     runs = []
 
     def f(fun: Any, x: Any) -> Any:
@@ -297,10 +302,14 @@ def test_a_structure_holding_an_object_runs_undecorated_nested(
     receiver = held()
     expected = twice(f, receiver)
     assert len(runs) == 2
-    assert_tree_allclose(twice(filter_jit(f), receiver), expected)
-    assert len(runs) == 4
+    g = filter_jit(f)
+    assert_tree_allclose(twice(g, receiver), expected)
+    assert_tree_allclose(twice(g, receiver), expected)
+    assert len(runs) == 3
     ref = weakref.ref(receiver)
     del receiver
+    evict_with_bound(g)
+    twice(g, held())
     gc.collect()
     assert ref() is None
 
@@ -324,19 +333,23 @@ def test_a_static_keyed_weakly_nested_then_at_the_top_level(make: Any) -> None:
     assert_tree_allclose(g(X, static), jnp.sin(X))
 
 
-def test_frozen_dataclass_field_array_freed_nested() -> None:
+def test_frozen_dataclass_field_array_held_until_evicted_nested() -> None:
+    # Keyed by its value; a constant of the nested trace, which holds it until
+    # its entry is evicted.
     g = filter_jit(_plus_one)
     array = jnp.arange(1000.0)
     ref = weakref.ref(array)
     nested(g, Holder(array))
     del array
+    evict_with_bound(g)
+    nested(g, Holder(jnp.zeros(3)))
     gc.collect()
     assert ref() is None
 
 
-def test_frozen_dataclass_holding_an_array_nested_runs_as_undecorated() -> None:
-    # Its key would keep the array alive (a constant of the trace): the call runs
-    # as the undecorated function, its result and traces the undecorated ones.
+def test_frozen_dataclass_holding_an_array_nested_traces_once_by_its_value() -> None:
+    # Keyed by the array's value: the calls of a program share a trace, and an
+    # array of other values gets a trace of its own.
     runs = []
 
     def f(x: Any, holder: Any) -> Any:
@@ -352,8 +365,9 @@ def test_frozen_dataclass_holding_an_array_nested_runs_as_undecorated() -> None:
     expected = jax.jit(outer(f))(X)
     assert len(runs) == 2
     assert_tree_allclose(jax.jit(outer(g))(X), expected)
-    assert len(runs) == 4
+    assert len(runs) == 3
     assert_tree_allclose(jax.jit(lambda x: g(x, Holder(jnp.ones(3))))(X), X)
+    assert len(runs) == 4
 
 
 class Settings(eqx.Module):
@@ -371,12 +385,19 @@ def _called_at(level: str, fun: Any) -> Any:
 
 
 @pytest.mark.parametrize("level", ["top", "nested"])
-def test_module_static_field_freed_with_wrapper(level: str) -> None:
-    # Its key would hold the object: the Module owns its caches, which die with it.
+def test_module_static_field_held_until_evicted(level: str) -> None:
+    # Its class's caches key it by identity: held until the bound on dispatchers
+    # per owner evicts it, one Module per wrapper made anew each time.
+    from filterjit import _owners
+
     payload = Payload()
     ref = weakref.ref(payload)
     assert_tree_allclose(_called_at(level, filter_jit(Settings(payload))), X + 1)
     del payload
+    gc.collect()
+    assert ref() is not None
+    for _ in range(_owners._MAX_DISPATCHERS):
+        filter_jit(Settings(Payload()))
     gc.collect()
     assert ref() is None
 
@@ -403,10 +424,7 @@ class Activated(eqx.Module):
 def test_modules_made_anew_share_a_trace_where_static_fields_hold_no_data(
     activation: Any,
 ) -> None:
-    # Functions are code: Modules made anew (a model per step) are one program,
-    # traced once. A field holding an object by identity is data the key would
-    # pin: such a Module traces as `jax.jit` of it does, once per instance (the
-    # test above).
+    # Modules made anew (a model per step) are one program, traced once.
     ACTIVATED_TRACES.clear()
     for _ in range(3):
         module = Activated(activation, jnp.ones(3))
@@ -479,19 +497,24 @@ def _take_holder(holder: Any, x: Any) -> Any:
     return x + 1
 
 
-def test_partial_over_frozen_dataclass_freed_with_wrapper_top() -> None:
+def test_partial_over_frozen_dataclass_held_until_evicted_top() -> None:
     payload = Payload()
     ref = weakref.ref(payload)
-    filter_jit(ft.partial(_take_holder, Holder(payload)))(X)
+    g = filter_jit(ft.partial(_take_holder, Holder(payload)))
+    g(X)
     del payload
+    gc.collect()
+    assert ref() is not None
+    evict_with_bound(g)
+    del g
+    filter_jit(ft.partial(_take_holder, Holder(Payload())))(X)
     gc.collect()
     assert ref() is None
 
 
-def test_partials_over_a_frozen_dataclass_share_caches_where_it_holds_values() -> None:
+def test_partials_over_a_frozen_dataclass_share_their_functions_caches() -> None:
     # Wrappers made anew: partials binding equal values share their function's
-    # caches; one holding an object by identity has caches of its own, which die
-    # with it (as `jax.jit` of a partial made anew traces anew).
+    # caches; one holding the same object by identity too.
     runs = []
 
     def take(holder: Any, x: Any) -> Any:
@@ -504,7 +527,7 @@ def test_partials_over_a_frozen_dataclass_share_caches_where_it_holds_values() -
     payload = Payload()
     for _ in range(2):
         assert_tree_allclose(filter_jit(ft.partial(take, Holder(payload)))(X), X * 2)
-    assert len(runs) == 3
+    assert len(runs) == 2
 
 
 class Unreferenceable:
@@ -539,18 +562,21 @@ class UnreferenceableByValue(Unreferenceable):
     ],
     ids=["identity", "by value", "identity in a dataclass", "by value in a dataclass"],
 )
-def test_unweakrefable_static_freed_nested(make: Any) -> None:
-    # Its key would keep it alive: the call runs as the undecorated function.
+def test_unweakrefable_static_held_until_evicted_nested(make: Any) -> None:
     g = filter_jit(_plus_one)
     payload = Payload()
     ref = weakref.ref(payload)
     nested(g, make(payload))
     del payload
     gc.collect()
+    assert ref() is not None
+    evict_with_bound(g)
+    nested(g, make(Payload()))
+    gc.collect()
     assert ref() is None
 
 
-def test_unweakrefable_static_nested_runs_as_undecorated() -> None:
+def test_unweakrefable_static_nested_traces_once() -> None:
     runs = []
 
     def f(x: Any, holder: Any) -> Any:
@@ -564,7 +590,7 @@ def test_unweakrefable_static_nested_runs_as_undecorated() -> None:
         return lambda x: h(x, holder)[0] + h(x, holder)[0]
 
     assert_tree_allclose(jax.jit(outer(g))(X), jax.jit(outer(f))(X))
-    assert len(runs) == 4  # twice for each program, as undecorated
+    assert len(runs) == 3  # twice undecorated, once decorated
     same = []
     jax.make_jaxpr(lambda x: same.append(g(x, holder)[1] is holder))(X)
     assert same == [True]

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 from differential import assert_tree_allclose
+from helpers import evict_with_bound
 
 from filterjit import filter_jit
 from filterjit._dispatch import STAGED_MAXBYTES
@@ -131,7 +132,7 @@ class _Tag:
     pass
 
 
-def test_a_static_compared_by_identity_is_freed_whether_or_not_returned():
+def test_a_static_compared_by_identity_is_held_until_evicted_whether_or_not_returned():
     returned = filter_jit(lambda x, tag: (x + 1, tag))
     dropped = filter_jit(lambda x, tag: x + 1)
     refs = []
@@ -152,6 +153,12 @@ def test_a_static_compared_by_identity_is_freed_whether_or_not_returned():
             jax.jit(outer)(jnp.ones(2))
             assert seen == [tag]
             del tag, out, seen, outer
+    gc.collect()
+    assert refs[-1]() is not None  # keyed by identity: held until evicted
+    for wrapped in (returned, dropped):
+        evict_with_bound(wrapped)
+        wrapped(jnp.ones(2), _Tag())
+        jax.jit(lambda x, wrapped=wrapped: wrapped(x, _Tag())[0])(jnp.ones(2))
     gc.collect()
     assert [ref() for ref in refs] == [None] * len(refs)
     # And a call with the same tag twice still hands back that tag.
@@ -203,13 +210,16 @@ class _Owner:
         return x * 2
 
 
-def test_a_jtu_partial_of_a_bound_method_frees_its_receiver():
-    # Core v6, finding 5: the owner of its caches was `types.MethodType`, a class
-    # that lives for the process, and its key held the method (and so `obj`).
+def test_a_jtu_partial_of_a_bound_method_holds_its_receiver_until_evicted():
+    # Its receiver is a leaf of each call (its owner is the function, not
+    # `types.MethodType`): held by the entries' keys until evicted.
     obj = _Owner()
     receiver = weakref.ref(obj)
     wrapped = filter_jit(jtu.Partial(obj.apply))
     _use(wrapped, jnp.ones(2))
-    del obj, wrapped
+    del obj
+    evict_with_bound(wrapped)
+    _use(filter_jit(jtu.Partial(_Owner().apply)), jnp.ones(2))
+    del wrapped
     gc.collect()
     assert receiver() is None

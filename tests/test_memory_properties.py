@@ -1,5 +1,7 @@
-"""Property: after the caller drops what it passed, nothing of it stays reachable
-from filterjit, while the wrappers it called live on.
+"""Property: no cache holds an array the caller passed, and what a key names (a
+static value, a callable, a receiver, a Module's static field) is held until the
+bounds on entries evict it, as `jax.jit` holds it; the wrappers the caller kept
+live on.
 
 Hypothesis draws a few calls, each of one kind of input at one level (the top
 level, nested in a `jax.jit` made anew, under an eager `jax.grad`): an object
@@ -7,22 +9,15 @@ compared by identity passed as a static argument (handed back or not), a callabl
 object or a `jtu.Partial` of a bound method passed as a static argument, the
 receiver of a decorated method, a callable object, a bound method, a
 `jtu.Partial(obj.method)`, a `functools.partial` binding an array or a callable
-Module holding an object in a static field wrapped directly (the wrapper dropped
-with it), and a Module whose arrays are traced (at the top level and under eager
-transforms). Each input is made in a function of its own and watched through
-`weakref.ref`; after `gc.collect()` every one must be dead. Every test runs on
-both paths.
-
-Known and documented exceptions, not asserted dead: a static value compared by value
-(`==`), and a structure's auxiliary data (a `jtu.Partial`'s bound method), stay in
-the function's caches until evicted by count, as with `jax.jit(f,
-static_argnums)`; a concrete array used nested is a compile-time constant, pinned
-up to `filterjit._dispatch.STAGED_MAXBYTES` bytes per function: that bound is
-asserted, and an entry pinning more than it is kept for the trace that made it
-alone (its arrays die with that trace). Inside a staged trace, the objects held by
-a static value compared by value (a frozen dataclass holding an object, a jax
-Array or a bound method) and by a structure's auxiliary data (a `jtu.Partial` of a
-bound method argument) are drawn too: there they die with the caller's.
+Module holding an object in a static field wrapped directly, a Module whose
+arrays are traced, and objects, arrays and bound methods inside a static value.
+Each input is made in a function of its own and watched through `weakref.ref`:
+after `gc.collect()` every traced array must be dead at once, and every other
+input once the caches' bounds have evicted what they hold. Every test runs on
+both paths. A concrete array used nested is a compile-time constant, pinned up to
+`filterjit._dispatch.STAGED_MAXBYTES` bytes per function: that bound is asserted,
+and an entry pinning more than it is kept for the trace that made it alone (its
+arrays die with that trace).
 """
 
 import dataclasses
@@ -41,6 +36,7 @@ import pytest
 from differential import assert_tree_allclose
 from helpers import (
     each_path,  # noqa: F401 - autouse: each test on both paths
+    evict_everything,
     property_settings,
 )
 from hypothesis import example, given, strategies as st
@@ -238,9 +234,7 @@ KINDS = [
     "bound method in a static dataclass",
     "jtu.Partial argument",
 ]
-# Kinds drawn inside a staged trace alone: elsewhere, a static value compared by
-# value, or a structure's auxiliary data, is kept as `jax.jit(static_argnums)` and
-# `jax.jit`'s cache keep them (the documented exception).
+# Kinds drawn inside a staged trace alone (values a static argument holds).
 STAGED_ONLY = {
     "object in a static dataclass",
     "array in a static dataclass",
@@ -249,9 +243,9 @@ STAGED_ONLY = {
 }
 # Kinds whose arrays are constants nested, pinned up to the bound: the next tests.
 PINNED_NESTED = {"module arrays", "wrapped partial of an array"}
-# Not drawn: a bound method passed as a static argument, alone or in a jtu.Partial
-# (compared by `==`: at the top level kept as `jax.jit(static_argnums)` keeps it;
-# nested, see `test_a_bound_method_passed_nested_frees_its_receiver`).
+# Kinds whose input is an array traced at the top level and under eager
+# transforms: never held by a cache, dead as soon as the caller drops it.
+TRACED_ARRAYS = {"module arrays", "wrapped partial of an array"}
 LEVELS = ["top", "nested", "eager grad"]
 
 
@@ -274,14 +268,19 @@ def _alive(refs: list[weakref.ref[Any]]) -> list[Any]:
 @example(steps=[(kind, "eager grad") for kind in KINDS if kind not in STAGED_ONLY])
 def test_nothing_the_caller_dropped_stays_alive(steps: list[tuple[str, str]]) -> None:
     kept = Kept()
-    refs = []
+    refs, arrays = [], []
     for kind, level in steps:
         if kind in PINNED_NESTED and level == "nested":
             continue  # constants, pinned up to the bound: the next tests
         if kind in STAGED_ONLY and level != "nested":
             continue
-        refs.extend(_use(kept, kind, level))
-    assert _alive(refs) == [], steps
+        used = _use(kept, kind, level)
+        refs.extend(used)
+        if kind in TRACED_ARRAYS:
+            arrays.extend(used)
+    assert _alive(arrays) == [], steps  # no cache holds an array
+    evict_everything()
+    assert _alive(refs) == [], steps  # what a key names: held until evicted
     # The wrappers live on, and still work.
     assert_tree_allclose(kept.static(X, Tag()), X * 2)
 
@@ -339,31 +338,22 @@ def test_a_nested_entry_pinning_more_than_the_bound_is_not_kept(kind: str) -> No
     assert_tree_allclose(out, jnp.float32(3))
 
 
-_PARTIAL_OF_METHOD_TOP = pytest.mark.xfail(
-    strict=True,
-    reason="a bound method as a jtu.Partial's func is auxiliary data of the "
-    "argument's structure, which the route, partition and entries of a top-level "
-    "call hold (keyed by the structure, as jax.jit's cache holds it): its receiver "
-    "stays alive until evicted by count. Nested, such a structure is never "
-    "recorded, and the call runs as the undecorated function",
-)
-
-
 @pytest.mark.parametrize(
     "kind, level",
     [
         ("bound method argument", "nested"),
         ("bound method argument", "top"),
         ("jtu.Partial argument", "nested"),
-        pytest.param("jtu.Partial argument", "top", marks=_PARTIAL_OF_METHOD_TOP),
+        ("jtu.Partial argument", "top"),
     ],
 )
-def test_a_bound_method_passed_as_an_argument_frees_its_receiver(
+def test_a_bound_method_passed_as_an_argument_holds_its_receiver_until_evicted(
     kind: str, level: str
 ) -> None:
-    # A bound method: keyed by its function and its receiver held weakly, the entry
-    # dropped with the receiver. A jtu.Partial of one, nested: never recorded (its
-    # structure holds the method), the call runs undecorated.
+    # A bound method: keyed by its function and its receiver's identity, as `==`
+    # compares methods; a jtu.Partial of one, by its structure, which holds the
+    # method. Held, as `jax.jit` holds a static argument, until evicted.
     kept = Kept()
     refs = _use(kept, kind, level)
+    evict_everything()
     assert _alive(refs) == []

@@ -14,6 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import evict_with_bound
 
 import filterjit
 from filterjit import filter_jit
@@ -138,7 +139,7 @@ def test_classes_with_decorated_methods_are_freed_with_their_instances():
     assert [(c(), i()) for c, i in refs] == [(None, None)] * 5
 
 
-def test_a_partial_of_a_bound_method_keeps_no_object_alive():
+def test_a_partial_of_a_bound_method_holds_its_receiver_until_evicted():
     class Obj:
         def method(self, x, k):
             return x * k
@@ -153,11 +154,17 @@ def test_a_partial_of_a_bound_method_keeps_no_object_alive():
         refs.append(weakref.ref(obj))
         del obj, wrapped
     gc.collect()
-    assert [ref() for ref in refs] == [None] * 3
     assert len(dispatchers) == 1  # one function, one dispatcher
+    # Each receiver a static leaf of its calls, held by their keys until evicted.
+    assert refs[-1]() is not None
+    wrapped = filter_jit(ft.partial(Obj().method, k=2))
+    evict_with_bound(wrapped)
+    _use_everywhere(wrapped)
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * 3
 
 
-def test_static_objects_are_not_kept_alive_by_entries():
+def test_static_objects_are_held_by_entries_until_evicted():
     class Config:
         pass
 
@@ -169,9 +176,12 @@ def test_static_objects_are_not_kept_alive_by_entries():
         refs.append(weakref.ref(config))
         del config
     gc.collect()
+    assert [ref() is not None for ref in refs] == [True] * 3
+    evict_with_bound(f)
+    _use_everywhere(f, Config())
+    gc.collect()
     assert [ref() for ref in refs] == [None] * 3
-    # Their entries went with them.
-    assert len(f._dispatcher.entries[0]) == 0
+    assert len(f._dispatcher.entries[0]) == 1
 
 
 def test_generated_code_is_freed_with_its_caches():

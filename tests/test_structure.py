@@ -17,7 +17,6 @@ from differential import assert_agree, assert_tree_allclose, CONTEXTS, outcome
 from helpers import property_settings
 from hypothesis import given, strategies as st
 from jax import lax
-from jax.core import Tracer
 
 from filterjit import filter_jit
 from filterjit._binding import Keywords
@@ -287,7 +286,7 @@ def test_nested_outputs_keep_their_dicts_order():
 
 
 def _log_into(x: jax.Array, sink: list[Any]) -> jax.Array:
-    sink.append(x * 2)
+    sink.append((x * 2).shape)  # what the trace knows; a traced value is refused
     return x
 
 
@@ -299,8 +298,7 @@ def test_nested_side_effects_reach_the_callers_containers():
     reference: list[Any] = []
     jax.jit(lambda x: logged(x, sink))(X)
     jax.jit(lambda x: _log_into(x, reference))(X)
-    assert len(sink) == len(reference) == 1
-    assert isinstance(sink[0], Tracer)
+    assert sink == reference == [X.shape]
 
 
 def test_nested_containers_are_the_callers_own():
@@ -343,7 +341,7 @@ def test_side_effects_run_once_per_key_as_in_any_jit():
     # traced, once per cache key; a later call with an equal key reuses the trace.
     @filter_jit
     def logged(x: jax.Array, sink: list[Any]) -> jax.Array:
-        sink.append(x)
+        sink.append(x.dtype)
         return x
 
     first: list[Any] = []

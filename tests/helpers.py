@@ -301,3 +301,19 @@ def evict_everything() -> None:
         cache.maxsize = bound
     for dispatcher in list(_dispatch._dispatchers):
         dispatcher.hits[:] = [_fastpath.miss] * len(dispatcher.hits)
+
+
+class Knob:
+    """A value type compared and hashed by its `k`, which changes in place."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Knob and other.k == self.k
+
+    def __hash__(self) -> int:
+        return hash(self.k)
+
+    def __repr__(self) -> str:
+        return f"Knob({self.k})"

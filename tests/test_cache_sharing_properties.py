@@ -53,6 +53,7 @@ import pytest
 from differential import mismatch
 from helpers import (
     each_path,  # noqa: F401 - autouse: each test on both paths
+    Knob,
     property_settings,
 )
 from hypothesis import example, given, strategies as st
@@ -650,22 +651,6 @@ def test_a_container_handed_back_nested_is_the_callers(value: Any) -> None:
 # undecorated function does; at the top level, what the undecorated function
 # does, with no more traces than distinct values (by type and bits) and no more
 # than Equinox's where Equinox runs the sequence.
-
-
-class Knob:
-    """A value type compared and hashed by its `k`, which changes in place."""
-
-    def __init__(self, k: int):
-        self.k = k
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Knob and other.k == self.k
-
-    def __hash__(self) -> int:
-        return hash(self.k)
-
-    def __repr__(self) -> str:
-        return f"Knob({self.k})"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from differential import assert_tree_allclose
-from helpers import each_path  # noqa: F401 - every test on both paths
+from helpers import (
+    each_path,  # noqa: F401 - every test on both paths
+    Knob,
+)
 from jax.sharding import PartitionSpec
 
 from filterjit import filter_jit
@@ -59,19 +62,6 @@ def test_a_dict_in_a_frozen_dataclass_is_keyed_by_its_keys_and_values(level, tab
         assert_tree_allclose(
             _at(level, g, Table(table)), _at(level, _by_table, Table(table))
         )
-
-
-class Knob:
-    """A value type: compared and hashed by its `k`, which may change in place."""
-
-    def __init__(self, k: int):
-        self.k = k
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Knob and other.k == self.k
-
-    def __hash__(self) -> int:
-        return hash(self.k)
 
 
 def _by_knob(x: Any, knob: Knob) -> Any:

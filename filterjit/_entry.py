@@ -265,16 +265,17 @@ def make_entry(
         inputs = list(template if under_way is None else under_way[1])
         for position, leaf in zip(dynamic_positions, dynamic):
             inputs[position] = leaf
-        # Top level (no pytree handed over), or deep: JAX's rebuild (`_structure`).
-        if under_way is None or under_way[0] is None or deep:
+        # Nested: the caller's own pytree handed over (at the top level, none).
+        tree = None if under_way is None else under_way[0]
+        nested = tree is not None
+        if tree is None or deep:  # deep: JAX's rebuild (`_structure`)
             call = jtu.tree_unflatten(treedef, inputs)
         else:  # the caller's own arguments, traced leaves replaced
-            call = replace_leaves(under_way[0], lambda position, _: inputs[position])
+            call = replace_leaves(tree, lambda position, _: inputs[position])
         # The containers it may hand back, found before it runs (it may change them:
         # pop a key, or mark an `eqx.nn.State` used); nested, for every call of
         # the trace to find its own by the same indexes.
         containers = None if deep or boxed else container_index(call)
-        nested = under_way is not None and under_way[0] is not None
         if nested:
             assert taken is not None
             taken.nodes = None if containers is None else containers.nodes
@@ -302,7 +303,7 @@ def make_entry(
             if runtime_check:
                 entry.has_checks = entry.guarded = True
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
-        if log is not None and (under_way is None or under_way[0] is None):
+        if log is not None and not nested:
             rows = list(map(row, labels, roles, inputs))
             log.record(rows, None if entry is None else entry.traces)
         return jit_output(

@@ -317,3 +317,25 @@ class Knob:
 
     def __repr__(self) -> str:
         return f"Knob({self.k})"
+
+
+def run_peers(
+    tmp_path: Path, file: str, source: str, flags: list[str]
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Runs `benchmarks/peers.py` with `flags` over a suite of one test file,
+    `tests/file` holding `source`, with this checkout's filterjit: its process,
+    and the suite's runs as `--json` writes them."""
+    suite = tmp_path / "suite"
+    (suite / "tests").mkdir(parents=True)
+    (suite / "tests" / file).write_text(source)
+    out = tmp_path / "outcomes.json"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "peers.py"), *flags]
+        + ["--json", str(out), str(suite), "--", f"tests/{file}", "-p", "no:randomly"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=subprocess_env(),  # this checkout's filterjit, not an installed one
+    )
+    runs = json.loads(out.read_text())["suite"] if out.exists() else {}
+    return result, runs

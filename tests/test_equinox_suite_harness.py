@@ -3,12 +3,7 @@
 `equinox.filter_jit` wrappers each library made, and fails on a test that passes
 released and fails patched, unless it passes when run again alone."""
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
-from helpers import subprocess_env
+from helpers import run_peers
 
 
 _SUITE = """
@@ -42,21 +37,8 @@ def test_fails_patched_after_the_others_and_passes_alone():
 def test_the_equinox_suite_harness_counts_wrappers_and_fails_on_a_regression(
     tmp_path,
 ):
-    suite = tmp_path / "suite"
-    (suite / "tests").mkdir(parents=True)
-    (suite / "tests" / "test_suite.py").write_text(_SUITE)
-    out = tmp_path / "outcomes.json"
-    peers = Path(__file__).parent.parent / "benchmarks" / "peers.py"
-    result = subprocess.run(
-        [sys.executable, str(peers), "--check", "--json", str(out)]
-        + [str(suite), "--", "tests", "-p", "no:randomly"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=subprocess_env(),  # this checkout's filterjit, not an installed one
-    )
+    result, runs = run_peers(tmp_path, "test_suite.py", _SUITE, ["--check"])
     assert result.returncode == 1, result.stdout + result.stderr
-    runs = json.loads(out.read_text())["suite"]
     unpatched, patched = runs["unpatched"], runs["patched"]
     assert set(unpatched["outcomes"].values()) == {"passed"}, unpatched
     lost = {n.split("::")[1] for n, o in patched["outcomes"].items() if o != "passed"}

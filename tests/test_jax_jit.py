@@ -6,13 +6,9 @@ in test_leaf_kinds.py; JAX's own jit tests run against it in benchmarks/peers.py
 
 import gc
 import inspect
-import json
 import pickle
-import subprocess
-import sys
 import weakref
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -21,7 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from differential import assert_same_outcome, assert_tree_allclose, JAX_ERRORS, outcome
-from helpers import evict_with_bound, jit_equation_count, subprocess_env, TraceCounter
+from helpers import (
+    evict_with_bound,
+    jit_equation_count,
+    run_peers,
+    TraceCounter,
+)
 from jax import lax
 
 import filterjit
@@ -524,21 +525,9 @@ def test_jax_internals_keep_jax_jit():
 def test_the_parity_harness_swaps_every_spelling(tmp_path):
     # Finding 7: benchmarks/peers.py --target jax.jit swaps every jit a test file
     # makes, however spelled, and none that JAX makes.
-    suite = tmp_path / "suite"
-    (suite / "tests").mkdir(parents=True)
-    (suite / "tests" / "spellings_test.py").write_text(_SPELLINGS)
-    out = tmp_path / "outcomes.json"
-    peers = Path(__file__).parent.parent / "benchmarks" / "peers.py"
-    result = subprocess.run(
-        [sys.executable, str(peers), "--target", "jax.jit", "--json", str(out)]
-        + [str(suite), "--", "tests/spellings_test.py", "-p", "no:randomly"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=subprocess_env(),  # this checkout's filterjit, not an installed one
-    )
+    flags = ["--target", "jax.jit"]
+    result, runs = run_peers(tmp_path, "spellings_test.py", _SPELLINGS, flags)
     assert result.returncode == 0, result.stdout + result.stderr
-    runs = json.loads(out.read_text())["suite"]
     patched, unpatched = runs["patched"], runs["unpatched"]
     assert len(patched["outcomes"]) == 6, patched
     assert set(patched["outcomes"].values()) == {"passed"}, patched

@@ -381,6 +381,9 @@ def test_api_pages_render_for_users(tmp_path):
 
 
 RESULTS = README.parent / "benchmarks" / "results.md"
+# The TPU run, quoted under its own heading of docs/performance.md alone.
+RESULTS_TPU = README.parent / "benchmarks" / "results-tpu.md"
+TPU_HEADING = "### On a TPU\n"
 
 
 def _pages() -> list[pathlib.Path]:
@@ -390,11 +393,11 @@ def _pages() -> list[pathlib.Path]:
     return [README, *(page for page in docs if page.name != "jax-jit.md")]
 
 
-def test_quoted_ratios_are_the_recorded_runs():
-    """Every ratio the README and the docs quote (`1.08×`, `0.87–0.92×`) is one of
-    the recorded run's, which names its commit and is a full run."""
-    recorded = RESULTS.read_text()
-    figures = json.loads(RESULTS.with_suffix(".json").read_text())
+def _recorded_figures(results: pathlib.Path) -> set[str]:
+    """The figures of the recorded run `results` (its table cells and its `1.08×`s),
+    after checking that it names its commit and is a full run."""
+    recorded = results.read_text()
+    figures = json.loads(results.with_suffix(".json").read_text())
     commit = figures["commit"]
     assert re.fullmatch(r"[0-9a-f]{7,}", commit), commit  # no uncommitted change
     assert f"at commit {commit}." in recorded
@@ -407,20 +410,39 @@ def test_quoted_ratios_are_the_recorded_runs():
         if line.startswith("|")
         for cell in line.split("|")
     }
-    cells |= set(re.findall(r"(\d+\.\d+)×", recorded))
+    return cells | set(re.findall(r"(\d+\.\d+)×", recorded))
+
+
+def _quoted_ratios(text: str) -> list[str]:
+    # Targets (`≤ 1.5 ×`) are not figures of a run.
+    quotes = re.findall(r"(?<!≤ )(?<![\d.])(\d+\.\d+)(?:–(\d+\.\d+))? ?×", text)
+    return [figure for pair in quotes for figure in pair if figure]
+
+
+def test_quoted_ratios_are_the_recorded_runs():
+    """Every ratio the README and the docs quote (`1.08×`, `0.87–0.92×`) is one of
+    the recorded CPU run's, or under docs/performance.md's TPU heading the TPU
+    run's; each run names its commit and is a full run."""
+    cells = _recorded_figures(RESULTS)
+    tpu_cells = _recorded_figures(RESULTS_TPU)
     quoted = 0
     for page in _pages():
-        text = page.read_text()
-        # Targets (`≤ 1.5 ×`) are not figures of a run.
-        quotes = re.findall(r"(?<!≤ )(?<![\d.])(\d+\.\d+)(?:–(\d+\.\d+))? ?×", text)
-        for low, high in quotes:
-            for figure in filter(None, (low, high)):
-                assert figure in cells, f"{page.name}: {figure}× is not the run's"
-                quoted += 1
+        text, tpu_text = page.read_text(), ""
+        if page.name == "performance.md":
+            before, tpu_text = text.split(TPU_HEADING, 1)
+            tpu_text, after = tpu_text.split("\n### ", 1)
+            text = before + after
+            assert _quoted_ratios(tpu_text)
+        for figure in _quoted_ratios(text):
+            assert figure in cells, f"{page.name}: {figure}× is not the run's"
+            quoted += 1
+        for figure in _quoted_ratios(tpu_text):
+            assert figure in tpu_cells, f"{page.name}: {figure}× is not the TPU run's"
     assert quoted >= 3
-    # The page shows the run with its header, which names the commit.
+    # The page shows each run with its header, which names the commit.
     performance = (README.parent / "docs" / "performance.md").read_text()
     assert '--8<-- "benchmarks/results.md"' in performance
+    assert '--8<-- "benchmarks/results-tpu.md"' in performance
 
 
 def test_the_chart_is_the_recorded_run():

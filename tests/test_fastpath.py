@@ -549,32 +549,27 @@ def test_calls_whose_static_inputs_vary_stay_on_the_fast_path(monkeypatch, patte
         model = eqx.tree_at(lambda m: m.weight, model, model.weight + 1.0)
         return model
 
-    calls = {
-        "int / float": [
-            (filter_jit(scale), scale, (x, 2)),
-            (filter_jit(scale), scale, (x, 2.0)),
-        ],
-        "None / mask": [(filter_jit(masked), masked, (x, v)) for v in (None, x > 0)],
-        "True / False": [(filter_jit(mode), mode, (x, v)) for v in (True, False)],
-    }.get(pattern)
-    if calls is not None:
-        wrapper = calls[0][0]
-        step = [lambda i=i: (wrapper, calls[i][1], calls[i][2]) for i in range(2)]
-    elif pattern == "vmap anew":
-        xs = jnp.stack([x, x * 2])
+    xs = jnp.stack([x, x * 2])
 
-        def make():
-            fun = eqx.filter_vmap(_undocumented)
-            return filter_jit(fun), fun, (xs,)
+    def plain(wrapper, fun, *args):
+        return lambda: (wrapper, fun, args)
 
-        step = [make]
-    else:
+    def vmap_anew():
+        fun = eqx.filter_vmap(_undocumented)
+        return filter_jit(fun), fun, (xs,)
 
-        def make():
-            m = next_model()
-            return filter_jit(m), m, (x,)
+    def model_anew():
+        m = next_model()
+        return filter_jit(m), m, (x,)
 
-        step = [make]
+    scaled, masks, modes = filter_jit(scale), filter_jit(masked), filter_jit(mode)
+    step = {
+        "int / float": [plain(scaled, scale, x, 2), plain(scaled, scale, x, 2.0)],
+        "None / mask": [plain(masks, masked, x, None), plain(masks, masked, x, x > 0)],
+        "True / False": [plain(modes, mode, x, True), plain(modes, mode, x, False)],
+        "vmap anew": [vmap_anew],
+        "model anew": [model_anew],
+    }[pattern]
     reference_calls = _count_reference_calls(monkeypatch)
     for _ in range(2):  # each partition traced, then its hit made
         for make in step:

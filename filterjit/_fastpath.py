@@ -60,16 +60,13 @@ from ._errors import call_checked
 from ._exact import exact_values, float_key, key as exact_key, unchanging
 from ._leaves import is_leaf_type
 from ._output import Carried, OutputSpec
-from ._partition import Partition
+from ._partition import Partition, WRITTEN_KEYS
 from ._structure import MAX_DEPTH, PyTreeDef, shape_of
 
 
 # Read when a reader or builder is made: a test that changes it clears
 # the caches (`filterjit.clear_caches()`) to drop those already made.
 ENABLED = os.environ.get("FILTERJIT_FASTPATH", "1") != "0"
-
-# Partitions with up to this many static leaves have their key written out.
-_WRITTEN_KEYS = 64
 
 
 # Generated code is filed under the package's directory (JAX leaves its frames out
@@ -470,7 +467,7 @@ class _Writer:
         static = partition.static_positions
         if not static:
             return self.constant(partition.program)
-        if len(static) > _WRITTEN_KEYS:
+        if len(static) > WRITTEN_KEYS:
             return f"{self.constant(partition.reference_key)}({whole})"
         rekeys = dict(partition.rekeys)
         parts = [self.constant(partition.program)]
@@ -594,7 +591,7 @@ class _Writer:
             self.check(f"type({x}) is not {self.constant(kind)}")  # length: `values`
             if kind is list:
                 self.lists.add(x)
-            return self.values(treedef, types, x)
+            return self.values(treedef, types, x, immutable=kind is tuple)
         if kind is dict and all(type(key) is str for key in data):
             # JAX takes the values in the order of the sorted keys; keys of one
             # type, strings, sort one way whatever order they were inserted in.
@@ -755,22 +752,34 @@ class _Writer:
         return self.node(treedef, types, x)
 
     def values(
-        self, treedef: PyTreeDef, types: tuple[type, ...], values: str
+        self,
+        treedef: PyTreeDef,
+        types: tuple[type, ...],
+        values: str,
+        immutable: bool = False,
     ) -> list[str] | None:
         """Checks `values`, a sequence, against `treedef`'s children: as many, and
-        each as its child."""
+        each as its child. `immutable`: a `tuple`, whose items stay the objects
+        they are."""
         children = treedef.children()
         if treedef.num_nodes == len(types) + 1 and len(children) > 4:
             # Many children, every one a leaf: their types at C speed.
             if len(set(types)) == 1:  # as many, all of that type
                 (kind,) = set(types)
                 count, kind_name = len(children), self.constant(kind)
-                self.check(
+                differs = (
                     f"len({values}) != {count} or "
                     f"_count_of(map(type, {values}), {kind_name}) != {count}"
                 )
             else:
-                self.check(f"tuple(map(type, {values})) != {self.constant(types)}")
+                differs = f"tuple(map(type, {values})) != {self.constant(types)}"
+            if immutable:
+                # A tuple checked before is checked still: its items cannot change.
+                checked = self.constant([None])
+                self.check(f"{values} is not {checked}[0] and ({differs})")
+                self.lines.append(f"{checked}[0] = {values}")
+            else:
+                self.check(differs)
             if not all(map(is_leaf_type, types)):  # leaves until registered
                 self.check(f"not _all_leaves({values})")
             return [self.starred(values, len(children))]

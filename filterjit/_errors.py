@@ -285,7 +285,6 @@ def _note_traced_scalars(
     )
 
 
-_LOOP_NOTE = "filter_jit: the `lax.fori_loop`"  # begins the note
 _LOOP_ERROR = "Reverse-mode differentiation does not work for lax.while_loop"
 
 
@@ -293,9 +292,9 @@ def _loop_note(name: str, scalars: list[_Scalar]) -> str:
     listed = "; ".join(f"`{s.label}`, a scalar of dtype {s.dtype}" for s in scalars)
     first = scalars[0].label
     return (
-        f"{_LOOP_NOTE} here has bounds that `{name}` traced: it traces NumPy and "
-        f"JAX scalars as it traces arrays {_WHERE} (here {listed}). A "
-        "`fori_loop` whose start or stop is traced is a `lax.while_loop`, which "
+        f"filter_jit: the `lax.fori_loop` here has bounds that `{name}` traced: it "
+        f"traces NumPy and JAX scalars as it traces arrays {_WHERE} (here {listed}). "
+        "A `fori_loop` whose start or stop is traced is a `lax.while_loop`, which "
         "reverse-mode differentiation cannot go through. Pass a Python int instead "
         f"(`int({first})`): it is static, and the loop is a `lax.scan` again. Or "
         "make the call inside a `jax.jit` that holds the scalar as a constant (say "
@@ -314,17 +313,16 @@ def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) 
     filterjit: that error stays JAX's."""
     if not scalars or not str(error).startswith(_LOOP_ERROR):
         return
-    if (eqns := _trace.current_equations()) is None:
-        return
+    eqns = _trace.current_equations()
+    depends = None if eqns is None else _dependencies(eqns)
     # Where JAX says the failing loop was made (the stack it attaches as the cause).
     made_at = _innermost_frame(error.__cause__)
-    depends = _dependencies(eqns)
-    everything = frozenset(s.position for s in scalars)  # where inputs are unknown
+    if eqns is None or depends is None or made_at is None:
+        return  # unknown: no note
     on: set[int] = set()
     for position, eqn in enumerate(eqns):
-        for inner in _within(eqn):
-            if _is_fori_loop(inner) and (made_at is None or made_at in _lines(inner)):
-                on |= everything if depends is None else depends[position]
+        if any(_is_fori_loop(e) and made_at in _lines(e) for e in _within(eqn)):
+            on |= depends[position]
     if named := [s for s in scalars if s.position in on]:
         error.add_note(_loop_note(name, named))
 

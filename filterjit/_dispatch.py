@@ -87,6 +87,7 @@ class Route:
         "learned",
         "hit",
         "keys_aliases",
+        "key",
         "_leaf_parameters",
     )
 
@@ -106,6 +107,9 @@ class Route:
         # trace that handed back one of several static inputs that were one object
         # (see `OutputSpec.aliases`), decided before each call runs; its hit off.
         self.keys_aliases = False
+        # Its key in the dispatcher's routes: (structure, leaf types), and the
+        # exact key of a structure equal by `==` to another's.
+        self.key: tuple[Any, ...] = (partition.treedef, partition.types)
         self._leaf_parameters: list[LeafParameter] | None = None
 
     def leaf_parameters(self, function: Function) -> list[LeafParameter]:
@@ -376,10 +380,10 @@ class Dispatcher:
                 partition = Partition(treedef, types, level, program_of)
                 return Route(partition, lambda _: None, False)
             route = self._new_route(level, treedef, types)
-            if cache.get((treedef, types)) is None:
-                cache.put((treedef, types), route)
-            else:  # equal by `==` to the one recorded, but not exactly
-                cache.put((treedef, types, route.partition.exact), route)
+            if cache.get((treedef, types)) is not None:
+                # Equal by `==` to the one recorded, but not exactly.
+                route.key = (treedef, types, route.partition.exact)
+            cache.put(route.key, route)
         elif shape is None:
             return route
         reads = self._reads_calls(route) and len(route.calls) < _MAX_HIT_CALLS
@@ -389,10 +393,9 @@ class Dispatcher:
         with self._lock:  # not a hit that `_forget_calls` dropped meanwhile
             latest = self._latest[level]
             if not latest or latest[0] is not route:
-                if route in latest:
-                    latest.remove(route)
-                latest.insert(0, route)
-                del latest[_MAX_HITS_PER_LEVEL:]
+                # Not routes evicted meanwhile: what the cache dropped, hits drop.
+                kept = [r for r in latest if r is not route and cache.get(r.key) is r]
+                latest[:] = [route, *kept[: _MAX_HITS_PER_LEVEL - 1]]
                 self._chain(level)
         return route
 

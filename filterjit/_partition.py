@@ -40,7 +40,7 @@ def static_key(leaf: Any) -> Any:
 WRITTEN_KEYS = 64
 
 
-def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
+def _taker(positions: Sequence[int], count: int) -> Callable[[Sequence[Any]], Any]:
     """A function from a list of `count` leaves to those at `positions`."""
     if len(positions) == count:
         return lambda leaves: leaves

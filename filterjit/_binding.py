@@ -134,7 +134,8 @@ class Binder:
         self._signature = signature
         self._name = name
         self._sources: dict[Shape, Sources] = {}
-        self.sources = self._sources.get
+        # Without a signature, calls are bound as given.
+        self.sources = self._sources.get if signature is not None else _as_given
         parameters = () if signature is None else signature.parameters.values()
         self._sorts = signature is not None and all(
             p.kind is not p.VAR_KEYWORD for p in parameters
@@ -174,6 +175,12 @@ class Binder:
         items = sorted(bound.kwargs.items()) if self._sorts else bound.kwargs.items()
         kwargs = {name: source(v) for name, v in items if v is not BOUND}
         return [source(v) for v in bound.args], kwargs
+
+
+def _as_given(shape: Shape) -> Sources:
+    """Where the values of a call of `shape` bound as given come from."""
+    count, *names = shape
+    return ([("args", i) for i in range(count)], {n: ("kwargs", n) for n in names})
 
 
 def _bind_error(

@@ -1,8 +1,10 @@
-"""A small thread-safe cache bounded by entry count and by pinned bytes."""
+"""A small thread-safe cache bounded by entry count and by pinned bytes, and a
+memo of what a function computes of a class, which lives as long as the class."""
 
 import threading
-from collections.abc import Hashable
-from typing import Generic, TypeVar
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
 
 
 _V = TypeVar("_V")
@@ -63,3 +65,17 @@ class BoundedCache(Generic[_V]):
 
     def __len__(self) -> int:
         return len(self._values)
+
+
+def per_class(compute: Callable[[type], Any]) -> Callable[[type], Any]:
+    """`compute`, remembered per class as long as the class lives."""
+    found: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
+
+    def lookup(cls: type) -> Any:
+        try:
+            return found[cls]
+        except KeyError:
+            found[cls] = value = compute(cls)
+            return value
+
+    return lookup

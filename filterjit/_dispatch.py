@@ -39,7 +39,7 @@ from ._errors import (
     wait_checked,
 )
 from ._exact import exact_aux
-from ._fastpath import Hit, hit_caller, HitCall, MISS, miss, Unfinished
+from ._fastpath import chained, Hit, hit_caller, HitCall, MISS, miss, Unfinished
 from ._function import Function, unwrapped
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
 from ._multiprocess import check_statics_agree, spans_processes
@@ -60,6 +60,8 @@ _flatten = jtu.default_registry.flatten
 # Bound on the shapes of call (see `_binding`) a partition's hit reads, and on
 # those whose donated parameters are remembered.
 _MAX_HIT_CALLS = 8
+# Bound on the partitions whose hits a level tries in turn before the reference path.
+_MAX_HITS_PER_LEVEL = 4
 _MAX_CALL_SHAPES = 64
 
 
@@ -85,6 +87,7 @@ class Route:
         "learned",
         "hit",
         "keys_aliases",
+        "key",
         "_leaf_parameters",
     )
 
@@ -104,6 +107,9 @@ class Route:
         # trace that handed back one of several static inputs that were one object
         # (see `OutputSpec.aliases`), decided before each call runs; its hit off.
         self.keys_aliases = False
+        # Its key in the dispatcher's routes: (structure, leaf types), and the
+        # exact key of a structure equal by `==` to another's.
+        self.key: tuple[Any, ...] = (partition.treedef, partition.types)
         self._leaf_parameters: list[LeafParameter] | None = None
 
     def leaf_parameters(self, function: Function) -> list[LeafParameter]:
@@ -154,8 +160,10 @@ class Dispatcher:
         staged = BoundedCache[Entry](STAGED_MAXSIZE, STAGED_MAXBYTES)
         # Ahead-of-time stages share the top level's entries (see `abstract`).
         self.entries = (top, eager, staged, top)
-        # Per level, the hit of the latest call's partition: what a wrapper calls
-        # first (`miss` where there is none). Changed in place: wrappers hold it.
+        # Per level, the routes of the latest partitions called, latest first, and
+        # their hits chained: what a wrapper calls first (`miss` where there is
+        # none). Changed in place: wrappers hold it.
+        self._latest: list[list[Route]] = [[] for _ in Level]
         self.hits: list[Hit] = [miss] * LEVELS
         # Whether a nested call may use the top level's entries (see `_lookup`).
         self._shares_top = options.same_at_every_level
@@ -257,10 +265,10 @@ class Dispatcher:
         with self._lock:
             if not self._reads_calls(route):
                 return
-            before, route.hit = route.hit, hit
+            route.hit = hit
             level = route.partition.level
-            if before is not None and self.hits[level] is before:
-                self.hits[level] = hit or miss
+            if route in self._latest[level]:
+                self._chain(level)
 
     def hit_of(self, route: Route, get: Callable[[Any], Any]) -> Hit | None:
         """The hit of `route`'s calls, finding entries with `get`."""
@@ -372,10 +380,10 @@ class Dispatcher:
                 partition = Partition(treedef, types, level, program_of)
                 return Route(partition, lambda _: None, False)
             route = self._new_route(level, treedef, types)
-            if cache.get((treedef, types)) is None:
-                cache.put((treedef, types), route)
-            else:  # equal by `==` to the one recorded, but not exactly
-                cache.put((treedef, types, route.partition.exact), route)
+            if cache.get((treedef, types)) is not None:
+                # Equal by `==` to the one recorded, but not exactly.
+                route.key = (treedef, types, route.partition.exact)
+            cache.put(route.key, route)
         elif shape is None:
             return route
         reads = self._reads_calls(route) and len(route.calls) < _MAX_HIT_CALLS
@@ -383,8 +391,19 @@ class Dispatcher:
             route.calls[shape] = self._hit_call(route, shape)
             self._make_hit(route)
         with self._lock:  # not a hit that `_forget_calls` dropped meanwhile
-            self.hits[level] = route.hit or miss
+            latest = self._latest[level]
+            if not latest or latest[0] is not route:
+                # Not routes evicted meanwhile: what the cache dropped, hits drop.
+                kept = [r for r in latest if r is not route and cache.get(r.key) is r]
+                latest[:] = [route, *kept[: _MAX_HITS_PER_LEVEL - 1]]
+                self._chain(level)
         return route
+
+    def _chain(self, level: Level) -> None:
+        """Has the hits of `level`'s latest routes serve it, latest first (under
+        the lock)."""
+        hits = [route.hit for route in self._latest[level] if route.hit is not None]
+        self.hits[level] = chained(hits)
 
     def _new_route(
         self, level: Level, treedef: PyTreeDef, types: tuple[type, ...]
@@ -504,15 +523,15 @@ class Dispatcher:
         whose keys do not say it, is dropped."""
         with self._lock:
             route.keys_aliases = True
-            level = route.partition.level
-            if route.hit is not None and self.hits[level] is route.hit:
-                self.hits[level] = miss
             route.forget_calls()
+            self._chain(route.partition.level)
 
     def _forget_calls(self) -> None:
         """Drops every route's hit: every call takes the reference path until it
         records its shape again."""
         self.hits[:] = [miss] * LEVELS
+        for latest in self._latest:
+            latest.clear()
         for routes in self.routes:
             for route in routes.values():
                 route.forget_calls()
@@ -636,7 +655,8 @@ class Dispatcher:
         return AheadOfTime(entry, partition, partition.take_dynamic(leaves), leaves)
 
     def clear(self) -> None:
-        self.hits[:] = [miss] * LEVELS
+        with self._lock:
+            self._forget_calls()
         for cache in (*self.routes, *self.entries, self._programs):
             cache.clear()
 

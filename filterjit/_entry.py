@@ -285,20 +285,17 @@ def make_entry(
             named = [(function.label(i), a) for i, a in enumerate(args)]
             named += [(function.label(k), v) for k, v in kwargs.items()]
             filled = FilledContainers(named)
-        # Top level and eager: its NumPy and JAX integer scalars, for the notes on
-        # reverse mode through `fori_loop`s with bounds from them.
-        scalars = (
-            [] if staged else integer_scalars(traced_labels, traced_types, dynamic)
-        )
         try:
             output = f(*args, **kwargs)
         except ValueError as error:  # noted, raised as it is
-            note_loop_in_trace(error, function.name, scalars)
+            if not staged:  # its NumPy and JAX integer scalars traced here
+                scalars = integer_scalars(traced_labels, traced_types, dynamic)
+                note_loop_in_trace(error, function.name, scalars)
             raise
         if filled is not None:
             filled.check(function.name)
         # Whether a failed check is raised at the call (never nested), which waits.
-        runtime_check = not staged and traced_a_check(function.name, scalars)
+        runtime_check = not staged and traced_a_check()
         if entry is not None:
             if runtime_check:
                 entry.has_checks = entry.guarded = True

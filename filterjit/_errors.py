@@ -8,7 +8,6 @@ import contextlib
 import inspect
 import logging
 import re
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -35,30 +34,13 @@ from ._leaves import is_array, NUMPY_TYPES
 _MARKER = "_EquinoxRuntimeError: "
 
 
-def traced_a_check(name: str, scalars: Sequence["_Scalar"]) -> bool:
-    """Called at the end of a trace of `name` at the top level or under an eager
-    transform: whether it traced a runtime check, a `pure_callback` into Equinox,
-    at any depth (`True` where that cannot be known, so that errors are never
-    lost). Also records the `lax.fori_loop`s whose bounds the traced integer
-    scalars `scalars` gave (see `integer_scalars`), for the error reverse mode
-    raises on them later (see `_note_loop`)."""
+def traced_a_check() -> bool:
+    """Called at the end of a trace at the top level or under an eager transform:
+    whether it traced a runtime check, a `pure_callback` into Equinox, at any
+    depth (`True` where that cannot be known, so that errors are never lost)."""
     if (eqns := _trace.current_equations()) is None:
         return True
-    # Loops are looked for where they may get a note, or lose one made before.
-    find_loops = bool(scalars or _loop_notes)
-    found = False
-    loops: list[tuple[int, Any]] = []
-    for position, eqn in enumerate(eqns):
-        for inner in _within(eqn):
-            if _is_check(inner):
-                if not find_loops:
-                    return True
-                found = True
-            elif find_loops and _is_fori_loop(inner):
-                loops.append((position, inner))
-    if loops:
-        _record_loops(name, list(scalars), eqns, loops)
-    return found
+    return any(_is_check(inner) for eqn in eqns for inner in _within(eqn))
 
 
 def _within(eqn: Any) -> Iterator[Any]:
@@ -87,42 +69,8 @@ def _is_check(eqn: Any) -> bool:
 
 def _is_fori_loop(eqn: Any) -> bool:
     """Whether `eqn` is the `while_loop` a `lax.fori_loop` with traced bounds binds."""
-    source = _trace.equation_source(eqn)
-    return eqn.primitive is while_p and _trace.made_by(source, "fori_loop")
-
-
-# The notes for the reverse-mode error on loops that top-level and eager calls
-# traced with bounds from traced NumPy or JAX scalars, by the stack JAX recorded
-# with each loop (equal to the one it reports while transposing the loop). Strings
-# only: a loop's note outlives the call, and keeps no array alive. The latest few
-# are kept.
-_loop_notes: dict[object, str] = {}
-_MAX_LOOP_NOTES = 256
-_loop_notes_lock = threading.Lock()  # traces run in any thread
-
-
-def _record_loops(
-    name: str,
-    scalars: list["_Scalar"],
-    eqns: list[Any],
-    loops: list[tuple[int, Any]],
-) -> None:
-    """Records the note for each loop in `loops` (with the position of the equation
-    of `eqns` that holds it) that depends on one of `scalars`; forgets one made
-    before for a loop with the same stack that depends on none."""
-    depends = _dependencies(eqns) if scalars else None
-    for position, loop in loops:
-        on = depends[position] if depends is not None else None
-        named = [s for s in scalars if on is None or s.position in on]
-        source = _trace.equation_source(loop)
-        if source is None:
-            continue
-        with _loop_notes_lock:
-            _loop_notes.pop(source, None)  # re-inserted: the latest last
-            if named:
-                _loop_notes[source] = _loop_note(name, named)
-            while len(_loop_notes) > _MAX_LOOP_NOTES:
-                del _loop_notes[next(iter(_loop_notes))]
+    frames = _trace.source_frames(eqn)
+    return eqn.primitive is while_p and any(f.function == "fori_loop" for f in frames)
 
 
 def _dependencies(eqns: list[Any]) -> list[frozenset[int]] | None:
@@ -337,64 +285,61 @@ def _note_traced_scalars(
     )
 
 
-_LOOP_NOTE = "filter_jit: the `lax.fori_loop`"  # begins the note, added once
 _LOOP_ERROR = "Reverse-mode differentiation does not work for lax.while_loop"
 
 
 def _loop_note(name: str, scalars: list[_Scalar]) -> str:
-    # Whether each was NumPy's or JAX's is not said: a later call of the same trace
-    # (the error of which the note is for) may pass the other.
     listed = "; ".join(f"`{s.label}`, a scalar of dtype {s.dtype}" for s in scalars)
     first = scalars[0].label
     return (
-        f"{_LOOP_NOTE} here has bounds that `{name}` traced: it traces NumPy and "
-        f"JAX scalars as it traces arrays {_WHERE} (here {listed}). A "
-        "`fori_loop` whose start or stop is traced is a `lax.while_loop`, which "
+        f"filter_jit: the `lax.fori_loop` here has bounds that `{name}` traced: it "
+        f"traces NumPy and JAX scalars as it traces arrays {_WHERE} (here {listed}). "
+        "A `fori_loop` whose start or stop is traced is a `lax.while_loop`, which "
         "reverse-mode differentiation cannot go through. Pass a Python int instead "
         f"(`int({first})`): it is static, and the loop is a `lax.scan` again. Or "
         "make the call inside a `jax.jit` that holds the scalar as a constant (say "
-        f"`jax.jit(lambda x: jax.grad({name})(x, {first}))(x)`): inside a staged "
+        f"`jax.jit(lambda x: {name}(x, {first}))(x)`): inside a staged "
         "computation filter_jit passes NumPy and concrete JAX values on as they are."
     )
 
 
-def _note_loop(error: ValueError) -> None:
-    """Adds to JAX's error for a `while_loop` reverse mode cannot go through, where
-    it is a `lax.fori_loop` whose bounds a top-level or eager call traced from NumPy
-    or JAX scalars, which arguments, why, and the fix. The loop's note was recorded
-    when it was traced (the error comes later, from `jax.grad` around the call).
-    A `fori_loop` with no note may be transposed while the call that traced it is
-    under way (`jax.grad` inside the function): it is marked, for that call's trace
-    to name its scalars (`note_loop_in_trace`)."""
-    if not str(error).startswith(_LOOP_ERROR) or _has_loop_note(error):
+def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) -> None:
+    """Adds to JAX's error for a `while_loop` that reverse mode cannot go through,
+    raised inside a trace of `name` at the top level or under an eager transform
+    (`jax.grad` inside the function), where the loop is a `lax.fori_loop` whose
+    bounds depend on the trace's traced integer scalars `scalars`: which ones, why
+    they were traced, and the fix. Only adds a note. Reverse mode around the call
+    (`jax.grad(f)`) transposes the loop after the call returned, unseen by
+    filterjit: that error stays JAX's."""
+    if not scalars or not str(error).startswith(_LOOP_ERROR):
         return
-    source = _trace.current_source()
-    note = _loop_notes.get(source) if source is not None else None
-    if note is not None:
-        error.add_note(note)
-    elif _trace.made_by(source, "fori_loop"):
-        setattr(error, _FORI_LOOP, True)
+    eqns = _trace.current_equations()
+    depends = None if eqns is None else _dependencies(eqns)
+    # Where JAX says the failing loop was made (the stack it attaches as the cause).
+    made_at = _innermost_frame(error.__cause__)
+    if eqns is None or depends is None or made_at is None:
+        return  # unknown: no note
+    on: set[int] = set()
+    for position, eqn in enumerate(eqns):
+        if any(_is_fori_loop(e) and made_at in _lines(e) for e in _within(eqn)):
+            on |= depends[position]
+    if named := [s for s in scalars if s.position in on]:
+        error.add_note(_loop_note(name, named))
 
 
-# The attribute that marks an error raised transposing a `fori_loop` with no note.
-_FORI_LOOP = "_filterjit_fori_loop"
+def _innermost_frame(error: BaseException | None) -> tuple[str, int] | None:
+    """The file and line of the innermost frame of `error`'s traceback, if any."""
+    traceback = None if error is None else error.__traceback__
+    found = None
+    while traceback is not None:
+        found = (traceback.tb_frame.f_code.co_filename, traceback.tb_lineno)
+        traceback = traceback.tb_next
+    return found
 
 
-def _has_loop_note(error: BaseException) -> bool:
-    return any(n.startswith(_LOOP_NOTE) for n in getattr(error, "__notes__", ()))
-
-
-def note_loop_in_trace(
-    error: Exception, name: str, scalars: Sequence["_Scalar"]
-) -> None:
-    """Adds the loop note to an error that a trace of `name` raised, where reverse
-    mode failed on a `fori_loop` inside the function (see `_note_loop`) and the
-    trace's traced integer scalars are `scalars`. Only adds a note."""
-    if scalars and getattr(error, _FORI_LOOP, False) and not _has_loop_note(error):
-        error.add_note(_loop_note(name, list(scalars)))
-
-
-_trace.note_on_loop_transpose_error(_note_loop)
+def _lines(eqn: Any) -> set[tuple[str, int]]:
+    """The files and lines of the stack JAX recorded where `eqn` was bound."""
+    return {(frame.file, frame.line) for frame in _trace.source_frames(eqn)}
 
 
 def _identifier(label: str) -> str:

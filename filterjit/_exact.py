@@ -30,6 +30,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 
+from ._cache import per_class
 from ._structure import PyTreeDef
 from ._trace import aux_data
 
@@ -191,16 +192,17 @@ def _key_of(kind: type) -> Callable[[Any, _Memo], Any]:
     return _itself  # `==` and `hash`: its own, or identity
 
 
-# Most static values' types, looked up first (caching others would keep them alive).
+# Most static values' types, looked up first; others remembered while they live.
 _KEYS_OF = {
     kind: _key_of(kind)
     for kind in (int, bool, float, complex, tuple, list, dict, str, type(None))
 }
+_key_of_class = per_class(_key_of)
 
 
 def _key(value: Any, memo: _Memo) -> Any:
     """`value`'s key, its type apart (see `key`)."""
-    key_of = _KEYS_OF.get(type(value)) or _key_of(type(value))
+    key_of = _KEYS_OF.get(type(value)) or _key_of_class(type(value))
     if key_of is _itself:
         return value
     if memo.depth > _MAX_DEPTH:
@@ -230,7 +232,7 @@ def static_key_function(kind: type) -> Callable[[Any], Any] | None:
     `_partition`); `None`: by itself, `==` and `hash` being its key."""
     if kind is float:  # the fast path writes this one out
         return float_key
-    key_of = _KEYS_OF.get(kind) or _key_of(kind)
+    key_of = _KEYS_OF.get(kind) or _key_of_class(kind)
     if key_of is _itself:
         return None
     if kind is set:

@@ -54,21 +54,19 @@ from ._binding import (
     Source,
     Sources,
 )
+from ._cache import per_class
 from ._entry import CallUnderWay, TOP_CALL
 from ._errors import call_checked
 from ._exact import exact_values, float_key, key as exact_key, unchanging
 from ._leaves import is_leaf_type
 from ._output import Carried, OutputSpec
-from ._partition import Partition
+from ._partition import Partition, WRITTEN_KEYS
 from ._structure import MAX_DEPTH, PyTreeDef, shape_of
 
 
 # Read when a reader or builder is made: a test that changes it clears
 # the caches (`filterjit.clear_caches()`) to drop those already made.
 ENABLED = os.environ.get("FILTERJIT_FASTPATH", "1") != "0"
-
-# Partitions with up to this many static leaves have their key written out.
-_WRITTEN_KEYS = 64
 
 
 # Generated code is filed under the package's directory (JAX leaves its frames out
@@ -168,6 +166,28 @@ Hit = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 def miss(fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Unfinished:
     """The hit of a level with no partition to read calls of: always `MISS`."""
     return MISS
+
+
+def chained(hits: Sequence[Hit]) -> Hit:
+    """The hit that tries each of `hits` in turn, `MISS` where all miss (as
+    `jax.jit`'s cache holds every signature at once, so that calls alternating
+    between partitions stay on the fast path)."""
+    if not hits:
+        return miss
+    if len(hits) == 1:
+        return hits[0]
+    first, *rest = hits
+
+    def hit(f: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+        o = first(f, a, k)
+        if o is MISS:
+            for other in rest:
+                o = other(f, a, k)
+                if o is not MISS:
+                    return o
+        return o
+
+    return hit
 
 
 def hit_caller(
@@ -447,7 +467,7 @@ class _Writer:
         static = partition.static_positions
         if not static:
             return self.constant(partition.program)
-        if len(static) > _WRITTEN_KEYS:
+        if len(static) > WRITTEN_KEYS:
             return f"{self.constant(partition.reference_key)}({whole})"
         rekeys = dict(partition.rekeys)
         parts = [self.constant(partition.program)]
@@ -571,7 +591,7 @@ class _Writer:
             self.check(f"type({x}) is not {self.constant(kind)}")  # length: `values`
             if kind is list:
                 self.lists.add(x)
-            return self.values(treedef, types, x)
+            return self.values(treedef, types, x, immutable=kind is tuple)
         if kind is dict and all(type(key) is str for key in data):
             # JAX takes the values in the order of the sorted keys; keys of one
             # type, strings, sort one way whatever order they were inserted in.
@@ -594,12 +614,22 @@ class _Writer:
         layout = _layout(kind)
         if (
             layout is None
-            or len(treedef.children()) != len(layout[0])
+            or len(treedef.children()) != len(layout.dynamic)
             or type(data) is not tuple
-            or data[0] is not layout[2]  # fields beyond its own (a wrapper's)
         ):
             return None
-        dynamic, static, _ = layout
+        if data[0] is layout.plain:
+            static, recorded_values = layout.static, data[1:]
+        elif (
+            layout.wrapper is not None
+            and type(data[0]) is tuple
+            and not any(value is layout.plain for value in data[0])  # all there
+        ):
+            static = layout.static + layout.wrapper  # the wrapped function's metadata
+            recorded_values = data[1:] + data[0]
+        else:
+            return None
+        dynamic = layout.dynamic
         self.check(f"type({x}) is not {self.constant(kind)}")
         fields = self.variable()
         self.lines.append(f"{fields} = _dict_of({x}, '__dict__')")
@@ -609,19 +639,19 @@ class _Writer:
             # `==` of the tuples is true), else equal, and exactly, by the key's
             # hash recomputed too: `scale=1` is not the `scale=1.0` recorded, and an
             # object changed in place is not the one recorded.
-            recorded = self.constant(data[1:])
+            recorded = self.constant(recorded_values)
             if len(static) <= 4:
                 taken = [f"{fields}[{self.constant(key)}]" for key in static]
                 same = " and ".join(
                     f"{value} is {self.constant(known)}"
-                    for value, known in zip(taken, data[1:])
+                    for value, known in zip(taken, recorded_values)
                 )
                 statics = f"({''.join(f'{value}, ' for value in taken)})"
             else:
                 statics = self.items(fields, static)
                 same = f"all(map(_is, {statics}, {recorded}))"
             differs = f"{statics} != {recorded}"
-            exact = exact_values(data[1:])
+            exact = exact_values(recorded_values)
             if exact is not None:
                 keyed, hashed = self.constant(exact), self.constant(hash(exact))
                 found = self.variable()
@@ -629,7 +659,7 @@ class _Writer:
                     f" or hash({found} := _exact_key({statics})) != {hashed}"
                     f" or {found} != {keyed}"
                 )
-            if unchanging(data[1:]):
+            if unchanging(recorded_values):
                 differs = f"not ({same}) and ({differs})"
             self.check(differs)
         return self.values(treedef, types, self.items(fields, dynamic))
@@ -722,22 +752,34 @@ class _Writer:
         return self.node(treedef, types, x)
 
     def values(
-        self, treedef: PyTreeDef, types: tuple[type, ...], values: str
+        self,
+        treedef: PyTreeDef,
+        types: tuple[type, ...],
+        values: str,
+        immutable: bool = False,
     ) -> list[str] | None:
         """Checks `values`, a sequence, against `treedef`'s children: as many, and
-        each as its child."""
+        each as its child. `immutable`: a `tuple`, whose items stay the objects
+        they are."""
         children = treedef.children()
         if treedef.num_nodes == len(types) + 1 and len(children) > 4:
             # Many children, every one a leaf: their types at C speed.
             if len(set(types)) == 1:  # as many, all of that type
                 (kind,) = set(types)
                 count, kind_name = len(children), self.constant(kind)
-                self.check(
+                differs = (
                     f"len({values}) != {count} or "
                     f"_count_of(map(type, {values}), {kind_name}) != {count}"
                 )
             else:
-                self.check(f"tuple(map(type, {values})) != {self.constant(types)}")
+                differs = f"tuple(map(type, {values})) != {self.constant(types)}"
+            if immutable:
+                # A tuple checked before is checked still: its items cannot change.
+                checked = self.constant([None])
+                self.check(f"{values} is not {checked}[0] and ({differs})")
+                self.lines.append(f"{checked}[0] = {values}")
+            else:
+                self.check(differs)
             if not all(map(is_leaf_type, types)):  # leaves until registered
                 self.check(f"not _all_leaves({values})")
             return [self.starred(values, len(children))]
@@ -759,21 +801,7 @@ class _Writer:
         return leaves
 
 
-def _per_class(compute: Callable[[type], Any]) -> Callable[[type], Any]:
-    """`compute`, remembered per class as long as the class lives."""
-    found: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
-
-    def lookup(cls: type) -> Any:
-        try:
-            return found[cls]
-        except KeyError:
-            found[cls] = value = compute(cls)
-            return value
-
-    return lookup
-
-
-@_per_class
+@per_class
 def _is_namedtuple(cls: type) -> bool:
     """Whether JAX flattens `cls` as a namedtuple (its items, in order, with
     tuple's own iteration and length) rather than with a registration of its
@@ -795,22 +823,51 @@ def _is_namedtuple(cls: type) -> bool:
         return False
 
 
-@_per_class
-def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], Any] | None:
-    """How JAX flattens an `eqx.Module` class whose `__dict__` holds exactly its
-    fields: the fields that are its children, in order, the others, and what
-    precedes their values in its node data; as JAX's flatten of a probe instance
-    (a sentinel in each field) confirms it, else `None`."""
+class ModuleLayout(NamedTuple):
+    """How JAX flattens an `eqx.Module` class (see `_layout`): the fields that are
+    its children, in order, the others (static), what precedes their values in its
+    node data for an instance holding its fields alone, and the names of the
+    function's metadata that a wrapper (`eqx.module_update_wrapper`) also holds in
+    its `__dict__`, in the order its node data gives their values (`None` where
+    JAX does not flatten such a wrapper so)."""
+
+    dynamic: tuple[str, ...]
+    static: tuple[str, ...]
+    plain: Any
+    wrapper: tuple[str, ...] | None
+
+
+# What `eqx.module_update_wrapper` copies from the function into a wrapper's
+# `__dict__`, confirmed per class by `_layout`.
+_WRAPPER_NAMES = (
+    "__module__",
+    "__name__",
+    "__qualname__",
+    "__doc__",
+    "__annotations__",
+)
+
+
+def _probe(cls: type, values: dict[str, object]) -> tuple[list[Any], PyTreeDef]:
+    """JAX's flatten of an instance of `cls` whose `__dict__` is `values`."""
+    probe = object.__new__(cls)
+    object.__getattribute__(probe, "__dict__").update(values)
+    return jax.tree_util.default_registry.flatten(probe)
+
+
+@per_class
+def _layout(cls: type) -> ModuleLayout | None:
+    """How JAX flattens an `eqx.Module` class whose `__dict__` holds its fields
+    (and, for a wrapper, the function's metadata): as JAX's flatten of probe
+    instances (a sentinel in each field) confirms it, else `None`."""
     try:
         fields = dataclasses.fields(cls)
         dynamic = tuple(f.name for f in fields if not f.metadata.get("static", False))
         static = tuple(f.name for f in fields if f.metadata.get("static", False))
-        probe = object.__new__(cls)
         sentinels = {f.name: object() for f in fields}
-        object.__getattribute__(probe, "__dict__").update(sentinels)
-        leaves, treedef = jax.tree_util.default_registry.flatten(probe)
+        leaves, treedef = _probe(cls, sentinels)
         kind, data = treedef.node_data()
-        if (
+        if not (
             kind is cls
             and treedef.num_nodes == len(dynamic) + 1
             and len(leaves) == len(dynamic)
@@ -819,10 +876,15 @@ def _layout(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], Any] | None:
             and len(data) == len(static) + 1
             and all(map(operator.is_, data[1:], map(sentinels.get, static)))
         ):
-            return dynamic, static, data[0]
+            return None
+        metadata = {name: object() for name in _WRAPPER_NAMES}
+        _, wrapped = _probe(cls, sentinels | metadata)
+        found = wrapped.node_data()[1][0]
+        expected = tuple(metadata.values())
+        wrapper = _WRAPPER_NAMES if found == expected else None
+        return ModuleLayout(dynamic, static, data[0], wrapper)
     except Exception:  # an abstract class, a class that is not a dataclass
-        pass
-    return None
+        return None
 
 
 def _immutable(treedef: PyTreeDef) -> bool:

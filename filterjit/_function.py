@@ -149,11 +149,12 @@ def defaults_source(fun: Any) -> DefaultsSource | None:
     return None if found is None else DefaultsSource(weakref.ref(found[0]), found[1])
 
 
-def in_call_tree(fun: Any) -> bool:
+def in_call_tree(fun: Any, treedef: PyTreeDef | None = None) -> bool:
     """Whether a wrapped callable is part of each call's pytree: a pytree (a Module,
-    a `jtu.Partial`) or a leaf compared by value, not by identity (a function)."""
-    treedef = jtu.tree_structure(fun)
-    leaf = treedef.num_nodes == 1 and treedef.num_leaves == 1
+    a `jtu.Partial`) or a leaf compared by value, not by identity (a function).
+    `treedef`: its structure, where known."""
+    structure = jtu.tree_structure(fun) if treedef is None else treedef
+    leaf = structure.num_nodes == 1 and structure.num_leaves == 1
     return not leaf or type(fun).__eq__ is not object.__eq__
 
 

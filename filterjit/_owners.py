@@ -15,7 +15,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from ._cache import BoundedCache
+from ._cache import BoundedCache, per_class
 from ._dispatch import Dispatcher
 from ._exact import exact_aux
 from ._function import in_call_tree
@@ -91,16 +91,23 @@ def _owner(fun: Any) -> tuple[Any, Any]:
         owner, key = _owner(fun.func)
         # A bound method (`Method`) apart from a partial (for donation).
         return owner, (type(fun), key, len(fun.args), tuple(fun.keywords))
-    if not in_call_tree(fun):
+    leaves, treedef = jtu.tree_flatten(fun)
+    if not in_call_tree(fun, treedef):
         # Compared by identity, and so called as itself: the owner of its own caches
         # (a method-like object made anew on each access is a function of its own).
         return fun, None
-    leaves, treedef = jtu.tree_flatten(fun)
-    call = inspect.getattr_static(type(fun), "__call__", None)
-    owner = call if isinstance(call, types.FunctionType) else type(fun)
+    owner = _call_owner(type(fun))
     # Its structure and static leaves, keyed as static arguments are (arrays aside).
     keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
     return owner, (treedef, exact_aux(treedef), tuple(keys))
+
+
+@per_class
+def _call_owner(cls: type) -> Any:
+    """What owns the caches of the callable instances of `cls`: its `__call__`
+    where that is a Python function, else the class."""
+    call = inspect.getattr_static(cls, "__call__", None)
+    return call if isinstance(call, types.FunctionType) else cls
 
 
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:

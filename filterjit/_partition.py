@@ -1,6 +1,7 @@
 """Which leaves of a call are traced, and the cache key made from the others."""
 
 import operator
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +34,13 @@ def static_key(leaf: Any) -> Any:
     return leaf if rekey is None else rekey(leaf)
 
 
-def _taker(positions: Sequence[int], count: int) -> Callable[[list[Any]], Any]:
+# Partitions with up to this many static leaves have their key written out by the
+# fast path; beyond, `reference_key` makes it, the static floats' bits in one bytes
+# object (at C speed, and hashed once a call).
+WRITTEN_KEYS = 64
+
+
+def _taker(positions: Sequence[int], count: int) -> Callable[[Sequence[Any]], Any]:
     """A function from a list of `count` leaves to those at `positions`."""
     if len(positions) == count:
         return lambda leaves: leaves
@@ -61,6 +68,7 @@ class Partition:
         "take_dynamic",
         "_take_static",
         "rekeys",
+        "_keys_of_statics",
         "exact",
         "level",
         "staged",
@@ -109,6 +117,7 @@ class Partition:
         self._take_static = _taker(static, len(types))
         # (index among the static leaves, its key function) where not the leaf.
         self.rekeys = tuple(rekeys)
+        self._keys_of_statics = _keys_of_statics(static_types, self.rekeys)
         # Whether two calls of one key may hold static leaves that differ (equal by
         # `==`, containers), so that a trace must take the call's own.
         self.by_eq = not all(map(_exact.determined, static_types))
@@ -117,7 +126,7 @@ class Partition:
         """The cache key of a call's leaves: the program, then its static keys."""
         if not self.static_positions:
             return self.program
-        return (self.program, *self.statics(leaves))
+        return (self.program, *self._keys_of_statics(self._take_static(leaves)))
 
     def exactly(self, treedef: PyTreeDef) -> bool:
         """Whether `treedef`, equal to this partition's by `==`, is exactly equal
@@ -125,13 +134,8 @@ class Partition:
         return _exact.same_exact(treedef, self._aux, self.exact, self._hashed)
 
     def statics(self, leaves: list[Any]) -> Sequence[Any]:
-        """The keys of the static leaves."""
-        statics = self._take_static(leaves)
-        if self.rekeys:
-            statics = list(statics)
-            for index, rekey in self.rekeys:
-                statics[index] = rekey(statics[index])
-        return statics
+        """The keys of the static leaves, one each."""
+        return _rekeyed(self._take_static(leaves), self.rekeys)
 
     def roles(self) -> list[str]:
         """What happens to each leaf: "traced", "concrete" (an array passed through
@@ -146,6 +150,40 @@ class Partition:
         """Bytes of the concrete arrays that an entry for these leaves pins (its
         program holds them as constants): a NumPy view pins its base."""
         return sum(_pinned_bytes(leaves[p]) for p in self.array_positions)
+
+
+def _rekeyed(
+    statics: Sequence[Any], rekeys: Sequence[tuple[int, Callable[[Any], Any]]]
+) -> Sequence[Any]:
+    """`statics`, each at an index of `rekeys` keyed by its function."""
+    if not rekeys:
+        return statics
+    keyed = list(statics)
+    for index, rekey in rekeys:
+        keyed[index] = rekey(keyed[index])
+    return keyed
+
+
+def _keys_of_statics(
+    types: tuple[type, ...], rekeys: tuple[tuple[int, Callable[[Any], Any]], ...]
+) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """The function from static leaves of `types` to their part of a call's key:
+    each keyed (`rekeys`), or, beyond `WRITTEN_KEYS` of them, the floats' bits in
+    one bytes object after the others' keys (a float's key is its bits)."""
+    floats = [i for i, kind in enumerate(types) if kind is float]
+    if len(types) <= WRITTEN_KEYS or len(floats) < 2:
+        return lambda statics: _rekeyed(statics, rekeys)
+    others = [i for i, kind in enumerate(types) if kind is not float]
+    at = {index: place for place, index in enumerate(others)}
+    other_rekeys = [(at[i], rekey) for i, rekey in rekeys if i in at]
+    take_floats, take_others = _taker(floats, len(types)), _taker(others, len(types))
+    pack = struct.Struct(f"<{len(floats)}d").pack
+
+    def keys(statics: Sequence[Any]) -> Sequence[Any]:
+        keyed = _rekeyed(take_others(statics), other_rekeys)
+        return (*keyed, pack(*take_floats(statics)))
+
+    return keys
 
 
 def _pinned_bytes(array: Any) -> int:

@@ -2,10 +2,10 @@
 and a canary test (`tests/test_private_jax_api.py`, and `tests/test_export.py` for the
 loader's): where in JAX's trace stack a call happens, which frames JAX shows, what
 a pytree structure holds, the jit equation a nested call emits (its constants the
-caller's), waiting for arrays, the partial a `jtu.Partial` boxes,
-the rule that raises JAX's reverse-mode loop error (wrapped once, to add a note
-and raise it as it was), and for loading an export, the custom-call targets JAX
-guarantees stable and those a StableHLO module calls."""
+caller's), waiting for arrays, the partial a `jtu.Partial` boxes, and for
+loading an export, the custom-call targets JAX guarantees stable and those a
+StableHLO module calls. JAX's rules, modules and classes are read, never
+replaced (`tests/test_private_jax_api.py` compares them before and after import)."""
 
 import functools
 import inspect
@@ -477,65 +477,17 @@ custom_call_targets, custom_call_targets_private = _choose_targets()
 calls, one entry per call."""
 
 
-def made_by(source: object, function_name: str) -> bool:
-    """Whether the stack `source` (see `equation_source`) holds a call of a function
-    named `function_name` (JAX's `"fori_loop"`, say); `False` for `None`."""
-    frames = getattr(source, "frames", None) or ()
-    return any(frame.function_name == function_name for frame in frames)
+class SourceFrame(NamedTuple):
+    """A frame of the stack JAX recorded where an equation was bound."""
+
+    file: str
+    line: int
+    function: str
 
 
-def equation_source(eqn: Any) -> object:
-    """The stack JAX recorded where `eqn` was bound (`None` if none): equal, as a
-    key, to `current_source()` while a transformation of the equation runs."""
-    return getattr(getattr(eqn, "source_info", None), "traceback", None)
-
-
-def current_source() -> object:
-    """The stack of the equation JAX is transforming now, if any (see
-    `equation_source`)."""
-    return getattr(jax.extend.source_info_util.current(), "traceback", None)
-
-
-def _attach_source_now(error: ValueError) -> None:
-    """Has JAX attach to `error` now, before a note is added, the cause it attaches
-    when the error leaves the equation's context (the stack where the loop was
-    made, with the error's message quoted): so that the note is shown once."""
-    source = current_source()
-    traceback = error.__traceback__
-    try:
-        with jax.extend.source_info_util.user_context(source):
-            raise error
-    except ValueError:
-        pass  # raised again by the caller, with its own traceback
-    error.with_traceback(traceback)
-
-
-def note_on_loop_transpose_error(note: Callable[[ValueError], None]) -> None:
-    """Has `note(error)` called on the error JAX raises when reverse-mode
-    differentiation reaches a `lax.while_loop` (its transpose rule, which only
-    raises), then the error raised as it is. Installed once; where JAX keeps its
-    rules elsewhere, nothing is installed and JAX's error stays bare."""
-    try:
-        from jax._src.interpreters.ad import primitive_transposes as rules
-        from jax.extend.core.primitives import while_p
-
-        rule = rules[while_p]
-    except (ImportError, AttributeError, KeyError, TypeError):
-        return
-    if rule in _installed:
-        return  # installed already
-
-    @functools.wraps(rule)
-    def transpose(*args: Any, **params: Any) -> Any:
-        try:
-            return rule(*args, **params)
-        except ValueError as error:
-            _attach_source_now(error)
-            note(error)
-            raise
-
-    _installed.append(transpose)
-    rules[while_p] = transpose
-
-
-_installed: list[Callable[..., Any]] = []  # the rule installed, once
+def source_frames(eqn: Any) -> list[SourceFrame]:
+    """The frames of the stack JAX recorded where `eqn` was bound, innermost first
+    (none where it recorded none)."""
+    traceback = getattr(getattr(eqn, "source_info", None), "traceback", None)
+    frames = getattr(traceback, "frames", None) or ()
+    return [SourceFrame(f.file_name, f.line_num, f.function_name) for f in frames]

@@ -300,7 +300,10 @@ def evict_everything() -> None:
         cache.put(object(), None)  # pyright: ignore[reportArgumentType]
         cache.maxsize = bound
     for dispatcher in list(_dispatch._dispatchers):
+        # The hits of a level's latest routes, which its next calls replace.
         dispatcher.hits[:] = [_fastpath.miss] * len(dispatcher.hits)
+        for latest in dispatcher._latest:
+            latest.clear()
 
 
 class Knob:

@@ -492,3 +492,93 @@ def test_the_library_entry_points_take_the_fast_path(monkeypatch):
         for _ in range(3):
             call(wrapper)
         assert len(reference_calls) == before, name
+
+
+# What `_Scaled` and `_undocumented` were traced (or run) with.
+_TRACED: list[Any] = []
+
+
+class _Scaled(eqx.Module):
+    """A layer with a static field left at its default, `None`."""
+
+    weight: jax.Array
+    activation: Any = eqx.field(static=True, default=None)
+
+    def __call__(self, x):
+        _TRACED.append(x)
+        y = x * self.weight
+        return y if self.activation is None else self.activation(y)
+
+
+def _undocumented(x):
+    _TRACED.append(x)
+    return jnp.tanh(x) * 2
+
+
+@needs_fast_path
+@pytest.mark.parametrize(
+    "pattern", ["int / float", "None / mask", "True / False", "vmap anew", "model anew"]
+)
+def test_calls_whose_static_inputs_vary_stay_on_the_fast_path(monkeypatch, pattern):
+    """Calls alternating between partitions (a static value's type, an optional
+    argument, a flag), and wrappers made anew at every call (`filter_jit` of an
+    `eqx.filter_vmap` wrapper, of a Module rebuilt by `eqx.tree_at`), are served
+    by the fast path once each partition was called twice, with the results of
+    the undecorated function and one trace per partition."""
+    x = jnp.linspace(-1.0, 1.0, 4)
+    traces = _TRACED
+    traces.clear()
+
+    def scale(x, k):
+        traces.append(k)
+        return x * k + 1
+
+    def masked(x, mask):
+        traces.append(mask is None)
+        y = jnp.tanh(x)
+        return y if mask is None else jnp.where(mask, y, 0.0)
+
+    def mode(x, training):
+        traces.append(training)
+        return jnp.tanh(x) * 0.9 if training else jnp.tanh(x)
+
+    model = _Scaled(jnp.ones(4))
+
+    def next_model():
+        nonlocal model
+        model = eqx.tree_at(lambda m: m.weight, model, model.weight + 1.0)
+        return model
+
+    xs = jnp.stack([x, x * 2])
+
+    def plain(wrapper, fun, *args):
+        return lambda: (wrapper, fun, args)
+
+    def vmap_anew():
+        fun = eqx.filter_vmap(_undocumented)
+        return filter_jit(fun), fun, (xs,)
+
+    def model_anew():
+        m = next_model()
+        return filter_jit(m), m, (x,)
+
+    scaled, masks, modes = filter_jit(scale), filter_jit(masked), filter_jit(mode)
+    step = {
+        "int / float": [plain(scaled, scale, x, 2), plain(scaled, scale, x, 2.0)],
+        "None / mask": [plain(masks, masked, x, None), plain(masks, masked, x, x > 0)],
+        "True / False": [plain(modes, mode, x, True), plain(modes, mode, x, False)],
+        "vmap anew": [vmap_anew],
+        "model anew": [model_anew],
+    }[pattern]
+    reference_calls = _count_reference_calls(monkeypatch)
+    for _ in range(2):  # each partition traced, then its hit made
+        for make in step:
+            wrapper, fun, args = make()
+            wrapper(*args)
+    before, traced = len(reference_calls), len(traces)
+    for _ in range(3):
+        for make in step:
+            wrapper, fun, args = make()
+            assert_tree_allclose(wrapper(*args), fun(*args))
+    assert len(reference_calls) == before
+    assert len(traces) == traced + 3 * len(step)  # the undecorated calls alone

@@ -231,3 +231,39 @@ def test_a_numpy_array_changed_after_a_nested_call_is_read_anew_everywhere(x64, 
         assert_tree_allclose(jax.jit(lambda x: g(x, a))(x), x + 15)
         assert_tree_allclose(g(x, a), x + 15)
         assert float(jnp.asarray(a).sum()) == 15
+
+
+def _last_of(x: Any, table: tuple[Any, ...]) -> Any:
+    return x * table[-1] + table[0]
+
+
+@LEVELS
+def test_a_large_static_tuple_of_floats_is_keyed_by_every_floats_bits(level):
+    """Beyond the statics a hit writes out, floats are keyed in one bytes object:
+    still by every float's bits (a zero's sign, a NaN's payload), and a tuple
+    equal to one seen before, or the very same again, traces no more."""
+    g = filter_jit(_last_of)
+    traces = []
+
+    def counted(x: Any, table: tuple[Any, ...]) -> Any:
+        traces.append(table)
+        return _last_of(x, table)
+
+    h = filter_jit(counted)
+    ones = (1.0,) * 100
+    payload = np.array([0x7FF8000000000001], np.uint64).view(np.float64)
+    for table in [
+        ones + (0.0,),
+        ones + (-0.0,),
+        ones + (float("nan"),),
+        ones + (float(payload[0]),),  # a NaN with another payload
+        ones + (1,),  # an int: another partition
+    ]:
+        for _ in range(2):
+            assert_tree_allclose(_at(level, g, table), _last_of(X, table))
+        want = jnp.signbit(_last_of(X, table))
+        assert bool(jnp.all(jnp.signbit(_at(level, g, table)) == want))
+    before = len(traces)
+    for table in [ones + (2.0,), tuple([*ones, 2.0]), ones + (2.0,)]:
+        assert_tree_allclose(_at(level, h, table), _last_of(X, table))
+    assert len(traces) - before == 1  # the three equal tuples share one trace

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import subprocess_env, traceback_frames
+from helpers import run_program, subprocess_env, traceback_frames
 from jax import lax
 
 import filterjit
@@ -153,6 +153,109 @@ def test_importing_filterjit_starts_no_backend():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+# Run in a fresh interpreter: JAX's state before filterjit is imported, then after
+# it is imported and its wrappers called at every level. Printed: what changed, and
+# the rule tables seen (so that the comparison cannot pass by seeing none).
+_JAX_BEFORE_AND_AFTER = """
+import json, sys, types
+
+import equinox  # filterjit's dependencies first: what they change is theirs
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.extend.core import Primitive
+
+
+def snapshot():
+    # By identity: every attribute of JAX's modules and of the classes they define,
+    # each entry of their tables keyed by primitive (a table of tables too) and
+    # each primitive's attributes. By value: JAX's configuration.
+    seen, tables, primitives, modules = {}, set(), set(), set()
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] not in ("jax", "jaxlib"):
+            continue
+        if not isinstance(module, types.ModuleType):
+            continue
+        modules.add(name)
+        for attribute, value in list(vars(module).items()):
+            seen[name, attribute] = value
+            if isinstance(value, type) and value.__module__ == name:
+                for member, inner in list(vars(value).items()):
+                    seen[name, attribute, member] = inner
+            if not isinstance(value, dict):
+                continue
+            inner = [(k, v) for k, v in list(value.items()) if isinstance(v, dict)]
+            for where, table in [(attribute, value), *inner]:
+                for key, rule in list(table.items()):
+                    if isinstance(key, Primitive):
+                        seen[name, where, key] = rule
+                        tables.add(f"{name}.{attribute}")
+                        primitives.add(key)
+    for primitive in primitives:
+        for attribute, value in vars(primitive).items():
+            seen[primitive, attribute] = value
+    return seen, dict(jax.config.values), tables, modules | primitives
+
+
+def run(decorate):
+    def f(x, n):
+        return lax.fori_loop(0, n, lambda _, y: jnp.sin(y), x) * np.float32(2)
+
+    g = decorate(f)
+    x = jnp.ones(3)
+    g(x, 2)
+    jax.grad(lambda x: g(x, 2).sum())(x)
+    jax.vmap(lambda x: g(x, 2))(jnp.ones((2, 3)))
+    jax.jit(lambda x: g(x, 2))(x)
+    jax.block_until_ready(g(x, 3))
+
+
+run(lambda f: jax.jit(f, static_argnums=1))  # JAX's own state made once
+before, config_before, tables, owners = snapshot()
+
+import filterjit
+
+run(filterjit.filter_jit)
+run(lambda f: filterjit.jit(f, static_argnums=1))
+after, config_after, _, _ = snapshot()
+changed = [k for k in before if k not in after or after[k] is not before[k]]
+# Added to what was there before (a module's attribute, a class member, a rule
+# of a primitive); not a module imported since, nor a primitive made since.
+added = [
+    k for k in after
+    if k not in before
+    and k[0] in owners
+    and not (isinstance(k[-1], Primitive) and k[-1] not in owners)
+    and not isinstance(after[k], types.ModuleType)
+]
+config = [k for k in config_before if config_after.get(k) != config_before[k]]
+print(json.dumps({
+    "changed": list(map(repr, changed)),
+    "added": list(map(repr, added)),
+    "config": config,
+    "tables": sorted(tables),
+}))
+"""
+
+
+def test_importing_and_calling_filterjit_changes_nothing_of_jax(tmp_path):
+    # JAX's rules (JVP, transpose, batching, lowering, partial evaluation, ...)
+    # hold for every program in the process: filterjit reads them, never
+    # replaces one, nor any function, class member or setting of JAX's.
+    found = run_program(tmp_path, _JAX_BEFORE_AND_AFTER)
+    assert found["changed"] == [] and found["added"] == [], found
+    assert found["config"] == [], found["config"]
+    for table in [
+        "interpreters.ad.primitive_jvps",
+        "interpreters.ad.primitive_transposes",
+        "interpreters.batching.fancy_primitive_batchers",
+        "interpreters.mlir._lowerings",
+        "interpreters.partial_eval.partial_eval_jaxpr_custom_rules",
+    ]:
+        assert f"jax._src.{table}" in found["tables"], found["tables"]
+
+
 def test_current_equations_reads_the_innermost_trace():
     # If this fails, JAX has moved the equations of a trace in progress
     # (`DynamicJaxprTrace.frame.get_eqns`): runtime checks (`eqx.error_if`) are
@@ -172,17 +275,11 @@ def test_current_equations_reads_the_innermost_trace():
 
 
 def test_the_loop_readers_read_the_trace_in_progress_and_the_loops_stack():
-    # If this fails, JAX has moved a trace's inputs, the stack it records with an
-    # equation, or its `while_loop` transpose rule: the note on the reverse-mode
-    # loop error names every traced scalar, or is missing
-    # (tests/test_errors_in_user_code.py).
-    from jax._src.interpreters.ad import primitive_transposes
-    from jax.extend.core.primitives import while_p
-
-    assert primitive_transposes[while_p] in _trace._installed
+    # If this fails, JAX has moved a trace's inputs or the stack it records with an
+    # equation: the note on the reverse-mode loop error names every traced scalar,
+    # or is missing (tests/test_errors_in_user_code.py).
     seen = []
 
-    @jax.jit
     def f(x, n):
         y = lax.fori_loop(0, n, lambda _, y: y * 2, x)
         (loop,) = _trace.current_equations() or []
@@ -190,12 +287,15 @@ def test_the_loop_readers_read_the_trace_in_progress_and_the_loops_stack():
         seen.append((loop.invars[1] is inputs[1], loop))
         return y
 
-    f(1.0, 3)
+    jax.jit(f)(1.0, 3)
     ((same, loop),) = seen
     assert same
-    source = _trace.equation_source(loop)
-    assert _trace.made_by(source, "fori_loop")
-    assert not _trace.made_by(source, "scan") and not _trace.made_by(None, "fori_loop")
+    functions = [frame.function for frame in _trace.source_frames(loop)]
+    assert "fori_loop" in functions and "scan" not in functions
+    # Where: the line of the `fori_loop`.
+    where = (f.__code__.co_filename, f.__code__.co_firstlineno + 1)
+    assert where in {(frame.file, frame.line) for frame in _trace.source_frames(loop)}
+    assert _trace.source_frames(None) == []
     assert _trace.current_inputs() is None  # no staged trace
 
 

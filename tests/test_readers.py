@@ -848,8 +848,13 @@ def test_module_layouts_are_confirmed_by_jax():
     for cls in (Flat, SubFlat, Bare, Outer, eqx.nn.Linear, eqx.nn.MLP):
         layout = _fastpath._layout(cls)
         assert layout is not None, cls
-    dynamic, static, _ = _fastpath._layout(Flat)
-    assert static == ("scale",) and dynamic == ("a", "b")
+    layout = _fastpath._layout(Flat)
+    assert layout is not None
+    assert layout.static == ("scale",) and layout.dynamic == ("a", "b")
+    # A wrapper made by `eqx.module_update_wrapper` holds the function's metadata
+    # too, and is read with it.
+    wrapper = _fastpath._layout(type(eqx.filter_vmap(jnp.tanh)))
+    assert wrapper is not None and wrapper.wrapper is not None
 
 
 def test_namedtuple_classes_are_confirmed_by_jax():

@@ -7,13 +7,16 @@ import inspect
 import sys
 import types
 import typing
+import weakref
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
+import equinox as eqx
 import jax.tree_util as jtu
 
 from . import _trace
 from ._aot import Lowered, Specialisation, Traced
+from ._cache import per_class
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
 from ._fastpath import Hit, Unfinished
@@ -31,21 +34,72 @@ _S = TypeVar("_S")
 _W = TypeVar("_W", bound="Wrapper[Any, Any]")
 
 
-def _copy_metadata(wrapper: Any, fun: Any) -> None:
-    # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
-    wrapper.__wrapped__ = fun
-    wrapper.__name__ = getattr(fun, "__name__", None) or name_of(fun)
-    wrapper.__qualname__ = name_of(fun)
-    wrapper.__doc__ = getattr(fun, "__doc__", None)
-    wrapper.__module__ = getattr(fun, "__module__", None) or __name__
-    wrapper.__annotations__ = getattr(fun, "__annotations__", {})
-    # Where the annotations' names resolve (for jaxtyping's `jaxtyped`).
+# What `_copy_metadata` reads of a function, besides `__wrapped__`.
+_METADATA = (
+    "__name__",
+    "__qualname__",
+    "__doc__",
+    "__module__",
+    "__annotations__",
+    "__globals__",
+)
+
+
+def _metadata(fun: Any) -> dict[str, Any]:
+    """As `functools.wraps` copies it, and where the annotations' names resolve
+    (for jaxtyping's `jaxtyped`)."""
     inner = unwrapped(fun)
     namespace = getattr(inner, "__globals__", None)
     if namespace is None:  # a callable object: its class's module
         module = sys.modules.get(getattr(type(inner), "__module__", ""))
         namespace = vars(module) if module is not None else {}
-    wrapper.__globals__ = namespace
+    return {
+        "__name__": getattr(fun, "__name__", None) or name_of(fun),
+        "__qualname__": name_of(fun),
+        "__doc__": getattr(fun, "__doc__", None),
+        "__module__": getattr(fun, "__module__", None) or __name__,
+        "__annotations__": getattr(fun, "__annotations__", {}),
+        "__globals__": namespace,
+    }
+
+
+@per_class
+def _metadata_is_the_class(cls: type) -> bool:
+    """Whether an instance of `cls` holding none of `_METADATA` in its `__dict__`
+    has its class's: an `eqx.Module` (no `__getattr__`, and found by `getattr` as
+    class attributes, none a descriptor that could read the instance)."""
+    if not issubclass(cls, eqx.Module):
+        return False
+    names = (*_METADATA, "__wrapped__", "__getattr__")
+    # As an instance finds them: in the classes of its MRO, not its metaclass.
+    found = [vars(base)[n] for base in cls.__mro__ for n in names if n in vars(base)]
+    return not any(hasattr(type(value), "__get__") for value in found)
+
+
+# Per Module class (see `_metadata_is_the_class`), its instances' metadata.
+_class_metadata: "weakref.WeakKeyDictionary[type, dict[str, Any]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _copy_metadata(wrapper: Any, fun: Any) -> None:
+    # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
+    # A Module made anew at every step is wrapped at every step: its class's read
+    # once.
+    wrapper.__wrapped__ = fun
+    cls = type(fun)
+    own = getattr(fun, "__dict__", None)
+    if (
+        type(own) is dict
+        and _metadata_is_the_class(cls)
+        and own.keys().isdisjoint(_METADATA)
+    ):
+        metadata = _class_metadata.get(cls)
+        if metadata is None:
+            metadata = _class_metadata.setdefault(cls, _metadata(fun))
+    else:
+        metadata = _metadata(fun)
+    wrapper.__dict__.update(metadata)
 
 
 def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:

@@ -220,3 +220,47 @@ def test_explain_changes_nothing():
     assert filterjit.explain(f, jnp.ones(1), 1).cache_hit
     assert not filterjit.explain(f, jnp.ones(1), 2).cache_hit
     assert counter.count == 1
+
+
+class _Documented(eqx.Module):
+    """A documented layer."""
+
+    weight: jax.Array
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x * self.weight
+
+
+class _Named(eqx.Module):
+    """Named by its field."""
+
+    label: str = eqx.field(static=True)
+
+    @property
+    def __name__(self) -> str:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return self.label
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x
+
+
+def _wraps_metadata(fun: Any) -> tuple[Any, ...]:
+    names = ("__name__", "__qualname__", "__doc__", "__module__", "__annotations__")
+    return tuple(getattr(fun, name, None) for name in names)
+
+
+def test_a_module_wrapped_anew_has_the_metadata_of_each_instance():
+    """Modules made anew at every step are wrapped with their class's metadata (read
+    once per class); where an instance's metadata may differ from its class's (a
+    property, metadata of its own as Equinox's wrappers hold), each its own."""
+    for weight in (1.0, 2.0):
+        wrapped = filter_jit(_Documented(jnp.array(weight)))
+        assert wrapped.__doc__ == "A documented layer."
+        assert wrapped.__qualname__ == _Documented.__qualname__
+        assert wrapped.__module__ == __name__
+        assert wrapped.__globals__ is globals()
+    for label in ("encoder", "decoder"):
+        assert filter_jit(_Named(label)).__name__ == label
+    for fun in (jnp.tanh, jnp.sin):
+        vmapped = eqx.filter_vmap(fun)
+        assert _wraps_metadata(filter_jit(vmapped))[:4] == _wraps_metadata(vmapped)[:4]

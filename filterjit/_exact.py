@@ -117,7 +117,7 @@ def _sequence(values: Sequence[Any], memo: _Memo) -> tuple[Any, Any]:
     if found <= _ITSELF:  # at C speed
         return kinds, tuple(values)
     if found == {float}:  # every bit, zeros' signs and NaNs' included
-        return float, np.array(values, dtype=np.float64).tobytes()
+        return float, struct.pack(f"<{len(values)}d", *values)
     return kinds, tuple(_key(value, memo) for value in values)
 
 

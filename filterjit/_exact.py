@@ -102,6 +102,14 @@ _ITSELF = frozenset(
 )
 
 
+# Types whose values are keyed without a memo: those above, and floats by bits.
+_ATOMS = _ITSELF | {float}
+
+
+def _atom(value: Any) -> Any:
+    return float_key(value) if type(value) is float else value
+
+
 class _Memo(dict[int, Any]):
     """The keys of the containers met so far in one key's computation, by id (a
     value holding one object at many places is keyed in time linear in its size),
@@ -118,6 +126,8 @@ def _sequence(values: Sequence[Any], memo: _Memo) -> tuple[Any, Any]:
         return kinds, tuple(values)
     if found == {float}:  # every bit, zeros' signs and NaNs' included
         return float, struct.pack(f"<{len(values)}d", *values)
+    if found <= _ATOMS:
+        return kinds, tuple(map(_atom, values))
     return kinds, tuple(_key(value, memo) for value in values)
 
 

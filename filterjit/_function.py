@@ -197,7 +197,8 @@ def as_held(fun: Any) -> Any:
             func, args = func.__func__, (func.__self__, *args)
         held = Bound if _is_node(func) else jtu.Partial
         return held(func, *args, **fun.keywords)
-    if isinstance(fun, types.MethodType) or _is_module_method(fun):
+    # By the type: `isinstance` asks a Module for its `__class__`, in Python.
+    if type(fun) is types.MethodType or _is_module_method(fun):
         method: Any = fun
         return Method(method.__func__, method.__self__)
     return fun
@@ -208,12 +209,24 @@ def _is_node(fun: Any) -> bool:
     return not jtu.treedef_is_leaf(jtu.tree_structure(fun))
 
 
+def own_dict(fun: Any) -> dict[str, Any] | None:
+    """`fun`'s instance `__dict__`, read past a `__getattribute__` of its class's
+    (an `eqx.Module`'s, which costs a Python call and, for a name it lacks, an
+    exception); `None` without one."""
+    try:
+        found = object.__getattribute__(fun, "__dict__")
+    except AttributeError:
+        return None
+    return found if type(found) is dict else None
+
+
 def _is_module_method(fun: Any) -> bool:
-    # `module.method`: a Module holding the function and the instance.
+    # `module.method`: a Module holding the function and the instance as fields.
+    own = own_dict(fun) if issubclass(type(fun), eqx.Module) else None
     return (
-        isinstance(fun, eqx.Module)
-        and isinstance(getattr(fun, "__func__", None), types.FunctionType)
-        and isinstance(getattr(fun, "__self__", None), eqx.Module)
+        own is not None
+        and isinstance(own.get("__func__"), types.FunctionType)
+        and isinstance(own.get("__self__"), eqx.Module)
     )
 
 

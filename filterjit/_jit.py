@@ -20,7 +20,7 @@ from ._cache import per_class
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
 from ._fastpath import Hit, Unfinished
-from ._function import as_held, name_of, unwrapped
+from ._function import as_held, name_of, own_dict, unwrapped
 from ._level import STAGED, TOP
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
@@ -88,9 +88,9 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
     # once.
     wrapper.__wrapped__ = fun
     cls = type(fun)
-    own = getattr(fun, "__dict__", None)
+    own = own_dict(fun)
     if (
-        type(own) is dict
+        own is not None
         and _metadata_is_the_class(cls)
         and own.keys().isdisjoint(_METADATA)
     ):

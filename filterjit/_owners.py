@@ -87,7 +87,7 @@ def _forget(key: Any, holder: "_Holder | None") -> None:
 
 def _owner(fun: Any) -> tuple[Any, Any]:
     """What owns `fun`'s caches, and its key there."""
-    if isinstance(fun, jtu.Partial):
+    if issubclass(type(fun), jtu.Partial):  # not `isinstance`: see `as_held`
         owner, key = _owner(fun.func)
         # A bound method (`Method`) apart from a partial (for donation).
         return owner, (type(fun), key, len(fun.args), tuple(fun.keywords))

@@ -3,8 +3,8 @@
 --check`), on a one-file suite that it takes, as it takes Equinox's, from a git
 directory at the tag of the installed version: it counts the `equinox.filter_jit`
 wrappers each library made, fails on a test that passes released and fails
-patched unless it passes when run again alone, and fails on a suite of another
-version."""
+patched, unless run again alone it passes patched or fails released too, and
+fails on a suite of another version."""
 
 import json
 import os
@@ -41,6 +41,10 @@ def test_notes_the_jit():
 
 def test_fails_patched_after_the_others_and_passes_alone():
     assert not any(module.startswith("filterjit") for module in _SEEN)
+
+
+def test_passes_released_after_the_others_and_fails_alone():
+    assert _SEEN == ["equinox._jit"]
 """
 
 
@@ -97,19 +101,27 @@ def test_the_equinox_leg_counts_wrappers_and_fails_on_a_regression(tmp_path):
     assert lost == {
         "test_passes_released_only",
         "test_fails_patched_after_the_others_and_passes_alone",
+        "test_passes_released_after_the_others_and_fails_alone",
     }, patched
     # Equinox's wrappers made before the count began (its own, at import) are the
     # ones patch_equinox() swaps, each for one of filterjit's.
     assert unpatched["made"] == {"filterjit": 0, "equinox": 3}, unpatched
     assert patched["made"]["equinox"] == 0, patched
     assert patched["made"]["filterjit"] >= 3, patched
-    # The verdict: one regression; the test that passes alone is not one.
+    # The verdict: one regression, which failed patched and passed released alone
+    # in each of three rounds; the test that passes patched alone is not one, nor
+    # the one that fails alone released too.
+    assert result.stdout.count(" run again alone, round ") == 3, result.stdout
     last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("equinox: FAIL: 1 of the 4 tests that pass unpatched "), last
-    assert "(tests/test_suite.py::test_passes_released_only)" in last, last
+    assert last.startswith("equinox: FAIL: 1 of the 5 tests that pass unpatched "), last
+    assert "alone (tests/test_suite.py::test_passes_released_only)" in last, last
     assert (
         "1 failed patched in the suite and passed run again alone "
         "(tests/test_suite.py::test_fails_patched_after_the_others_and_passes_alone)"
+    ) in last, last
+    assert (
+        "1 failed patched in the suite and failed run again alone unpatched too "
+        "(tests/test_suite.py::test_passes_released_after_the_others_and_fails_alone)"
     ) in last, last
 
 

@@ -39,9 +39,11 @@ tree; `--json FILE` writes every test's outcome. Each run counts the
 `equinox.filter_jit` wrappers that filterjit and Equinox made during it.
 
 `--check` (what CI's equinox leg runs, .ci/equinox) runs each test that passes
-unpatched and not patched again alone, patched, then prints a closing line per
-suite, and exits 1 if such a test fails again (or a run ran no test, timed out, or
-was not patched): a test that fails only under load, a timing test, passes alone.
+unpatched and not patched again alone, unpatched then patched, up to three times,
+then prints a closing line per suite, and exits 1 if such a test failed patched
+each time and passed unpatched each time (or a run ran no test, timed out, or was
+not patched). A test that fails only under load (a timing test) passes patched
+once, or fails unpatched too; either way it is named, not counted.
 
 `--target jax.jit` puts `filterjit.jit` in place of `jax.jit` instead, for JAX's own
 tests (a checkout of JAX's tests at the tag of the installed version). The plugin
@@ -70,6 +72,7 @@ results.
 import argparse
 import dataclasses
 import importlib.util
+import itertools
 import json
 import os
 import resource
@@ -89,6 +92,9 @@ PLUGIN = "_filterjit_peers_plugin"
 RUNS = ("unpatched", "patched")
 # How many times a run that crashed resumes past the test it crashed in.
 MAX_CRASHES = 5
+# How many times `--check` runs a test that passes unpatched and not patched
+# again alone, each way.
+ROUNDS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,6 +452,15 @@ def _cell(text: str, limit: int = 160) -> str:
     return text.replace("|", "\\|").replace("`", "'")
 
 
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """The tests that passed unpatched and not patched, run again alone, each way
+    (`--check`)."""
+
+    tests: tuple[str, ...]
+    runs: dict[str, Run]
+
+
 def lost_tests(runs: dict[str, Run]) -> list[str]:
     """The tests that pass unpatched and do not pass patched (or did not run)."""
     before, after = runs["unpatched"], runs["patched"]
@@ -456,12 +471,50 @@ def lost_tests(runs: dict[str, Run]) -> list[str]:
     )
 
 
-def check(suite: Suite, runs: dict[str, Run], rerun: Run | None) -> tuple[bool, str]:
+def run_again(
+    suite: Suite,
+    lost: list[str],
+    target: str,
+    workdir: Path,
+    timeout: float,
+    clear_caches: bool,
+) -> list[Round]:
+    """Runs the tests in `lost` again alone, unpatched then patched, up to `ROUNDS`
+    times: each until it passes patched or fails unpatched (either way, not
+    filterjit's doing), or has failed patched and passed unpatched every time."""
+    rounds: list[Round] = []
+    left = tuple(lost)
+    while left and len(rounds) < ROUNDS:
+        number = len(rounds) + 1
+        print(
+            f"<!-- {suite.name}: {len(left)} run again alone, round {number} -->",
+            flush=True,
+        )
+        again = Suite(f"{suite.name}-again{number}", suite.directory, left)
+        runs = {
+            label: run_suite(
+                again, target, label == "patched", workdir, timeout, clear_caches
+            )
+            for label in RUNS
+        }
+        rounds.append(Round(left, runs))
+        left = tuple(
+            n
+            for n in left
+            if runs["unpatched"].outcomes.get(n) == "passed"
+            and runs["patched"].outcomes.get(n) != "passed"
+        )
+    return rounds
+
+
+def check(suite: Suite, runs: dict[str, Run], rounds: list[Round]) -> tuple[bool, str]:
     """Whether the suite passes patched as it passes unpatched, and one line that
-    says so: every test that passes unpatched passes patched, or passes when run
-    again alone, patched (`rerun`: a test that fails under load either way, a
-    timing test, is not filterjit's); both runs ran, to the end, and the patched
-    one with filterjit in place."""
+    says so: no test that passes unpatched fails patched, in the suite and again
+    alone in each of `rounds` (`run_again`), where it passed unpatched each time.
+    A test that passes patched once alone, or fails alone unpatched too (a timing
+    test under load, a test that needs the tests before it), is named, and not
+    counted. Both runs ran, to the end, and the patched one with filterjit in
+    place."""
     before, after = runs["unpatched"], runs["patched"]
     counts = "; ".join(
         f"{label} {run.count('passed')} passed, {run.count('failed')} failed, "
@@ -476,13 +529,20 @@ def check(suite: Suite, runs: dict[str, Run], rerun: Run | None) -> tuple[bool, 
             problems.append(f"the {label} run timed out")
     if not after.filter_jit.startswith("filterjit."):
         problems.append(f"not patched: the patched run saw {after.filter_jit}")
-    lost = lost_tests(runs)
-    flaky = [n for n in lost if rerun is not None and rerun.outcomes.get(n) == "passed"]
-    regressions = [n for n in lost if n not in flaky]
+    flaky, released_too, regressions = [], [], []
+    for nodeid in lost_tests(runs):
+        alone = [r.runs for r in rounds if nodeid in r.tests]
+        if any(r["patched"].outcomes.get(nodeid) == "passed" for r in alone):
+            flaky.append(nodeid)
+        elif all(r["unpatched"].outcomes.get(nodeid) == "passed" for r in alone):
+            regressions.append(nodeid)
+        else:
+            released_too.append(nodeid)
     if regressions:
         problems.append(
             f"{len(regressions)} of the {before.count('passed')} tests that pass "
-            f"unpatched fail patched ({', '.join(regressions)})"
+            f"unpatched fail patched, in the suite and alone "
+            f"({', '.join(regressions)})"
         )
     line = f"{suite.name}: " + ("FAIL: " + "; ".join(problems) if problems else "PASS")
     line += f". {counts}"
@@ -490,6 +550,11 @@ def check(suite: Suite, runs: dict[str, Run], rerun: Run | None) -> tuple[bool, 
         line += (
             f"; {len(flaky)} failed patched in the suite and passed run again "
             f"alone ({', '.join(flaky)})"
+        )
+    if released_too:
+        line += (
+            f"; {len(released_too)} failed patched in the suite and failed run "
+            f"again alone unpatched too ({', '.join(released_too)})"
         )
     return not problems, line + "."
 
@@ -590,9 +655,10 @@ def _parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Suite]]:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="run again alone, patched, each test that passes unpatched and not "
-        "patched; then print a line per suite, and exit 1 if one still fails "
-        "patched (or a run ran no test, timed out, or was not patched)",
+        help="run each test that passes unpatched and not patched again alone, "
+        "each way, up to three times; then print a line per suite, and exit 1 if "
+        "one failed patched and passed unpatched each time (or a run ran no test, "
+        "timed out, or was not patched)",
     )
     parser.add_argument("--json", type=Path, help="also write the outcomes here")
     parser.add_argument(
@@ -672,16 +738,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     args.clear,
                 )
             print(report(suite, runs, args.target), flush=True)
+            rounds: list[Round] = []
             if args.check:
                 lost = lost_tests(runs)
-                rerun = None
                 if lost and not runs["patched"].timed_out:
-                    print(f"<!-- {suite.name}: {len(lost)} run again ... -->")
-                    again = Suite(f"{suite.name}-again", suite.directory, tuple(lost))
-                    rerun = run_suite(
-                        again, args.target, True, workdir, args.timeout, args.clear
+                    rounds = run_again(
+                        suite, lost, args.target, workdir, args.timeout, args.clear
                     )
-                verdicts.append(check(suite, runs, rerun))
+                verdicts.append(check(suite, runs, rounds))
             everything[suite.name] = {
                 label: {
                     "outcomes": run.outcomes,
@@ -702,8 +766,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.json.write_text(json.dumps(everything, indent=1), encoding="utf-8")
             if args.keep is not None:
                 args.keep.mkdir(parents=True, exist_ok=True)
-                for label in runs:
-                    run_dir = workdir / f"{suite.name}-{label}"
+                names = [suite.name] + [
+                    f"{suite.name}-again{i + 1}" for i in range(len(rounds))
+                ]
+                for name, label in itertools.product(names, runs):
+                    run_dir = workdir / f"{name}-{label}"
                     for kept in ("pytest.log", "results.jsonl"):
                         if (run_dir / kept).exists():
                             shutil.copy(

@@ -1,9 +1,19 @@
-"""The harness that runs Equinox's own test suite under `patch_equinox()` in CI
-(`benchmarks/peers.py --check`, the `equinox` leg of `.ci/matrix`): it counts the
-`equinox.filter_jit` wrappers each library made, and fails on a test that passes
-released and fails patched, unless it passes when run again alone."""
+"""The CI leg that runs Equinox's own test suite under `patch_equinox()`
+(`.ci/equinox`, the `equinox` leg of `.ci/matrix`, through `benchmarks/peers.py
+--check`), on a one-file suite that it takes, as it takes Equinox's, from a git
+directory at the tag of the installed version: it counts the `equinox.filter_jit`
+wrappers each library made, fails on a test that passes released and fails
+patched, unless run again alone it passes patched or fails released too, and
+fails on a suite of another version."""
 
-from helpers import run_peers
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import equinox as eqx
+from helpers import ROOT, subprocess_env
 
 
 _SUITE = """
@@ -31,31 +41,106 @@ def test_notes_the_jit():
 
 def test_fails_patched_after_the_others_and_passes_alone():
     assert not any(module.startswith("filterjit") for module in _SEEN)
+
+
+def test_passes_released_after_the_others_and_fails_alone():
+    assert _SEEN == ["equinox._jit"]
 """
 
 
-def test_the_equinox_suite_harness_counts_wrappers_and_fails_on_a_regression(
-    tmp_path,
-):
-    result, runs = run_peers(tmp_path, "test_suite.py", _SUITE, ["--check"])
+def _git(*args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=test", "-c", "user.email=test@example.com", *args],
+        check=True,
+        capture_output=True,
+    )
+
+
+def _repository(tmp_path: Path, tag: str, version: str) -> Path:
+    """A git repository whose commit tagged `tag` holds a pyproject.toml of
+    `version` and `tests/test_suite.py`; its git directory."""
+    checkout = tmp_path / "equinox"
+    (checkout / "tests").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text(
+        f'[project]\nname = "equinox"\nversion = "{version}"\n'
+    )
+    (checkout / "tests" / "test_suite.py").write_text(_SUITE)
+    _git("init", "-q", str(checkout))
+    _git("-C", str(checkout), "add", ".")
+    _git("-C", str(checkout), "commit", "-q", "-m", "suite")
+    _git("-C", str(checkout), "tag", tag)
+    return checkout / ".git"
+
+
+def _leg(git_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`.ci/equinox ARGS` with the suite in `git_dir`, and this interpreter as the
+    `python` on PATH."""
+    env = subprocess_env(EQUINOX_GIT=str(git_dir))
+    env.pop("EQUINOX_SUITE", None)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])
+    return subprocess.run(
+        [str(ROOT / ".ci" / "equinox"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+
+
+def test_the_equinox_leg_counts_wrappers_and_fails_on_a_regression(tmp_path):
+    version = eqx.__version__
+    git_dir = _repository(tmp_path, f"v{version}", version)
+    out = tmp_path / "outcomes.json"
+    result = _leg(git_dir, "--json", str(out))
     assert result.returncode == 1, result.stdout + result.stderr
+    assert f"from the tag v{version} of the git directory {git_dir}" in result.stdout
+    runs = json.loads(out.read_text())["equinox"]
     unpatched, patched = runs["unpatched"], runs["patched"]
     assert set(unpatched["outcomes"].values()) == {"passed"}, unpatched
     lost = {n.split("::")[1] for n, o in patched["outcomes"].items() if o != "passed"}
     assert lost == {
         "test_passes_released_only",
         "test_fails_patched_after_the_others_and_passes_alone",
+        "test_passes_released_after_the_others_and_fails_alone",
     }, patched
     # Equinox's wrappers made before the count began (its own, at import) are the
     # ones patch_equinox() swaps, each for one of filterjit's.
     assert unpatched["made"] == {"filterjit": 0, "equinox": 3}, unpatched
     assert patched["made"]["equinox"] == 0, patched
     assert patched["made"]["filterjit"] >= 3, patched
-    # The verdict: one regression; the test that passes alone is not one.
+    # The verdict: one regression, which failed patched and passed released alone
+    # in each of three rounds; the test that passes patched alone is not one, nor
+    # the one that fails alone released too.
+    assert result.stdout.count(" run again alone, round ") == 3, result.stdout
     last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("suite: FAIL: 1 of the 4 tests that pass unpatched "), last
-    assert "(tests/test_suite.py::test_passes_released_only)" in last, last
+    assert last.startswith("equinox: FAIL: 1 of the 5 tests that pass unpatched "), last
+    assert "alone (tests/test_suite.py::test_passes_released_only)" in last, last
     assert (
         "1 failed patched in the suite and passed run again alone "
         "(tests/test_suite.py::test_fails_patched_after_the_others_and_passes_alone)"
     ) in last, last
+    assert (
+        "1 failed patched in the suite and failed run again alone unpatched too "
+        "(tests/test_suite.py::test_passes_released_after_the_others_and_fails_alone)"
+    ) in last, last
+
+
+def test_the_equinox_leg_fails_on_tests_of_another_version(tmp_path):
+    version = eqx.__version__
+    git_dir = _repository(tmp_path, f"v{version}", "0.0.1")
+    result = _leg(git_dir)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"holds Equinox 0.0.1, and Equinox {version} is installed" in (
+        result.stderr
+    ), result.stderr
+    assert "filterjit in place of" not in result.stdout, result.stdout
+
+
+def test_the_equinox_leg_fails_on_a_git_directory_without_the_tag(tmp_path):
+    git_dir = _repository(tmp_path, "v0.0.1", "0.0.1")
+    result = _leg(git_dir)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"could not extract Equinox's tests at v{eqx.__version__}" in (
+        result.stderr
+    ), result.stderr
+    assert "filterjit in place of" not in result.stdout, result.stdout

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import equinox as eqx
+import pytest
 from helpers import ROOT, subprocess_env
 
 
@@ -125,22 +126,20 @@ def test_the_equinox_leg_counts_wrappers_and_fails_on_a_regression(tmp_path):
     ) in last, last
 
 
-def test_the_equinox_leg_fails_on_tests_of_another_version(tmp_path):
+@pytest.mark.parametrize(
+    "tag, held, message",
+    [
+        ("v{version}", "0.0.1", "holds Equinox 0.0.1, and Equinox {version} is"),
+        ("v0.0.1", "0.0.1", "could not extract Equinox's tests at v{version}"),
+    ],
+    ids=["tests of another version", "a git directory without the tag"],
+)
+def test_the_equinox_leg_fails_without_the_installed_versions_tests(
+    tmp_path, tag, held, message
+):
     version = eqx.__version__
-    git_dir = _repository(tmp_path, f"v{version}", "0.0.1")
+    git_dir = _repository(tmp_path, tag.format(version=version), held)
     result = _leg(git_dir)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert f"holds Equinox 0.0.1, and Equinox {version} is installed" in (
-        result.stderr
-    ), result.stderr
-    assert "filterjit in place of" not in result.stdout, result.stdout
-
-
-def test_the_equinox_leg_fails_on_a_git_directory_without_the_tag(tmp_path):
-    git_dir = _repository(tmp_path, "v0.0.1", "0.0.1")
-    result = _leg(git_dir)
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert f"could not extract Equinox's tests at v{eqx.__version__}" in (
-        result.stderr
-    ), result.stderr
+    assert message.format(version=version) in result.stderr, result.stderr
     assert "filterjit in place of" not in result.stdout, result.stdout

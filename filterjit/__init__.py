@@ -5,13 +5,11 @@ from ._diagnostics import (
     RetraceWarning as RetraceWarning,
     set_retrace_warning_threshold as set_retrace_warning_threshold,
 )
-from ._export import (
-    deserialize as deserialize,
-    export as export,
-    Exported as Exported,
-)
-from ._export_payload import PayloadError as PayloadError
-from ._export_values import register_serializable as register_serializable
+from ._export._exported import Exported as Exported
+from ._export._load import deserialize as deserialize
+from ._export._names import register_serializable as register_serializable
+from ._export._payload import PayloadError as PayloadError
+from ._export._save import export as export
 from ._introspect import (
     clear_caches as clear_caches,
     explain as explain,

@@ -812,7 +812,7 @@ print(json.dumps(outcomes))
 
 
 def _regions(data: bytes) -> dict[str, range]:
-    """Where a payload's parts lie: as `filterjit/_export_payload.py` lays them out."""
+    """Where a payload's parts lie: as `filterjit/_export/_payload.py` lays them out."""
     magic = len(b"filterjit.export\n")
     header_length = int.from_bytes(data[magic + 4 : magic + 12], "big")
     program_start = magic + 20 + header_length
@@ -864,13 +864,13 @@ def test_no_truncated_or_bit_flipped_payload_is_accepted(tmp_path: Path) -> None
 
 
 def _pack(header: dict[str, Any], program: bytes) -> bytes:
-    from filterjit._export_payload import pack
+    from filterjit._export._payload import pack
 
     return pack(header, program)
 
 
 def _unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
-    from filterjit._export_payload import unpack
+    from filterjit._export._payload import unpack
 
     return unpack(data)
 
@@ -988,10 +988,11 @@ def test_canary_private_jax_for_loading() -> None:
 
 def test_the_loader_without_private_jax(monkeypatch: pytest.MonkeyPatch) -> None:
     # The fallbacks: targets read from the module's text, and a shorter safe list.
-    from filterjit import _export, _trace as private
+    from filterjit import _trace as private
+    from filterjit._export import _load
 
-    monkeypatch.setattr(_export, "custom_call_targets", private._targets_public)
-    monkeypatch.setattr(_export, "STABLE_TARGETS", private._STABLE_TARGETS_PUBLIC)
+    monkeypatch.setattr(_load, "custom_call_targets", private._targets_public)
+    monkeypatch.setattr(_load, "STABLE_TARGETS", private._STABLE_TARGETS_PUBLIC)
     allowed = [jax.export.DisabledSafetyCheck.custom_call("my_kernel")]
     exported = filterjit.export(_kernel, disabled_checks=allowed)(jnp.ones(3))
     filterjit.deserialize(exported.serialize())

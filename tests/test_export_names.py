@@ -16,7 +16,7 @@ from _export_models import Net
 from helpers import subprocess_env
 
 import filterjit
-from filterjit._export_payload import pack, unpack
+from filterjit._export._payload import pack, unpack
 
 
 TESTS = Path(__file__).resolve().parent
@@ -121,15 +121,15 @@ import json, threading, time
 import equinox as eqx
 import jax, jax.numpy as jnp
 import filterjit
-from filterjit import _export_values
+from filterjit._export import _names
 
-referable = _export_values._referable
+referable = _names._referable
 
 def slow_referable(value):
     time.sleep(1e-4)
     return referable(value)
 
-_export_values._referable = slow_referable
+_names._referable = slow_referable
 activations = [
     jax.nn.relu, jax.nn.tanh, jax.nn.gelu, jax.nn.sigmoid, jax.nn.softplus,
     jax.nn.silu, jax.nn.elu, jax.nn.selu, jax.nn.celu, jax.nn.swish,

@@ -8,17 +8,23 @@ import base64
 import dataclasses
 import enum
 import sys
-import threading
-import types
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-from ._export_payload import PayloadError
-
-
-_T = TypeVar("_T")
+from ._names import (
+    allowed_name,
+    by_name,
+    fields_of,
+    is_namedtuple_type,
+    is_state_type,
+    library_name,
+    names_by_id,
+    not_allowed,
+    resolve_reference,
+    type_name,
+)
 
 
 class _Sentinel:
@@ -33,224 +39,6 @@ TRACED = _Sentinel("<traced>")
 """Where a leaf is traced, in the templates of arguments and outputs."""
 SIZE = _Sentinel("<size>")
 """Where an output is a symbolic size, returned as the call's concrete size."""
-
-
-# -- Registration: what a payload may name, by the name it names it by.
-
-_by_name: dict[str, Any] = {}
-_names_by_id: dict[int, tuple[str, Any]] = {}  # by identity: `==` is the user's
-
-
-def is_namedtuple_type(kind: type) -> bool:
-    return issubclass(kind, tuple) and hasattr(kind, "_fields")
-
-
-def fields_of(kind: type) -> list[str]:
-    """The fields a node of a registrable type is saved and rebuilt by."""
-    if is_namedtuple_type(kind):
-        return list(kind._fields)  # pyright: ignore[reportAttributeAccessIssue]
-    return [field.name for field in dataclasses.fields(kind)]
-
-
-def _module_path_name(thing: Any) -> str:
-    return f"{thing.__module__}.{thing.__qualname__}"
-
-
-def _default_name(thing: Any) -> str:
-    """`module.QualifiedName`, by the shortest public module that holds `thing`
-    under its name (`equinox.nn.MLP`, not `equinox.nn._mlp.MLP`): a payload that
-    names it outlives a move between a package's private modules."""
-    parts = thing.__module__.split(".")
-    for end in range(1, len(parts)):
-        if parts[end - 1].startswith("_"):
-            break
-        module = sys.modules.get(".".join(parts[:end]))
-        if module is not None and vars(module).get(thing.__qualname__) is thing:
-            return f"{module.__name__}.{thing.__qualname__}"
-    return _module_path_name(thing)
-
-
-def is_state_type(kind: object) -> bool:
-    """Whether `kind` is `eqx.nn.State` (Equinox imported)."""
-    equinox = sys.modules.get("equinox")
-    nn = getattr(equinox, "nn", None)
-    return kind is getattr(nn, "State", None)
-
-
-def _registrable(thing: Any) -> bool:
-    if isinstance(thing, type):
-        return (
-            is_namedtuple_type(thing)
-            or dataclasses.is_dataclass(thing)
-            or issubclass(thing, enum.Enum)
-            or is_state_type(thing)
-        )
-    return callable(thing) and hasattr(thing, "__qualname__")
-
-
-def register_serializable(nodetype: _T, name: str | None = None) -> _T:
-    """Lets a saved export hold `nodetype`, and `filterjit.deserialize` rebuild it:
-    an `eqx.Module` class, a dataclass, a namedtuple, an `enum.Enum`, or a
-    function (saved by reference).
-
-    A payload names the types and functions in it; loading never imports them. The
-    loading process registers what it must rebuild, once, before
-    `filterjit.deserialize`: the classes of static outputs, enums, and functions of
-    its own. Arguments need no registration (a call's arguments are checked
-    against the saved class names and static fields), nor do JAX's and Equinox's
-    own functions (`jax.nn.relu`, `jnp.tanh`, `lax.max`: saved by name, found among
-    the modules already imported), nor `eqx.nn.State`. Saving needs no
-    registration: a type is saved under its registered name, or else under
-    `module.QualifiedName`, the name that registering it without `name` gives,
-    by the shortest public module that holds it (`equinox.nn.MLP`, not the module
-    that defines it). A class moved to another module (trained in a script as
-    `__main__.Net`, served from `mypkg`) is registered in the loading process under
-    the name it was saved by: `register_serializable(Net, name="__main__.Net")`.
-
-    **Arguments:**
-
-    - `nodetype`: the class or function. An instance of a class is rebuilt from its
-        fields (dataclasses and Modules) or its items (namedtuples), without
-        calling `__init__` or `__post_init__`, as `jax.tree_util` unflattens a
-        Module; an enum member by its name; a function is the very object
-        registered.
-    - `name`: the name to save and load it by; `module.QualifiedName` if omitted
-        (and a payload that names it by the module that defines it loads too).
-
-    **Returns:**
-
-    `nodetype`, so that it may be used as a class decorator.
-
-    !!! example
-
-        ```python
-        @filterjit.register_serializable
-        class Linear(eqx.Module):
-            weight: jax.Array
-            activation: str = eqx.field(static=True)
-        ```
-    """
-    if not _registrable(nodetype):
-        raise TypeError(
-            "register_serializable takes an eqx.Module class, a dataclass, a "
-            f"namedtuple class, an enum class or a function, not {nodetype!r}."
-        )
-    if is_state_type(nodetype):
-        return nodetype  # saved and rebuilt as it is, with no registration
-    name = _default_name(nodetype) if name is None else name
-    known = _by_name.get(name)
-    if known is not None and known is not nodetype:
-        raise ValueError(
-            f"register_serializable: the name {name!r} is registered for {known!r} "
-            f"already; register {nodetype!r} under another name (`name=`)."
-        )
-    _by_name[name] = nodetype
-    _names_by_id[id(nodetype)] = (name, nodetype)
-    if name == _default_name(nodetype):  # payloads that name its module's path
-        _by_name.setdefault(_module_path_name(nodetype), nodetype)
-    return nodetype
-
-
-def type_name(kind: type) -> str:
-    """The name a payload saves a class by."""
-    found = _names_by_id.get(id(kind))
-    return _default_name(kind) if found is None else found[0]
-
-
-def is_named(kind: type, name: str) -> bool:
-    """Whether a payload's class name `name` names `kind`: its name, or the path of
-    its module (as payloads saved it before public names)."""
-    return name in (type_name(kind), _module_path_name(kind))
-
-
-# -- JAX's and Equinox's own functions, by the name of a module already imported.
-
-LIBRARY_MODULES = (
-    "jax.nn",
-    "jax.numpy",
-    "jax.lax",
-    "jax.scipy.special",
-    "jax.random",
-    "equinox.nn",
-    "equinox",
-)
-"""The modules whose public callables (functions and classes, their names not
-beginning with `_`) a payload may name, best name first."""
-PRIVATE_DEFAULTS = ("equinox.nn._mlp:_identity",)
-"""Callables a payload may name that no public name holds: defaults of Equinox's
-public classes (`eqx.nn.MLP`'s `final_activation`)."""
-
-_public: dict[int, tuple[str, Any]] = {}  # by identity: what may be named, and how
-_scanned: set[str] = set()
-# First exports may run in threads at once: a module is marked scanned only once its
-# callables are recorded, under this lock (no user code runs while it is held).
-_scanning = threading.Lock()
-
-
-def _referable(value: Any) -> bool:
-    return callable(value) and not isinstance(value, types.ModuleType)
-
-
-def _allowed_name(name: str) -> bool:
-    """Whether `module:attribute` is among what a payload may name."""
-    module_name, _, attribute = name.partition(":")
-    public = module_name in LIBRARY_MODULES and not attribute.startswith("_")
-    return (public and attribute.isidentifier()) or name in PRIVATE_DEFAULTS
-
-
-def _scan() -> None:
-    """Records the callables a payload may name of the modules imported since."""
-    with _scanning:
-        for module_name in LIBRARY_MODULES:
-            module = sys.modules.get(module_name)
-            if module is None or module_name in _scanned:
-                continue
-            for attribute, item in list(vars(module).items()):
-                if not attribute.startswith("_") and _referable(item):
-                    _public.setdefault(id(item), (f"{module_name}:{attribute}", item))
-            _scanned.add(module_name)
-        for name in PRIVATE_DEFAULTS:
-            module_name, _, attribute = name.partition(":")
-            module = sys.modules.get(module_name)
-            item = None if module is None else vars(module).get(attribute)
-            if _referable(item):
-                _public.setdefault(id(item), (name, item))
-
-
-def _library_name(value: Any) -> str | None:
-    """`module:attribute` where a module a payload may name holds `value`."""
-    found = _public.get(id(value))
-    if found is None:  # or in a module imported since the last scan
-        _scan()
-        found = _public.get(id(value))
-    return None if found is None or found[1] is not value else found[0]
-
-
-def resolve_reference(name: str) -> Any:
-    """What a saved reference names, if this process has it (registered, or in an
-    imported module a payload may name), else `None`. Imports nothing; raises
-    `PayloadError` for a name outside what a payload may name."""
-    if name in _by_name:
-        return _by_name[name]
-    module_name, colon, attribute = name.partition(":")
-    if not colon:
-        return None  # a registered name, not registered here
-    if not _allowed_name(name):
-        raise _not_allowed(name)
-    module = sys.modules.get(module_name)
-    value = None if module is None else vars(module).get(attribute)
-    return value if _referable(value) else None
-
-
-def _not_allowed(name: str) -> PayloadError:
-    return PayloadError(
-        "header",
-        f"the payload names `{name}`, which is not among what a payload may name "
-        "(a crafted payload): the public functions and classes of "
-        f"{', '.join(LIBRARY_MODULES)}, Equinox's defaults "
-        f"{', '.join(PRIVATE_DEFAULTS)}, and what `filterjit.register_serializable` "
-        "registered.",
-    )
 
 
 # -- Encoding.
@@ -345,8 +133,8 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
         dataclasses.is_dataclass(value) and not isinstance(value, type)
     ):
         return _encode_node(value, where, encoding)
-    reference = _names_by_id.get(id(value))
-    name = reference[0] if reference is not None else _library_name(value)
+    reference = names_by_id.get(id(value))
+    name = reference[0] if reference is not None else library_name(value)
     if name is not None:
         return ["ref", name]
     if encoding.opaque is not None:
@@ -363,10 +151,10 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
 
 def _encode_enum(value: enum.Enum, where: str, encoding: Encoding) -> Any:
     kind = type(value)
-    if id(kind) not in _names_by_id and encoding.opaque is not None:
+    if id(kind) not in names_by_id and encoding.opaque is not None:
         encoding.opaque.append((where, value))
         return ["opaque", len(encoding.opaque) - 1]
-    if id(kind) not in _names_by_id:
+    if id(kind) not in names_by_id:
         raise Unsavable(
             where,
             f"a `{kind.__qualname__}` member, an enum not registered (register it "
@@ -485,7 +273,7 @@ def decode(
     registered here if omitted), built without calling their `__init__`; with
     `fill`, each traced leaf (`TRACED` or `SIZE`) replaced by `fill(leaf)`. Raises
     `Malformed` for data `encode` cannot have written."""
-    return _Decoder(_by_name if classes is None else classes, fill).decode(data)
+    return _Decoder(by_name if classes is None else classes, fill).decode(data)
 
 
 def check(data: Any) -> None:
@@ -544,8 +332,8 @@ class _Decoder:
         if tag == "ref":
             _need(len(data) == 2 and isinstance(data[1], str))
             name = data[1]
-            if ":" in name and name not in _by_name and not _allowed_name(name):
-                raise _not_allowed(name)
+            if ":" in name and name not in by_name and not allowed_name(name):
+                raise not_allowed(name)
             if not self.build:
                 return None
             found = resolve_reference(data[1])
@@ -639,8 +427,8 @@ def describe(data: Any) -> str:
 
 def describe_value(value: Any) -> str:
     """A value as an error names it: a function of JAX or Equinox by its name."""
-    found = _names_by_id.get(id(value))
+    found = names_by_id.get(id(value))
     name = found[0] if found is not None else None
     if name is None and callable(value) and not isinstance(value, type):
-        name = _library_name(value)
+        name = library_name(value)
     return repr(value) if name is None else name.replace(":", ".")

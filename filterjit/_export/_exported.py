@@ -1,0 +1,387 @@
+"""The exported object: a call of it checked and run, and its payload written;
+the output's template, its structure with its static leaves."""
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar
+
+import jax
+import jax.tree_util as jtu
+from jax.core import ShapedArray
+
+from .._exact import exact_aux
+from .._structure import PyTreeDef
+from ._checks import (
+    check_aval,
+    check_sizes,
+    Difference,
+    difference,
+    is_traced,
+    shape_of,
+)
+from ._names import type_name
+from ._payload import pack
+from ._signature import Argument, DEFAULT, Parameters
+from ._values import decode, describe_value, encode, Encoding, SIZE, TRACED, Unsavable
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+# -- The output: its structure with its static leaves, traced leaves marked.
+
+
+class Template:
+    """A pytree's structure, and its leaves: static values, `TRACED` where traced,
+    `SIZE` where a symbolic size is (returned as the call's concrete size)."""
+
+    def __init__(
+        self, treedef: PyTreeDef, leaves: list[Any], label: str, data: Any = None
+    ):
+        self.treedef = treedef
+        self.leaves = leaves
+        self.label = label
+        self.exact = exact_aux(treedef)
+        # Loaded: the saved data, from which each output is built (no `__init__`).
+        self.data = data
+        paths = jtu.tree_flatten_with_path(self.prototype())[0]
+        self.labels = [label + jtu.keystr(path) for path, _ in paths]
+        self.traced = sum(leaf is TRACED or leaf is SIZE for leaf in leaves)
+
+    @classmethod
+    def loaded(cls, data: Any, label: str) -> "Template":
+        """The template of saved data, its classes registered in this process."""
+        leaves, treedef = jtu.tree_flatten(decode(data))
+        return cls(treedef, leaves, label, data)
+
+    def prototype(self) -> Any:
+        if self.data is not None:
+            return decode(self.data)
+        return self.treedef.unflatten(self.leaves)
+
+    def encode(self, fun_name: str) -> Any:
+        """As JSON data; raises if a part cannot be saved, or is not rebuilt as it
+        is (a pytree node whose structure does not come from its fields)."""
+        if self.data is not None:
+            return self.data
+        encoding = Encoding()
+        data = encoded(self.prototype(), self.label, fun_name, encoding)
+        _check_rebuilt(
+            self.treedef, self.exact, data, self.label, fun_name, encoding.names
+        )
+        return data
+
+    def finish(self, outputs: Iterator[Any]) -> Any:
+        """The output of a call, from the program's outputs."""
+
+        def fill(leaf: Any) -> Any:
+            if leaf is SIZE:  # an empty array whose last axis has that size
+                return int(next(outputs).shape[-1])
+            return next(outputs)
+
+        if self.data is not None:
+            return decode(self.data, fill=fill)
+        leaves = [
+            x if x is not TRACED and x is not SIZE else fill(x) for x in self.leaves
+        ]
+        return self.treedef.unflatten(leaves)
+
+
+_SAVES = (
+    "A payload holds None, bools, ints, floats, complex numbers, strings and "
+    "bytes, dtypes, registered enums and functions, JAX's and Equinox's own "
+    "functions, in tuples, lists, dicts, namedtuples, dataclasses, eqx.Modules and "
+    "eqx.nn.State. Make it part of the exported function (a Module field or a "
+    "`functools.partial` argument), which is compiled in, or an array."
+)
+
+
+def encoded(value: Any, label: str, fun_name: str, encoding: Encoding) -> Any:
+    try:
+        return encode(value, label, encoding)
+    except Unsavable as e:
+        raise TypeError(
+            f"{fun_name}: cannot save `{e.where}`, {e.what}. {_SAVES}"
+        ) from None
+
+
+def _check_rebuilt(
+    treedef: PyTreeDef,
+    exact: Any,
+    data: Any,
+    label: str,
+    fun_name: str,
+    classes: dict[str, type],
+) -> None:
+    """Raises unless `data`, rebuilt with the classes it names, has `treedef`."""
+    rebuilt = jtu.tree_structure(decode(data, classes))
+    if rebuilt != treedef or exact_aux(rebuilt) != exact:
+        raise TypeError(
+            f"{fun_name}: cannot save `{label}`: its structure {treedef} is "
+            f"rebuilt from its types' fields as {rebuilt}. A payload saves "
+            "namedtuples, dataclasses and eqx.Modules by their fields."
+        )
+
+
+# -- The exported object.
+
+
+class Exported(Generic[_P, _T]):
+    """A function exported by `filterjit.export`: called with the arguments of the
+    function, it returns what `filter_jit(function)` returns; `serialize()` saves it
+    and `filterjit.deserialize` loads it in another process."""
+
+    def __init__(
+        self,
+        exported: jax.export.Exported,
+        fun_name: str,
+        parameters: Parameters,
+        arguments: list[Argument],
+        output: Template,
+        donated: Sequence[int] = (),
+        opaque: Sequence[tuple[str, Any]] = (),
+    ):
+        self.exported = exported
+        """The `jax.export.Exported` of the array leaves: its inputs the traced
+        leaves of the arguments (in the order `jax.tree_util` flattens the bound
+        arguments), its outputs the traced leaves of the output."""
+        self.fun_name = fun_name
+        """The exported function's name."""
+        self._parameters = parameters
+        self._arguments = {argument.key: argument for argument in arguments}
+        self._output = output
+        self._donated = tuple(donated)
+        # Statics of the arguments that a payload cannot hold: `(where, value)`.
+        self._opaque = list(opaque)
+        # `jax.export.Exported.call` traces its program anew on every call (about
+        # 200 µs); under `jax.jit`, JAX's cache keeps one trace per set of avals.
+        self._program = jax.jit(exported.call, donate_argnums=self._donated)
+        avals = list(exported.in_avals)
+        self._avals: dict[int | str, list[ShapedArray]] = {}
+        for argument in arguments:
+            if argument.given:
+                count = len(argument.labels)
+                self._avals[argument.key], avals = avals[:count], avals[count:]
+        if avals or len(exported.out_avals) != output.traced:
+            raise ValueError(
+                f"{fun_name}: an inconsistent export: its program takes or returns "
+                "other arrays than its arguments and output hold."
+            )
+
+    @property
+    def platforms(self) -> tuple[str, ...]:
+        """The platforms the program was lowered for."""
+        return tuple(self.exported.platforms)
+
+    @property
+    def nr_devices(self) -> int:
+        """The number of devices the program was lowered for."""
+        return int(self.exported.nr_devices)
+
+    def mlir_module(self) -> str:
+        """The program's StableHLO, as text (`jax.export.Exported.mlir_module`):
+        its inputs are the arrays of `in_avals`, in that order."""
+        return self.exported.mlir_module()
+
+    @property
+    def in_avals(self) -> dict[str, ShapedArray]:
+        """The shape and dtype of each array the call takes, by the name of the
+        argument it is (`"x"`, `"model.layers[0].weight"`), in the program's order."""
+        found = {}
+        for argument in self._arguments.values():
+            if argument.given:
+                found.update(zip(argument.labels, self._avals[argument.key]))
+        return found
+
+    @property
+    def out_avals(self) -> dict[str, ShapedArray]:
+        """The shape and dtype of each array the call returns, by its place in the
+        output (`"output[0]"`); a symbolic size returned as a Python value is not an
+        array, and is not named here."""
+        output = self._output
+        outputs = [
+            (leaf, label)
+            for leaf, label in zip(output.leaves, output.labels)
+            if leaf is TRACED or leaf is SIZE
+        ]
+        return {
+            label: aval
+            for (leaf, label), aval in zip(outputs, self.exported.out_avals)
+            if leaf is TRACED
+        }
+
+    def call(self, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Calls the exported function, as `filter_jit(function)(*args, **kwargs)`.
+
+        Raises a `TypeError` naming the argument if its structure, or an array's
+        shape or dtype, differs from the export's, and a `ValueError` naming it if a
+        static value does.
+        """
+        inputs: list[Any] = []
+        bound = self._parameters.bind(args, kwargs)
+        keys = [key for key, _ in bound]
+        if keys != list(self._arguments):
+            raise TypeError(
+                f"{self.fun_name}: called with the arguments "
+                f"({', '.join(map(self._parameters.name, keys))}), but exported for "
+                f"({', '.join(map(self._parameters.name, self._arguments))}). Pass "
+                "the arguments the export was made with, or export again."
+            )
+        sizes: list[tuple[str, int, Any]] = []
+        for key, value in bound:
+            inputs += self._check(self._arguments[key], value, sizes)
+        check_sizes(self.fun_name, sizes)
+        return self._output.finish(iter(self._program(*inputs)))
+
+    def _check(
+        self, argument: Argument, value: Any, sizes: list[tuple[str, int, Any]]
+    ) -> list[Any]:
+        """The traced leaves of one argument of a call, checked against the export.
+        `sizes`: collects each symbolic dimension's place, size and expression."""
+        fun_name, name = self.fun_name, self._parameters.name(argument.key)
+        if value is DEFAULT:
+            if argument.given:
+                raise TypeError(
+                    f"{fun_name}: argument `{name}` was passed when exported and "
+                    "is left to its default now. Pass it, or export again."
+                )
+            return []
+        if argument.data is None:
+            raise TypeError(
+                f"{fun_name}: argument `{name}` was left to its default when "
+                "exported (a default that could not be saved). Leave it so."
+            )
+        opaque = [item for _, item in self._opaque]
+        found = difference(argument.data, value, name, opaque)
+        if found is None and argument.treedef is not None:
+            treedef = jtu.tree_structure(value)
+            if treedef != argument.treedef or exact_aux(treedef) != argument.exact:
+                found = Difference(name, "another structure", value, False)
+        if found is not None and found.static:
+            if found.then == "an array":
+                raise TypeError(
+                    f"{fun_name}: argument `{found.where}` was an array when "
+                    f"exported and is {found.now!r} now (a "
+                    f"`{type(found.now).__name__}`). Pass an array, or export again."
+                )
+            if is_traced(found.now):
+                raise TypeError(
+                    f"{fun_name}: argument `{found.where}` was static ({found.then}) "
+                    "when exported and is an array now. Pass the same value, or "
+                    "export again."
+                )
+            raise ValueError(
+                f"{fun_name}: static argument `{found.where}` was {found.then} when "
+                f"exported and is {describe_value(found.now)} now. Static values are "
+                "compiled in: "
+                "export again with the new value, or make it an array so that it "
+                "is traced."
+            )
+        paths = jtu.tree_flatten_with_path(value)[0]
+        traced = [(name + jtu.keystr(p), leaf) for p, leaf in paths if is_traced(leaf)]
+        if found is not None or len(traced) != len(argument.labels):
+            differs = ""
+            advice = " Pass an argument of that structure, or export again."
+            if found is not None:
+                now = shape_of(found.now)
+                if found.advice:
+                    now, advice = f"a `{type_name(type(found.now))}`", found.advice
+                differs = f" (`{found.where}` is {now}, where the export has "
+                differs += f"{found.then})"
+            raise TypeError(
+                f"{fun_name}: argument `{name}` has another structure than the "
+                f"export was made for{differs}.{advice}"
+            )
+        if traced and not argument.given:
+            raise TypeError(
+                f"{fun_name}: argument `{traced[0][0]}` was left to its default "
+                "when exported, which is compiled in. Leave it so, or export again "
+                "passing it."
+            )
+        for (label, leaf), aval in zip(traced, self._avals.get(argument.key, ())):
+            check_aval(fun_name, label, leaf, aval, sizes)
+        return [leaf for _, leaf in traced]
+
+    def serialize(self, *, vjp_order: int = 0) -> bytes:
+        """The export as bytes, for `filterjit.deserialize` in any process with this
+        version of filterjit and this or a newer JAX. Raises naming what cannot be
+        saved.
+
+        **Arguments:**
+
+        - `vjp_order`: how many orders of derivatives the loaded export can take,
+            as in `jax.export.Exported.serialize`: with `1`, `jax.grad` of the
+            loaded `call` works. Each order saves another program.
+
+        **Returns:**
+
+        The payload: a header (format, filterjit's and JAX's versions, the
+        arguments' and output's structures) and the program, with a checksum.
+        """
+        arguments = []
+        for argument in self._arguments.values():
+            data = argument.data
+            index = None if data is None else _first_opaque(data)
+            if index is not None and argument.given:
+                where, value = self._opaque[index]
+                encoded(value, where, self.fun_name, Encoding())  # says why
+                raise TypeError(
+                    f"{self.fun_name}: cannot save `{where}`, a "
+                    f"`{type(value).__qualname__}`. {_SAVES}"
+                )
+            if index is not None:
+                data = None  # a default, left as it was: compiled in
+            if data is not None and argument.treedef is not None:
+                name = self._parameters.name(argument.key)
+                _check_rebuilt(
+                    argument.treedef,
+                    argument.exact,
+                    data,
+                    name,
+                    self.fun_name,
+                    argument.classes,
+                )
+            arguments.append(
+                {
+                    "key": argument.key,
+                    "given": argument.given,
+                    "value": data,
+                    "labels": argument.labels,
+                }
+            )
+        header = {
+            "format": "filterjit.export",
+            "filterjit": _filterjit_version(),
+            "jax": jax.__version__,
+            "fun_name": self.fun_name,
+            "parameters": self._parameters.parameters,
+            "aliases": self._parameters.aliases,
+            "bound": self._parameters.bound,
+            "arguments": arguments,
+            "output": self._output.encode(self.fun_name),
+            "donated": list(self._donated),
+            "vjp_order": vjp_order,
+        }
+        program = bytes(self.exported.serialize(vjp_order=vjp_order))
+        return pack(header, program)
+
+    def __repr__(self) -> str:
+        return f"<filterjit.Exported {self.fun_name} for {self.platforms}>"
+
+
+def _filterjit_version() -> str:
+    from .. import __version__  # set once the package has loaded
+
+    return __version__
+
+
+def _first_opaque(data: Any) -> int | None:
+    """The index of the first static in `data` that a payload cannot hold."""
+    if not isinstance(data, list) or not data:
+        return None
+    if data[0] == "opaque":
+        return data[1]
+    for item in data[1:]:
+        if (found := _first_opaque(item)) is not None:
+            return found
+    return None

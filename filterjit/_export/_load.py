@@ -1,0 +1,243 @@
+"""Loading a payload: its header read and checked, its program read by JAX and
+checked for custom calls, before anything of it runs."""
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+
+from .._trace import custom_call_targets, STABLE_TARGETS
+from ._exported import Exported, Template
+from ._payload import PayloadError, unpack
+from ._signature import Argument, KINDS, Parameters
+from ._values import check, Malformed
+
+
+# Targets that hold an address in the process that made the program: never valid
+# in a payload, whatever the export allowed.
+_NEVER_ALLOWED = ("xla_python_", "xla_ffi_python_", "xla_ffi_partitioned_python_")
+# How a serialized MLIR module in bytecode begins (MLIR's bytecode format).
+_MLIR_BYTECODE = b"ML\xefR"
+
+
+def _check_custom_calls(exported: jax.export.Exported, depth: int) -> None:
+    """Raises for a custom call outside JAX's stable targets and those the export
+    allowed, in the program and in its `depth` orders of derivatives."""
+    allowed = set(STABLE_TARGETS)
+    for disabled in exported.disabled_safety_checks:
+        target = disabled.is_custom_call()
+        if target is not None:
+            allowed.add(target)
+    for target in custom_call_targets(exported):
+        if target.startswith(_NEVER_ALLOWED):
+            raise PayloadError(
+                "program",
+                f"the payload's program calls `{target}`, a host callback of the "
+                "process that made it, which no other process can run. It is "
+                "refused: such a payload is corrupt or crafted.",
+            )
+        if target not in allowed and "ALL" not in allowed:
+            raise PayloadError(
+                "program",
+                f"the payload's program calls the custom call `{target}`, which is "
+                "not among the targets JAX guarantees stable, and the export did "
+                "not allow it. Export with `disabled_checks=[jax.export."
+                f"DisabledSafetyCheck.custom_call({target!r})]` if this process "
+                "provides it.",
+            )
+    if depth > 0:
+        _check_custom_calls(_vjp_of(exported), depth - 1)
+
+
+def _vjp_of(exported: jax.export.Exported) -> jax.export.Exported:
+    """The program's derivative, which the header says the payload holds."""
+    if not exported.has_vjp():
+        raise PayloadError(
+            "program",
+            "the payload's header says its program holds its derivative "
+            "(`vjp_order`), and the program holds none (a corrupt or crafted "
+            "payload). Save it again.",
+        )
+    return exported.vjp()
+
+
+def _check_program(exported: jax.export.Exported, depth: int) -> None:
+    """What can be checked of a program before JAX parses its StableHLO: the form
+    of its module and the calling convention of its inputs, and of its `depth`
+    orders of derivatives."""
+    count = len(exported.in_avals)
+    kept = exported.module_kept_var_idx
+    if not exported.mlir_module_serialized.startswith(_MLIR_BYTECODE):
+        raise PayloadError(
+            "program",
+            "the payload's program holds no StableHLO module in MLIR's bytecode "
+            "(a corrupt or crafted payload). Save it again.",
+        )
+    if list(kept) != sorted(set(kept)) or not all(0 <= i < count for i in kept):
+        raise PayloadError(
+            "program",
+            f"the payload's program keeps inputs {list(kept)} of {count}, which "
+            "`jax.export` cannot have written (a corrupt or crafted payload).",
+        )
+    if exported.in_tree != jtu.tree_structure((tuple(range(count)), {})):
+        raise PayloadError(
+            "program",
+            "the payload's program does not take its arrays as positional "
+            "arguments, as an export of filterjit does (a corrupt or crafted "
+            "payload).",
+        )
+    if depth > 0:
+        _check_program(_vjp_of(exported), depth - 1)
+
+
+@contextlib.contextmanager
+def _jax_reading() -> Iterator[None]:
+    """Where JAX reads the payload's program: what it raises for bytes it cannot
+    read (`struct.error`, `IndexError`, its runtime's errors) refused as the
+    payload's."""
+    try:
+        yield
+    except PayloadError:
+        raise
+    except Exception as error:  # JAX's reader, never user code
+        raise PayloadError(
+            "program",
+            "JAX cannot read the payload's program (a corrupt payload, or one of "
+            f"an incompatible JAX): {type(error).__name__}. Export it again.",
+        ) from None
+
+
+def _malformed(part: str) -> PayloadError:
+    return PayloadError(
+        "header",
+        f"the payload's header is not valid (a corrupt or crafted payload): {part} "
+        "is not what `Exported.serialize()` writes. Save it again.",
+    )
+
+
+def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
+    """Loads what `Exported.serialize()` saved.
+
+    Nothing that the data names is imported, unpickled or initialised: classes of
+    static outputs must be registered in this process with
+    `filterjit.register_serializable` first (arguments need no registration), and
+    their instances are rebuilt without calling `__init__`. The payload's checksum,
+    versions and structure are checked, functions it names must be among those a
+    payload may name, and its program may call no custom call outside JAX's stable
+    targets unless the export allowed it (`disabled_checks`).
+
+    The checks find damage and refuse what `serialize()` cannot have written, but
+    the program's StableHLO is read by JAX, whose reader can abort the process on
+    some crafted bytes: load bytes from a source you do not trust in a separate
+    process.
+
+    **Arguments:**
+
+    - `data`: the bytes `serialize()` returned.
+
+    **Returns:**
+
+    A `filterjit.Exported`, called with the arguments of the exported function.
+
+    **Raises:**
+
+    A `filterjit.PayloadError` (a `ValueError`) saying where and what is wrong for
+    every payload it refuses: truncated, corrupt or crafted, of another format or
+    of a newer JAX. A `TypeError` naming the class or function to register for a
+    static output this process cannot rebuild.
+
+    !!! example
+
+        ```python
+        exported = filterjit.deserialize(Path("model.bin").read_bytes())
+        exported.call(x)
+        ```
+    """
+    header, program = unpack(bytes(data))
+    try:
+        parts = _read_header(header)
+    except PayloadError:
+        raise
+    except (Malformed, LookupError, TypeError, ValueError, RecursionError):
+        raise _malformed("its function, parameters or arguments") from None
+    fun_name, parameters, arguments, output_data, donated, vjp_order = parts
+    try:
+        output = Template.loaded(output_data, "output")
+    except (PayloadError, TypeError):
+        raise  # a function it may not name; a class to register
+    except (Malformed, LookupError, ValueError, RecursionError):
+        raise _malformed("its output") from None
+    with _jax_reading():  # its Python parts: the StableHLO is not parsed yet
+        exported = jax.export.deserialize(bytearray(program))
+        _check_program(exported, vjp_order)
+    if len(set(donated)) != len(donated) or not all(
+        0 <= i < len(exported.in_avals) for i in donated
+    ):
+        raise _malformed("its donated inputs")
+    try:
+        loaded = Exported(exported, fun_name, parameters, arguments, output, donated)
+    except ValueError:
+        raise PayloadError(
+            "header",
+            "the payload's header is not valid (a corrupt or crafted payload): its "
+            "arguments and output hold other arrays than its program takes "
+            f"({len(exported.in_avals)}) and returns ({len(exported.out_avals)}).",
+        ) from None
+    with _jax_reading():  # parses the StableHLO, and its derivatives'
+        _check_custom_calls(exported, vjp_order)
+    return loaded
+
+
+def _read_header(
+    header: dict[str, Any],
+) -> tuple[str, Parameters, list[Argument], Any, list[int], int]:
+    """The parts of a payload's header, each checked; raises if one is malformed."""
+    if header["format"] != "filterjit.export":
+        raise Malformed
+    fun_name = header["fun_name"]
+    saved_parameters = header["parameters"]
+    if not isinstance(fun_name, str):
+        raise Malformed
+    aliases, bound = header["aliases"], header["bound"]
+    for name in [*aliases, *bound]:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise Malformed
+    parameters = Parameters(
+        fun_name,
+        None
+        if saved_parameters is None
+        else [_parameter(*saved) for saved in saved_parameters],
+        aliases,
+        bound,
+    )
+    arguments = []
+    for saved in header["arguments"]:
+        key, given, value, labels = (
+            saved["key"],
+            saved["given"],
+            saved["value"],
+            saved["labels"],
+        )
+        if not (type(key) in (int, str) and type(given) is bool):
+            raise Malformed
+        if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+            raise Malformed
+        if value is not None:
+            check(value)
+        arguments.append(Argument(key, given, value, labels))
+    donated, vjp_order = header["donated"], header["vjp_order"]
+    if not (isinstance(donated, list) and all(type(i) is int for i in donated)):
+        raise Malformed
+    if type(vjp_order) is not int or not 0 <= vjp_order < 8:
+        raise Malformed
+    return fun_name, parameters, arguments, header["output"], donated, vjp_order
+
+
+def _parameter(name: Any, kind: Any, default: Any) -> tuple[str, int, bool]:
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise Malformed
+    if type(kind) is not int or kind not in KINDS or type(default) is not bool:
+        raise Malformed
+    return name, kind, default

@@ -102,8 +102,8 @@ _ITSELF = frozenset(
 )
 
 
-# Types whose values are keyed without a memo: those above, and floats by bits.
-_ATOMS = _ITSELF | {float}
+# Immutable scalars, keyed without a memo: those above, and floats by bits.
+ATOMS = _ITSELF | {float}
 
 
 def _atom(value: Any) -> Any:
@@ -126,7 +126,7 @@ def _sequence(values: Sequence[Any], memo: _Memo) -> tuple[Any, Any]:
         return kinds, tuple(values)
     if found == {float}:  # every bit, zeros' signs and NaNs' included
         return float, struct.pack(f"<{len(values)}d", *values)
-    if found <= _ATOMS:
+    if found <= ATOMS:
         return kinds, tuple(map(_atom, values))
     return kinds, tuple(_key(value, memo) for value in values)
 

@@ -57,7 +57,7 @@ from ._binding import (
 from ._cache import per_class
 from ._entry import CallUnderWay, TOP_CALL
 from ._errors import call_checked
-from ._exact import exact_values, float_key, key as exact_key, unchanging
+from ._exact import ATOMS, exact_values, float_key, key as exact_key, unchanging
 from ._leaves import is_leaf_type
 from ._output import Carried, OutputSpec
 from ._partition import Partition, WRITTEN_KEYS
@@ -591,7 +591,9 @@ class _Writer:
             self.check(f"type({x}) is not {self.constant(kind)}")  # length: `values`
             if kind is list:
                 self.lists.add(x)
-            return self.values(treedef, types, x, immutable=kind is tuple)
+            # A tuple of immutable scalars stays what it was checked to be.
+            scalars = kind is tuple and set(types) <= ATOMS
+            return self.values(treedef, types, x, immutable_scalars=scalars)
         if kind is dict and all(type(key) is str for key in data):
             # JAX takes the values in the order of the sorted keys; keys of one
             # type, strings, sort one way whatever order they were inserted in.
@@ -756,11 +758,12 @@ class _Writer:
         treedef: PyTreeDef,
         types: tuple[type, ...],
         values: str,
-        immutable: bool = False,
+        immutable_scalars: bool = False,
     ) -> list[str] | None:
         """Checks `values`, a sequence, against `treedef`'s children: as many, and
-        each as its child. `immutable`: a `tuple`, whose items stay the objects
-        they are."""
+        each as its child. `immutable_scalars`: a tuple of immutable scalars, which the
+        hit may hold (as a key holds a static value; never an array) to skip
+        checking it again."""
         children = treedef.children()
         if treedef.num_nodes == len(types) + 1 and len(children) > 4:
             # Many children, every one a leaf: their types at C speed.
@@ -773,7 +776,7 @@ class _Writer:
                 )
             else:
                 differs = f"tuple(map(type, {values})) != {self.constant(types)}"
-            if immutable:
+            if immutable_scalars:
                 # A tuple checked before is checked still: its items cannot change.
                 checked = self.constant([None])
                 self.check(f"{values} is not {checked}[0] and ({differs})")

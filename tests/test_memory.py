@@ -223,3 +223,18 @@ def test_a_jtu_partial_of_a_bound_method_holds_its_receiver_until_evicted():
     del wrapped
     gc.collect()
     assert receiver() is None
+
+
+def test_a_tuple_of_many_arrays_passed_again_is_not_kept():
+    """A hit does not check again a tuple of scalars it checked before; a tuple of
+    arrays it reads anew each call, and holds none of them after the call."""
+    f = filter_jit(lambda t: sum(t))
+
+    def call() -> list[weakref.ref]:
+        t = tuple(jnp.full(2, float(i)) for i in range(6))
+        assert_tree_allclose(f(t), f(t))
+        return [weakref.ref(a) for a in t]
+
+    refs = call() + call()
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []

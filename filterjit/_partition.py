@@ -1,7 +1,6 @@
 """Which leaves of a call are traced, and the cache key made from the others."""
 
 import operator
-import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -177,11 +176,10 @@ def _keys_of_statics(
     at = {index: place for place, index in enumerate(others)}
     other_rekeys = [(at[i], rekey) for i, rekey in rekeys if i in at]
     take_floats, take_others = _taker(floats, len(types)), _taker(others, len(types))
-    pack = struct.Struct(f"<{len(floats)}d").pack
 
     def keys(statics: Sequence[Any]) -> Sequence[Any]:
         keyed = _rekeyed(take_others(statics), other_rekeys)
-        return (*keyed, pack(*take_floats(statics)))
+        return (*keyed, _exact.floats_key(take_floats(statics)))
 
     return keys
 

@@ -323,7 +323,8 @@ def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) 
     for position, eqn in enumerate(eqns):
         if any(_is_fori_loop(e) and made_at in _lines(e) for e in _within(eqn)):
             on |= depends[position]
-    if named := [s for s in scalars if s.position in on]:
+    named = [s for s in scalars if s.position in on]
+    if named:
         error.add_note(_loop_note(name, named))
 
 

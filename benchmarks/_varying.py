@@ -205,15 +205,14 @@ def _vmap_row(xs: jax.Array) -> Row:
     once = jax.jit(jax.vmap(_vmapped))
     return Row(
         "(f) filter_jit(filter_vmap(f)) anew",
-        "`filter_jit(eqx.filter_vmap(f))(xs)` made anew for every call, `f` "
-        "without a docstring; jax.jit: `jax.jit(jax.vmap(f))` made once",
-        lambda n: [xs] * n,
+        "`filter_jit(vmapped)(xs)`, `vmapped = eqx.filter_vmap(f)` made anew for "
+        "every call, `f` without a docstring; jax.jit: `jax.jit(jax.vmap(f))` made "
+        "once",
+        lambda n: [eqx.filter_vmap(_vmapped) for _ in range(n)],
         {
-            harness.JAX: lambda v: once(v),
-            harness.EQX: lambda v: eqx.filter_jit(eqx.filter_vmap(_vmapped))(v),
-            harness.FILTERJIT: lambda v: filterjit.filter_jit(
-                eqx.filter_vmap(_vmapped)
-            )(v),
+            harness.JAX: lambda _: once(xs),
+            harness.EQX: lambda vmapped: eqx.filter_jit(vmapped)(xs),
+            harness.FILTERJIT: lambda vmapped: filterjit.filter_jit(vmapped)(xs),
         },
     )
 

@@ -22,6 +22,7 @@ from ._binding import (
     same_kwdefaults,
     Shape,
 )
+from ._cache import per_class
 from ._leaves import is_array
 from ._structure import PyTreeDef
 from ._trace import boxed_partial
@@ -220,6 +221,44 @@ def own_dict(fun: Any) -> dict[str, Any] | None:
     return found if type(found) is dict else None
 
 
+# What is read of a callable besides its call: its metadata, as `functools.wraps`
+# copies it, and what its record (`Function`) reads. An instance may hold any of it
+# in its own `__dict__`; else it is its class's (see `computed_by_class`).
+METADATA = (
+    "__name__",
+    "__qualname__",
+    "__doc__",
+    "__module__",
+    "__annotations__",
+    "__globals__",
+)
+RECORD_READS = (
+    "__name__",
+    "__qualname__",
+    "__module__",
+    "__wrapped__",
+    "__signature__",
+    "__func__",
+)
+
+
+@per_class
+def computed_by_class(cls: type) -> frozenset[str] | None:
+    """Which of `METADATA` and `RECORD_READS` an instance of `cls` reads through a
+    descriptor of its class (a property, which may read the instance); the others
+    are its own `__dict__`'s, else its class's. For an `eqx.Module` without
+    `__getattr__`; `None` for any other class, whose instances may compute any."""
+    if not issubclass(cls, eqx.Module):
+        return None
+    names = {*METADATA, *RECORD_READS, "__getattr__"}
+    # As an instance finds them: in the classes of its MRO, not its metaclass.
+    found = [
+        (n, vars(base)[n]) for base in cls.__mro__ for n in names if n in vars(base)
+    ]
+    computed = frozenset(n for n, value in found if hasattr(type(value), "__get__"))
+    return None if "__getattr__" in computed else computed
+
+
 def _is_module_method(fun: Any) -> bool:
     # `module.method`: a Module holding the function and the instance as fields.
     own = own_dict(fun) if issubclass(type(fun), eqx.Module) else None
@@ -251,10 +290,11 @@ def first_parameter(fun: Any) -> str | None:
 
 def receiver_of(fun: Any) -> str | None:
     """The name of the receiver (`self`, the first argument) of a callable whose
-    leaves are its receiver's (a bound method, a callable Module), else `None`."""
+    leaves are its receiver's (a bound method, a callable Module: its first argument,
+    whatever it holds), else `None`."""
     if type(fun) is Method:
         return first_parameter(fun.func) or "self"
-    if is_partial(fun) or not in_call_tree(fun) or not jtu.tree_leaves(fun):
+    if is_partial(fun) or not in_call_tree(fun):
         return None
     func = getattr(fun, "__func__", None) or getattr(type(fun), "__call__", None)
     return first_parameter(func) or "self"

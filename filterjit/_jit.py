@@ -11,16 +11,21 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
-import equinox as eqx
 import jax.tree_util as jtu
 
 from . import _trace
 from ._aot import Lowered, Specialisation, Traced
-from ._cache import per_class
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
 from ._fastpath import Hit, Unfinished
-from ._function import as_held, name_of, own_dict, unwrapped
+from ._function import (
+    as_held,
+    computed_by_class,
+    METADATA,
+    name_of,
+    own_dict,
+    unwrapped,
+)
 from ._level import STAGED, TOP
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
@@ -32,17 +37,6 @@ _Q = ParamSpec("_Q")
 _R = TypeVar("_R")
 _S = TypeVar("_S")
 _W = TypeVar("_W", bound="Wrapper[Any, Any]")
-
-
-# What `_copy_metadata` reads of a function, besides `__wrapped__`.
-_METADATA = (
-    "__name__",
-    "__qualname__",
-    "__doc__",
-    "__module__",
-    "__annotations__",
-    "__globals__",
-)
 
 
 def _metadata(fun: Any) -> dict[str, Any]:
@@ -63,20 +57,7 @@ def _metadata(fun: Any) -> dict[str, Any]:
     }
 
 
-@per_class
-def _metadata_is_the_class(cls: type) -> bool:
-    """Whether an instance of `cls` holding none of `_METADATA` in its `__dict__`
-    has its class's: an `eqx.Module` (no `__getattr__`, and found by `getattr` as
-    class attributes, none a descriptor that could read the instance)."""
-    if not issubclass(cls, eqx.Module):
-        return False
-    names = (*_METADATA, "__wrapped__", "__getattr__")
-    # As an instance finds them: in the classes of its MRO, not its metaclass.
-    found = [vars(base)[n] for base in cls.__mro__ for n in names if n in vars(base)]
-    return not any(hasattr(type(value), "__get__") for value in found)
-
-
-# Per Module class (see `_metadata_is_the_class`), its instances' metadata.
+# Per Module class (see `computed_by_class`), its instances' metadata.
 _class_metadata: "weakref.WeakKeyDictionary[type, dict[str, Any]]" = (
     weakref.WeakKeyDictionary()
 )
@@ -91,8 +72,8 @@ def _copy_metadata(wrapper: Any, fun: Any) -> None:
     own = own_dict(fun)
     if (
         own is not None
-        and _metadata_is_the_class(cls)
-        and own.keys().isdisjoint(_METADATA)
+        and computed_by_class(cls) == frozenset()
+        and own.keys().isdisjoint(METADATA)
     ):
         metadata = _class_metadata.get(cls)
         if metadata is None:

@@ -1,11 +1,12 @@
 """Who owns a function's caches: one dispatcher per function, as JAX and Equinox
 see it, and per set of options. A function (any callable compared by identity) owns
 its own; a bound method or a partial, the function it wraps; any other callable (a
-callable `eqx.Module`, a frozen dataclass), its class's `__call__`, keyed by its
-structure and static leaves as static arguments are keyed (`_exact`), and so held
-until evicted by the bound on dispatchers per owner. Dispatchers live in the
-owner's own `__dict__`: dropping a function frees its caches, and a cycle through
-them is garbage."""
+callable `eqx.Module`, a frozen dataclass), its class's `__call__`: a Module keyed
+by what its record reads of the instance itself (its fields are keyed by each call),
+any other by its structure and static leaves as static arguments are keyed
+(`_exact`), and so held until evicted by the bound on dispatchers per owner.
+Dispatchers live in the owner's own `__dict__`: dropping a function frees its
+caches, and a cycle through them is garbage."""
 
 import inspect
 import threading
@@ -18,7 +19,7 @@ import jax.tree_util as jtu
 from ._cache import BoundedCache, per_class
 from ._dispatch import Dispatcher
 from ._exact import exact_aux
-from ._function import in_call_tree
+from ._function import computed_by_class, in_call_tree, own_dict, RECORD_READS
 from ._leaves import is_array
 from ._options import Options
 from ._partition import static_key
@@ -91,15 +92,26 @@ def _owner(fun: Any) -> tuple[Any, Any]:
         owner, key = _owner(fun.func)
         # A bound method (`Method`) apart from a partial (for donation).
         return owner, (type(fun), key, len(fun.args), tuple(fun.keywords))
+    cls = type(fun)
+    own = own_dict(fun)
+    computed = computed_by_class(cls)
+    if own is not None and computed is not None:
+        # A Module, part of each call's pytree (its fields keyed by each call): its
+        # record is its class's but for what it holds or computes itself.
+        read = [
+            (name, static_key(getattr(fun, name) if name in computed else own[name]))
+            for name in RECORD_READS
+            if name in own or name in computed
+        ]
+        return _call_owner(cls), tuple(read)
     leaves, treedef = jtu.tree_flatten(fun)
     if not in_call_tree(fun, treedef):
         # Compared by identity, and so called as itself: the owner of its own caches
         # (a method-like object made anew on each access is a function of its own).
         return fun, None
-    owner = _call_owner(type(fun))
     # Its structure and static leaves, keyed as static arguments are (arrays aside).
     keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
-    return owner, (treedef, exact_aux(treedef), tuple(keys))
+    return _call_owner(cls), (treedef, exact_aux(treedef), tuple(keys))
 
 
 @per_class

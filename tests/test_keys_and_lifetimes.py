@@ -386,20 +386,34 @@ def _called_at(level: str, fun: Any) -> Any:
 
 @pytest.mark.parametrize("level", ["top", "nested"])
 def test_module_static_field_held_until_evicted(level: str) -> None:
-    # Its class's caches key it by identity: held until the bound on dispatchers
-    # per owner evicts it, one Module per wrapper made anew each time.
-    from filterjit import _owners
-
+    # A callable Module's class owns its caches, and each call keys its static
+    # fields as it keys static arguments: held until the bound on entries evicts
+    # them, one Module per wrapper made anew each time.
     payload = Payload()
     ref = weakref.ref(payload)
-    assert_tree_allclose(_called_at(level, filter_jit(Settings(payload))), X + 1)
+    wrapper = filter_jit(Settings(payload))
+    assert_tree_allclose(_called_at(level, wrapper), X + 1)
     del payload
     gc.collect()
     assert ref() is not None
-    for _ in range(_owners._MAX_DISPATCHERS):
-        filter_jit(Settings(Payload()))
+    evict_with_bound(wrapper)
+    assert_tree_allclose(_called_at(level, filter_jit(Settings(Payload()))), X + 1)
+    del wrapper
     gc.collect()
     assert ref() is None
+
+
+def test_module_instances_share_their_class_caches() -> None:
+    # Wrappers of Modules made anew find one dispatcher, whatever their static
+    # fields hold; a Module wrapping a function (`eqx.filter_vmap`) one per function.
+    assert filter_jit(Settings(1))._dispatcher is filter_jit(Settings("a"))._dispatcher
+
+    def g(x: Any) -> Any:
+        return x * 2
+
+    vmapped = filter_jit(eqx.filter_vmap(g))._dispatcher
+    assert filter_jit(eqx.filter_vmap(g))._dispatcher is vmapped
+    assert filter_jit(eqx.filter_vmap(_plus_one))._dispatcher is not vmapped
 
 
 ACTIVATED_TRACES: list[None] = []

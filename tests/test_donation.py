@@ -223,6 +223,22 @@ def test_a_callable_module_is_the_receiver_of_its_call(
     assert x.is_deleted() == x_deleted
 
 
+class _Scaler(eqx.Module):
+    factor: float = eqx.field(static=True)
+
+    def __call__(self, x, y):
+        return x * self.factor, y + 1
+
+
+@pytest.mark.parametrize("method", [False, True], ids=["module", "module.__call__"])
+def test_a_callable_module_without_arrays_is_still_its_calls_first_argument(method):
+    # "first" is `self` whatever it holds, so that every instance of a class reads
+    # its call alike: the call's own arguments are all donated.
+    scaler, x, y = _Scaler(2.0), jnp.arange(3.0), jnp.ones(3)
+    filter_jit(scaler.__call__ if method else scaler, donate="all-except-first")(x, y)
+    assert x.is_deleted() and y.is_deleted()
+
+
 def test_with_donation_a_scalar_default_given_or_not_is_one_key():
     traces = []
 

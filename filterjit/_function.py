@@ -4,6 +4,7 @@ import functools as ft
 import inspect
 import types
 import weakref
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -223,7 +224,7 @@ def own_dict(fun: Any) -> dict[str, Any] | None:
 
 # What is read of a callable besides its call: its metadata, as `functools.wraps`
 # copies it, and what its record (`Function`) reads. An instance may hold any of it
-# in its own `__dict__`; else it is its class's (see `computed_by_class`).
+# in its own `__dict__`; else it is its class's (see `class_attributes`).
 METADATA = (
     "__name__",
     "__qualname__",
@@ -242,21 +243,49 @@ RECORD_READS = (
 )
 
 
+class ClassAttributes(NamedTuple):
+    """What an instance of an `eqx.Module` class finds of `METADATA` and
+    `RECORD_READS` in its class: `computed`, the names a descriptor gives (a
+    property, which may read the instance); `found`, the others' values. An
+    instance's own `__dict__` comes first."""
+
+    computed: frozenset[str]
+    found: dict[str, Any]
+
+
 @per_class
-def computed_by_class(cls: type) -> frozenset[str] | None:
-    """Which of `METADATA` and `RECORD_READS` an instance of `cls` reads through a
-    descriptor of its class (a property, which may read the instance); the others
-    are its own `__dict__`'s, else its class's. For an `eqx.Module` without
-    `__getattr__`; `None` for any other class, whose instances may compute any."""
+def class_attributes(cls: type) -> ClassAttributes | None:
+    """See `ClassAttributes`; `None` but for an `eqx.Module` class without
+    `__getattr__` (any other may compute any attribute)."""
     if not issubclass(cls, eqx.Module):
         return None
     names = {*METADATA, *RECORD_READS, "__getattr__"}
     # As an instance finds them: in the classes of its MRO, not its metaclass.
-    found = [
-        (n, vars(base)[n]) for base in cls.__mro__ for n in names if n in vars(base)
-    ]
-    computed = frozenset(n for n, value in found if hasattr(type(value), "__get__"))
-    return None if "__getattr__" in computed else computed
+    found: dict[str, Any] = {}
+    for base in reversed(cls.__mro__):
+        found.update((n, vars(base)[n]) for n in names if n in vars(base))
+    computed = frozenset(n for n, v in found.items() if hasattr(type(v), "__get__"))
+    if "__getattr__" in computed:
+        return None
+    return ClassAttributes(computed, {n: found[n] for n in found.keys() - computed})
+
+
+def attribute_reader(fun: Any) -> Callable[[str, Any], Any]:
+    """`getattr(fun, ...)` for the names of `METADATA` and `RECORD_READS`, read past
+    an `eqx.Module`'s `__getattribute__` (a Python call, and for a name it lacks an
+    exception) where its class says how (see `class_attributes`)."""
+    attributes = class_attributes(type(fun))
+    own = own_dict(fun)
+    if attributes is None or own is None:
+        return ft.partial(getattr, fun)
+    computed, found = attributes
+
+    def read(name: str, default: Any) -> Any:
+        if name in computed:
+            return getattr(fun, name, default)
+        return own[name] if name in own else found.get(name, default)
+
+    return read
 
 
 def _is_module_method(fun: Any) -> bool:

@@ -7,7 +7,6 @@ import inspect
 import sys
 import types
 import typing
-import weakref
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
@@ -18,14 +17,7 @@ from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
 from ._fastpath import Hit, Unfinished
-from ._function import (
-    as_held,
-    computed_by_class,
-    METADATA,
-    name_of,
-    own_dict,
-    unwrapped,
-)
+from ._function import as_held, attribute_reader, is_partial, name_of, unwrapped
 from ._level import STAGED, TOP
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
@@ -42,45 +34,34 @@ _W = TypeVar("_W", bound="Wrapper[Any, Any]")
 def _metadata(fun: Any) -> dict[str, Any]:
     """As `functools.wraps` copies it, and where the annotations' names resolve
     (for jaxtyping's `jaxtyped`)."""
-    inner = unwrapped(fun)
-    namespace = getattr(inner, "__globals__", None)
+    read = attribute_reader(fun)
+    partial = is_partial(fun)
+    inner = fun if read("__func__", None) is None and not partial else unwrapped(fun)
+    if inner is fun:
+        namespace = read("__globals__", None)
+    else:
+        namespace = getattr(inner, "__globals__", None)
     if namespace is None:  # a callable object: its class's module
         module = sys.modules.get(getattr(type(inner), "__module__", ""))
         namespace = vars(module) if module is not None else {}
+    if partial:
+        qualname = name_of(fun)
+    else:
+        qualname = read("__qualname__", None) or type(fun).__qualname__
     return {
-        "__name__": getattr(fun, "__name__", None) or name_of(fun),
-        "__qualname__": name_of(fun),
-        "__doc__": getattr(fun, "__doc__", None),
-        "__module__": getattr(fun, "__module__", None) or __name__,
-        "__annotations__": getattr(fun, "__annotations__", {}),
+        "__name__": read("__name__", None) or qualname,
+        "__qualname__": qualname,
+        "__doc__": read("__doc__", None),
+        "__module__": read("__module__", None) or __name__,
+        "__annotations__": read("__annotations__", {}),
         "__globals__": namespace,
     }
 
 
-# Per Module class (see `computed_by_class`), its instances' metadata.
-_class_metadata: "weakref.WeakKeyDictionary[type, dict[str, Any]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def _copy_metadata(wrapper: Any, fun: Any) -> None:
     # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
-    # A Module made anew at every step is wrapped at every step: its class's read
-    # once.
     wrapper.__wrapped__ = fun
-    cls = type(fun)
-    own = own_dict(fun)
-    if (
-        own is not None
-        and computed_by_class(cls) == frozenset()
-        and own.keys().isdisjoint(METADATA)
-    ):
-        metadata = _class_metadata.get(cls)
-        if metadata is None:
-            metadata = _class_metadata.setdefault(cls, _metadata(fun))
-    else:
-        metadata = _metadata(fun)
-    wrapper.__dict__.update(metadata)
+    wrapper.__dict__.update(_metadata(fun))
 
 
 def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:

@@ -19,7 +19,13 @@ import jax.tree_util as jtu
 from ._cache import BoundedCache, per_class
 from ._dispatch import Dispatcher
 from ._exact import exact_aux
-from ._function import computed_by_class, in_call_tree, own_dict, RECORD_READS
+from ._function import (
+    attribute_reader,
+    class_attributes,
+    in_call_tree,
+    own_dict,
+    RECORD_READS,
+)
 from ._leaves import is_array
 from ._options import Options
 from ._partition import static_key
@@ -93,17 +99,14 @@ def _owner(fun: Any) -> tuple[Any, Any]:
         # A bound method (`Method`) apart from a partial (for donation).
         return owner, (type(fun), key, len(fun.args), tuple(fun.keywords))
     cls = type(fun)
+    attributes = class_attributes(cls)
     own = own_dict(fun)
-    computed = computed_by_class(cls)
-    if own is not None and computed is not None:
+    if attributes is not None and own is not None:
         # A Module, part of each call's pytree (its fields keyed by each call): its
         # record is its class's but for what it holds or computes itself.
-        read = [
-            (name, static_key(getattr(fun, name) if name in computed else own[name]))
-            for name in RECORD_READS
-            if name in own or name in computed
-        ]
-        return _call_owner(cls), tuple(read)
+        read = attribute_reader(fun)
+        names = [n for n in RECORD_READS if n in own or n in attributes.computed]
+        return _call_owner(cls), tuple((n, static_key(read(n, None))) for n in names)
     leaves, treedef = jtu.tree_flatten(fun)
     if not in_call_tree(fun, treedef):
         # Compared by identity, and so called as itself: the owner of its own caches

@@ -251,8 +251,9 @@ def _wraps_metadata(fun: Any) -> tuple[Any, ...]:
 
 def test_a_module_wrapped_anew_has_the_metadata_of_each_instance():
     """Modules made anew at every step are wrapped with their class's metadata (read
-    once per class); where an instance's metadata may differ from its class's (a
-    property, metadata of its own as Equinox's wrappers hold), each its own."""
+    past the Module's `__getattribute__`); where an instance's metadata may differ
+    from its class's (a property, metadata of its own as Equinox's wrappers hold),
+    each its own."""
     for weight in (1.0, 2.0):
         wrapped = filter_jit(_Documented(jnp.array(weight)))
         assert wrapped.__doc__ == "A documented layer."

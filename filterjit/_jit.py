@@ -7,6 +7,7 @@ import inspect
 import sys
 import types
 import typing
+import weakref
 from collections.abc import Callable
 from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
@@ -17,7 +18,16 @@ from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
 from ._fastpath import Hit, Unfinished
-from ._function import as_held, attribute_reader, is_partial, name_of, unwrapped
+from ._function import (
+    as_held,
+    attribute_reader,
+    class_attributes,
+    is_partial,
+    METADATA,
+    name_of,
+    own_dict,
+    unwrapped,
+)
 from ._level import STAGED, TOP
 from ._options import check_donated_names, DonateOption, make_options, Options
 from ._output import finish
@@ -58,10 +68,32 @@ def _metadata(fun: Any) -> dict[str, Any]:
     }
 
 
+# What `_metadata` reads of a Module: its class's unless the instance holds it.
+_READ = frozenset((*METADATA, "__func__"))
+# Per Module class, its instances' metadata where it is its class's (see
+# `_copy_metadata`): a Module made anew at every step is wrapped at every step.
+_class_metadata: "weakref.WeakKeyDictionary[type, dict[str, Any]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def _copy_metadata(wrapper: Any, fun: Any) -> None:
     # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
     wrapper.__wrapped__ = fun
-    wrapper.__dict__.update(_metadata(fun))
+    attributes = class_attributes(type(fun))
+    own = own_dict(fun)
+    if (
+        attributes is None
+        or own is None
+        or not own.keys().isdisjoint(_READ)
+        or not attributes.computed.isdisjoint(_READ)
+    ):
+        wrapper.__dict__.update(_metadata(fun))
+        return
+    metadata = _class_metadata.get(type(fun))
+    if metadata is None:
+        metadata = _class_metadata.setdefault(type(fun), _metadata(fun))
+    wrapper.__dict__.update(metadata)
 
 
 def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:

@@ -104,8 +104,10 @@ def _owner(fun: Any) -> tuple[Any, Any]:
     if attributes is not None and own is not None:
         # A Module, part of each call's pytree (its fields keyed by each call): its
         # record is its class's but for what it holds or computes itself.
-        read = attribute_reader(fun)
         names = [n for n in RECORD_READS if n in own or n in attributes.computed]
+        if not names:
+            return _call_owner(cls), ()
+        read = attribute_reader(fun)
         return _call_owner(cls), tuple((n, static_key(read(n, None))) for n in names)
     leaves, treedef = jtu.tree_flatten(fun)
     if not in_call_tree(fun, treedef):

@@ -175,10 +175,12 @@ class _Module:
                 for alias, name in zip(node.names, names):
                     self.aliases[alias.asname or alias.name] = name
                 self.imported[node] = [base, *names]
-        # Each node with its site, by the node's type.
+        # Each node with its site, by the node's type; and every site.
         self.sites: dict[type, list[tuple[str, ast.AST]]] = {}
+        self.named: set[str] = set()
         for site, node in self.nodes():
             self.sites.setdefault(type(node), []).append((site, node))
+            self.named.add(site)
         # Strings standing as statements (docstrings): prose, not code.
         self.prose = {
             node.value
@@ -219,16 +221,6 @@ class _Module:
 
         return walk(self.tree, self.name)
 
-    def defines(self, qualified: str) -> bool:
-        """Whether the module defines `qualified`: `Class.function`, `NAME`."""
-        scope: list[ast.stmt] = self.tree.body
-        for part in qualified.split("."):
-            found = [node for node in scope if _defined_name(node) == part]
-            if not found:
-                return False
-            scope = getattr(found[0], "body", [])
-        return True
-
 
 def modules(package: Path) -> list[_Module]:
     """The modules of `package`, each parsed once (a copy's too)."""
@@ -243,12 +235,7 @@ def _module(name: str, source: str) -> _Module:
 
 def _exists(site: str) -> bool:
     """Whether `site` (`module`, `module.Class.function`, `module.NAME`) exists."""
-    named = {module.name: module for module in modules(PACKAGE)}
-    parts = site.split(".")
-    for end in range(len(parts), 0, -1):
-        if (module := named.get(".".join(parts[:end]))) is not None:
-            return end == len(parts) or module.defines(".".join(parts[end:]))
-    return False
+    return any(site in module.named for module in modules(PACKAGE))
 
 
 # What each kind of syntax matches (the page says it in words)
@@ -407,6 +394,8 @@ def _same_shape(pattern: ast.AST, node: ast.AST, module: _Module) -> bool:
         return _names(module.resolved(node), ast.unparse(pattern))
     if type(pattern) is not type(node):
         return False
+    if isinstance(pattern, ast.JoinedStr) and isinstance(node, ast.JoinedStr):
+        return _within(pattern.values, node.values, module)
     for field, value in ast.iter_fields(pattern):
         other = getattr(node, field)
         if isinstance(value, ast.expr_context):
@@ -420,6 +409,27 @@ def _same_shape(pattern: ast.AST, node: ast.AST, module: _Module) -> bool:
             if not same:
                 return False
     return True
+
+
+def _within(pattern: list[ast.expr], parts: list[ast.expr], module: _Module) -> bool:
+    """Whether the parts of an f-string hold those of `pattern` in a row: its first
+    text may end one of theirs, its last begin one (`f"{_}[{_}]"` is in
+    `f"argument {name}[{i}] of f"`)."""
+    last = len(pattern) - 1
+
+    def same(index: int, a: ast.expr, b: ast.expr) -> bool:
+        if isinstance(a, ast.Constant) and isinstance(b, ast.Constant):
+            text, other = str(a.value), str(b.value)
+            ends = (other.endswith(text) if index == 0 else True) and (
+                other.startswith(text) if index == last else True
+            )
+            return ends and (text == other or index in (0, last))
+        return _same_shape(a, b, module)
+
+    return any(
+        all(same(i, a, b) for i, (a, b) in enumerate(zip(pattern, parts[start:])))
+        for start in range(len(parts) - last)
+    )
 
 
 def _match_expr(targets: tuple[str, ...], node: ast.AST, module: _Module) -> bool:
@@ -746,6 +756,19 @@ MORE_ADDED = [
         "import jax.tree_util as jtu\n\ndef _held(f):\n"
         "    return type(f) is jtu.Partial or type(f) in (types.MethodType,)\n",
         "_aot._held",
+    ),
+    (
+        "which callable is held",
+        "_cache",
+        "def _pieces(fun):\n    match fun:\n        case ft.partial():\n"
+        "            return fun.args\n    return ()\n",
+        "_cache._pieces",
+    ),
+    (
+        "how an argument is named",
+        "_output",
+        "def _label(names, i):\n    return f'*{names[-1]}[{i - len(names)}]'\n",
+        "_output._label",
     ),
     (
         "what a call binds",

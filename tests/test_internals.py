@@ -61,7 +61,7 @@ class Match(NamedTuple):
 
     site: str
     module: str
-    at: tuple[int, int]  # line and column
+    at: tuple[int, ...]  # where it starts and ends: line, column, line, column
     syntax: Syntax
     code: str
 
@@ -484,7 +484,8 @@ def _matches_in(package: Path, syntax: tuple[Syntax, ...]) -> tuple[Match, ...]:
         for item in syntax:
             for site, node in _candidates(item, module):
                 if _MATCHERS[item.kind](item.targets, node, module):
-                    at = (getattr(node, "lineno"), getattr(node, "col_offset"))
+                    fields = ("lineno", "col_offset", "end_lineno", "end_col_offset")
+                    at = tuple(getattr(node, field) for field in fields)
                     code = lines[at[0] - 1].strip()
                     found.append(Match(site, module.name, at, item, code))
     return tuple(sorted(found, key=lambda m: (m.module, m.at)))
@@ -495,7 +496,7 @@ def _allowed(site: str, sites: tuple[str, ...]) -> bool:
 
 
 @functools.cache
-def _exempt(package: Path) -> set[tuple[str, tuple[int, int]]]:
+def _exempt(package: Path) -> set[tuple[str, tuple[int, ...]]]:
     """The nodes that the page's exemptions match at their sites in `package`."""
     return {
         (match.module, match.at)

@@ -24,7 +24,9 @@ from ._binding import (
     Shape,
 )
 from ._cache import per_class
+from ._exact import exact_aux
 from ._leaves import is_array
+from ._partition import static_key
 from ._structure import PyTreeDef
 from ._trace import boxed_partial
 
@@ -455,3 +457,39 @@ class Function:
             name, label = self._parameter(str(top.key) if index is None else index)
             found.append(LeafParameter(name, index, label + jtu.keystr(rest)))
         return found
+
+
+def owner_of(fun: Any) -> tuple[Any, Any]:
+    """What owns the caches of `fun` (a callable as `as_held` holds it), and its key
+    there (see `_owners`)."""
+    if issubclass(type(fun), jtu.Partial):  # not `isinstance`: see `as_held`
+        owner, key = owner_of(fun.func)
+        # A bound method (`Method`) apart from a partial (for donation).
+        return owner, (type(fun), key, len(fun.args), tuple(fun.keywords))
+    cls = type(fun)
+    attributes = class_attributes(cls)
+    own = own_dict(fun)
+    if attributes is not None and own is not None:
+        # A Module, part of each call's pytree (its fields keyed by each call): its
+        # record is its class's but for what it holds or computes itself.
+        names = [n for n in RECORD_READS if n in own or n in attributes.computed]
+        if not names:
+            return _call_owner(cls), ()
+        read = attribute_reader(fun)
+        return _call_owner(cls), tuple((n, static_key(read(n, None))) for n in names)
+    leaves, treedef = jtu.tree_flatten(fun)
+    if not in_call_tree(fun, treedef):
+        # Compared by identity, and so called as itself: the owner of its own caches
+        # (a method-like object made anew on each access is a function of its own).
+        return fun, None
+    # Its structure and static leaves, keyed as static arguments are (arrays aside).
+    keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
+    return _call_owner(cls), (treedef, exact_aux(treedef), tuple(keys))
+
+
+@per_class
+def _call_owner(cls: type) -> Any:
+    """What owns the caches of the callable instances of `cls`: its `__call__`
+    where that is a Python function, else the class."""
+    call = inspect.getattr_static(cls, "__call__", None)
+    return call if isinstance(call, types.FunctionType) else cls

@@ -26,6 +26,7 @@ from ._function import (
     METADATA,
     name_of,
     own_dict,
+    signature_of,
     unwrapped,
 )
 from ._level import STAGED, TOP
@@ -176,13 +177,13 @@ class FilterJitWrapper(Wrapper[_P, _R]):
     __globals__: dict[str, Any]
 
     def __init__(self, fun: Callable[_P, _R], options: Options):
-        fun = as_held(fun)
-        self._fun = fun
+        held = as_held(fun)
+        self._fun = held
         self._options = options
-        self._dispatcher = dispatcher_for(fun, options)
-        self._dispatcher.trace_log.made_for(fun)
+        self._dispatcher = dispatcher_for(held, options)
+        self._dispatcher.trace_log.made_for(held)
         self._hits = self._dispatcher.hits
-        _copy_metadata(self, fun)
+        _copy_metadata(self, fun)  # `__wrapped__`: the callable as given
 
     if not typing.TYPE_CHECKING:
         __call__ = level_switch(_trace.level_reader)
@@ -194,10 +195,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
     def __signature__(self) -> inspect.Signature | None:
         # As jax.jit's object gives it, also to `follow_wrapped=False` (which takes
         # the wrapper, a descriptor, for a builtin): the function's.
-        try:
-            return inspect.signature(self._fun)
-        except (TypeError, ValueError):
-            return None
+        return signature_of(self._fun, follow_wrapped=True)
 
     def __reduce__(self) -> str | tuple[Any, ...]:
         # By reference where it is its module's global, as functions are; else by

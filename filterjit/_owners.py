@@ -8,27 +8,14 @@ any other by its structure and static leaves as static arguments are keyed
 Dispatchers live in the owner's own `__dict__`: dropping a function frees its
 caches, and a cycle through them is garbage."""
 
-import inspect
 import threading
-import types
 import weakref
 from typing import Any
 
-import jax.tree_util as jtu
-
-from ._cache import BoundedCache, per_class
+from ._cache import BoundedCache
 from ._dispatch import Dispatcher
-from ._exact import exact_aux
-from ._function import (
-    attribute_reader,
-    class_attributes,
-    in_call_tree,
-    own_dict,
-    RECORD_READS,
-)
-from ._leaves import is_array
+from ._function import owner_of
 from ._options import Options
-from ._partition import static_key
 
 
 _ATTRIBUTE = "__filterjit_dispatchers__"
@@ -92,44 +79,9 @@ def _forget(key: Any, holder: "_Holder | None") -> None:
             del _without_dict[key]
 
 
-def _owner(fun: Any) -> tuple[Any, Any]:
-    """What owns `fun`'s caches, and its key there."""
-    if issubclass(type(fun), jtu.Partial):  # not `isinstance`: see `as_held`
-        owner, key = _owner(fun.func)
-        # A bound method (`Method`) apart from a partial (for donation).
-        return owner, (type(fun), key, len(fun.args), tuple(fun.keywords))
-    cls = type(fun)
-    attributes = class_attributes(cls)
-    own = own_dict(fun)
-    if attributes is not None and own is not None:
-        # A Module, part of each call's pytree (its fields keyed by each call): its
-        # record is its class's but for what it holds or computes itself.
-        names = [n for n in RECORD_READS if n in own or n in attributes.computed]
-        if not names:
-            return _call_owner(cls), ()
-        read = attribute_reader(fun)
-        return _call_owner(cls), tuple((n, static_key(read(n, None))) for n in names)
-    leaves, treedef = jtu.tree_flatten(fun)
-    if not in_call_tree(fun, treedef):
-        # Compared by identity, and so called as itself: the owner of its own caches
-        # (a method-like object made anew on each access is a function of its own).
-        return fun, None
-    # Its structure and static leaves, keyed as static arguments are (arrays aside).
-    keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
-    return _call_owner(cls), (treedef, exact_aux(treedef), tuple(keys))
-
-
-@per_class
-def _call_owner(cls: type) -> Any:
-    """What owns the caches of the callable instances of `cls`: its `__call__`
-    where that is a Python function, else the class."""
-    call = inspect.getattr_static(cls, "__call__", None)
-    return call if isinstance(call, types.FunctionType) else cls
-
-
 def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
     """The dispatcher shared by the wrappers of `fun` with `options`."""
-    owner, key = _owner(fun)
+    owner, key = owner_of(fun)
     if (holder := _holder(owner)) is None:
         return Dispatcher(fun, options)
     dispatchers = holder.dispatchers

@@ -2,6 +2,7 @@
 caches, and the wrapper as a value (a pytree, copyable, picklable)."""
 
 import copy
+import functools as ft
 import inspect
 import pickle
 import threading
@@ -149,6 +150,26 @@ def test_wrappers_copy_and_pickle(copier):
         scale = 4.0
         local = filter_jit(lambda x: x * scale)
         assert copy_of(local)(jnp.ones(1)).tolist() == [4.0]
+
+
+class _Scaler:
+    def scale(self, x):
+        return x * 2
+
+
+def test_wrapped_is_the_callable_as_given():
+    # A partial and a bound method are held as pytrees of their pieces; what
+    # `__wrapped__` names is what the user wrapped, as `functools.wraps` names it.
+    given = [
+        ft.partial(scale, n=3),
+        jax.tree_util.Partial(scale, n=3),
+        _Scaler().scale,
+        eqx.filter_vmap(scale),
+    ]
+    for fun in given:
+        wrapped = filter_jit(fun)
+        assert wrapped.__wrapped__ is fun
+        assert inspect.signature(wrapped) == inspect.signature(fun)
 
 
 def test_a_wrapper_unflattened_by_jax_keeps_its_metadata():

@@ -11,7 +11,7 @@ import jax.tree_util as jtu
 from .._trace import custom_call_targets, STABLE_TARGETS
 from ._exported import Exported, Template
 from ._payload import PayloadError, unpack
-from ._signature import Argument, KINDS, Parameters
+from ._signature import Argument, DEFAULTS, KINDS, Parameters
 from ._values import check, Malformed
 
 
@@ -196,22 +196,14 @@ def _read_header(
     """The parts of a payload's header, each checked; raises if one is malformed."""
     if header["format"] != "filterjit.export":
         raise Malformed
-    fun_name = header["fun_name"]
-    saved_parameters = header["parameters"]
+    fun_name, saved, names = header["fun_name"], header["parameters"], header["names"]
     if not isinstance(fun_name, str):
         raise Malformed
-    aliases, bound = header["aliases"], header["bound"]
-    for name in [*aliases, *bound]:
-        if not (isinstance(name, str) and name.isidentifier()):
-            raise Malformed
-    parameters = Parameters(
-        fun_name,
-        None
-        if saved_parameters is None
-        else [_parameter(*saved) for saved in saved_parameters],
-        aliases,
-        bound,
-    )
+    for parameter in [] if saved is None else saved:
+        _check_parameter(parameter, 3)
+    for parameter in names:
+        _check_parameter(parameter, 2)
+    parameters = Parameters(fun_name, saved, names)
     arguments = []
     for saved in header["arguments"]:
         key, given, value, labels = (
@@ -235,9 +227,15 @@ def _read_header(
     return fun_name, parameters, arguments, header["output"], donated, vjp_order
 
 
-def _parameter(name: Any, kind: Any, default: Any) -> tuple[str, int, bool]:
+def _check_parameter(saved: Any, length: int) -> None:
+    """Raises unless `saved` is `[name, kind, default]` (`length` 3) or `[name,
+    kind]`, as `Parameters` saves a parameter."""
+    if not (isinstance(saved, list) and len(saved) == length):
+        raise Malformed
+    name, kind, *default = saved
     if not (isinstance(name, str) and name.isidentifier()):
         raise Malformed
-    if type(kind) is not int or kind not in KINDS or type(default) is not bool:
+    if type(kind) is not int or kind not in KINDS:
         raise Malformed
-    return name, kind, default
+    if not all(isinstance(d, str) and d in DEFAULTS for d in default):
+        raise Malformed

@@ -9,10 +9,9 @@ import jax
 import jax.tree_util as jtu
 
 from .._trace import custom_call_targets, STABLE_TARGETS
-from ._exported import Exported, Template
+from ._exported import Argument, DEFAULTS, Exported, KINDS, Parameters, Template
 from ._payload import PayloadError, unpack
-from ._signature import Argument, DEFAULTS, KINDS, Parameters
-from ._values import check, Malformed
+from ._values import check, decode, Malformed
 
 
 # Targets that hold an address in the process that made the program: never valid
@@ -164,7 +163,7 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
         raise _malformed("its function, parameters or arguments") from None
     fun_name, parameters, arguments, output_data, donated, vjp_order = parts
     try:
-        output = Template.loaded(output_data, "output")
+        output = Template(decode(output_data), "output", output_data)
     except (PayloadError, TypeError):
         raise  # a function it may not name; a class to register
     except (Malformed, LookupError, ValueError, RecursionError):

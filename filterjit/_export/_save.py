@@ -1,8 +1,8 @@
 """Exporting a filtered function: its array leaves as a `jax.export.Exported`, and
-what `filter_jit` keeps static (the arguments' structure and static leaves, the
-output's structure and static leaves) as data that loads without importing or
-unpickling anything it names."""
+what `filter_jit` keeps static (the arguments' and output's structures and static
+leaves) as data."""
 
+import functools as ft
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
@@ -19,8 +19,7 @@ from .._jit import filter_jit, FilterJitWrapper
 from .._options import make_options
 from .._output import finish
 from ._checks import is_traced
-from ._exported import encoded, Exported, Template
-from ._signature import Argument, Parameters
+from ._exported import Argument, encoded, Exported, Parameters, Template
 from ._values import Encoding, SIZE, TRACED
 
 
@@ -72,17 +71,10 @@ def export(
     """
     if isinstance(fun, JitWrapper):
         wrapper = _as_filter_jit(fun)
-    elif isinstance(fun, FilterJitWrapper):
-        wrapper = fun
     else:
-        wrapper = filter_jit(fun)
-    checks = tuple(disabled_checks)
-
+        wrapper = fun if isinstance(fun, FilterJitWrapper) else filter_jit(fun)
     # Untyped: arrays may be given as `jax.ShapeDtypeStruct`s.
-    def exporting(*args: Any, **kwargs: Any) -> Exported[_P, _T]:
-        return _export(wrapper, platforms, checks, args, kwargs)
-
-    return exporting
+    return ft.partial(_export, wrapper, platforms, tuple(disabled_checks))
 
 
 def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
@@ -136,17 +128,19 @@ def _arguments(
     )
     sources = {**dict(enumerate(positional)), **keywords}
     given = {key for key, (source, _) in sources.items() if source != "default"}
-    encoding = Encoding(opaque=[])
-    arguments = []
+    opaque: list[tuple[str, Any]] = []
+    encoding, arguments = Encoding(opaque), []
     for key, prototype in [*enumerate(args), *sorted(kwargs.items())]:
-        label = function.label(key)
+        label, first = function.label(key), len(opaque)
         data = encoded(prototype, label, function.name, encoding)
-        paths = jtu.tree_flatten_with_path(prototype)[0]
+        paths, treedef = jtu.tree_flatten_with_path(prototype)
         labels = [label + jtu.keystr(p) for p, leaf in paths if leaf is TRACED]
-        argument = Argument(key, key in given, data, labels)
-        argument.treedef = jtu.tree_structure(prototype)
-        argument.exact = exact_aux(argument.treedef)
-        argument.classes = encoding.names  # filled by the arguments' encoding
+        argument = Argument(
+            key, key in given, data, labels, treedef, exact_aux(treedef)
+        )
+        # The classes the arguments name, filled as they are encoded.
+        argument.classes = encoding.names
+        argument.opaque = first if len(opaque) > first else None
         arguments.append(argument)
     inputs = []
     for position, parameter in enumerate(function.leaf_parameters(partition.treedef)):
@@ -159,7 +153,7 @@ def _arguments(
                 "but arrays of the function itself and of defaults are compiled "
                 "into the export: give it a value."
             )
-    return arguments, inputs, encoding.opaque or []
+    return arguments, inputs, opaque
 
 
 def _donated_inputs(called: Specialisation, inputs: list[int]) -> list[int]:
@@ -187,8 +181,9 @@ def _export(
     wrapper: FilterJitWrapper[..., Any],
     platforms: Sequence[str] | None,
     disabled_checks: Sequence[jax.export.DisabledSafetyCheck],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    /,
+    *args: Any,
+    **kwargs: Any,
 ) -> Exported[..., Any]:
     dispatcher, fun = wrapper._dispatcher, wrapper._fun
     # The very partition and jitted function of a top-level call with these arrays.
@@ -208,7 +203,7 @@ def _export(
             TRACED if is_traced(x) else SIZE if _is_symbolic(x) else x
             for x in out_leaves
         ]
-        found.append(Template(treedef, template, "output"))
+        found.append(Template(treedef.unflatten(template), "output"))
         return [
             _output_leaf(x)
             for x, kind in zip(out_leaves, template)

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from ._names import (
@@ -27,7 +28,7 @@ from ._names import (
 )
 
 
-class _Sentinel:
+class Sentinel:
     def __init__(self, name: str):
         self._name = name
 
@@ -35,9 +36,9 @@ class _Sentinel:
         return self._name
 
 
-TRACED = _Sentinel("<traced>")
+TRACED = Sentinel("<traced>")
 """Where a leaf is traced, in the templates of arguments and outputs."""
-SIZE = _Sentinel("<size>")
+SIZE = Sentinel("<size>")
 """Where an output is a symbolic size, returned as the call's concrete size."""
 
 
@@ -45,12 +46,7 @@ SIZE = _Sentinel("<size>")
 
 
 class Unsavable(TypeError):
-    """A part of a pytree that cannot be saved: `where` it is, and what."""
-
-    def __init__(self, where: str, what: str):
-        super().__init__(where, what)
-        self.where = where
-        self.what = what
+    """A part of a pytree that cannot be saved: its `args`, where it is and what."""
 
 
 class Encoding:
@@ -63,27 +59,16 @@ class Encoding:
         self.opaque = opaque
 
 
-_SCALARS = (bool, int, float, complex, str, bytes)
-
-
-def encode_scalar(value: Any) -> list[Any] | None:
-    """A `None`, bool, int, float, complex, str or bytes as data; else `None`."""
-    kind = type(value)
-    if value is None:
-        return ["none"]
-    if kind is bool:
-        return ["bool", value]
-    if kind is int:
-        return ["int", str(value)]
-    if kind is float:
-        return ["float", value.hex()]
-    if kind is complex:
-        return ["complex", value.real.hex(), value.imag.hex()]
-    if kind is str:
-        return ["str", value]
-    if kind is bytes:
-        return ["bytes", base64.b64encode(value).decode("ascii")]
-    return None
+# A `None`, bool, int, float, complex, str or bytes as data, by its type.
+_SCALAR_DATA: dict[type, Callable[[Any], list[Any]]] = {
+    type(None): lambda _: ["none"],
+    bool: lambda value: ["bool", value],
+    int: lambda value: ["int", str(value)],
+    float: lambda value: ["float", value.hex()],
+    complex: lambda value: ["complex", value.real.hex(), value.imag.hex()],
+    str: lambda value: ["str", value],
+    bytes: lambda value: ["bytes", base64.b64encode(value).decode("ascii")],
+}
 
 
 def encode(value: Any, where: str, encoding: Encoding) -> Any:
@@ -93,9 +78,8 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
         return ["traced"]
     if value is SIZE:
         return ["size"]
-    scalar = encode_scalar(value)
-    if scalar is not None:
-        return scalar
+    if kind in _SCALAR_DATA:
+        return _SCALAR_DATA[kind](value)
     if kind in (tuple, list, frozenset):
         items = sorted(value, key=repr) if kind is frozenset else value
         return [
@@ -117,8 +101,9 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
         return ["dtype", str(value)]
     if isinstance(value, type) and issubclass(value, np.generic):
         return ["scalar_type", str(np.dtype(value))]  # np.float32, ml_dtypes
-    if isinstance(value, enum.Enum):
-        return _encode_enum(value, where, encoding)
+    if issubclass(kind, enum.Enum) and id(kind) in names_by_id:
+        encoding.names.setdefault(type_name(kind), kind)
+        return ["enum", type_name(kind), value.name]
     if is_state_type(kind):
         children, keys = value.tree_flatten()
         return [
@@ -141,28 +126,17 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
         encoding.opaque.append((where, value))
         return ["opaque", len(encoding.opaque) - 1]
     hint = ""
-    if callable(value):
+    if issubclass(kind, enum.Enum):
+        hint = (
+            " member, an enum not registered (register it with "
+            f"`filterjit.register_serializable({kind.__qualname__})`)"
+        )
+    elif callable(value):
         hint = (
             " (a function is saved by reference where it is JAX's or Equinox's own, "
             "or registered with `filterjit.register_serializable`)"
         )
     raise Unsavable(where, f"a `{kind.__qualname__}`{hint}")
-
-
-def _encode_enum(value: enum.Enum, where: str, encoding: Encoding) -> Any:
-    kind = type(value)
-    if id(kind) not in names_by_id and encoding.opaque is not None:
-        encoding.opaque.append((where, value))
-        return ["opaque", len(encoding.opaque) - 1]
-    if id(kind) not in names_by_id:
-        raise Unsavable(
-            where,
-            f"a `{kind.__qualname__}` member, an enum not registered (register it "
-            f"with `filterjit.register_serializable({kind.__qualname__})`)",
-        )
-    name = type_name(kind)
-    encoding.names.setdefault(name, kind)
-    return ["enum", name, value.name]
 
 
 def _encode_node(value: Any, where: str, encoding: Encoding) -> Any:
@@ -195,7 +169,7 @@ def _float(text: Any) -> float:
 
 
 def decode_scalar(data: Any) -> Any:
-    """What `encode_scalar` saved."""
+    """What `_SCALAR_DATA` saved."""
     tag = data[0]
     if tag == "none":
         return None
@@ -241,27 +215,6 @@ def _unresolved(name: str) -> TypeError:
         "register the function with `filterjit.register_serializable(f, "
         f"name={name!r})`."
     )
-
-
-def decode_dtype(name: Any) -> np.dtype:
-    _need(isinstance(name, str) and name.isidentifier() and len(name) < 40)
-    import jax.numpy as jnp
-
-    try:
-        dtype = jnp.dtype(name)
-    except TypeError:
-        raise Malformed from None
-    _need(str(dtype) == name)
-    return dtype
-
-
-def decode_enum(name: Any, member: Any, classes: Mapping[str, Any]) -> Any:
-    kind = classes.get(name) if isinstance(name, str) else None
-    if kind is None:
-        raise unregistered(str(name))
-    _need(isinstance(kind, type) and issubclass(kind, enum.Enum))
-    _need(isinstance(member, str) and member in kind.__members__)
-    return kind.__members__[member]
 
 
 def decode(
@@ -321,14 +274,24 @@ class _Decoder:
             _need(len(data) == 2 and isinstance(data[1], list))
             return dict(self._pair(pair) for pair in data[1])
         if tag in ("dtype", "scalar_type"):
-            _need(len(data) == 2)
-            dtype = decode_dtype(data[1])
+            _need(len(data) == 2 and isinstance(data[1], str) and len(data[1]) < 40)
+            _need(data[1].isidentifier())
+            try:
+                dtype = jnp.dtype(data[1])
+            except TypeError:
+                raise Malformed from None
+            _need(str(dtype) == data[1])
             return dtype if tag == "dtype" else dtype.type
         if tag == "enum":
             _need(len(data) == 3 and isinstance(data[2], str))
             if not self.build:
                 return _need(isinstance(data[1], str))
-            return decode_enum(data[1], data[2], self.classes)
+            kind = self.classes.get(data[1]) if isinstance(data[1], str) else None
+            if kind is None:
+                raise unregistered(str(data[1]))
+            _need(isinstance(kind, type) and issubclass(kind, enum.Enum))
+            _need(data[2] in kind.__members__)
+            return kind.__members__[data[2]]
         if tag == "ref":
             _need(len(data) == 2 and isinstance(data[1], str))
             name = data[1]

@@ -1067,6 +1067,18 @@ def test_a_vmapped_function_is_named_by_the_function_it_wraps() -> None:
             exported.call(jnp.ones((2, 3)), jnp.ones((2, 4)))
 
 
+def _times(x: jax.Array, platforms: float = 2.0, wrapper: float = 3.0) -> jax.Array:
+    return x * platforms * wrapper
+
+
+def test_parameters_named_as_exports_own_are_the_functions() -> None:
+    exported = filterjit.export(_times)(jnp.ones(2), platforms=5.0, wrapper=1.0)
+    for loaded in _both(exported):
+        assert loaded.call(jnp.ones(2), 5.0, wrapper=1.0).tolist() == [5.0, 5.0]
+        with pytest.raises(ValueError, match="static argument `platforms` was 5.0"):
+            loaded.call(jnp.ones(2), platforms=4.0, wrapper=1.0)
+
+
 def test_in_and_out_avals_by_name() -> None:
     spec = jax.ShapeDtypeStruct((_batch(), 3), jnp.float32)
     for exported in _both(filterjit.export(_affine)(_params, spec, 3)):

@@ -1,6 +1,5 @@
-"""A call of an export checked against what the export saved: its
-arguments' structure and static values (saved data names classes, never holds
-them), its arrays' shapes and dtypes, and its symbolic sizes."""
+"""A call of an export checked against what it saved: its arguments' structure and
+static values, its arrays' shapes and dtypes, and its symbolic sizes."""
 
 import ast
 import dataclasses
@@ -286,9 +285,8 @@ def _solve(
     values: dict[str, tuple[int, str]],
     where: str,
 ) -> bool:
-    """Records the value of `name`, the one unknown of the expression at `where`,
-    where the expression is linear in it (`2*b + 1`): `False` if no value gives
-    `size`. Leaves another expression to JAX's check (`True`)."""
+    """Records `name`, the one unknown of the expression at `where`, where it is
+    linear in it (`2*b + 1`): `False` if no value gives `size`; `True` else."""
     env = {known: value for known, (value, _) in values.items()}
     try:
         at_0 = _evaluate(tree, {**env, name: 0})

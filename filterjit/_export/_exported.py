@@ -1,6 +1,5 @@
-"""The exported object: a call of it bound to the saved parameters by
-`filter_jit`'s `Binder`, checked and run, and its payload written; the output's
-template, its structure with its static leaves."""
+"""The exported object: a call of it bound to the saved parameters by the core's
+`Binder`, checked and run; its payload written; the output's template."""
 
 import dataclasses
 import inspect
@@ -93,10 +92,9 @@ class Parameters:
 
 @dataclasses.dataclass
 class Argument:
-    """One bound argument: where it binds, whether the exporting call passed it
-    (else left it to its default), its saved data (`None`: a default that could not
-    be saved, so must be left as it is), and the labels of its traced leaves; where
-    exported in this process, its structure and the classes it names."""
+    """One bound argument: its key, whether the exporting call passed it, its saved
+    data (`None`: a default that could not be saved) and its traced leaves' labels;
+    where exported in this process, its structure and the classes it names."""
 
     key: int | str
     given: bool
@@ -106,15 +104,15 @@ class Argument:
     exact: Any = None
     classes: dict[str, type] = dataclasses.field(default_factory=dict)
     opaque: int | None = None  # its first static that a payload cannot hold
+    avals: list[ShapedArray] = dataclasses.field(default_factory=list)  # if given
 
 
 # -- The output: its structure with its static leaves, traced leaves marked.
 
 
 class Template:
-    """A pytree with `TRACED` at its traced leaves and `SIZE` where a symbolic size
-    is (returned as the call's concrete size); `data`, where loaded, its saved form,
-    from which each output is built (calling no `__init__`)."""
+    """A pytree with `TRACED` at traced leaves and `SIZE` at symbolic sizes; where
+    loaded, `data`, its saved form, from which each output is built."""
 
     def __init__(self, prototype: Any, label: str, data: Any = None):
         paths, self.treedef = jtu.tree_flatten_with_path(prototype)
@@ -131,9 +129,7 @@ class Template:
             return self.data
         encoding = Encoding()
         data = encoded(self.prototype, self.label, fun_name, encoding)
-        _check_rebuilt(
-            self.treedef, self.exact, data, self.label, fun_name, encoding.names
-        )
+        _check_rebuilt(self, data, self.label, fun_name, encoding.names)
         return data
 
     def finish(self, outputs: Iterator[Any]) -> Any:
@@ -172,18 +168,18 @@ def encoded(value: Any, label: str, fun_name: str, encoding: Encoding) -> Any:
 
 
 def _check_rebuilt(
-    treedef: PyTreeDef,
-    exact: Any,
+    saved: "Argument | Template",
     data: Any,
     label: str,
     fun_name: str,
     classes: dict[str, type],
 ) -> None:
-    """Raises unless `data`, rebuilt with the classes it names, has `treedef`."""
+    """Raises unless `data`, rebuilt with the classes it names, has the structure of
+    what was saved."""
     rebuilt = jtu.tree_structure(decode(data, classes))
-    if rebuilt != treedef or exact_aux(rebuilt) != exact:
+    if rebuilt != saved.treedef or exact_aux(rebuilt) != saved.exact:
         raise TypeError(
-            f"{fun_name}: cannot save `{label}`: its structure {treedef} is "
+            f"{fun_name}: cannot save `{label}`: its structure {saved.treedef} is "
             f"rebuilt from its types' fields as {rebuilt}. A payload saves "
             "namedtuples, dataclasses and eqx.Modules by their fields."
         )
@@ -223,11 +219,10 @@ class Exported(Generic[_P, _T]):
         # 200 µs); under `jax.jit`, JAX's cache keeps one trace per set of avals.
         self._program = jax.jit(exported.call, donate_argnums=self._donated)
         avals = list(exported.in_avals)
-        self._avals: dict[int | str, list[ShapedArray]] = {}
         for argument in arguments:
             if argument.given:
                 count = len(argument.labels)
-                self._avals[argument.key], avals = avals[:count], avals[count:]
+                argument.avals, avals = avals[:count], avals[count:]
         if avals or len(exported.out_avals) != output.traced:
             raise ValueError(
                 f"{fun_name}: an inconsistent export: its program takes or returns "
@@ -253,11 +248,8 @@ class Exported(Generic[_P, _T]):
     def in_avals(self) -> dict[str, ShapedArray]:
         """The shape and dtype of each array the call takes, by the name of the
         argument it is (`"x"`, `"model.layers[0].weight"`), in the program's order."""
-        found = {}
-        for argument in self._arguments.values():
-            if argument.given:
-                found.update(zip(argument.labels, self._avals[argument.key]))
-        return found
+        named = [zip(a.labels, a.avals) for a in self._arguments.values()]
+        return {label: aval for pairs in named for label, aval in pairs}
 
     @property
     def out_avals(self) -> dict[str, ShapedArray]:
@@ -365,7 +357,7 @@ class Exported(Generic[_P, _T]):
                 "when exported, which is compiled in. Leave it so, or export again "
                 "passing it."
             )
-        for (label, leaf), aval in zip(traced, self._avals.get(argument.key, ())):
+        for (label, leaf), aval in zip(traced, argument.avals):
             check_aval(fun_name, label, leaf, aval, sizes)
         return [leaf for _, leaf in traced]
 
@@ -401,14 +393,7 @@ class Exported(Generic[_P, _T]):
                 data = None  # a default, left as it was: compiled in
             if data is not None and argument.treedef is not None:
                 name = self._parameters.name(argument.key)
-                _check_rebuilt(
-                    argument.treedef,
-                    argument.exact,
-                    data,
-                    name,
-                    self.fun_name,
-                    argument.classes,
-                )
+                _check_rebuilt(argument, data, name, self.fun_name, argument.classes)
             arguments.append(
                 {
                     "key": argument.key,

@@ -36,8 +36,7 @@ def _module_path_name(thing: Any) -> str:
 
 def _default_name(thing: Any) -> str:
     """`module.QualifiedName`, by the shortest public module that holds `thing`
-    under its name (`equinox.nn.MLP`, not `equinox.nn._mlp.MLP`): a payload that
-    names it outlives a move between a package's private modules."""
+    (`equinox.nn.MLP`, not `equinox.nn._mlp.MLP`), which outlives private moves."""
     parts = thing.__module__.split(".")
     for end in range(1, len(parts)):
         if parts[end - 1].startswith("_"):
@@ -184,9 +183,8 @@ def library_name(value: Any) -> str | None:
 
 
 def resolve_reference(name: str) -> Any:
-    """What a saved reference names, if this process has it (registered, or in an
-    imported module a payload may name), else `None`. Imports nothing; raises
-    `PayloadError` for a name outside what a payload may name."""
+    """What a saved reference names, if this process has it, else `None`. Imports
+    nothing; raises `PayloadError` for a name a payload may not name."""
     if name in by_name:
         return by_name[name]
     module_name, colon, attribute = name.partition(":")

@@ -1,6 +1,5 @@
-"""The bytes of a saved export: a versioned header and the program, checked by a
-checksum. Unpacking trusts nothing it reads: every malformed, truncated, corrupt
-or mismatched payload raises one `PayloadError` that says where and which."""
+"""The bytes of a saved export: a versioned header and the program, and a checksum.
+Unpacking trusts nothing it reads: it raises a `PayloadError` saying where."""
 
 import hashlib
 import json

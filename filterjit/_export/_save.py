@@ -78,10 +78,8 @@ def export(
 
 
 def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
-    """A `filterjit.jit` wrapper as `filter_jit` with its keywords, so that its
-    export is the program `jax.export.export` makes of it: its donated arguments
-    donated, its shardings kept, its other keywords passed on. Its static arguments
-    are static as every leaf that is not an array is."""
+    """A `filterjit.jit` wrapper as `filter_jit` with its keywords (donation and
+    shardings kept), exported as `jax.export.export` would export it."""
     keywords = dict(wrapper._jit_kwargs)
     function = Function(wrapper._function)
     positional = positional_names(function.parameters)
@@ -116,9 +114,8 @@ def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
 def _arguments(
     function: Function, fun: Any, called: Specialisation, shape: Shape
 ) -> tuple[list[Argument], list[int], list[tuple[str, Any]]]:
-    """Each bound argument of the exporting call (of `shape`) with its saved data,
-    and the positions among the call's leaves of the traced leaves of the arguments
-    it passed: the program's inputs; and the statics a payload cannot hold."""
+    """The exporting call's (of `shape`) bound arguments with their saved data; the
+    positions of the traced leaves it passed (the program's inputs); its opaques."""
     partition, leaves = called.partition, called.leaves
     traced = set(partition.dynamic_positions)
     template = [TRACED if p in traced else leaf for p, leaf in enumerate(leaves)]

@@ -1,8 +1,6 @@
-"""The static values of a saved export as JSON data, and back: Python scalars and
-containers by value, registered classes and Equinox's `State` by their fields,
-dtypes and registered enums by name, and functions by reference (JAX's and
-Equinox's own where they are already imported, and registered ones). Loading
-imports nothing, unpickles nothing and calls no user `__init__`."""
+"""Static values as JSON data, and back: scalars and containers by value, classes by
+their fields, dtypes and enums by name, functions by reference. Loading imports
+nothing, unpickles nothing and calls no user `__init__`."""
 
 import base64
 import dataclasses
@@ -50,9 +48,8 @@ class Unsavable(TypeError):
 
 
 class Encoding:
-    """What an encoding collects: the classes it names (`names`), and, where
-    `opaque` is a list (an export in this process, not saved), the statics it
-    cannot save, kept by index."""
+    """What an encoding collects: the classes it names, and where `opaque` is a list
+    (an export in this process), the statics it cannot save, kept by index."""
 
     def __init__(self, opaque: list[tuple[str, Any]] | None = None):
         self.names: dict[str, type] = {}
@@ -158,13 +155,13 @@ class Malformed(ValueError):
     """Data that `encode` cannot have written."""
 
 
-def _need(condition: bool) -> None:
+def need(condition: bool) -> None:
     if not condition:
         raise Malformed
 
 
 def _float(text: Any) -> float:
-    _need(isinstance(text, str) and len(text) < 64)
+    need(isinstance(text, str) and len(text) < 64)
     return float.fromhex(text)
 
 
@@ -174,20 +171,20 @@ def decode_scalar(data: Any) -> Any:
     if tag == "none":
         return None
     if tag == "bool":
-        _need(type(data[1]) is bool)
+        need(type(data[1]) is bool)
         return data[1]
     if tag == "int":
-        _need(isinstance(data[1], str) and len(data[1]) < 5000)
+        need(isinstance(data[1], str) and len(data[1]) < 5000)
         return int(data[1])
     if tag == "float":
         return _float(data[1])
     if tag == "complex":
         return complex(_float(data[1]), _float(data[2]))
     if tag == "str":
-        _need(isinstance(data[1], str))
+        need(isinstance(data[1], str))
         return data[1]
     if tag == "bytes":
-        _need(isinstance(data[1], str))
+        need(isinstance(data[1], str))
         return base64.b64decode(data[1], validate=True)
     raise Malformed
 
@@ -222,17 +219,16 @@ def decode(
     classes: Mapping[str, Any] | None = None,
     fill: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """The prototype that `encode` saved, its classes found in `classes` (those
-    registered here if omitted), built without calling their `__init__`; with
-    `fill`, each traced leaf (`TRACED` or `SIZE`) replaced by `fill(leaf)`. Raises
-    `Malformed` for data `encode` cannot have written."""
+    """The prototype that `encode` saved, its classes found in `classes` (else those
+    registered), built without `__init__`; with `fill`, each traced leaf (`TRACED`
+    or `SIZE`) replaced by `fill(leaf)`. Raises `Malformed` for data `encode` cannot
+    have written."""
     return _Decoder(by_name if classes is None else classes, fill).decode(data)
 
 
 def check(data: Any) -> None:
-    """Raises `Malformed` unless `data` is what `encode` writes, building nothing:
-    the classes, enums and functions it names need not be found here (a call's
-    argument is checked against their names)."""
+    """Raises `Malformed` unless `data` is what `encode` writes, building nothing (a
+    call's argument is checked against the names of the classes it names)."""
     _Decoder({}, None, build=False).decode(data)
 
 
@@ -256,44 +252,44 @@ class _Decoder:
         self.build = build  # else only check: classes, enums and names unresolved
 
     def decode(self, data: Any) -> Any:
-        _need(isinstance(data, list) and len(data) >= 1)
+        need(isinstance(data, list) and len(data) >= 1)
         tag = data[0]
         if tag in ("traced", "size"):
-            _need(len(data) == 1)
+            need(len(data) == 1)
             leaf = TRACED if tag == "traced" else SIZE
             return leaf if self.fill is None else self.fill(leaf)
         if tag in SCALAR_TAGS:
             return decode_scalar(data)
         if tag in ("tuple", "list", "frozenset"):
-            _need(len(data) == 2 and isinstance(data[1], list))
+            need(len(data) == 2 and isinstance(data[1], list))
             items = [self.decode(item) for item in data[1]]
             if tag == "frozenset":
                 return frozenset(map(_hashable, items))
             return tuple(items) if tag == "tuple" else items
         if tag == "dict":
-            _need(len(data) == 2 and isinstance(data[1], list))
+            need(len(data) == 2 and isinstance(data[1], list))
             return dict(self._pair(pair) for pair in data[1])
         if tag in ("dtype", "scalar_type"):
-            _need(len(data) == 2 and isinstance(data[1], str) and len(data[1]) < 40)
-            _need(data[1].isidentifier())
+            need(len(data) == 2 and isinstance(data[1], str) and len(data[1]) < 40)
+            need(data[1].isidentifier())
             try:
                 dtype = jnp.dtype(data[1])
             except TypeError:
                 raise Malformed from None
-            _need(str(dtype) == data[1])
+            need(str(dtype) == data[1])
             return dtype if tag == "dtype" else dtype.type
         if tag == "enum":
-            _need(len(data) == 3 and isinstance(data[2], str))
+            need(len(data) == 3 and isinstance(data[2], str))
             if not self.build:
-                return _need(isinstance(data[1], str))
+                return need(isinstance(data[1], str))
             kind = self.classes.get(data[1]) if isinstance(data[1], str) else None
             if kind is None:
                 raise unregistered(str(data[1]))
-            _need(isinstance(kind, type) and issubclass(kind, enum.Enum))
-            _need(data[2] in kind.__members__)
+            need(isinstance(kind, type) and issubclass(kind, enum.Enum))
+            need(data[2] in kind.__members__)
             return kind.__members__[data[2]]
         if tag == "ref":
-            _need(len(data) == 2 and isinstance(data[1], str))
+            need(len(data) == 2 and isinstance(data[1], str))
             name = data[1]
             if ":" in name and name not in by_name and not allowed_name(name):
                 raise not_allowed(name)
@@ -310,7 +306,7 @@ class _Decoder:
         raise Malformed
 
     def _pair(self, pair: Any) -> tuple[Any, Any]:
-        _need(isinstance(pair, list) and len(pair) == 2)
+        need(isinstance(pair, list) and len(pair) == 2)
         return _hashable(self.decode(pair[0])), self.decode(pair[1])
 
     def _state(self, data: Any) -> Any:
@@ -321,23 +317,23 @@ class _Decoder:
                 "filterjit.deserialize: the payload returns an `eqx.nn.State`: "
                 "import equinox before loading it (loading never imports it)."
             )
-        _need(len(data) == 3)
+        need(len(data) == 3)
         keys, children = self.decode(data[1]), data[2]
-        _need(isinstance(keys, tuple) and isinstance(children, list))
-        _need(len(keys) == len(children))
-        _need(all(isinstance(key, (str, int)) for key in keys))
+        need(isinstance(keys, tuple) and isinstance(children, list))
+        need(len(keys) == len(children))
+        need(all(isinstance(key, (str, int)) for key in keys))
         values = [self.decode(child) for child in children]
         if kind is None:  # only checking
             return None
         return kind.tree_unflatten(keys, values)
 
     def _node(self, data: Any) -> Any:
-        _need(len(data) == 3 and isinstance(data[1], str))
-        _need(isinstance(data[2], list))
+        need(len(data) == 3 and isinstance(data[1], str))
+        need(isinstance(data[2], list))
         name, saved = data[1], data[2]
         for pair in saved:
-            _need(isinstance(pair, list) and len(pair) == 2)
-            _need(isinstance(pair[0], str))
+            need(isinstance(pair, list) and len(pair) == 2)
+            need(isinstance(pair[0], str))
         if not self.build:
             for _, item in saved:
                 self.decode(item)
@@ -345,7 +341,7 @@ class _Decoder:
         kind = self.classes.get(name)
         if kind is None:
             raise unregistered(name)
-        _need(isinstance(kind, type))
+        need(isinstance(kind, type))
         fields = [field for field, _ in saved]
         expected = fields_of(kind)
         if fields != expected:

@@ -890,8 +890,8 @@ def test_other_versions_and_formats_are_named() -> None:
     version_1 = magic + len(encoded).to_bytes(8, "big") + encoded + program
     with pytest.raises(ValueError, match=r"earlier version of filterjit \(format 1\)"):
         filterjit.deserialize(version_1)
-    newer = magic + (3).to_bytes(4, "big") + data[len(magic) + 4 :]
-    with pytest.raises(ValueError, match=r"filterjit \(format 3\)"):
+    newer = magic + (4).to_bytes(4, "big") + data[len(magic) + 4 :]
+    with pytest.raises(ValueError, match=r"another version of filterjit \(format 4\)"):
         filterjit.deserialize(newer)
     with pytest.raises(ValueError, match="truncated"):
         filterjit.deserialize(magic[:5])
@@ -914,6 +914,8 @@ def test_a_crafted_header_with_a_valid_checksum_is_refused_clearly() -> None:
         {**header, "output": ["state", ["tuple", [["list", []]]], [["none"]]]},
         {**header, "output": ["list", [["list", []]] * 10] + [["x"]]},
         {**header, "parameters": [["x; import os", 1, False]]},
+        {**header, "parameters": [["x", 1, "a default"]]},
+        {**header, "names": [["x", 99]]},
         {**header, "arguments": [{**argument, "value": ["node", "a", "b"]}]},
         {**header, "arguments": [{**argument, "labels": [1]}]},
         {**header, "vjp_order": 10**9},
@@ -925,10 +927,11 @@ def test_a_crafted_header_with_a_valid_checksum_is_refused_clearly() -> None:
     with pytest.raises(ValueError, match="cannot read the payload's program"):
         filterjit.deserialize(_pack(header, b"\x00" * 64))
     # Nested past any recursion limit, behind a valid checksum.
-    magic = b"filterjit.export\n"
+    from filterjit._export._payload import FORMAT, MAGIC
+
     deep = b"[" * 100_000
-    body = magic + b"".join(
-        n.to_bytes(size, "big") for n, size in ((2, 4), (len(deep), 8), (0, 8))
+    body = MAGIC + b"".join(
+        n.to_bytes(size, "big") for n, size in ((FORMAT, 4), (len(deep), 8), (0, 8))
     )
     body += deep
     with pytest.raises(ValueError, match="header is not valid"):
@@ -1062,6 +1065,18 @@ def test_a_vmapped_function_is_named_by_the_function_it_wraps() -> None:
         assert list(exported.in_avals) == ["x", "y"]
         with pytest.raises(TypeError, match=r"_add: argument `y` is an array of"):
             exported.call(jnp.ones((2, 3)), jnp.ones((2, 4)))
+
+
+def _times(x: jax.Array, platforms: float = 2.0, wrapper: float = 3.0) -> jax.Array:
+    return x * platforms * wrapper
+
+
+def test_parameters_named_as_exports_own_are_the_functions() -> None:
+    exported = filterjit.export(_times)(jnp.ones(2), platforms=5.0, wrapper=1.0)
+    for loaded in _both(exported):
+        assert loaded.call(jnp.ones(2), 5.0, wrapper=1.0).tolist() == [5.0, 5.0]
+        with pytest.raises(ValueError, match="static argument `platforms` was 5.0"):
+            loaded.call(jnp.ones(2), platforms=4.0, wrapper=1.0)
 
 
 def test_in_and_out_avals_by_name() -> None:

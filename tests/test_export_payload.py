@@ -20,10 +20,10 @@ import pytest
 from helpers import subprocess_env
 
 import filterjit
+from filterjit._export._payload import FORMAT, MAGIC
 
 
 ROOT = Path(__file__).resolve().parent.parent
-MAGIC = b"filterjit.export\n"
 
 
 def _served(model: eqx.nn.MLP, x: jax.Array) -> Any:
@@ -45,7 +45,7 @@ def _parts(data: bytes) -> tuple[bytes, bytes]:
 
 def _packed(header: bytes, program: bytes) -> bytes:
     """A payload of these bytes, its lengths and checksum made to match."""
-    body = MAGIC + (2).to_bytes(4, "big") + len(header).to_bytes(8, "big")
+    body = MAGIC + FORMAT.to_bytes(4, "big") + len(header).to_bytes(8, "big")
     body += len(program).to_bytes(8, "big") + header + program
     return body + hashlib.sha256(body).digest()
 

@@ -1,12 +1,12 @@
-"""A call of an export checked against what the export saved: its
-arguments' structure and static values (saved data names classes, never holds
-them), its arrays' shapes and dtypes, and its symbolic sizes."""
+"""A call of an export checked against what it saved: its arguments' structure and
+static values, its arrays' shapes and dtypes, and its symbolic sizes."""
 
 import ast
 import dataclasses
 import json
+import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.tree_util as jtu
@@ -32,16 +32,15 @@ def is_traced(leaf: Any) -> bool:
 # -- An argument: checked against its saved data, which names classes, not holds them.
 
 
-class Difference:
+class Difference(NamedTuple):
     """Where an argument first differs from what the export saved: `static` if in a
-    static value, else in its structure."""
+    static value, else in its structure; `advice`, a sentence on how to fix it."""
 
-    def __init__(self, where: str, then: str, now: Any, static: bool, advice: str = ""):
-        self.where = where
-        self.then = then  # as an error names it
-        self.now = now
-        self.static = static
-        self.advice = advice  # a sentence on how to fix it, if there is one
+    where: str
+    then: str  # as an error names it
+    now: Any
+    static: bool
+    advice: str = ""
 
 
 def shape_of(node: Any) -> str:
@@ -234,11 +233,17 @@ def check_sizes(fun_name: str, sizes: list[tuple[str, int, Any]]) -> None:
 
 
 _DIMENSION_FUNCTIONS: dict[str, Callable[..., int]] = {
-    "floordiv": lambda a, b: a // b,
-    "mod": lambda a, b: a % b,
+    "floordiv": operator.floordiv,
+    "mod": operator.mod,
     "max": max,
     "min": min,
     "non_negative": lambda a: max(a, 0),
+}
+_OPERATORS: dict[type, Callable[[int, int], int]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Pow: operator.pow,
 }
 
 
@@ -265,14 +270,8 @@ def _evaluate(tree: ast.expr, env: dict[str, int]) -> int:
     if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.USub):
         return -_evaluate(tree.operand, env)
     if isinstance(tree, ast.BinOp):
-        left, right = _evaluate(tree.left, env), _evaluate(tree.right, env)
-        operations: dict[type, Callable[[int, int], int]] = {
-            ast.Add: lambda a, b: a + b,
-            ast.Sub: lambda a, b: a - b,
-            ast.Mult: lambda a, b: a * b,
-            ast.Pow: lambda a, b: a**b,
-        }
-        return operations[type(tree.op)](left, right)
+        operation = _OPERATORS[type(tree.op)]
+        return operation(_evaluate(tree.left, env), _evaluate(tree.right, env))
     if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name):
         function = _DIMENSION_FUNCTIONS[tree.func.id]
         return function(*(_evaluate(argument, env) for argument in tree.args))
@@ -286,9 +285,8 @@ def _solve(
     values: dict[str, tuple[int, str]],
     where: str,
 ) -> bool:
-    """Records the value of `name`, the one unknown of the expression at `where`,
-    where the expression is linear in it (`2*b + 1`): `False` if no value gives
-    `size`. Leaves another expression to JAX's check (`True`)."""
+    """Records `name`, the one unknown of the expression at `where`, where it is
+    linear in it (`2*b + 1`): `False` if no value gives `size`; `True` else."""
     env = {known: value for known, (value, _) in values.items()}
     try:
         at_0 = _evaluate(tree, {**env, name: 0})

@@ -1,6 +1,8 @@
-"""The exported object: a call of it checked and run, and its payload written;
-the output's template, its structure with its static leaves."""
+"""The exported object: a call of it bound to the saved parameters by the core's
+`Binder`, checked and run; its payload written; the output's template."""
 
+import dataclasses
+import inspect
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -8,7 +10,9 @@ import jax
 import jax.tree_util as jtu
 from jax.core import ShapedArray
 
+from .._binding import argument_label, Binder, BOUND
 from .._exact import exact_aux
+from .._function import call_signature, Function
 from .._structure import PyTreeDef
 from ._checks import (
     check_aval,
@@ -20,44 +24,103 @@ from ._checks import (
 )
 from ._names import type_name
 from ._payload import pack
-from ._signature import Argument, DEFAULT, Parameters
-from ._values import decode, describe_value, encode, Encoding, SIZE, TRACED, Unsavable
+from ._values import (
+    decode,
+    describe_value,
+    encode,
+    Encoding,
+    Sentinel,
+    SIZE,
+    TRACED,
+    Unsavable,
+)
 
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
 
+# -- The parameters and arguments, as saved.
+
+DEFAULT = Sentinel("<default>")
+"""Where a call binds a parameter to its default."""
+KINDS = {int(kind): kind for kind in type(inspect.Parameter.POSITIONAL_ONLY)}
+# A saved parameter's default: none, one (its value the template's), or what a
+# partial binds (the call passes none).
+DEFAULTS = {"none": inspect.Parameter.empty, "default": DEFAULT, "bound": BOUND}
+_DEFAULT_NAMES = {id(inspect.Parameter.empty): "none", id(BOUND): "bound"}  # by `is`
+
+Saved = list[list[Any]]  # `[name, kind, default]` a parameter, or `[name, kind]`
+
+
+class Parameters:
+    """The parameters a call binds to, `[name, kind, default]` each (`None`: bound
+    as given), and those its arguments are named by, `[name, kind]` each (a
+    wrapper's `*args` named by the function it wraps), as saved."""
+
+    def __init__(self, fun_name: str, parameters: Saved | None, names: Saved):
+        self.parameters = parameters
+        self.names = names
+        signature = None
+        if parameters is not None:
+            signature = inspect.Signature(
+                [
+                    inspect.Parameter(name, KINDS[kind], default=DEFAULTS[default])
+                    for name, kind, default in parameters
+                ]
+            )
+        # `(args, kwargs)` bound, `DEFAULT` for each parameter left to its default.
+        self.bind = Binder(signature, fun_name)
+        self._named = [inspect.Parameter(name, KINDS[kind]) for name, kind in names]
+
+    @classmethod
+    def of(cls, function: Function, fun: Any) -> "Parameters":
+        signature = call_signature(fun)
+        parameters = None
+        if signature is not None:
+            parameters = [
+                [p.name, int(p.kind), _DEFAULT_NAMES.get(id(p.default), "default")]
+                for p in signature.parameters.values()
+            ]
+        names = [[p.name, int(p.kind)] for p in function.parameters]
+        return cls(function.name, parameters, names)
+
+    def name(self, key: int | str) -> str:
+        """How to name the argument bound at `key` to a user."""
+        return argument_label(self._named, key)[1]
+
+
+@dataclasses.dataclass
+class Argument:
+    """One bound argument: its key, whether the exporting call passed it, its saved
+    data (`None`: a default that could not be saved) and its traced leaves' labels;
+    where exported in this process, its structure and the classes it names."""
+
+    key: int | str
+    given: bool
+    data: Any
+    labels: list[str]
+    treedef: PyTreeDef | None = None
+    exact: Any = None
+    classes: dict[str, type] = dataclasses.field(default_factory=dict)
+    opaque: int | None = None  # its first static that a payload cannot hold
+    avals: list[ShapedArray] = dataclasses.field(default_factory=list)  # if given
+
+
 # -- The output: its structure with its static leaves, traced leaves marked.
 
 
 class Template:
-    """A pytree's structure, and its leaves: static values, `TRACED` where traced,
-    `SIZE` where a symbolic size is (returned as the call's concrete size)."""
+    """A pytree with `TRACED` at traced leaves and `SIZE` at symbolic sizes; where
+    loaded, `data`, its saved form, from which each output is built."""
 
-    def __init__(
-        self, treedef: PyTreeDef, leaves: list[Any], label: str, data: Any = None
-    ):
-        self.treedef = treedef
-        self.leaves = leaves
-        self.label = label
-        self.exact = exact_aux(treedef)
-        # Loaded: the saved data, from which each output is built (no `__init__`).
-        self.data = data
-        paths = jtu.tree_flatten_with_path(self.prototype())[0]
+    def __init__(self, prototype: Any, label: str, data: Any = None):
+        paths, self.treedef = jtu.tree_flatten_with_path(prototype)
+        self.leaves = [leaf for _, leaf in paths]
         self.labels = [label + jtu.keystr(path) for path, _ in paths]
-        self.traced = sum(leaf is TRACED or leaf is SIZE for leaf in leaves)
-
-    @classmethod
-    def loaded(cls, data: Any, label: str) -> "Template":
-        """The template of saved data, its classes registered in this process."""
-        leaves, treedef = jtu.tree_flatten(decode(data))
-        return cls(treedef, leaves, label, data)
-
-    def prototype(self) -> Any:
-        if self.data is not None:
-            return decode(self.data)
-        return self.treedef.unflatten(self.leaves)
+        self.traced = sum(leaf is TRACED or leaf is SIZE for leaf in self.leaves)
+        self.exact = exact_aux(self.treedef)
+        self.prototype, self.label, self.data = prototype, label, data
 
     def encode(self, fun_name: str) -> Any:
         """As JSON data; raises if a part cannot be saved, or is not rebuilt as it
@@ -65,10 +128,8 @@ class Template:
         if self.data is not None:
             return self.data
         encoding = Encoding()
-        data = encoded(self.prototype(), self.label, fun_name, encoding)
-        _check_rebuilt(
-            self.treedef, self.exact, data, self.label, fun_name, encoding.names
-        )
+        data = encoded(self.prototype, self.label, fun_name, encoding)
+        _check_rebuilt(self, data, self.label, fun_name, encoding.names)
         return data
 
     def finish(self, outputs: Iterator[Any]) -> Any:
@@ -100,24 +161,25 @@ def encoded(value: Any, label: str, fun_name: str, encoding: Encoding) -> Any:
     try:
         return encode(value, label, encoding)
     except Unsavable as e:
+        where, what = e.args
         raise TypeError(
-            f"{fun_name}: cannot save `{e.where}`, {e.what}. {_SAVES}"
+            f"{fun_name}: cannot save `{where}`, {what}. {_SAVES}"
         ) from None
 
 
 def _check_rebuilt(
-    treedef: PyTreeDef,
-    exact: Any,
+    saved: "Argument | Template",
     data: Any,
     label: str,
     fun_name: str,
     classes: dict[str, type],
 ) -> None:
-    """Raises unless `data`, rebuilt with the classes it names, has `treedef`."""
+    """Raises unless `data`, rebuilt with the classes it names, has the structure of
+    what was saved."""
     rebuilt = jtu.tree_structure(decode(data, classes))
-    if rebuilt != treedef or exact_aux(rebuilt) != exact:
+    if rebuilt != saved.treedef or exact_aux(rebuilt) != saved.exact:
         raise TypeError(
-            f"{fun_name}: cannot save `{label}`: its structure {treedef} is "
+            f"{fun_name}: cannot save `{label}`: its structure {saved.treedef} is "
             f"rebuilt from its types' fields as {rebuilt}. A payload saves "
             "namedtuples, dataclasses and eqx.Modules by their fields."
         )
@@ -157,11 +219,10 @@ class Exported(Generic[_P, _T]):
         # 200 µs); under `jax.jit`, JAX's cache keeps one trace per set of avals.
         self._program = jax.jit(exported.call, donate_argnums=self._donated)
         avals = list(exported.in_avals)
-        self._avals: dict[int | str, list[ShapedArray]] = {}
         for argument in arguments:
             if argument.given:
                 count = len(argument.labels)
-                self._avals[argument.key], avals = avals[:count], avals[count:]
+                argument.avals, avals = avals[:count], avals[count:]
         if avals or len(exported.out_avals) != output.traced:
             raise ValueError(
                 f"{fun_name}: an inconsistent export: its program takes or returns "
@@ -187,11 +248,8 @@ class Exported(Generic[_P, _T]):
     def in_avals(self) -> dict[str, ShapedArray]:
         """The shape and dtype of each array the call takes, by the name of the
         argument it is (`"x"`, `"model.layers[0].weight"`), in the program's order."""
-        found = {}
-        for argument in self._arguments.values():
-            if argument.given:
-                found.update(zip(argument.labels, self._avals[argument.key]))
-        return found
+        named = [zip(a.labels, a.avals) for a in self._arguments.values()]
+        return {label: aval for pairs in named for label, aval in pairs}
 
     @property
     def out_avals(self) -> dict[str, ShapedArray]:
@@ -218,7 +276,8 @@ class Exported(Generic[_P, _T]):
         static value does.
         """
         inputs: list[Any] = []
-        bound = self._parameters.bind(args, kwargs)
+        positional, keywords = self._parameters.bind(args, kwargs)
+        bound = [*enumerate(positional), *sorted(keywords.items())]
         keys = [key for key, _ in bound]
         if keys != list(self._arguments):
             raise TypeError(
@@ -298,7 +357,7 @@ class Exported(Generic[_P, _T]):
                 "when exported, which is compiled in. Leave it so, or export again "
                 "passing it."
             )
-        for (label, leaf), aval in zip(traced, self._avals.get(argument.key, ())):
+        for (label, leaf), aval in zip(traced, argument.avals):
             check_aval(fun_name, label, leaf, aval, sizes)
         return [leaf for _, leaf in traced]
 
@@ -318,10 +377,11 @@ class Exported(Generic[_P, _T]):
         The payload: a header (format, filterjit's and JAX's versions, the
         arguments' and output's structures) and the program, with a checksum.
         """
+        from .. import __version__  # set once the package has loaded
+
         arguments = []
         for argument in self._arguments.values():
-            data = argument.data
-            index = None if data is None else _first_opaque(data)
+            data, index = argument.data, argument.opaque
             if index is not None and argument.given:
                 where, value = self._opaque[index]
                 encoded(value, where, self.fun_name, Encoding())  # says why
@@ -333,14 +393,7 @@ class Exported(Generic[_P, _T]):
                 data = None  # a default, left as it was: compiled in
             if data is not None and argument.treedef is not None:
                 name = self._parameters.name(argument.key)
-                _check_rebuilt(
-                    argument.treedef,
-                    argument.exact,
-                    data,
-                    name,
-                    self.fun_name,
-                    argument.classes,
-                )
+                _check_rebuilt(argument, data, name, self.fun_name, argument.classes)
             arguments.append(
                 {
                     "key": argument.key,
@@ -351,12 +404,11 @@ class Exported(Generic[_P, _T]):
             )
         header = {
             "format": "filterjit.export",
-            "filterjit": _filterjit_version(),
+            "filterjit": __version__,
             "jax": jax.__version__,
             "fun_name": self.fun_name,
             "parameters": self._parameters.parameters,
-            "aliases": self._parameters.aliases,
-            "bound": self._parameters.bound,
+            "names": self._parameters.names,
             "arguments": arguments,
             "output": self._output.encode(self.fun_name),
             "donated": list(self._donated),
@@ -367,21 +419,3 @@ class Exported(Generic[_P, _T]):
 
     def __repr__(self) -> str:
         return f"<filterjit.Exported {self.fun_name} for {self.platforms}>"
-
-
-def _filterjit_version() -> str:
-    from .. import __version__  # set once the package has loaded
-
-    return __version__
-
-
-def _first_opaque(data: Any) -> int | None:
-    """The index of the first static in `data` that a payload cannot hold."""
-    if not isinstance(data, list) or not data:
-        return None
-    if data[0] == "opaque":
-        return data[1]
-    for item in data[1:]:
-        if (found := _first_opaque(item)) is not None:
-            return found
-    return None

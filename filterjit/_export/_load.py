@@ -9,10 +9,9 @@ import jax
 import jax.tree_util as jtu
 
 from .._trace import custom_call_targets, STABLE_TARGETS
-from ._exported import Exported, Template
+from ._exported import Argument, DEFAULTS, Exported, KINDS, Parameters, Template
 from ._payload import PayloadError, unpack
-from ._signature import Argument, KINDS, Parameters
-from ._values import check, Malformed
+from ._values import check, decode, Malformed, need
 
 
 # Targets that hold an address in the process that made the program: never valid
@@ -64,9 +63,8 @@ def _vjp_of(exported: jax.export.Exported) -> jax.export.Exported:
 
 
 def _check_program(exported: jax.export.Exported, depth: int) -> None:
-    """What can be checked of a program before JAX parses its StableHLO: the form
-    of its module and the calling convention of its inputs, and of its `depth`
-    orders of derivatives."""
+    """Before JAX parses its StableHLO: the form of the program's module and its
+    inputs' calling convention, and its `depth` orders of derivatives'."""
     count = len(exported.in_avals)
     kept = exported.module_kept_var_idx
     if not exported.mlir_module_serialized.startswith(_MLIR_BYTECODE):
@@ -94,9 +92,8 @@ def _check_program(exported: jax.export.Exported, depth: int) -> None:
 
 @contextlib.contextmanager
 def _jax_reading() -> Iterator[None]:
-    """Where JAX reads the payload's program: what it raises for bytes it cannot
-    read (`struct.error`, `IndexError`, its runtime's errors) refused as the
-    payload's."""
+    """Where JAX reads the payload's program: what it raises (`struct.error`, its
+    runtime's errors) refused as the payload's."""
     try:
         yield
     except PayloadError:
@@ -164,7 +161,7 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
         raise _malformed("its function, parameters or arguments") from None
     fun_name, parameters, arguments, output_data, donated, vjp_order = parts
     try:
-        output = Template.loaded(output_data, "output")
+        output = Template(decode(output_data), "output", output_data)
     except (PayloadError, TypeError):
         raise  # a function it may not name; a class to register
     except (Malformed, LookupError, ValueError, RecursionError):
@@ -194,50 +191,33 @@ def _read_header(
     header: dict[str, Any],
 ) -> tuple[str, Parameters, list[Argument], Any, list[int], int]:
     """The parts of a payload's header, each checked; raises if one is malformed."""
-    if header["format"] != "filterjit.export":
-        raise Malformed
-    fun_name = header["fun_name"]
-    saved_parameters = header["parameters"]
-    if not isinstance(fun_name, str):
-        raise Malformed
-    aliases, bound = header["aliases"], header["bound"]
-    for name in [*aliases, *bound]:
-        if not (isinstance(name, str) and name.isidentifier()):
-            raise Malformed
-    parameters = Parameters(
-        fun_name,
-        None
-        if saved_parameters is None
-        else [_parameter(*saved) for saved in saved_parameters],
-        aliases,
-        bound,
-    )
+    need(header["format"] == "filterjit.export")
+    fun_name, saved, names = header["fun_name"], header["parameters"], header["names"]
+    need(isinstance(fun_name, str))
+    for parameter in [] if saved is None else saved:
+        _check_parameter(parameter, 3)
+    for parameter in names:
+        _check_parameter(parameter, 2)
     arguments = []
-    for saved in header["arguments"]:
-        key, given, value, labels = (
-            saved["key"],
-            saved["given"],
-            saved["value"],
-            saved["labels"],
-        )
-        if not (type(key) in (int, str) and type(given) is bool):
-            raise Malformed
-        if not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
-            raise Malformed
+    for argument in header["arguments"]:
+        parts = ("key", "given", "value", "labels")
+        key, given, value, labels = (argument[part] for part in parts)
+        need(type(key) in (int, str) and type(given) is bool)
+        need(isinstance(labels, list) and all(isinstance(x, str) for x in labels))
         if value is not None:
             check(value)
         arguments.append(Argument(key, given, value, labels))
     donated, vjp_order = header["donated"], header["vjp_order"]
-    if not (isinstance(donated, list) and all(type(i) is int for i in donated)):
-        raise Malformed
-    if type(vjp_order) is not int or not 0 <= vjp_order < 8:
-        raise Malformed
+    need(isinstance(donated, list) and all(type(i) is int for i in donated))
+    need(type(vjp_order) is int and 0 <= vjp_order < 8)
+    parameters = Parameters(fun_name, saved, names)
     return fun_name, parameters, arguments, header["output"], donated, vjp_order
 
 
-def _parameter(name: Any, kind: Any, default: Any) -> tuple[str, int, bool]:
-    if not (isinstance(name, str) and name.isidentifier()):
-        raise Malformed
-    if type(kind) is not int or kind not in KINDS or type(default) is not bool:
-        raise Malformed
-    return name, kind, default
+def _check_parameter(saved: Any, length: int) -> None:
+    """Raises unless `saved` is `[name, kind, default]` (`length` 3) or `[name,
+    kind]`, as `Parameters` saves a parameter."""
+    need(isinstance(saved, list) and len(saved) == length)
+    name, kind, *default = saved
+    need(isinstance(name, str) and name.isidentifier() and type(kind) is int)
+    need(kind in KINDS and all(isinstance(d, str) and d in DEFAULTS for d in default))

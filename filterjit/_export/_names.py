@@ -4,7 +4,6 @@ and JAX's and Equinox's own functions among the modules already imported."""
 import dataclasses
 import enum
 import sys
-import threading
 import types
 from typing import Any, TypeVar
 
@@ -37,8 +36,7 @@ def _module_path_name(thing: Any) -> str:
 
 def _default_name(thing: Any) -> str:
     """`module.QualifiedName`, by the shortest public module that holds `thing`
-    under its name (`equinox.nn.MLP`, not `equinox.nn._mlp.MLP`): a payload that
-    names it outlives a move between a package's private modules."""
+    (`equinox.nn.MLP`, not `equinox.nn._mlp.MLP`), which outlives private moves."""
     parts = thing.__module__.split(".")
     for end in range(1, len(parts)):
         if parts[end - 1].startswith("_"):
@@ -159,12 +157,6 @@ PRIVATE_DEFAULTS = ("equinox.nn._mlp:_identity",)
 """Callables a payload may name that no public name holds: defaults of Equinox's
 public classes (`eqx.nn.MLP`'s `final_activation`)."""
 
-_public: dict[int, tuple[str, Any]] = {}  # by identity: what may be named, and how
-_scanned: set[str] = set()
-# First exports may run in threads at once: a module is marked scanned only once its
-# callables are recorded, under this lock (no user code runs while it is held).
-_scanning = threading.Lock()
-
 
 def _referable(value: Any) -> bool:
     return callable(value) and not isinstance(value, types.ModuleType)
@@ -177,38 +169,22 @@ def allowed_name(name: str) -> bool:
     return (public and attribute.isidentifier()) or name in PRIVATE_DEFAULTS
 
 
-def _scan() -> None:
-    """Records the callables a payload may name of the modules imported since."""
-    with _scanning:
-        for module_name in LIBRARY_MODULES:
-            module = sys.modules.get(module_name)
-            if module is None or module_name in _scanned:
-                continue
-            for attribute, item in list(vars(module).items()):
-                if not attribute.startswith("_") and _referable(item):
-                    _public.setdefault(id(item), (f"{module_name}:{attribute}", item))
-            _scanned.add(module_name)
-        for name in PRIVATE_DEFAULTS:
-            module_name, _, attribute = name.partition(":")
-            module = sys.modules.get(module_name)
-            item = None if module is None else vars(module).get(attribute)
-            if _referable(item):
-                _public.setdefault(id(item), (name, item))
-
-
 def library_name(value: Any) -> str | None:
-    """`module:attribute` where a module a payload may name holds `value`."""
-    found = _public.get(id(value))
-    if found is None:  # or in a module imported since the last scan
-        _scan()
-        found = _public.get(id(value))
-    return None if found is None or found[1] is not value else found[0]
+    """`module:attribute` where a module a payload may name holds `value`, the
+    first in `LIBRARY_MODULES`' order (among the modules imported now)."""
+    if not _referable(value):
+        return None
+    for module_name in LIBRARY_MODULES:
+        module = sys.modules.get(module_name)
+        for attribute, item in list(vars(module).items()) if module else ():
+            if item is value and not attribute.startswith("_"):
+                return f"{module_name}:{attribute}"
+    return next((n for n in PRIVATE_DEFAULTS if resolve_reference(n) is value), None)
 
 
 def resolve_reference(name: str) -> Any:
-    """What a saved reference names, if this process has it (registered, or in an
-    imported module a payload may name), else `None`. Imports nothing; raises
-    `PayloadError` for a name outside what a payload may name."""
+    """What a saved reference names, if this process has it, else `None`. Imports
+    nothing; raises `PayloadError` for a name a payload may not name."""
     if name in by_name:
         return by_name[name]
     module_name, colon, attribute = name.partition(":")

@@ -1,6 +1,5 @@
-"""The bytes of a saved export: a versioned header and the program, checked by a
-checksum. Unpacking trusts nothing it reads: every malformed, truncated, corrupt
-or mismatched payload raises one `PayloadError` that says where and which."""
+"""The bytes of a saved export: a versioned header and the program, and a checksum.
+Unpacking trusts nothing it reads: it raises a `PayloadError` saying where."""
 
 import hashlib
 import json
@@ -12,7 +11,7 @@ import jax
 
 
 MAGIC = b"filterjit.export\n"
-FORMAT = 2
+FORMAT = 3
 """The payload format this version of filterjit writes and reads."""
 
 # After the magic: the format, the header's length and the program's length; after
@@ -87,14 +86,12 @@ def unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
         )
     form, header_length, program_length = _PREFIX.unpack_from(data, len(MAGIC))
     if form != FORMAT:
-        made_by = (
-            "an earlier version of filterjit (format 1)"
-            if form == 0
-            else f"another version of filterjit (format {form})"
-        )
+        # Format 1 had no format field: its header's length begins with zeros.
+        which = "an earlier" if form < FORMAT else "another"
         raise PayloadError(
             "format",
-            f"the payload was made by {made_by}, or is corrupt; this version reads "
+            f"the payload was made by {which} version of filterjit (format "
+            f"{form or 1}), or is corrupt; this version reads "
             f"format {FORMAT}. Export it again with this version of filterjit.",
         )
     expected = _START + header_length + program_length + _DIGEST

@@ -1,9 +1,8 @@
 """Exporting a filtered function: its array leaves as a `jax.export.Exported`, and
-what `filter_jit` keeps static (the arguments' structure and static leaves, the
-output's structure and static leaves) as data that loads without importing or
-unpickling anything it names."""
+what `filter_jit` keeps static (the arguments' and output's structures and static
+leaves) as data."""
 
-import inspect
+import functools as ft
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
@@ -12,15 +11,15 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from .._aot import Specialisation
+from .._binding import positional_names, Shape
 from .._exact import exact_aux
 from .._function import Function
-from .._jax_jit import JitWrapper
+from .._jax_jit import _as_tuple, JitWrapper
 from .._jit import filter_jit, FilterJitWrapper
 from .._options import make_options
 from .._output import finish
 from ._checks import is_traced
-from ._exported import encoded, Exported, Template
-from ._signature import Argument, DEFAULT, Parameters
+from ._exported import Argument, encoded, Exported, Parameters, Template
 from ._values import Encoding, SIZE, TRACED
 
 
@@ -72,29 +71,18 @@ def export(
     """
     if isinstance(fun, JitWrapper):
         wrapper = _as_filter_jit(fun)
-    elif isinstance(fun, FilterJitWrapper):
-        wrapper = fun
     else:
-        wrapper = filter_jit(fun)
-    checks = tuple(disabled_checks)
-
+        wrapper = fun if isinstance(fun, FilterJitWrapper) else filter_jit(fun)
     # Untyped: arrays may be given as `jax.ShapeDtypeStruct`s.
-    def exporting(*args: Any, **kwargs: Any) -> Exported[_P, _T]:
-        return _export(wrapper, platforms, checks, args, kwargs)
-
-    return exporting
+    return ft.partial(_export, wrapper, platforms, tuple(disabled_checks))
 
 
 def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
-    """A `filterjit.jit` wrapper as `filter_jit` with its keywords, so that its
-    export is the program `jax.export.export` makes of it: its donated arguments
-    donated, its shardings kept, its other keywords passed on. Its static arguments
-    are static as every leaf that is not an array is."""
+    """A `filterjit.jit` wrapper as `filter_jit` with its keywords (donation and
+    shardings kept), exported as `jax.export.export` would export it."""
     keywords = dict(wrapper._jit_kwargs)
-    name = getattr(wrapper, "__qualname__", repr(wrapper))
-    parameters = list(inspect.signature(wrapper).parameters.values())
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    positional = [p.name for p in parameters if p.kind in kinds]
+    function = Function(wrapper._function)
+    positional = positional_names(function.parameters)
 
     def named(option: str) -> list[str]:
         """The parameters an `*_argnums` or `*_argnames` option names."""
@@ -102,9 +90,9 @@ def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
         for number in _as_tuple(keywords.pop(f"{option}_argnums", ())):
             if not -len(positional) <= number < len(positional):
                 raise TypeError(
-                    f"filterjit.export: {name} has {option}_argnums={number}, which "
-                    "is not a parameter of its own (an argument that `*args` "
-                    f"collects). Export a function that names it, or use "
+                    f"filterjit.export: {function.name} has {option}_argnums="
+                    f"{number}, which is not a parameter of its own (an argument "
+                    "that `*args` collects). Export a function that names it, or use "
                     f"`filterjit.filter_jit(f, donate=...)`."
                 )
             found.append(positional[number])
@@ -123,77 +111,46 @@ def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
     return FilterJitWrapper(wrapper._function, options)
 
 
-def _as_tuple(value: Any) -> tuple[Any, ...]:
-    if value is None:
-        return ()
-    return (value,) if isinstance(value, int | str) else tuple(value)
-
-
-def _leaf_count(tree: Any) -> int:
-    return jtu.tree_structure(tree).num_leaves
-
-
-def _bound_arguments(
-    fun: Any,
-    function: Function,
-    parameters: Parameters,
-    called: Specialisation,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    encoding: Encoding,
-) -> tuple[list[Argument], list[int]]:
-    """Each bound argument of the exporting call with its saved data, and the
-    positions (among the bound call's leaves) of the traced leaves of the arguments
-    it passed: the program's inputs."""
-    given = parameters.bind(args, kwargs)
-    bound_args, bound_kwargs = function.bind(args, kwargs)
-    values = [*bound_args, *(bound_kwargs[key] for key in sorted(bound_kwargs))]
-    leaves, traced = called.leaves, set(called.partition.dynamic_positions)
-    # The bound call's leaves: the function's own, then each argument's in turn.
-    start = 0 if function.fun_is_leaf else _leaf_count(fun)
-    arguments: list[Argument] = []
-    inputs: list[int] = []
-    for (key, passed), value in zip(given, values, strict=True):
-        span = range(start, start + _leaf_count(value))
-        template_leaves = [TRACED if p in traced else leaves[p] for p in span]
-        treedef, label = jtu.tree_structure(value), parameters.name(key)
-        prototype = treedef.unflatten(template_leaves)
+def _arguments(
+    function: Function, fun: Any, called: Specialisation, shape: Shape
+) -> tuple[list[Argument], list[int], list[tuple[str, Any]]]:
+    """The exporting call's (of `shape`) bound arguments with their saved data; the
+    positions of the traced leaves it passed (the program's inputs); its opaques."""
+    partition, leaves = called.partition, called.leaves
+    traced = set(partition.dynamic_positions)
+    template = [TRACED if p in traced else leaf for p, leaf in enumerate(leaves)]
+    _, args, kwargs = function.split_call(fun, partition.treedef.unflatten(template))
+    positional, keywords = function.bind.sources(shape) or function.bind.find_sources(
+        shape[0], shape[1:]
+    )
+    sources = {**dict(enumerate(positional)), **keywords}
+    given = {key for key, (source, _) in sources.items() if source != "default"}
+    opaque: list[tuple[str, Any]] = []
+    encoding, arguments = Encoding(opaque), []
+    for key, prototype in [*enumerate(args), *sorted(kwargs.items())]:
+        label, first = function.label(key), len(opaque)
         data = encoded(prototype, label, function.name, encoding)
-        paths = jtu.tree_flatten_with_path(prototype)[0]
+        paths, treedef = jtu.tree_flatten_with_path(prototype)
         labels = [label + jtu.keystr(p) for p, leaf in paths if leaf is TRACED]
-        argument = Argument(key, passed is not DEFAULT, data, labels)
-        argument.treedef, argument.exact = treedef, exact_aux(treedef)
-        arguments.append(argument)
-        if passed is not DEFAULT:
-            inputs += [p for p in span if p in traced]
-        start = span.stop
-    if start != len(leaves):
-        raise AssertionError(
-            f"{function.name}: the bound call has {len(leaves)} leaves"
+        argument = Argument(
+            key, key in given, data, labels, treedef, exact_aux(treedef)
         )
-    return arguments, inputs
-
-
-def _compiled_in(
-    function: Function, called: Specialisation, inputs: list[int]
-) -> dict[int, Any]:
-    """The traced leaves that are not the program's inputs (the function's own, and
-    defaults'), by position: compiled into the program."""
-    treedef, leaves = called.partition.treedef, called.leaves
-    labels = [p.label for p in function.leaf_parameters(treedef)]
-    taken = set(inputs)
-    found = {}
-    for position in called.partition.dynamic_positions:
-        if position in taken:
-            continue
-        if isinstance(leaves[position], jax.ShapeDtypeStruct):
+        # The classes the arguments name, filled as they are encoded.
+        argument.classes = encoding.names
+        argument.opaque = first if len(opaque) > first else None
+        arguments.append(argument)
+    inputs = []
+    for position, parameter in enumerate(function.leaf_parameters(partition.treedef)):
+        key = parameter.parameter if parameter.position is None else parameter.position
+        if position in traced and key in given:
+            inputs.append(position)
+        elif position in traced and isinstance(leaves[position], jax.ShapeDtypeStruct):
             raise TypeError(
-                f"{function.name}: `{labels[position]}` is a jax.ShapeDtypeStruct, "
+                f"{function.name}: `{parameter.label}` is a jax.ShapeDtypeStruct, "
                 "but arrays of the function itself and of defaults are compiled "
                 "into the export: give it a value."
             )
-        found[position] = leaves[position]
-    return found
+    return arguments, inputs, opaque
 
 
 def _donated_inputs(called: Specialisation, inputs: list[int]) -> list[int]:
@@ -221,39 +178,29 @@ def _export(
     wrapper: FilterJitWrapper[..., Any],
     platforms: Sequence[str] | None,
     disabled_checks: Sequence[jax.export.DisabledSafetyCheck],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    /,
+    *args: Any,
+    **kwargs: Any,
 ) -> Exported[..., Any]:
     dispatcher, fun = wrapper._dispatcher, wrapper._fun
-    function = dispatcher.function
     # The very partition and jitted function of a top-level call with these arrays.
     called = Specialisation(dispatcher, fun, *args, **kwargs)
-    parameters = Parameters.of(function.name, fun)
-    encoding = Encoding(opaque=[])
-    arguments, inputs = _bound_arguments(
-        fun, function, parameters, called, args, kwargs, encoding
-    )
-    compiled_in = _compiled_in(function, called, inputs)
-    positions, leaves, jitted = (
-        called.partition.dynamic_positions,
-        called.leaves,
-        called.jitted,
-    )
+    function = dispatcher.function  # as the call read it
+    arguments, inputs, opaque = _arguments(function, fun, called, (len(args), *kwargs))
+    leaves = called.leaves
     found: list[Template] = []  # what the one trace below learns of the output
 
     def program(*traced_inputs: Any) -> list[Any]:
-        given_leaves = iter(traced_inputs)
-        dynamic = [
-            compiled_in[p] if p in compiled_in else next(given_leaves)
-            for p in positions
-        ]
-        output = finish(jitted(*dynamic), leaves)
+        given = dict(zip(inputs, traced_inputs, strict=True))
+        # The other traced leaves (the function's own, defaults') are compiled in.
+        dynamic = [given.get(p, leaves[p]) for p in called.partition.dynamic_positions]
+        output = finish(called.jitted(*dynamic), leaves)
         out_leaves, treedef = jtu.tree_flatten(output)
         template = [
             TRACED if is_traced(x) else SIZE if _is_symbolic(x) else x
             for x in out_leaves
         ]
-        found.append(Template(treedef, template, "output"))
+        found.append(Template(treedef.unflatten(template), "output"))
         return [
             _output_leaf(x)
             for x, kind in zip(out_leaves, template)
@@ -263,23 +210,20 @@ def _export(
     program.__name__ = function.name.rpartition(".")[2]
     program.__qualname__ = function.name
     specs = [leaves[p] for p in inputs]
-    donated = [] if dispatcher.options.donate == "none" else None
-    if donated is None:
-        donated = _donated_inputs(called, inputs)
+    donates = dispatcher.options.donate != "none"
+    donated = _donated_inputs(called, inputs) if donates else []
     exported = jax.export.export(
         jax.jit(program, donate_argnums=tuple(donated)),
         platforms=platforms,
         disabled_checks=disabled_checks,
     )(*specs)
     (output,) = found
-    for argument in arguments:
-        argument.classes = encoding.names
     return Exported(
         exported,
         function.name,
-        parameters,
+        Parameters.of(function, fun),
         arguments,
         output,
         donated,
-        encoding.opaque or (),
+        opaque,
     )

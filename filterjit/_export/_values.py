@@ -1,8 +1,6 @@
-"""The static values of a saved export as JSON data, and back: Python scalars and
-containers by value, registered classes and Equinox's `State` by their fields,
-dtypes and registered enums by name, and functions by reference (JAX's and
-Equinox's own where they are already imported, and registered ones). Loading
-imports nothing, unpickles nothing and calls no user `__init__`."""
+"""Static values as JSON data, and back: scalars and containers by value, classes by
+their fields, dtypes and enums by name, functions by reference. Loading imports
+nothing, unpickles nothing and calls no user `__init__`."""
 
 import base64
 import dataclasses
@@ -11,6 +9,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from ._names import (
@@ -27,7 +26,7 @@ from ._names import (
 )
 
 
-class _Sentinel:
+class Sentinel:
     def __init__(self, name: str):
         self._name = name
 
@@ -35,9 +34,9 @@ class _Sentinel:
         return self._name
 
 
-TRACED = _Sentinel("<traced>")
+TRACED = Sentinel("<traced>")
 """Where a leaf is traced, in the templates of arguments and outputs."""
-SIZE = _Sentinel("<size>")
+SIZE = Sentinel("<size>")
 """Where an output is a symbolic size, returned as the call's concrete size."""
 
 
@@ -45,45 +44,28 @@ SIZE = _Sentinel("<size>")
 
 
 class Unsavable(TypeError):
-    """A part of a pytree that cannot be saved: `where` it is, and what."""
-
-    def __init__(self, where: str, what: str):
-        super().__init__(where, what)
-        self.where = where
-        self.what = what
+    """A part of a pytree that cannot be saved: its `args`, where it is and what."""
 
 
 class Encoding:
-    """What an encoding collects: the classes it names (`names`), and, where
-    `opaque` is a list (an export in this process, not saved), the statics it
-    cannot save, kept by index."""
+    """What an encoding collects: the classes it names, and where `opaque` is a list
+    (an export in this process), the statics it cannot save, kept by index."""
 
     def __init__(self, opaque: list[tuple[str, Any]] | None = None):
         self.names: dict[str, type] = {}
         self.opaque = opaque
 
 
-_SCALARS = (bool, int, float, complex, str, bytes)
-
-
-def encode_scalar(value: Any) -> list[Any] | None:
-    """A `None`, bool, int, float, complex, str or bytes as data; else `None`."""
-    kind = type(value)
-    if value is None:
-        return ["none"]
-    if kind is bool:
-        return ["bool", value]
-    if kind is int:
-        return ["int", str(value)]
-    if kind is float:
-        return ["float", value.hex()]
-    if kind is complex:
-        return ["complex", value.real.hex(), value.imag.hex()]
-    if kind is str:
-        return ["str", value]
-    if kind is bytes:
-        return ["bytes", base64.b64encode(value).decode("ascii")]
-    return None
+# A `None`, bool, int, float, complex, str or bytes as data, by its type.
+_SCALAR_DATA: dict[type, Callable[[Any], list[Any]]] = {
+    type(None): lambda _: ["none"],
+    bool: lambda value: ["bool", value],
+    int: lambda value: ["int", str(value)],
+    float: lambda value: ["float", value.hex()],
+    complex: lambda value: ["complex", value.real.hex(), value.imag.hex()],
+    str: lambda value: ["str", value],
+    bytes: lambda value: ["bytes", base64.b64encode(value).decode("ascii")],
+}
 
 
 def encode(value: Any, where: str, encoding: Encoding) -> Any:
@@ -93,9 +75,8 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
         return ["traced"]
     if value is SIZE:
         return ["size"]
-    scalar = encode_scalar(value)
-    if scalar is not None:
-        return scalar
+    if kind in _SCALAR_DATA:
+        return _SCALAR_DATA[kind](value)
     if kind in (tuple, list, frozenset):
         items = sorted(value, key=repr) if kind is frozenset else value
         return [
@@ -117,8 +98,9 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
         return ["dtype", str(value)]
     if isinstance(value, type) and issubclass(value, np.generic):
         return ["scalar_type", str(np.dtype(value))]  # np.float32, ml_dtypes
-    if isinstance(value, enum.Enum):
-        return _encode_enum(value, where, encoding)
+    if issubclass(kind, enum.Enum) and id(kind) in names_by_id:
+        encoding.names.setdefault(type_name(kind), kind)
+        return ["enum", type_name(kind), value.name]
     if is_state_type(kind):
         children, keys = value.tree_flatten()
         return [
@@ -141,28 +123,17 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
         encoding.opaque.append((where, value))
         return ["opaque", len(encoding.opaque) - 1]
     hint = ""
-    if callable(value):
+    if issubclass(kind, enum.Enum):
+        hint = (
+            " member, an enum not registered (register it with "
+            f"`filterjit.register_serializable({kind.__qualname__})`)"
+        )
+    elif callable(value):
         hint = (
             " (a function is saved by reference where it is JAX's or Equinox's own, "
             "or registered with `filterjit.register_serializable`)"
         )
     raise Unsavable(where, f"a `{kind.__qualname__}`{hint}")
-
-
-def _encode_enum(value: enum.Enum, where: str, encoding: Encoding) -> Any:
-    kind = type(value)
-    if id(kind) not in names_by_id and encoding.opaque is not None:
-        encoding.opaque.append((where, value))
-        return ["opaque", len(encoding.opaque) - 1]
-    if id(kind) not in names_by_id:
-        raise Unsavable(
-            where,
-            f"a `{kind.__qualname__}` member, an enum not registered (register it "
-            f"with `filterjit.register_serializable({kind.__qualname__})`)",
-        )
-    name = type_name(kind)
-    encoding.names.setdefault(name, kind)
-    return ["enum", name, value.name]
 
 
 def _encode_node(value: Any, where: str, encoding: Encoding) -> Any:
@@ -184,36 +155,36 @@ class Malformed(ValueError):
     """Data that `encode` cannot have written."""
 
 
-def _need(condition: bool) -> None:
+def need(condition: bool) -> None:
     if not condition:
         raise Malformed
 
 
 def _float(text: Any) -> float:
-    _need(isinstance(text, str) and len(text) < 64)
+    need(isinstance(text, str) and len(text) < 64)
     return float.fromhex(text)
 
 
 def decode_scalar(data: Any) -> Any:
-    """What `encode_scalar` saved."""
+    """What `_SCALAR_DATA` saved."""
     tag = data[0]
     if tag == "none":
         return None
     if tag == "bool":
-        _need(type(data[1]) is bool)
+        need(type(data[1]) is bool)
         return data[1]
     if tag == "int":
-        _need(isinstance(data[1], str) and len(data[1]) < 5000)
+        need(isinstance(data[1], str) and len(data[1]) < 5000)
         return int(data[1])
     if tag == "float":
         return _float(data[1])
     if tag == "complex":
         return complex(_float(data[1]), _float(data[2]))
     if tag == "str":
-        _need(isinstance(data[1], str))
+        need(isinstance(data[1], str))
         return data[1]
     if tag == "bytes":
-        _need(isinstance(data[1], str))
+        need(isinstance(data[1], str))
         return base64.b64decode(data[1], validate=True)
     raise Malformed
 
@@ -243,43 +214,21 @@ def _unresolved(name: str) -> TypeError:
     )
 
 
-def decode_dtype(name: Any) -> np.dtype:
-    _need(isinstance(name, str) and name.isidentifier() and len(name) < 40)
-    import jax.numpy as jnp
-
-    try:
-        dtype = jnp.dtype(name)
-    except TypeError:
-        raise Malformed from None
-    _need(str(dtype) == name)
-    return dtype
-
-
-def decode_enum(name: Any, member: Any, classes: Mapping[str, Any]) -> Any:
-    kind = classes.get(name) if isinstance(name, str) else None
-    if kind is None:
-        raise unregistered(str(name))
-    _need(isinstance(kind, type) and issubclass(kind, enum.Enum))
-    _need(isinstance(member, str) and member in kind.__members__)
-    return kind.__members__[member]
-
-
 def decode(
     data: Any,
     classes: Mapping[str, Any] | None = None,
     fill: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """The prototype that `encode` saved, its classes found in `classes` (those
-    registered here if omitted), built without calling their `__init__`; with
-    `fill`, each traced leaf (`TRACED` or `SIZE`) replaced by `fill(leaf)`. Raises
-    `Malformed` for data `encode` cannot have written."""
+    """The prototype that `encode` saved, its classes found in `classes` (else those
+    registered), built without `__init__`; with `fill`, each traced leaf (`TRACED`
+    or `SIZE`) replaced by `fill(leaf)`. Raises `Malformed` for data `encode` cannot
+    have written."""
     return _Decoder(by_name if classes is None else classes, fill).decode(data)
 
 
 def check(data: Any) -> None:
-    """Raises `Malformed` unless `data` is what `encode` writes, building nothing:
-    the classes, enums and functions it names need not be found here (a call's
-    argument is checked against their names)."""
+    """Raises `Malformed` unless `data` is what `encode` writes, building nothing (a
+    call's argument is checked against the names of the classes it names)."""
     _Decoder({}, None, build=False).decode(data)
 
 
@@ -303,34 +252,44 @@ class _Decoder:
         self.build = build  # else only check: classes, enums and names unresolved
 
     def decode(self, data: Any) -> Any:
-        _need(isinstance(data, list) and len(data) >= 1)
+        need(isinstance(data, list) and len(data) >= 1)
         tag = data[0]
         if tag in ("traced", "size"):
-            _need(len(data) == 1)
+            need(len(data) == 1)
             leaf = TRACED if tag == "traced" else SIZE
             return leaf if self.fill is None else self.fill(leaf)
         if tag in SCALAR_TAGS:
             return decode_scalar(data)
         if tag in ("tuple", "list", "frozenset"):
-            _need(len(data) == 2 and isinstance(data[1], list))
+            need(len(data) == 2 and isinstance(data[1], list))
             items = [self.decode(item) for item in data[1]]
             if tag == "frozenset":
                 return frozenset(map(_hashable, items))
             return tuple(items) if tag == "tuple" else items
         if tag == "dict":
-            _need(len(data) == 2 and isinstance(data[1], list))
+            need(len(data) == 2 and isinstance(data[1], list))
             return dict(self._pair(pair) for pair in data[1])
         if tag in ("dtype", "scalar_type"):
-            _need(len(data) == 2)
-            dtype = decode_dtype(data[1])
+            need(len(data) == 2 and isinstance(data[1], str) and len(data[1]) < 40)
+            need(data[1].isidentifier())
+            try:
+                dtype = jnp.dtype(data[1])
+            except TypeError:
+                raise Malformed from None
+            need(str(dtype) == data[1])
             return dtype if tag == "dtype" else dtype.type
         if tag == "enum":
-            _need(len(data) == 3 and isinstance(data[2], str))
+            need(len(data) == 3 and isinstance(data[2], str))
             if not self.build:
-                return _need(isinstance(data[1], str))
-            return decode_enum(data[1], data[2], self.classes)
+                return need(isinstance(data[1], str))
+            kind = self.classes.get(data[1]) if isinstance(data[1], str) else None
+            if kind is None:
+                raise unregistered(str(data[1]))
+            need(isinstance(kind, type) and issubclass(kind, enum.Enum))
+            need(data[2] in kind.__members__)
+            return kind.__members__[data[2]]
         if tag == "ref":
-            _need(len(data) == 2 and isinstance(data[1], str))
+            need(len(data) == 2 and isinstance(data[1], str))
             name = data[1]
             if ":" in name and name not in by_name and not allowed_name(name):
                 raise not_allowed(name)
@@ -347,7 +306,7 @@ class _Decoder:
         raise Malformed
 
     def _pair(self, pair: Any) -> tuple[Any, Any]:
-        _need(isinstance(pair, list) and len(pair) == 2)
+        need(isinstance(pair, list) and len(pair) == 2)
         return _hashable(self.decode(pair[0])), self.decode(pair[1])
 
     def _state(self, data: Any) -> Any:
@@ -358,23 +317,23 @@ class _Decoder:
                 "filterjit.deserialize: the payload returns an `eqx.nn.State`: "
                 "import equinox before loading it (loading never imports it)."
             )
-        _need(len(data) == 3)
+        need(len(data) == 3)
         keys, children = self.decode(data[1]), data[2]
-        _need(isinstance(keys, tuple) and isinstance(children, list))
-        _need(len(keys) == len(children))
-        _need(all(isinstance(key, (str, int)) for key in keys))
+        need(isinstance(keys, tuple) and isinstance(children, list))
+        need(len(keys) == len(children))
+        need(all(isinstance(key, (str, int)) for key in keys))
         values = [self.decode(child) for child in children]
         if kind is None:  # only checking
             return None
         return kind.tree_unflatten(keys, values)
 
     def _node(self, data: Any) -> Any:
-        _need(len(data) == 3 and isinstance(data[1], str))
-        _need(isinstance(data[2], list))
+        need(len(data) == 3 and isinstance(data[1], str))
+        need(isinstance(data[2], list))
         name, saved = data[1], data[2]
         for pair in saved:
-            _need(isinstance(pair, list) and len(pair) == 2)
-            _need(isinstance(pair[0], str))
+            need(isinstance(pair, list) and len(pair) == 2)
+            need(isinstance(pair[0], str))
         if not self.build:
             for _, item in saved:
                 self.decode(item)
@@ -382,7 +341,7 @@ class _Decoder:
         kind = self.classes.get(name)
         if kind is None:
             raise unregistered(name)
-        _need(isinstance(kind, type))
+        need(isinstance(kind, type))
         fields = [field for field, _ in saved]
         expected = fields_of(kind)
         if fields != expected:

@@ -201,6 +201,12 @@ def _vmapped(x: jax.Array) -> jax.Array:
     return jnp.tanh(x) * 2
 
 
+def _jit_anew(
+    jit: Callable[..., Any], fun: Callable[..., jax.Array], xs: jax.Array
+) -> jax.Array:
+    return jit(fun)(xs)
+
+
 def _vmap_row(xs: jax.Array) -> Row:
     once = jax.jit(jax.vmap(_vmapped))
     return Row(
@@ -211,8 +217,10 @@ def _vmap_row(xs: jax.Array) -> Row:
         lambda n: [eqx.filter_vmap(_vmapped) for _ in range(n)],
         {
             harness.JAX: lambda _: once(xs),
-            harness.EQX: lambda vmapped: eqx.filter_jit(vmapped)(xs),
-            harness.FILTERJIT: lambda vmapped: filterjit.filter_jit(vmapped)(xs),
+            harness.EQX: lambda vmapped: _jit_anew(eqx.filter_jit, vmapped, xs),
+            harness.FILTERJIT: lambda vmapped: _jit_anew(
+                filterjit.filter_jit, vmapped, xs
+            ),
         },
     )
 

@@ -531,14 +531,6 @@ SECOND_SITES: dict[str, dict[str, str]] = {
             "a call did not pass: name the leaves `<traced leaf i>` there (every "
             "entry passes its `labels`)"
         ),
-        "_export._save._as_filter_jit": (
-            "filterjit/_export/_save.py:95: `signature_of(wrapper, "
-            "follow_wrapped=True)` from `_function` (or the record's parameters)"
-        ),
-        "_jit.FilterJitWrapper.__signature__": (
-            "filterjit/_jit.py:204: `return signature_of(self._fun, "
-            "follow_wrapped=True)`, which also catches TypeError and ValueError"
-        ),
     },
     "which callable is held": {
         "_diagnostics._function_text": (
@@ -560,14 +552,6 @@ SECOND_SITES: dict[str, dict[str, str]] = {
         "_options.check_donated_names": (
             "filterjit/_options.py:141-142: `receiver = receiver_of(fun)`, which "
             "gives a bound method's first parameter too"
-        ),
-        "_owners._owner": (
-            "filterjit/_owners.py:90-93 opens a `jtu.Partial` for its owner: the "
-            "owner key is the record's (`_function`), which `dispatcher_for` reads"
-        ),
-        "_owners._call_owner": (
-            "filterjit/_owners.py:109 reads a class's `__call__`: with `_owner`, "
-            "in the record (`_function.python_function` reads it already)"
         ),
     },
 }

@@ -6,6 +6,7 @@ import functools as ft
 import inspect
 import pickle
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -160,7 +161,7 @@ class _Scaler:
 def test_wrapped_is_the_callable_as_given():
     # A partial and a bound method are held as pytrees of their pieces; what
     # `__wrapped__` names is what the user wrapped, as `functools.wraps` names it.
-    given = [
+    given: list[Callable[..., Any]] = [
         ft.partial(scale, n=3),
         jax.tree_util.Partial(scale, n=3),
         _Scaler().scale,

@@ -6,6 +6,7 @@ refused a call's deleted buffer."""
 import itertools
 import os
 import sys
+import types
 import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -28,21 +29,31 @@ _records: dict[int, tuple[Any, str, tuple[str, str]]] = {}
 _MAX_RECORDS = 1 << 16
 _ref = weakref.ref
 
-_package_dir = os.path.dirname(os.path.abspath(__file__))
-# Frames that are not the user's: filterjit's, JAX's, and those of the wrappers
-# that runtime type checkers put around functions (jaxtyping's, beartype's).
-_INTERNAL = (_package_dir, os.path.dirname(os.path.abspath(jax.__file__)), "<@")
+
+# Frames that are not the user's: filterjit's, JAX's, and the wrappers that runtime
+# type checkers (jaxtyping's import hook, beartype) put around functions.
+_INTERNAL = (
+    *(os.path.dirname(os.path.abspath(f)) for f in (__file__, jax.__file__)),
+    "<@",
+)
 _CHECKERS = ("jaxtyping", "beartype")
 
 
-def _caller() -> str:
-    """`file:line` of the first frame outside filterjit and JAX: the user's call."""
-    frame = sys._getframe(1)
+def user_frame(frame: types.FrameType) -> tuple[types.FrameType, int]:
+    """The first frame from `frame` outwards that is the user's, and the
+    `stacklevel` that points a warning raised in `frame` at it."""
+    level = 1
     while frame.f_back is not None and (
         frame.f_code.co_filename.startswith(_INTERNAL)
         or str(frame.f_globals.get("__name__", "")).startswith(_CHECKERS)
     ):
-        frame = frame.f_back
+        frame, level = frame.f_back, level + 1
+    return frame, level
+
+
+def _caller() -> str:
+    """`file:line` of the user's call."""
+    frame, _ = user_frame(sys._getframe(1))
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 

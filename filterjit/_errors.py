@@ -1,18 +1,22 @@
-"""Runtime checks (`eqx.error_if`, `eqx.branched_error_if`): a failed check raises
-`equinox.EquinoxRuntimeError` at the call, worded as inside `equinox.filter_jit`;
-only calls whose trace holds a check block until their result is ready. The only
-module that reads Equinox's private state (the latest failed check's message and
-frames, its error's wording), with a fallback to JAX's error."""
+"""Errors in the user's terms. Runtime checks (`eqx.error_if`,
+`eqx.branched_error_if`): a failed check raises `equinox.EquinoxRuntimeError` at the
+call, worded as inside `equinox.filter_jit`; only calls whose trace holds a check
+block until their result is ready. The only module that reads Equinox's private
+state (the latest failed check's message and frames), with a fallback to JAX's
+error. Also: a failed cache lookup, an untraceable NumPy array, traced scalars Python
+needed, a recursion, each naming the argument and the fix."""
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax.extend.core
+import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 from jax.errors import (
@@ -27,7 +31,10 @@ from jax.extend.core.primitives import while_p
 
 from . import _trace
 from ._donated import check_not_deleted
-from ._leaves import is_array, NUMPY_TYPES
+from ._function import Function
+from ._leaves import compares_elementwise, is_array, NUMPY_TYPES
+from ._partition import Partition
+from ._structure import PyTreeDef
 
 
 # Equinox's callback raises an exception of this name; JAX's error quotes it.
@@ -367,3 +374,96 @@ def note_recursion(error: RecursionError, name: str) -> None:
 def wait_checked(arrays: list[Any], name: str) -> None:
     """Waits for `arrays`, a failed check raised as `equinox.EquinoxRuntimeError`."""
     call_checked(lambda: arrays, (), name, lambda _: arrays)
+
+
+def find_static_array_field(value: Any, label: str) -> str | None:
+    """The path to the first static field of an `eqx.Module` inside `value` that
+    holds an array (the structure cannot compare: `==` gives arrays), or `None`."""
+    is_module = lambda x: isinstance(x, eqx.Module)  # noqa: E731
+    for path, module in jtu.tree_flatten_with_path(value, is_leaf=is_module)[0]:
+        for field in dataclasses.fields(module) if is_module(module) else ():
+            child = getattr(module, field.name, None)
+            child_label = f"{label}{jtu.keystr(path)}.{field.name}"
+            if field.metadata.get("static", False):
+                leaves = jtu.tree_leaves(child)
+                if any(map(compares_elementwise, leaves)):
+                    return child_label
+            elif found := find_static_array_field(child, child_label):
+                return found
+    return None
+
+
+def _hash_and_eq_fail(key: Any) -> bool:
+    try:
+        hash(key)
+        return not isinstance(key == key, bool)
+    except Exception:
+        return True
+
+
+def key_error(
+    function: Function,
+    fun: Any,
+    leaves: list[Any],
+    treedef: PyTreeDef,
+    partition: Partition | None,
+    error: Exception,
+) -> TypeError:
+    """The error for a failed cache lookup: whose hash or `==` failed, what to do."""
+    name = function.name
+    if partition is None:
+        # No leaf failed, but a node's auxiliary data (a static field, say).
+        _, args, kwargs = function.split_call(fun, jtu.tree_unflatten(treedef, leaves))
+        for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:
+            label = name if where is None else function._parameter(where)[1]
+            if (field := find_static_array_field(value, label)) is not None:
+                return TypeError(
+                    f"{name}(): `{field}` is a static field (`eqx.field(static=True)`) "
+                    "holding an array. Static fields are compared with `==` to find "
+                    "cached traces, and arrays cannot be. Make it a regular field so "
+                    "that it is traced, or hold a hashable value (a tuple, say)."
+                )
+            if _hash_and_eq_fail(jtu.tree_structure(value)):
+                return TypeError(
+                    f"{name}(): the pytree structure of argument `{label}` cannot be "
+                    f"hashed or compared ({error}). A static field "
+                    "(`eqx.field(static=True)`) or other pytree auxiliary data holds "
+                    "such a value. Make it hashable (a tuple rather than a list, "
+                    "say), or make it a regular field so that it is traced."
+                )
+    else:
+        for position, key in zip(partition.static_positions, partition.statics(leaves)):
+            if _hash_and_eq_fail(key):
+                label = function.leaf_parameters(treedef)[position].label
+                kind = type(leaves[position]).__qualname__
+                return TypeError(
+                    f"{name}(): argument `{label}` is a static value of type `{kind}` "
+                    f"that cannot be hashed or compared ({type(error).__name__}: "
+                    f"{error}). filter_jit keys its cache on every non-array leaf, so "
+                    "static values must be hashable and `==` must return a bool. Pass "
+                    "such a value instead (a tuple rather than a list, say), or make "
+                    "it an array (`jnp.asarray(...)`) so that it is traced."
+                )
+    return TypeError(
+        f"{name}(): looking up the cache for this call failed "
+        f"({type(error).__name__}: {error})."
+    )
+
+
+def check_traceable(
+    name: str, labels: list[str], leaves: list[Any], positions: Iterable[int]
+) -> None:
+    """Raises, naming the argument, for a NumPy array to trace that JAX cannot."""
+    for position in positions:
+        leaf = leaves[position]
+        # Objects, strings, dates, np.void (not ml_dtypes' kind "V": JAX traces it).
+        if isinstance(leaf, NUMPY_TYPES) and (
+            leaf.dtype.kind in "OSUMm" or leaf.dtype.type is np.void
+        ):
+            raise TypeError(
+                f"{name}(): argument `{labels[position]}` is a NumPy array of dtype "
+                f"{leaf.dtype}, which cannot be traced, and filter_jit traces every "
+                "NumPy array. Pass its values as a tuple of Python values (static: "
+                "each new value traces anew), or encode them as numbers (an array "
+                "of indices, say) so that they are traced."
+            )

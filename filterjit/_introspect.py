@@ -1,6 +1,5 @@
 """Looking at what filter_jit does: explain a call, count traces, clear caches."""
 
-import os
 import sys
 import types
 import warnings
@@ -10,6 +9,7 @@ import jax
 
 from ._diagnostics import Explanation
 from ._dispatch import clear_all
+from ._donated import user_frame
 from ._function import name_of
 from ._jax_jit import JitWrapper
 from ._jit import _decorate, FilterJitWrapper
@@ -126,26 +126,8 @@ def _check_not_another_jit(fun: Any) -> None:
         "is its own). Use `filterjit.jit` or `filterjit.filter_jit` in its place to "
         "explain what a call does.",
         UserWarning,
-        stacklevel=_outside_filterjit(sys._getframe()),
+        stacklevel=user_frame(sys._getframe())[1],
     )
-
-
-# filterjit's frames, and those of the wrappers that runtime type checkers put
-# around its functions (jaxtyping's import hook, with beartype).
-_INTERNAL = (os.path.dirname(os.path.abspath(__file__)), "<@beartype")
-_CHECKERS = ("jaxtyping", "beartype")
-
-
-def _outside_filterjit(frame: types.FrameType) -> int:
-    """The `stacklevel`, for a warning raised in `frame`, of the first frame
-    outside filterjit."""
-    level = 1
-    while frame.f_back is not None and (
-        frame.f_code.co_filename.startswith(_INTERNAL)
-        or str(frame.f_globals.get("__name__", "")).startswith(_CHECKERS)
-    ):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 _WRAPPERS = (FilterJitWrapper, JitWrapper)

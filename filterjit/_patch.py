@@ -13,7 +13,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from ._introspect import _outside_filterjit
+from ._donated import user_frame
 from ._jit import _decorate, filter_jit
 from ._options import DonateOption, make_options
 from ._trace import hiding_frames
@@ -288,7 +288,7 @@ def patch_equinox() -> EquinoxPatch:
             "Equinox's filter_jit, or decorator factories of it, keep it: "
             + "; ".join(left),
             # At the caller's line: `hiding_frames` wraps this function.
-            stacklevel=_outside_filterjit(sys._getframe()),
+            stacklevel=user_frame(sys._getframe())[1],
         )
     return EquinoxPatch(tuple(swapped.values()), tuple(places), tuple(left))
 

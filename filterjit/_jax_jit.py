@@ -4,16 +4,15 @@ no-op of `filter_jit`."""
 import functools as ft
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, overload
 
 import jax
 import jax.tree_util as jtu
 
 from . import _trace
-from ._binding import argument_label
 from ._diagnostics import Explanation, Row, row
-from ._function import Function, positional_names
+from ._function import Function
 from ._jit import _P, _R, FilterJitWrapper, is_module_global, Wrapper
 from ._level import Level, STAGED
 from ._options import make_options
@@ -60,6 +59,8 @@ class JitWrapper(Wrapper[_P, _R]):
     __slots__ = (
         "_outside",
         "_function",
+        "_record",
+        "_static",
         "_jit_kwargs",
         "_nested",
         "__dict__",
@@ -67,6 +68,8 @@ class JitWrapper(Wrapper[_P, _R]):
     )
     _outside: Any  # the `jax.jit` object
     _function: Callable[_P, _R]
+    _record: Function  # for `explain`: its name and parameters
+    _static: tuple[tuple[int, ...], tuple[str, ...]]  # as jax.jit infers them
     _jit_kwargs: dict[str, Any]
     _nested: FilterJitWrapper[_P, _R] | None  # made on first use: most never nest
 
@@ -74,6 +77,8 @@ class JitWrapper(Wrapper[_P, _R]):
     def __init__(self, fun: Any, jit_kwargs: dict[str, Any]):
         self._outside = jax.jit(fun, **jit_kwargs)
         self._function = fun
+        self._record = Function(fun)
+        self._static = _static_arguments(self._record.parameters, jit_kwargs)
         self._jit_kwargs = jit_kwargs
         self._nested = None
         self.__dict__.update(vars(self._outside))
@@ -140,16 +145,10 @@ class JitWrapper(Wrapper[_P, _R]):
         if level == STAGED:
             return self._nested_wrapper()._explain(args, kwargs)
         # jax.jit's roles: an argument is static as a whole, or its leaves traced.
-        function = Function(self._function)
-        parameters = function.parameters
-        positional = positional_names(parameters)
-        numbers = _as_tuple(self._jit_kwargs.get("static_argnums", ()))
-        names = set(_as_tuple(self._jit_kwargs.get("static_argnames", ())))
+        numbers, names = self._static
         numbers = {n % len(args) if n < 0 else n for n in numbers if args}
-        numbers |= {positional.index(name) for name in names if name in positional}
-        names |= {positional[n] for n in numbers if n < len(positional)}
-        labels = [argument_label(parameters, i)[1] for i in range(len(args))]
-        arguments = [(labels[i], i in numbers, arg) for i, arg in enumerate(args)]
+        named = self._record.label
+        arguments = [(named(i), i in numbers, arg) for i, arg in enumerate(args)]
         arguments += [(name, name in names, arg) for name, arg in kwargs.items()]
         rows = []
         for label, static, arg in arguments:
@@ -163,8 +162,8 @@ class JitWrapper(Wrapper[_P, _R]):
                 except TypeError:  # not a JAX type: jax.jit raises, as it says
                     text = f"{type(leaf).__name__}: not a JAX type"
                     rows.append(Row(where, "traced", text, type(leaf)))
-        name = function.name
-        return Explanation(name, Level(level).description, rows, None, decorator="jit")
+        level_name = Level(level).description
+        return Explanation(self._record.name, level_name, rows, None, decorator="jit")
 
     # jax.jit's private methods, which JAX's tests and some libraries call.
     def _cache_size(self) -> int:
@@ -179,9 +178,29 @@ class JitWrapper(Wrapper[_P, _R]):
 
 
 def _as_tuple(value: Any) -> tuple[Any, ...]:
-    if value is None:
-        return ()
     return (value,) if isinstance(value, int | str) else tuple(value)
+
+
+def _static_arguments(
+    parameters: Sequence[inspect.Parameter], jit_kwargs: dict[str, Any]
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """`static_argnums` and `static_argnames` as `jax.jit` infers them: where one
+    alone is given, the other from the parameters that take both."""
+    numbers, names = (jit_kwargs.get(k) for k in ("static_argnums", "static_argnames"))
+    if numbers is None and names is None:
+        return (), ()
+    if numbers is not None and names is not None:
+        return _as_tuple(numbers), _as_tuple(names)
+    both = [
+        (i, p.name)
+        for i, p in enumerate(parameters)
+        if p.kind is p.POSITIONAL_OR_KEYWORD
+    ]
+    if numbers is None:
+        names = _as_tuple(names)
+        return tuple(i for i, name in both if name in names), names
+    numbers = _as_tuple(numbers)
+    return numbers, tuple(name for i, name in both if i in numbers)
 
 
 def _inline_as_jax_reads_it(inline: Any) -> Any:

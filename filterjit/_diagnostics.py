@@ -92,8 +92,7 @@ Change = tuple[str, Row | None, Row | None]  # a leaf's path, its rows before an
 
 
 def _qualified_name(value: Any) -> str | None:
-    """`module.qualname` of a function or class (`jax.nn.relu`'s is
-    `jax._src.nn.functions.relu`), or `None` for other values."""
+    """`module.qualname` of a function or class, or `None` for other values."""
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None)
     if not (callable(value) and isinstance(qualname, str)):
@@ -139,8 +138,7 @@ def row(path: str, role: str, leaf: Any) -> Row:
 
 def _avoidable(before: Row | None, after: Row | None, seen: Collection[str]) -> bool:
     """Whether a change is the trap: a Python scalar taking a value not `seen`
-    before, or a function re-made (its text may repeat, its address being reused);
-    an argument's or the function's own (what a partial binds, a Module's field)."""
+    before, or a function re-made by the same code."""
     if before is None or after is None:
         return False
     if not before.role == after.role == "static" or before.kind is not after.kind:
@@ -184,9 +182,8 @@ def _hint(old: Row | None, new: Row | None) -> str:
 
 
 def _scalar_hint(kind: type, path: str) -> str:
-    """What to do about a Python scalar that took a new value. Tracing it is right
-    where it is only a number; where it decides the program (a count, a shape, a
-    branch) it must stay static, and tracing it breaks the function."""
+    """What to do about a Python scalar that took a new value: trace it where it is
+    only a number, keep it static where it decides the program."""
     if kind is int:
         return (
             "a Python int is static, and each new value traces anew. Where it is a "
@@ -225,8 +222,7 @@ def _changes(old: dict[str, Row], new: dict[str, Row]) -> list[Change]:
 
 
 def _threshold(module: str) -> float:
-    """The retrace-warning threshold of functions defined in `module`: its own, or
-    its package's, or the global one (infinite where disabled)."""
+    """The threshold of `module`, its package's, or the global one (or infinite)."""
     while module and module not in _thresholds:
         module = module.rpartition(".")[0]
     threshold = _thresholds[module or None]
@@ -288,11 +284,10 @@ def _remade_run(log: "TraceLog") -> int:
         return 0
     if run is not None and (cells == run.cells if cells else log.module_level):
         run.before += 1
-        run.functions.add(function)
-        return run.before
-    run = _runs[code] = _Run(log.cells)
+    else:
+        run = _runs[code] = _Run(log.cells)
     run.functions.add(function)
-    return 0
+    return run.before
 
 
 _LOG_OR_SILENCE = (
@@ -315,8 +310,7 @@ class Nearest(NamedTuple):
 
 
 class Traces:
-    """The rows of the traces an entry of the caches holds, held by that entry
-    (`Entry.traces`): dropped with it, a trace is no longer cached."""
+    """The rows of the traces a cache entry holds (`Entry.traces`): dropped with it."""
 
     __slots__ = ("rows", "__weakref__")
 
@@ -348,9 +342,8 @@ class TraceLog:
         self.function: weakref.ref[types.FunctionType] | None = None
 
     def made_for(self, fun: Any) -> None:
-        """Records that a wrapper of `fun` keeps this log: for a Python function
-        (which owns its caches, so that one made anew traces anew), its code, and
-        what tells one made anew in a loop (see `_remade_run`)."""
+        """For a Python function (one made anew has caches of its own), what tells
+        one made anew in a loop (see `_remade_run`)."""
         if self.code is None and type(fun) is types.FunctionType:
             self.code = fun.__code__
             self.cells = fun.__closure__ or ()
@@ -361,9 +354,7 @@ class TraceLog:
         """The cached trace nearest `rows` (the one with fewest leaves that differ;
         of those, the latest) and what differs; where none is cached, the latest
         trace (`cached` false); `None` before the first."""
-        return self._nearest({row.path: row for row in rows})
-
-    def _nearest(self, current: dict[str, Row]) -> "Nearest | None":
+        current = {row.path: row for row in rows}
         traces = [item for held in list(self._cached) for item in held.rows]
         traces.sort(key=lambda item: -item[0])  # the latest first
         best: Nearest | None = None
@@ -393,7 +384,7 @@ class TraceLog:
                 _warned_codes.add(self.code)
                 _warn(self._remade_message(remade, warning=True))
         if self.count > 1:
-            nearest = self._nearest(current)
+            nearest = self.nearest(rows)
             changes = [] if nearest is None else nearest.changes
             if changes and all(
                 _avoidable(b, a, self._seen.get(path, ())) for path, b, a in changes
@@ -428,15 +419,15 @@ class TraceLog:
                 "were keyed by)"
             )
         if not nearest.changes:
+            why = (
+                "JAX keyed on something else (sharding, committed device, a "
+                "jax.config setting)."
+                if nearest.cached
+                else "it traced them anew."
+            )
             return (
                 f"filter_jit: {self.name} traced again (trace {self.count}) with "
-                f"arguments like those of {against}: "
-                + (
-                    "JAX keyed on something else (sharding, committed device, a "
-                    "jax.config setting)."
-                    if nearest.cached
-                    else "it traced them anew."
-                )
+                f"arguments like those of {against}: {why}"
             )
         parts = [describe_change(change) for change in nearest.changes]
         return (
@@ -446,8 +437,7 @@ class TraceLog:
         )
 
     def _remade_message(self, in_a_row: int, warning: bool) -> str:
-        """What a trace of a function made anew by the same code as the functions
-        traced just before it says: in the warning, or in the retrace log."""
+        """The warning, or the retrace log's line, for a function made anew."""
         code = self.code
         assert code is not None  # `_remade_run` counts only functions with one
         where = f"{code.co_filename}:{code.co_firstlineno}"

@@ -42,9 +42,8 @@ _MARKER = "_EquinoxRuntimeError: "
 
 
 def traced_a_check() -> bool:
-    """Called at the end of a trace at the top level or under an eager transform:
-    whether it traced a runtime check, a `pure_callback` into Equinox, at any
-    depth (`True` where that cannot be known, so that errors are never lost)."""
+    """Whether the trace under way traced a runtime check, a `pure_callback` into
+    Equinox, at any depth (`True` where that cannot be known: no error is lost)."""
     if (eqns := _trace.current_equations()) is None:
         return True
     return any(_is_check(inner) for eqn in eqns for inner in _within(eqn))
@@ -56,7 +55,7 @@ def _within(eqn: Any) -> Iterator[Any]:
     while stack:
         eqn = stack.pop()
         yield eqn
-        values = list(eqn.params.values())  # jaxprs, in tuples and lists at any depth
+        values = list(eqn.params.values())  # jaxprs, in tuples and lists too
         while values:
             value = values.pop()
             if isinstance(value, tuple | list):
@@ -152,10 +151,9 @@ def call_checked(
     labels: Sequence[str] | None = None,
 ) -> Any:
     """`jitted(*dynamic)`, with a failed runtime check raised as
-    `equinox.EquinoxRuntimeError`. `ready(out)`: the arrays of the output to wait
-    for before returning (empty or `None` for none), so that a check that fails
-    while it runs is raised here too. `labels`: the traced arguments' names, for
-    errors in the user's terms (see `explain_failure`)."""
+    `equinox.EquinoxRuntimeError`; `ready(out)`: the arrays to wait for, so that a
+    check that fails while it runs is raised here too; `labels`: the traced
+    arguments' names, for errors in the user's terms (see `explain_failure`)."""
     # Not a context manager: one costs microseconds, on every checked call.
     _checked_calls.append(None)
     try:
@@ -218,12 +216,11 @@ def _needs_a_concrete_value(error: Exception) -> bool:
 
 
 class _Scalar(NamedTuple):
-    """A traced leaf that is a NumPy or JAX integer or bool scalar: its position
-    among the traced leaves, its name, "NumPy" or "JAX", its dtype."""
+    """A traced leaf that is a NumPy or JAX integer or bool scalar."""
 
-    position: int
+    position: int  # among the traced leaves
     label: str
-    kind: str
+    kind: str  # "NumPy" or "JAX"
     dtype: np.dtype[Any]
 
     def __str__(self) -> str:
@@ -233,12 +230,10 @@ class _Scalar(NamedTuple):
 def integer_scalars(
     labels: Sequence[str], types: Sequence[type], values: Sequence[Any]
 ) -> list[_Scalar]:
-    """The traced leaves of a top-level or eager call (named `labels`, of the
-    types `types` in the call, as `values`: themselves, or the tracers a trace of
-    the call made of them) that are NumPy or JAX integer or bool scalars, which a
-    Python int or bool in their place keeps static. Not an outer transform's
-    tracers: their values are not known outside either. A PRNG key's dtype, an
-    extended one, is not a NumPy dtype and has no `kind`."""
+    """The traced leaves of a top-level or eager call (of the types `types` in the
+    call; `values`, they or a trace's tracers of them) that are NumPy or JAX integer
+    or bool scalars: a Python int or bool in their place stays static. Not an outer
+    transform's tracers (unknown outside too), nor PRNG keys (no NumPy dtype)."""
     return [
         _Scalar(i, label, "NumPy" if issubclass(kind, NUMPY_TYPES) else "JAX", dtype)
         for i, (label, kind, value) in enumerate(zip(labels, types, values))
@@ -248,10 +243,6 @@ def integer_scalars(
         and isinstance(dtype := value.dtype, np.dtype)
         and dtype.kind in "biu"
     ]
-
-
-def _python_type(scalar: _Scalar) -> str:
-    return "bool" if scalar.dtype.kind == "b" else "int"
 
 
 # Where filter_jit traces NumPy and JAX scalars, and why: the notes' common part.
@@ -264,10 +255,9 @@ _WHERE = (
 def _note_traced_scalars(
     error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
-    """Adds to `error` (Python needed the value of a traced one: a shape, `range(n)`,
-    `if n`, an index) which traced arguments were NumPy or JAX integer or bool
-    scalars, which a Python int or bool in their place keeps static; and takes out
-    JAX's advice to use `static_argnums`."""
+    """Notes on `error` (Python needed a traced value) which traced arguments were
+    NumPy or JAX integer or bool scalars, and takes out JAX's `static_argnums`
+    advice."""
     scalars = integer_scalars(labels, list(map(type, dynamic)), dynamic)
     # JAX names the argument the failing value depends on (its parameter name in
     # the jitted function: the label made an identifier).
@@ -281,11 +271,12 @@ def _note_traced_scalars(
         error.args = (_STATIC_ARGNUMS_ADVICE.sub("", message), *error.args[1:])
     listed = "; ".join(map(str, scalars))
     first = scalars[0]
+    python_type = "bool" if first.dtype.kind == "b" else "int"
     error.add_note(
         f"filter_jit: `{name}` traces NumPy and JAX scalars as it traces arrays "
         f"{_WHERE} (here {listed}), and Python cannot use the value of a traced "
         "scalar (as a shape, in `range(n)`, `if n` or an index). Pass a Python int "
-        f"or bool instead (`{_python_type(first)}({first.label})`): it is static, "
+        f"or bool instead (`{python_type}({first.label})`): it is static, "
         "and each new value traces anew (filter_jit has no `static_argnums`: every "
         "Python scalar is static). For a loop over a traced count, use "
         "`jax.lax.fori_loop`."
@@ -311,13 +302,11 @@ def _loop_note(name: str, scalars: list[_Scalar]) -> str:
 
 
 def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) -> None:
-    """Adds to JAX's error for a `while_loop` that reverse mode cannot go through,
-    raised inside a trace of `name` at the top level or under an eager transform
-    (`jax.grad` inside the function), where the loop is a `lax.fori_loop` whose
-    bounds depend on the trace's traced integer scalars `scalars`: which ones, why
-    they were traced, and the fix. Only adds a note. Reverse mode around the call
-    (`jax.grad(f)`) transposes the loop after the call returned, unseen by
-    filterjit: that error stays JAX's."""
+    """Notes on JAX's error for a `while_loop` that reverse mode cannot go through,
+    raised inside a top-level or eager trace of `name` (`jax.grad` inside the
+    function), where it is a `lax.fori_loop` whose bounds depend on the traced
+    integer `scalars`: which ones, and the fix. (Reverse mode around the call
+    transposes the loop after it returned, unseen: that error stays JAX's.)"""
     if not scalars or not str(error).startswith(_LOOP_ERROR):
         return
     eqns = _trace.current_equations()

@@ -23,36 +23,32 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
 
     **Arguments:**
 
-    - `fun`: a `filter_jit`-wrapped function, a `filterjit.jit` one (explained
-        with `jax.jit`'s roles where it is `jax.jit`), or a plain function
-        (explained as if decorated with `filter_jit`).
+    - `fun`: a `filter_jit`-wrapped function (a method read from an instance,
+        `model.__call__`, or through its class, `Model.__call__` with the instance
+        first), a `filterjit.jit` one (with `jax.jit`'s roles where it is
+        `jax.jit`), or a plain function (as if decorated with `filter_jit`). A
+        `jax.jit` function or another library's jit wrapper is explained as
+        `filter_jit` wrapped around it, with a warning.
     - `*args`, `**kwargs`: the arguments of the call to explain.
 
     **Returns:**
 
     An `Explanation`, whose `str()` is a table with one row per leaf of the
-    arguments: its path (`params['w']`), its role (`traced`, `static`, or
-    `concrete`: an array passed through unchanged inside a staged trace), and its
-    abstract or shortened value; and whether the call would hit the cache (its
-    attributes `rows`, `level` and `cache_hit` hold the same). The roles are those
-    a call at this point would get (inside `jax.jit`, nested). A call that would
-    trace is compared with the nearest cached trace (the one that differs in the
-    fewest leaves): the table marks the rows that differ, with that trace's values,
-    and says why each traces (`misses` lists their paths).
-
-    A `jax.jit` function, or another library's jit wrapper, is explained as
-    `filter_jit` wrapped around it, with a warning.
+    arguments (a method's fields as it names them, `self.weight`, and parameters
+    left to their defaults too): its path (`params['w']`), its role (`traced`,
+    `static`, or `concrete`: an array passed through unchanged inside a staged
+    trace), and its abstract or shortened value; and whether the call would hit the
+    cache (attributes `rows`, `level` and `cache_hit`). The roles are those a call
+    at this point would get (inside `jax.jit`, nested). A call that would trace is
+    compared with the nearest cached trace (the one that differs in the fewest
+    leaves): the table marks the rows that differ, with that trace's values, and
+    says why each traces (`misses` lists their paths).
 
     **Raises:**
 
     - `TypeError`: `fun` is wrapped by `equinox.filter_jit` (explain the function
         itself, or call `filterjit.patch_equinox()` first), or the arguments do not
         fit its signature.
-
-    A decorated method may be given read from an instance
-    (`explain(model.__call__, x)`) or through its class
-    (`explain(Model.__call__, model, x)`); its fields are named as the method sees
-    them (`self.weight`), and parameters left to their defaults are listed.
 
     !!! example
 
@@ -181,10 +177,5 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
 
 def clear_caches() -> None:
     """Clears the caches of every `filter_jit`-wrapped function: the next call of
-    each traces again. Trace counts are kept.
-
-    **Returns:**
-
-    Nothing.
-    """
+    each traces again. Trace counts are kept."""
     clear_all()

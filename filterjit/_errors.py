@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import logging
 import re
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -312,9 +313,10 @@ def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) 
     eqns = _trace.current_equations()
     depends = None if eqns is None else _dependencies(eqns)
     # Where JAX says the failing loop was made (the stack it attaches as the cause).
-    made_at = _innermost_frame(error.__cause__)
-    if eqns is None or depends is None or made_at is None:
+    stack = traceback.extract_tb(getattr(error.__cause__, "__traceback__", None))
+    if eqns is None or depends is None or not stack:
         return  # unknown: no note
+    made_at = (stack[-1].filename, stack[-1].lineno)
     on: set[int] = set()
     for position, eqn in enumerate(eqns):
         if any(_is_fori_loop(e) and made_at in _lines(e) for e in _within(eqn)):
@@ -322,16 +324,6 @@ def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) 
     named = [s for s in scalars if s.position in on]
     if named:
         error.add_note(_loop_note(name, named))
-
-
-def _innermost_frame(error: BaseException | None) -> tuple[str, int] | None:
-    """The file and line of the innermost frame of `error`'s traceback, if any."""
-    traceback = None if error is None else error.__traceback__
-    found = None
-    while traceback is not None:
-        found = (traceback.tb_frame.f_code.co_filename, traceback.tb_lineno)
-        traceback = traceback.tb_next
-    return found
 
 
 def _lines(eqn: Any) -> set[tuple[str, int]]:

@@ -140,9 +140,8 @@ def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
 def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """How many times `fun` has been traced at the top level or under eager
     transforms (not nested in staged traces, nor a nested trace that a top-level
-    call reuses). Wrappers of one function with equal options share their caches,
-    as `jax.jit`'s do (`filter_jit(f)(x)` in a loop traces once), so this counts
-    over all of them.
+    call reuses), over all wrappers of one function with equal options: they share
+    their caches, as `jax.jit`'s do (`filter_jit(f)(x)` in a loop traces once).
 
     **Arguments:**
 
@@ -164,7 +163,7 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
         if (size := jit_cache_size(fun._outside)) is None:
             raise TypeError(
                 "num_traces: this version of JAX does not say how many times "
-                f"jax.jit traced {name_of(fun._function)}."
+                f"jax.jit traced {fun._record.name}."
             )
         return size
     if not isinstance(fun, FilterJitWrapper):

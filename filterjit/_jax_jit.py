@@ -87,8 +87,6 @@ class JitWrapper(Wrapper[_P, _R]):
         __call__ = level_switch(_trace.level_reader)
 
     def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
-        # Also where every leaf is a tracer: what the function returns that is not
-        # a traced array comes back unchanged, as undecorated (not as jax.jit's).
         return self._nested_wrapper()(*args, **kwargs)
 
     def _nested_wrapper(self) -> FilterJitWrapper[_P, _R]:
@@ -223,25 +221,23 @@ def jit(**jit_kwargs: Any) -> Callable[[Callable[_P, _R]], JitWrapper[_P, _R]]: 
 def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
     """`jax.jit`, whose nested calls are semantic no-ops.
 
-    Takes exactly `jax.jit`'s arguments. At the top level and under eager
-    transforms (`jax.grad`, `jax.vmap`, ... not inside a `jax.jit`), a call is a
-    call of `jax.jit(fun, **jit_kwargs)`: the same tracing, caching, errors,
-    donation and shardings, behind only a check of the trace level.
+    At the top level and under eager transforms (`jax.grad`, `jax.vmap`, ... not
+    inside a `jax.jit`), a call is a call of `jax.jit(fun, **jit_kwargs)`: the same
+    tracing, caching, errors, donation and shardings, behind a check of the level.
 
     Inside a staged trace (an outer `jax.jit`, a `lax.scan` body, ...), a call is
     `filterjit.filter_jit`'s nested call: only leaves that are tracers already are
     traced; Python values, NumPy values and concrete arrays reach `fun` unchanged,
-    so the decorator changes nothing the program computes, also where every leaf is a
-    tracer: a Python value, a string or a dict the function returns comes back as
-    it was returned. Donation, shardings and compiler options do not apply there;
-    `keep_unused` and `inline` do.
+    and what it returns that is not a traced array comes back as it was returned,
+    so the decorator changes nothing the program computes. Donation, shardings and
+    compiler options do not apply there; `keep_unused` and `inline` do.
 
     **Arguments:**
 
     - `fun`: the function to compile. Omit it to use `jit(**jit_kwargs)` as a
         decorator.
-    - `jit_kwargs`: `jax.jit`'s keyword arguments, accepted and refused by
-        `jax.jit` itself when given (also without `fun`).
+    - `jit_kwargs`: `jax.jit`'s keyword arguments, checked by `jax.jit` itself
+        (also without `fun`).
 
     **Returns:**
 

@@ -59,9 +59,8 @@ def set_retrace_warning_threshold(
         only because a Python scalar or a re-made function took a new value warns,
         once; `None` disables the warning. The default is 10, or the environment
         variable `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
-    - `module`: if given, the threshold is for the functions defined in this
-        module or its submodules alone (`"optimistix"`, say), over the global one:
-        a library can quiet its own entry points, or a user a library's.
+    - `module`: if given, the threshold of the functions defined in this module
+        or its submodules alone (`"optimistix"`, say), over the global one.
 
     !!! example
 
@@ -91,7 +90,7 @@ class Row(NamedTuple):
 Change = tuple[str, Row | None, Row | None]  # a leaf's path, its rows before and after
 
 
-def _qualified_name(value: Any) -> str | None:
+def qualified_name(value: Any) -> str | None:
     """`module.qualname` of a function or class, or `None` for other values."""
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None)
@@ -113,10 +112,10 @@ def _function_text(value: Any) -> str | None:
         receiver is None or isinstance(receiver, types.ModuleType)
     ):  # a bound method, of Python or of a builtin type
         function = getattr(value, "__func__", value)
-        name = _qualified_name(function)
+        name = qualified_name(function)
         if name is not None:
             return f"{name} of {_short_repr.repr(receiver)}"
-    return _qualified_name(value)
+    return qualified_name(value)
 
 
 def row(path: str, role: str, leaf: Any) -> Row:
@@ -234,21 +233,20 @@ def _warn(message: str) -> None:
     warnings.warn(message, RetraceWarning, stacklevel=user_frame(sys._getframe())[1])
 
 
+@dataclasses.dataclass(slots=True)
 class _Run:
     """The functions made anew in one loop by one code object traced so far: the
     ids of the latest's closure cells (a cell is not weakly referable, and holding
-    it would keep what the closure holds alive), how many were traced before it,
-    and the functions counted (one wrapped again is not one made anew)."""
+    it would keep what the closure holds alive), the cells themselves where they
+    hold only atoms (so that no later cell takes a freed one's id), how many were
+    traced before it, and the functions counted (one wrapped again is no new one)."""
 
-    __slots__ = ("cells", "before", "functions", "kept")
-
-    def __init__(self, cells: tuple[Any, ...]):
-        self.cells = tuple(map(id, cells))
-        self.before = 0
-        # Cells holding only an atom (nothing a caller frees memory by dropping),
-        # kept, so that no later cell takes a freed one's id and passes for it.
-        self.kept = cells if all(map(_holds_an_atom, cells)) else ()
-        self.functions: weakref.WeakSet[types.FunctionType] = weakref.WeakSet()
+    cells: tuple[int, ...]
+    kept: tuple[Any, ...]
+    before: int = 0
+    functions: "weakref.WeakSet[types.FunctionType]" = dataclasses.field(
+        default_factory=weakref.WeakSet
+    )
 
 
 # By code object: the latest run of functions it made anew and traced.
@@ -285,7 +283,8 @@ def _remade_run(log: "TraceLog") -> int:
     if run is not None and (cells == run.cells if cells else log.module_level):
         run.before += 1
     else:
-        run = _runs[code] = _Run(log.cells)
+        kept = log.cells if all(map(_holds_an_atom, log.cells)) else ()
+        run = _runs[code] = _Run(cells, kept)
     run.functions.add(function)
     return run.before
 
@@ -370,8 +369,7 @@ class TraceLog:
         return best
 
     def record(self, rows: list[Row], held_by: Traces | None) -> None:
-        """Called on each trace at the top level or under eager transforms, with
-        the `Traces` of the entry that keeps it (`None`: kept by none)."""
+        """Called on each top-level or eager trace, with its entry's `Traces`."""
         self.count += 1
         current = {row.path: row for row in rows}
         explain = os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1"
@@ -474,17 +472,15 @@ class TraceLog:
 
 @dataclasses.dataclass(eq=False)
 class Explanation:
-    """What a `filter_jit` call would do: one row per leaf, and whether it would
-    hit the cache; for a call that would trace, the cached trace nearest it and
-    what differs (`nearest`; `misses`, the paths). `str()` gives a table, the rows
-    that differ marked with that trace's values."""
+    """What a `filter_jit` call would do (see `filterjit.explain`): one row per
+    leaf, whether it would hit the cache, and for a call that would trace, the
+    cached trace nearest it and what differs. `str()` gives a table."""
 
     name: str
     level: str
     rows: list[Row]
     cache_hit: bool | None  # None: jax.jit's own cache decides, unseen
     decorator: str = "filter_jit"
-    # A call that would trace: the cached trace nearest it, and what differs.
     nearest: Nearest | None = None
 
     @property

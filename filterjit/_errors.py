@@ -86,9 +86,7 @@ def _dependencies(eqns: list[Any]) -> list[frozenset[int]] | None:
     inputs = _trace.current_inputs()
     if inputs is None:
         return None
-    depends: dict[Any, frozenset[int]] = {
-        v: frozenset({i}) for i, v in enumerate(inputs)
-    }
+    depends = {v: frozenset({i}) for i, v in enumerate(inputs)}
     found = []
     for eqn in eqns:
         on = frozenset().union(
@@ -105,8 +103,7 @@ _checked_calls: list[None] = []
 
 
 def _quiet(record: logging.LogRecord) -> bool:
-    """Quiets JAX's log of a failed callback while a checked call is under way: the
-    error raised at the call says all of it."""
+    """Quiets JAX's log of a failed callback while a checked call is under way."""
     return not (
         _checked_calls
         and record.name == _trace.CALLBACK_LOGGER
@@ -185,10 +182,8 @@ def _labels(
 def explain_failure(
     error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
-    """Puts the error of a top-level call of `name` (traced leaves `dynamic`, named
-    `labels`) in the user's terms: an array donated before raises an error that
-    names it and the call that donated it; an error that a traced NumPy or JAX
-    scalar caused gets a note saying to pass a Python scalar."""
+    """Puts the error of a top-level call of `name` in the user's terms: a donated
+    array (`check_not_deleted`), traced scalars Python needed (a note)."""
     check_not_deleted(error, name, labels, dynamic)
     if _needs_a_concrete_value(error):
         _note_traced_scalars(error, name, labels, dynamic)

@@ -13,6 +13,7 @@ from typing import Any
 
 import jax.tree_util as jtu
 
+from ._diagnostics import qualified_name
 from ._donated import user_frame
 from ._jit import _decorate, filter_jit
 from ._options import DonateOption, make_options
@@ -101,11 +102,7 @@ def _unwrapped(value: Any) -> Any:
 
 def _name(wrapper: Any) -> str:
     fun = getattr(wrapper, "__wrapped__", None)
-    module = getattr(fun, "__module__", None)
-    qualname = getattr(fun, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str):
-        return f"{module}.{qualname}"
-    return str(getattr(wrapper, "fn", repr(wrapper)))
+    return qualified_name(fun) or str(getattr(wrapper, "fn", repr(wrapper)))
 
 
 def _where(owner: Any, attribute: str) -> str:

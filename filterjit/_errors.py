@@ -8,7 +8,6 @@ needed, a recursion, each naming the argument and the fix."""
 
 import contextlib
 import dataclasses
-import inspect
 import logging
 import re
 import traceback
@@ -146,7 +145,7 @@ def call_checked(
     dynamic: Sequence[Any],
     name: str,
     ready: Callable[[Any], Any] | None = None,
-    labels: Sequence[str] | None = None,
+    labels: Sequence[str] = (),
 ) -> Any:
     """`jitted(*dynamic)`, with a failed runtime check raised as
     `equinox.EquinoxRuntimeError`; `ready(out)`: the arrays to wait for, so that a
@@ -161,22 +160,10 @@ def call_checked(
         return out
     except Exception as e:
         check_failed(e, name)
-        explain_failure(e, name, _labels(jitted, dynamic, labels), dynamic)
+        explain_failure(e, name, labels, dynamic)
         raise
     finally:
         _checked_calls.pop()
-
-
-def _labels(
-    jitted: Callable[..., Any], dynamic: Sequence[Any], labels: Sequence[str] | None
-) -> Sequence[str]:
-    """The traced arguments' names: `labels`, else `jitted`'s parameters'."""
-    if labels is not None and len(labels) == len(dynamic):
-        return labels
-    try:
-        return list(inspect.signature(jitted).parameters)
-    except (TypeError, ValueError):
-        return [f"<traced leaf {i}>" for i in range(len(dynamic))]
 
 
 def explain_failure(

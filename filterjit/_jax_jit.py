@@ -176,6 +176,8 @@ class JitWrapper(Wrapper[_P, _R]):
 
 
 def _as_tuple(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
     return (value,) if isinstance(value, int | str) else tuple(value)
 
 
@@ -184,21 +186,18 @@ def _static_arguments(
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """`static_argnums` and `static_argnames` as `jax.jit` infers them: where one
     alone is given, the other from the parameters that take both."""
-    numbers, names = (jit_kwargs.get(k) for k in ("static_argnums", "static_argnames"))
-    if numbers is None and names is None:
-        return (), ()
-    if numbers is not None and names is not None:
-        return _as_tuple(numbers), _as_tuple(names)
+    given = [jit_kwargs.get(k) for k in ("static_argnums", "static_argnames")]
+    numbers, names = map(_as_tuple, given)
     both = [
         (i, p.name)
         for i, p in enumerate(parameters)
         if p.kind is p.POSITIONAL_OR_KEYWORD
     ]
-    if numbers is None:
-        names = _as_tuple(names)
-        return tuple(i for i, name in both if name in names), names
-    numbers = _as_tuple(numbers)
-    return numbers, tuple(name for i, name in both if i in numbers)
+    if given[0] is None:
+        numbers = tuple(i for i, name in both if name in names)
+    elif given[1] is None:
+        names = tuple(name for i, name in both if i in numbers)
+    return numbers, names
 
 
 def _inline_as_jax_reads_it(inline: Any) -> Any:

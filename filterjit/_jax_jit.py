@@ -15,14 +15,13 @@ from ._diagnostics import Explanation, Row, row
 from ._function import Function
 from ._jit import _P, _R, FilterJitWrapper, is_module_global, Wrapper
 from ._level import Level, STAGED
-from ._options import make_options
+from ._options import make_options, UNSPECIFIED
 
 
 # The jax.jit keywords that mean the same nested. Not the others: nested, every leaf
 # not a tracer is static, nothing is donated, shardings and compiler options are the
 # outer program's.
 _NESTED_KEYWORDS = frozenset(("keep_unused", "inline", "device", "backend"))
-_NOT_GIVEN: Any = object()
 
 
 def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
@@ -217,7 +216,7 @@ def jit(fun: Callable[_P, _R], /, **jit_kwargs: Any) -> JitWrapper[_P, _R]: ...
 def jit(**jit_kwargs: Any) -> Callable[[Callable[_P, _R]], JitWrapper[_P, _R]]: ...
 
 
-def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
+def jit(fun: Any = UNSPECIFIED, /, **jit_kwargs: Any) -> Any:
     """`jax.jit`, whose nested calls are semantic no-ops.
 
     At the top level and under eager transforms (`jax.grad`, `jax.vmap`, ... not
@@ -254,7 +253,7 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
         jax.jit(jax.grad(lambda x: power(x, 3)))(2.0)  # 12.0
         ```
     """
-    if fun is _NOT_GIVEN:  # as jax.jit(**jit_kwargs): a decorator
+    if fun is UNSPECIFIED:  # as jax.jit(**jit_kwargs): a decorator
         jax.jit(**jit_kwargs)  # raises now, as jax.jit does, for an unknown keyword
         return ft.partial(jit, **jit_kwargs)
     return JitWrapper(fun, jit_kwargs)

@@ -16,7 +16,7 @@ import jax.tree_util as jtu
 from ._diagnostics import qualified_name
 from ._donated import user_frame
 from ._jit import _decorate, filter_jit
-from ._options import DonateOption, make_options
+from ._options import DonateOption, make_options, UNSPECIFIED
 from ._trace import hiding_frames
 
 
@@ -30,11 +30,8 @@ _DONATE: dict[tuple[bool, bool, bool], DonateOption] = {
 }
 
 
-_NOT_GIVEN: Any = object()
-
-
 def equinox_filter_jit(
-    fun: Any = _NOT_GIVEN, *, donate: Any = "none", **jitkwargs: Any
+    fun: Any = UNSPECIFIED, *, donate: Any = "none", **jitkwargs: Any
 ) -> Any:
     """`equinox.filter_jit` under [`filterjit.patch_equinox`][]: `filterjit.filter_jit`
     with Equinox's meaning of `donate`: "first" is the call's first argument, and
@@ -42,7 +39,7 @@ def equinox_filter_jit(
     traces them (an `eqx.Module`'s, a `jax.tree_util.Partial`'s, a Module's bound
     method's `self`; not a `functools.partial`'s, nor another class's bound
     method's, which Equinox holds static). Omit `fun` for a decorator factory."""
-    if fun is _NOT_GIVEN:
+    if fun is UNSPECIFIED:
         make_options(donate=donate, **jitkwargs)  # raises now for a bad keyword
         return ft.partial(equinox_filter_jit, donate=donate, **jitkwargs)
     if type(donate) is str and donate == "none" and fun is not None:

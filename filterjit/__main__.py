@@ -55,8 +55,10 @@ DECORATORS: tuple[tuple[str, Decorator], ...] = (
 )
 
 
-def _parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
+def main(argv: Sequence[str] | None = None) -> None:
+    """Runs every case under every decorator and prints the outcomes; with `--help`
+    (or `-h`), prints the usage instead."""
+    parser = argparse.ArgumentParser(
         prog="python -m filterjit",
         description=(
             "Shows the three ways a nested jit changes a program: each case calls "
@@ -66,12 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
         epilog="Takes no arguments: run it as `python -m filterjit`.",
     )
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Runs every case under every decorator and prints the outcomes; with `--help`
-    (or `-h`), prints the usage instead."""
-    _parser().parse_args(argv)  # exits after printing the usage, or for a bad one
+    parser.parse_args(argv)  # exits after printing the usage, or for a bad one
     width = max(len(name) for name, _ in DECORATORS)
     for title, case in CASES:
         print(title)

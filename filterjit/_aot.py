@@ -22,14 +22,14 @@ class Specialisation:
         entry, self.partition, self.dynamic, self.leaves = self._abstract(args, kwargs)
         self.jitted: Any = entry.jitted  # a `jax.jit` object
         self.statics = list(self.partition.statics(self.leaves))
-        # Where donation applies, the parameters holding arrays this call left to
-        # defaults (never donated): a call that leaves others would donate them.
         self._donates = dispatcher.options.donate != "none"
         self._defaulted = self._left_to_defaults(args, kwargs)
 
     def _left_to_defaults(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[str, ...]:
+        """Where donation applies, the parameters holding arrays a call leaves to
+        defaults (never donated): a call that leaves others would donate them."""
         if not self._donates:
             return ()
         return self._function.defaulted((len(args), *kwargs))
@@ -137,9 +137,7 @@ class Lowered:
 
     def as_text(self, dialect: str | None = None, *, debug_info: bool = False) -> str:
         """The lowered program's text, as `jax.stages.Lowered.as_text`."""
-        if debug_info:
-            return self.lowered.as_text(dialect, debug_info=True)
-        return self.lowered.as_text(dialect)
+        return self.lowered.as_text(dialect, debug_info=debug_info)
 
     def compiler_ir(self, dialect: str | None = None) -> Any:
         """The program as an MLIR module, as `jax.stages.Lowered.compiler_ir`."""
@@ -154,12 +152,9 @@ class Lowered:
     ) -> Compiled:
         """Compiles the program, as `jax.stages.Lowered.compile`. The result is
         called like the wrapped function."""
-        if device_assignment is None:
-            compiled = self.lowered.compile(compiler_options)
-        else:
-            compiled = self.lowered.compile(
-                compiler_options, device_assignment=device_assignment
-            )
+        compiled = self.lowered.compile(
+            compiler_options, device_assignment=device_assignment
+        )
         return Compiled(compiled, self._specialisation)
 
 
@@ -211,8 +206,7 @@ class Traced:
                 "Use `filterjit.export(f)(*args)`: its result's `.exported` is the "
                 "jax.export.Exported of the array leaves."
             )
-        if lowering_platforms is None:
-            lowered = self.traced.lower()
-        else:
-            lowered = self.traced.lower(lowering_platforms=tuple(lowering_platforms))
-        return Lowered(lowered, self._specialisation)
+        platforms = None if lowering_platforms is None else tuple(lowering_platforms)
+        return Lowered(
+            self.traced.lower(lowering_platforms=platforms), self._specialisation
+        )

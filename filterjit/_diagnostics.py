@@ -9,18 +9,17 @@ import sys
 import types
 import warnings
 import weakref
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from typing import Any, NamedTuple
 
-import equinox as eqx
 import jax
-import jax.tree_util as jtu
-import numpy as np
 
-from ._function import Function, is_partial, is_partial_type, unwrapped
-from ._leaves import compares_elementwise, is_array, NUMPY_TYPES, weakly_keyed
-from ._partition import Partition
-from ._structure import PyTreeDef
+from ._donated import user_frame
+
+# Re-exported for `_dispatch`, which is to import them from `_errors`.
+from ._errors import check_traceable as check_traceable, key_error as key_error
+from ._function import is_partial, is_partial_type, unwrapped
+from ._leaves import is_array, weakly_keyed
 
 
 logger = logging.getLogger("filterjit")
@@ -39,18 +38,14 @@ class RetraceWarning(UserWarning):
     """Emitted once per decorated function traced again more times in a row than
     the threshold of `filterjit.set_retrace_warning_threshold` (10 unless changed)
     only because a Python scalar, or a function made anew by the same code (a
-    lambda or closure made on every call), took a new value. It names that argument.
+    lambda or closure made on every call), took a new value; it names that argument.
     Also emitted, once per piece of code, where more functions than the threshold
-    made anew by that code in one loop were traced one after another, each by a
-    wrapper of its own (`for c in cs: filter_jit(lambda x: x + c)(x)`): it names
-    what the function closes over.
+    made anew by that code in one loop were each traced by a wrapper of its own
+    (`for c in cs: filter_jit(lambda x: x + c)(x)`); it names what they close over.
 
-    Not emitted for the wrappers that [`filterjit.patch_equinox`][] makes (Equinox's
-    give none); their retraces are logged where asked for.
-
-    Traces for new shapes, dtypes, structures, strings or other functions are the
-    ordinary work of a library's entry point: they do not count, and they end a run
-    of avoidable retraces."""
+    Not emitted for the wrappers of [`filterjit.patch_equinox`][] (Equinox's give
+    none). Traces for new shapes, dtypes, structures, strings or other functions do
+    not count, and end a run of avoidable retraces."""
 
 
 def set_retrace_warning_threshold(
@@ -64,13 +59,8 @@ def set_retrace_warning_threshold(
         only because a Python scalar or a re-made function took a new value warns,
         once; `None` disables the warning. The default is 10, or the environment
         variable `FILTERJIT_RETRACE_WARNING_THRESHOLD`.
-    - `module`: if given, the threshold is for the functions defined in this
-        module or its submodules alone (`"optimistix"`, say), over the global one:
-        a library can quiet its own entry points, or a user a library's.
-
-    **Returns:**
-
-    Nothing.
+    - `module`: if given, the threshold of the functions defined in this module
+        or its submodules alone (`"optimistix"`, say), over the global one.
 
     !!! example
 
@@ -84,26 +74,6 @@ def set_retrace_warning_threshold(
             f"got {threshold!r}."
         )
     _thresholds[module] = threshold
-
-
-_INTERNAL = tuple(os.path.dirname(os.path.abspath(f)) for f in (__file__, jax.__file__))
-
-
-def find_static_array_field(value: Any, label: str) -> str | None:
-    """The path to the first static field of an `eqx.Module` inside `value` that
-    holds an array (the structure cannot compare: `==` gives arrays), or `None`."""
-    is_module = lambda x: isinstance(x, eqx.Module)  # noqa: E731
-    for path, module in jtu.tree_flatten_with_path(value, is_leaf=is_module)[0]:
-        for field in dataclasses.fields(module) if is_module(module) else ():
-            child = getattr(module, field.name, None)
-            child_label = f"{label}{jtu.keystr(path)}.{field.name}"
-            if field.metadata.get("static", False):
-                leaves = jtu.tree_leaves(child)
-                if any(map(compares_elementwise, leaves)):
-                    return child_label
-            elif found := find_static_array_field(child, child_label):
-                return found
-    return None
 
 
 class Row(NamedTuple):
@@ -120,9 +90,8 @@ class Row(NamedTuple):
 Change = tuple[str, Row | None, Row | None]  # a leaf's path, its rows before and after
 
 
-def _qualified_name(value: Any) -> str | None:
-    """`module.qualname` of a function or class (`jax.nn.relu`'s is
-    `jax._src.nn.functions.relu`), or `None` for other values."""
+def qualified_name(value: Any) -> str | None:
+    """`module.qualname` of a function or class, or `None` for other values."""
     module = getattr(value, "__module__", None)
     qualname = getattr(value, "__qualname__", None)
     if not (callable(value) and isinstance(qualname, str)):
@@ -143,10 +112,10 @@ def _function_text(value: Any) -> str | None:
         receiver is None or isinstance(receiver, types.ModuleType)
     ):  # a bound method, of Python or of a builtin type
         function = getattr(value, "__func__", value)
-        name = _qualified_name(function)
+        name = qualified_name(function)
         if name is not None:
             return f"{name} of {_short_repr.repr(receiver)}"
-    return _qualified_name(value)
+    return qualified_name(value)
 
 
 def row(path: str, role: str, leaf: Any) -> Row:
@@ -168,8 +137,7 @@ def row(path: str, role: str, leaf: Any) -> Row:
 
 def _avoidable(before: Row | None, after: Row | None, seen: Collection[str]) -> bool:
     """Whether a change is the trap: a Python scalar taking a value not `seen`
-    before, or a function re-made (its text may repeat, its address being reused);
-    an argument's or the function's own (what a partial binds, a Module's field)."""
+    before, or a function re-made by the same code."""
     if before is None or after is None:
         return False
     if not before.role == after.role == "static" or before.kind is not after.kind:
@@ -213,9 +181,8 @@ def _hint(old: Row | None, new: Row | None) -> str:
 
 
 def _scalar_hint(kind: type, path: str) -> str:
-    """What to do about a Python scalar that took a new value. Tracing it is right
-    where it is only a number; where it decides the program (a count, a shape, a
-    branch) it must stay static, and tracing it breaks the function."""
+    """What to do about a Python scalar that took a new value: trace it where it is
+    only a number, keep it static where it decides the program."""
     if kind is int:
         return (
             "a Python int is static, and each new value traces anew. Where it is a "
@@ -254,8 +221,7 @@ def _changes(old: dict[str, Row], new: dict[str, Row]) -> list[Change]:
 
 
 def _threshold(module: str) -> float:
-    """The retrace-warning threshold of functions defined in `module`: its own, or
-    its package's, or the global one (infinite where disabled)."""
+    """The threshold of `module`, its package's, or the global one (or infinite)."""
     while module and module not in _thresholds:
         module = module.rpartition(".")[0]
     threshold = _thresholds[module or None]
@@ -263,38 +229,28 @@ def _threshold(module: str) -> float:
 
 
 def _warn(message: str) -> None:
-    """Emits a `RetraceWarning` at the first frame outside filterjit and JAX: the
-    user's call that traced."""
-    frame, depth = sys._getframe(), 1
-    while frame.f_back and frame.f_code.co_filename.startswith(_INTERNAL):
-        frame, depth = frame.f_back, depth + 1
-    warnings.warn(message, RetraceWarning, stacklevel=depth)
+    """Emits a `RetraceWarning` at the user's call that traced."""
+    warnings.warn(message, RetraceWarning, stacklevel=user_frame(sys._getframe())[1])
 
 
+@dataclasses.dataclass(slots=True)
 class _Run:
     """The functions made anew in one loop by one code object traced so far: the
-    ids of the latest's closure cells (ids: a cell is not weakly referable, and
-    holding it would keep what the closure holds alive), and how many were traced
-    before it."""
+    ids of the latest's closure cells (a cell is not weakly referable, and holding
+    it would keep what the closure holds alive), the cells themselves where they
+    hold only atoms (so that no later cell takes a freed one's id), how many were
+    traced before it, and the functions counted (one wrapped again is no new one)."""
 
-    __slots__ = ("cells", "before", "functions", "kept")
-
-    def __init__(self, cells: tuple[Any, ...]):
-        self.cells = tuple(map(id, cells))
-        self.before = 0
-        # Cells that hold only a Python number, string or `None` (nothing a caller
-        # frees memory by dropping), kept, so that another call's cells cannot take
-        # their ids (a freed cell's is reused at once) and pass for them.
-        self.kept = cells if all(map(_holds_an_atom, cells)) else ()
-        # The functions counted (one wrapped again, with a trace log of its own, is
-        # not one made anew).
-        self.functions: weakref.WeakSet[types.FunctionType] = weakref.WeakSet()
+    cells: tuple[int, ...]
+    kept: tuple[Any, ...]
+    before: int = 0
+    functions: "weakref.WeakSet[types.FunctionType]" = dataclasses.field(
+        default_factory=weakref.WeakSet
+    )
 
 
 # By code object: the latest run of functions it made anew and traced.
 _runs: "weakref.WeakKeyDictionary[types.CodeType, _Run]" = weakref.WeakKeyDictionary()
-
-# Codes warned about: once each.
 _warned_codes: "weakref.WeakSet[types.CodeType]" = weakref.WeakSet()
 
 
@@ -309,18 +265,13 @@ def _holds_an_atom(cell: Any) -> bool:
 
 
 def _remade_run(log: "TraceLog") -> int:
-    """Called on each trace at the top level or under eager transforms, of the
-    function of `log`: on its first, how many functions made by the same code in
-    one run of it (a loop) were traced before it, each for the first time (0 for a
-    function made otherwise, which starts a new run, and for any other trace).
+    """On the first trace of `log`'s function, how many functions made by the same
+    code in one run of it (a loop) were traced before it, each for the first time;
+    0 for any other trace, and for a function made otherwise (it starts a new run).
 
-    In one run of the code that makes them, functions are made by a module's code
-    (a script's, a notebook cell's, the REPL's: one run), or share closure cells,
-    which belong to the one call of the function that made them. Functions made by
-    separate calls (a test parametrized over cases) have cells of their own, and
-    are not counted. (Cells are compared by id: a run keeps those it recorded that
-    hold only Python numbers, strings or `None`, so that no later call's cell takes
-    one's id; others, while their loop runs, are alive anyway.)"""
+    Functions made in one run are made by a module's code (a script, a notebook
+    cell, the REPL), or share closure cells, which belong to the one call that made
+    them; functions made by separate calls (a parametrized test) are not counted."""
     code = log.code
     function = None if log.function is None else log.function()
     if log.count != 1 or code is None or function is None:
@@ -331,13 +282,19 @@ def _remade_run(log: "TraceLog") -> int:
         return 0
     if run is not None and (cells == run.cells if cells else log.module_level):
         run.before += 1
-        run.functions.add(function)
-        return run.before
-    run = _runs[code] = _Run(log.cells)
+    else:
+        kept = log.cells if all(map(_holds_an_atom, log.cells)) else ()
+        run = _runs[code] = _Run(cells, kept)
     run.functions.add(function)
-    return 0
+    return run.before
 
 
+_LOG_OR_SILENCE = (
+    "Set FILTERJIT_EXPLAIN_RETRACES=1 (or jax_explain_cache_misses) to log every "
+    "retrace to the 'filterjit' logger; "
+    "filterjit.set_retrace_warning_threshold(None, module=...) silences this "
+    "warning for one library."
+)
 _MAX_SEEN = 64  # values remembered per static argument, for the RetraceWarning
 # Cached traces compared with a new one (the latest), to find the nearest.
 _MAX_COMPARED = 1024
@@ -352,8 +309,7 @@ class Nearest(NamedTuple):
 
 
 class Traces:
-    """The rows of the traces an entry of the caches holds, held by that entry
-    (`Entry.traces`): dropped with it, a trace is no longer cached."""
+    """The rows of the traces a cache entry holds (`Entry.traces`): dropped with it."""
 
     __slots__ = ("rows", "__weakref__")
 
@@ -369,8 +325,7 @@ class TraceLog:
         self.module = module
         self.count = 0
         self.in_a_row = 0  # avoidable retraces since the last that was not one
-        # The traces still cached, held by the entries that hold them; and the
-        # latest, cached or not (for a call with none cached).
+        # The traces still cached (held by their entries), and the latest.
         self._cached: weakref.WeakSet[Traces] = weakref.WeakSet()
         self._latest: tuple[int, dict[str, Row]] | None = None
         # The values each static argument has had: one seen before is no trap.
@@ -378,20 +333,16 @@ class TraceLog:
         self._change_counts: collections.Counter[str] = collections.Counter()
         self._hints: dict[str, str] = {}
         self._warned = False
-        # False: no RetraceWarning (the retrace log stays): the wrappers that
-        # `patch_equinox()` makes, as Equinox's own give none.
-        self.warns = True
-        # The code of the function, where it is one that owns its caches: another
-        # function made by the same code (a lambda made anew) has its own log.
+        self.warns = True  # False for `patch_equinox()`'s wrappers (logged only)
+        # A Python function's own (see `made_for`).
         self.code: types.CodeType | None = None
-        self.cells: tuple[Any, ...] = ()  # its closure's cells (the function's own)
+        self.cells: tuple[Any, ...] = ()
         self.module_level = False  # made by a module's code (a script, a notebook)
         self.function: weakref.ref[types.FunctionType] | None = None
 
     def made_for(self, fun: Any) -> None:
-        """Records that a wrapper of `fun` keeps this log: for a Python function
-        (which owns its caches, so that one made anew traces anew), its code, and
-        what tells one made anew in a loop (see `_remade_run`)."""
+        """For a Python function (one made anew has caches of its own), what tells
+        one made anew in a loop (see `_remade_run`)."""
         if self.code is None and type(fun) is types.FunctionType:
             self.code = fun.__code__
             self.cells = fun.__closure__ or ()
@@ -402,9 +353,7 @@ class TraceLog:
         """The cached trace nearest `rows` (the one with fewest leaves that differ;
         of those, the latest) and what differs; where none is cached, the latest
         trace (`cached` false); `None` before the first."""
-        return self._nearest({row.path: row for row in rows})
-
-    def _nearest(self, current: dict[str, Row]) -> "Nearest | None":
+        current = {row.path: row for row in rows}
         traces = [item for held in list(self._cached) for item in held.rows]
         traces.sort(key=lambda item: -item[0])  # the latest first
         best: Nearest | None = None
@@ -420,8 +369,7 @@ class TraceLog:
         return best
 
     def record(self, rows: list[Row], held_by: Traces | None) -> None:
-        """Called on each trace at the top level or under eager transforms, with
-        the `Traces` of the entry that keeps it (`None`: kept by none)."""
+        """Called on each top-level or eager trace, with its entry's `Traces`."""
         self.count += 1
         current = {row.path: row for row in rows}
         explain = os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1"
@@ -434,7 +382,7 @@ class TraceLog:
                 _warned_codes.add(self.code)
                 _warn(self._remade_message(remade, warning=True))
         if self.count > 1:
-            nearest = self._nearest(current)
+            nearest = self.nearest(rows)
             changes = [] if nearest is None else nearest.changes
             if changes and all(
                 _avoidable(b, a, self._seen.get(path, ())) for path, b, a in changes
@@ -469,15 +417,15 @@ class TraceLog:
                 "were keyed by)"
             )
         if not nearest.changes:
+            why = (
+                "JAX keyed on something else (sharding, committed device, a "
+                "jax.config setting)."
+                if nearest.cached
+                else "it traced them anew."
+            )
             return (
                 f"filter_jit: {self.name} traced again (trace {self.count}) with "
-                f"arguments like those of {against}: "
-                + (
-                    "JAX keyed on something else (sharding, committed device, a "
-                    "jax.config setting)."
-                    if nearest.cached
-                    else "it traced them anew."
-                )
+                f"arguments like those of {against}: {why}"
             )
         parts = [describe_change(change) for change in nearest.changes]
         return (
@@ -487,8 +435,7 @@ class TraceLog:
         )
 
     def _remade_message(self, in_a_row: int, warning: bool) -> str:
-        """What a trace of a function made anew by the same code as the functions
-        traced just before it says: in the warning, or in the retrace log."""
+        """The warning, or the retrace log's line, for a function made anew."""
         code = self.code
         assert code is not None  # `_remade_run` counts only functions with one
         where = f"{code.co_filename}:{code.co_firstlineno}"
@@ -512,41 +459,28 @@ class TraceLog:
             "new function, with caches of its own, and is traced anew. To trace it "
             f"once, {advice}."
         )
-        if warning:
-            message += (
-                " Set FILTERJIT_EXPLAIN_RETRACES=1 (or jax_explain_cache_misses) to "
-                "log every retrace to the 'filterjit' logger; "
-                "filterjit.set_retrace_warning_threshold(None, module=...) silences "
-                "this warning for one library."
-            )
-        return message
+        return f"{message} {_LOG_OR_SILENCE}" if warning else message
 
     def _warning_message(self) -> str:
         path, times = self._change_counts.most_common(1)[0]
         return (
             f"filter_jit: {self.name} has been traced {self.count} times, the last "
             f"{self.in_a_row} only because a static value took a new value; `{path}` "
-            f"changed in {times} of them ({self._hints[path]}). Set "
-            "FILTERJIT_EXPLAIN_RETRACES=1 (or jax_explain_cache_misses) to log every "
-            "retrace to the 'filterjit' logger; "
-            "filterjit.set_retrace_warning_threshold(None, module=...) silences this "
-            "warning for one library."
+            f"changed in {times} of them ({self._hints[path]}). {_LOG_OR_SILENCE}"
         )
 
 
 @dataclasses.dataclass(eq=False)
 class Explanation:
-    """What a `filter_jit` call would do: one row per leaf, and whether it would
-    hit the cache; for a call that would trace, the cached trace nearest it and
-    what differs (`nearest`; `misses`, the paths). `str()` gives a table, the rows
-    that differ marked with that trace's values."""
+    """What a `filter_jit` call would do (see `filterjit.explain`): one row per
+    leaf, whether it would hit the cache, and for a call that would trace, the
+    cached trace nearest it and what differs. `str()` gives a table."""
 
     name: str
     level: str
     rows: list[Row]
     cache_hit: bool | None  # None: jax.jit's own cache decides, unseen
     decorator: str = "filter_jit"
-    # A call that would trace: the cached trace nearest it, and what differs.
     nearest: Nearest | None = None
 
     @property
@@ -591,79 +525,3 @@ class Explanation:
         return "\n".join([title, *lines, *(["why:", *notes] if notes else [])])
 
     __repr__ = __str__
-
-
-def _hash_and_eq_fail(key: Any) -> bool:
-    try:
-        hash(key)
-        return not isinstance(key == key, bool)
-    except Exception:
-        return True
-
-
-def key_error(
-    function: Function,
-    fun: Any,
-    leaves: list[Any],
-    treedef: PyTreeDef,
-    partition: Partition | None,
-    error: Exception,
-) -> TypeError:
-    """The error for a failed cache lookup: whose hash or `==` failed, what to do."""
-    name = function.name
-    if partition is None:
-        # No leaf failed, but a node's auxiliary data (a static field, say).
-        _, args, kwargs = function.split_call(fun, jtu.tree_unflatten(treedef, leaves))
-        for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:
-            label = name if where is None else function._parameter(where)[1]
-            if (field := find_static_array_field(value, label)) is not None:
-                return TypeError(
-                    f"{name}(): `{field}` is a static field (`eqx.field(static=True)`) "
-                    "holding an array. Static fields are compared with `==` to find "
-                    "cached traces, and arrays cannot be. Make it a regular field so "
-                    "that it is traced, or hold a hashable value (a tuple, say)."
-                )
-            if _hash_and_eq_fail(jtu.tree_structure(value)):
-                return TypeError(
-                    f"{name}(): the pytree structure of argument `{label}` cannot be "
-                    f"hashed or compared ({error}). A static field "
-                    "(`eqx.field(static=True)`) or other pytree auxiliary data holds "
-                    "such a value. Make it hashable (a tuple rather than a list, "
-                    "say), or make it a regular field so that it is traced."
-                )
-    else:
-        for position, key in zip(partition.static_positions, partition.statics(leaves)):
-            if _hash_and_eq_fail(key):
-                label = function.leaf_parameters(treedef)[position].label
-                kind = type(leaves[position]).__qualname__
-                return TypeError(
-                    f"{name}(): argument `{label}` is a static value of type `{kind}` "
-                    f"that cannot be hashed or compared ({type(error).__name__}: "
-                    f"{error}). filter_jit keys its cache on every non-array leaf, so "
-                    "static values must be hashable and `==` must return a bool. Pass "
-                    "such a value instead (a tuple rather than a list, say), or make "
-                    "it an array (`jnp.asarray(...)`) so that it is traced."
-                )
-    return TypeError(
-        f"{name}(): looking up the cache for this call failed "
-        f"({type(error).__name__}: {error})."
-    )
-
-
-def check_traceable(
-    name: str, labels: list[str], leaves: list[Any], positions: Iterable[int]
-) -> None:
-    """Raises, naming the argument, for a NumPy array to trace that JAX cannot."""
-    for position in positions:
-        leaf = leaves[position]
-        # Objects, strings, dates, np.void (not ml_dtypes' kind "V": JAX traces it).
-        if isinstance(leaf, NUMPY_TYPES) and (
-            leaf.dtype.kind in "OSUMm" or leaf.dtype.type is np.void
-        ):
-            raise TypeError(
-                f"{name}(): argument `{labels[position]}` is a NumPy array of dtype "
-                f"{leaf.dtype}, which cannot be traced, and filter_jit traces every "
-                "NumPy array. Pass its values as a tuple of Python values (static: "
-                "each new value traces anew), or encode them as numbers (an array "
-                "of indices, say) so that they are traced."
-            )

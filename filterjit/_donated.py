@@ -1,11 +1,11 @@
-"""Arrays that a call donated: a weak record of each, so that passing one again
-raises an error naming the parameter and the call that donated it. Only calls of
-functions that donate record anything; the record is read only when JAX has
-refused a call's deleted buffer."""
+"""Arrays that a call donated: a weak record of each (made only by calls that
+donate, read only when JAX refused a deleted buffer), so that passing one again
+raises an error naming the parameter and the call that donated it."""
 
 import itertools
 import os
 import sys
+import types
 import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -28,28 +28,29 @@ _records: dict[int, tuple[Any, str, tuple[str, str]]] = {}
 _MAX_RECORDS = 1 << 16
 _ref = weakref.ref
 
-_package_dir = os.path.dirname(os.path.abspath(__file__))
-# Frames that are not the user's: filterjit's, JAX's, and those of the wrappers
-# that runtime type checkers put around functions (jaxtyping's, beartype's).
-_INTERNAL = (_package_dir, os.path.dirname(os.path.abspath(jax.__file__)), "<@")
+
+# Frames that are not the user's: filterjit's, JAX's, and the wrappers that runtime
+# type checkers (jaxtyping's import hook, beartype) put around functions.
+_INTERNAL = (*map(os.path.dirname, (__file__, jax.__file__)), "<@")
 _CHECKERS = ("jaxtyping", "beartype")
 
 
-def _caller() -> str:
-    """`file:line` of the first frame outside filterjit and JAX: the user's call."""
-    frame = sys._getframe(1)
+def user_frame(frame: types.FrameType) -> tuple[types.FrameType, int]:
+    """The first frame from `frame` outwards that is the user's, and the
+    `stacklevel` that points a warning raised in `frame` at it."""
+    level = 1
     while frame.f_back is not None and (
         frame.f_code.co_filename.startswith(_INTERNAL)
         or str(frame.f_globals.get("__name__", "")).startswith(_CHECKERS)
     ):
-        frame = frame.f_back
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame, level = frame.f_back, level + 1
+    return frame, level
 
 
 def record(arrays: Sequence[Any], function: str, labels: Sequence[str]) -> None:
-    """Notes that a call of `function` donated `arrays`, passed as `labels`. About
-    0.1-0.2 µs an array: only calls that donate pay it."""
-    call = (function, _caller())
+    """Notes that a call of `function` donated `arrays`, passed as `labels`."""
+    frame, _ = user_frame(sys._getframe())
+    call = (function, f"{frame.f_code.co_filename}:{frame.f_lineno}")
     records = _records
     for array, label in zip(arrays, labels):
         records[id(array)] = (_ref(array), label, call)
@@ -77,10 +78,8 @@ def _is_deleted(leaf: Any) -> bool:
 def check_not_deleted(
     error: BaseException, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
-    """Raises, naming the argument, where `error` is JAX refusing a buffer that was
-    deleted or donated and one of the traced leaves `dynamic` is such an array.
-    (JAX's words for it differ by backend: "deleted" on a CPU, "Donation requested
-    for invalid buffer" on a TPU; a deleted argument is the cause wherever.)"""
+    """Raises, naming the argument, where `error` is JAX refusing a buffer and one
+    of the traced leaves `dynamic` is deleted (JAX's words differ by backend)."""
     if not isinstance(error, ValueError | RuntimeError):
         return
     for label, leaf in zip(labels, dynamic):
@@ -95,8 +94,7 @@ def check_not_deleted(
         else:
             cause = (
                 f"was donated by an earlier call of `{donation.function}` at "
-                f"{donation.where}, "
-                f"through its parameter `{donation.parameter}`"
+                f"{donation.where}, through its parameter `{donation.parameter}`"
             )
         raise ValueError(
             f"{name}(): argument `{label}` is an array that {cause}: its buffer now "

@@ -1,18 +1,22 @@
-"""Runtime checks (`eqx.error_if`, `eqx.branched_error_if`): a failed check raises
-`equinox.EquinoxRuntimeError` at the call, worded as inside `equinox.filter_jit`;
-only calls whose trace holds a check block until their result is ready. The only
-module that reads Equinox's private state (the latest failed check's message and
-frames, its error's wording), with a fallback to JAX's error."""
+"""Errors in the user's terms. Runtime checks (`eqx.error_if`,
+`eqx.branched_error_if`): a failed check raises `equinox.EquinoxRuntimeError` at the
+call, worded as inside `equinox.filter_jit`; only calls whose trace holds a check
+block until their result is ready. The only module that reads Equinox's private
+state (the latest failed check's message and frames), with a fallback to JAX's
+error. Also: a failed cache lookup, an untraceable NumPy array, traced scalars Python
+needed, a recursion, each naming the argument and the fix."""
 
 import contextlib
-import inspect
+import dataclasses
 import logging
 import re
-from collections.abc import Callable, Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax.extend.core
+import jax.tree_util as jtu
 import numpy as np
 from jax.core import Tracer
 from jax.errors import (
@@ -27,7 +31,10 @@ from jax.extend.core.primitives import while_p
 
 from . import _trace
 from ._donated import check_not_deleted
-from ._leaves import is_array, NUMPY_TYPES
+from ._function import Function
+from ._leaves import compares_elementwise, is_array, NUMPY_TYPES
+from ._partition import Partition
+from ._structure import PyTreeDef
 
 
 # Equinox's callback raises an exception of this name; JAX's error quotes it.
@@ -35,9 +42,8 @@ _MARKER = "_EquinoxRuntimeError: "
 
 
 def traced_a_check() -> bool:
-    """Called at the end of a trace at the top level or under an eager transform:
-    whether it traced a runtime check, a `pure_callback` into Equinox, at any
-    depth (`True` where that cannot be known, so that errors are never lost)."""
+    """Whether the trace under way traced a runtime check, a `pure_callback` into
+    Equinox, at any depth (`True` where that cannot be known: no error is lost)."""
     if (eqns := _trace.current_equations()) is None:
         return True
     return any(_is_check(inner) for eqn in eqns for inner in _within(eqn))
@@ -49,7 +55,7 @@ def _within(eqn: Any) -> Iterator[Any]:
     while stack:
         eqn = stack.pop()
         yield eqn
-        values = list(eqn.params.values())  # jaxprs, in tuples and lists at any depth
+        values = list(eqn.params.values())  # jaxprs, in tuples and lists too
         while values:
             value = values.pop()
             if isinstance(value, tuple | list):
@@ -79,9 +85,7 @@ def _dependencies(eqns: list[Any]) -> list[frozenset[int]] | None:
     inputs = _trace.current_inputs()
     if inputs is None:
         return None
-    depends: dict[Any, frozenset[int]] = {
-        v: frozenset({i}) for i, v in enumerate(inputs)
-    }
+    depends = {v: frozenset({i}) for i, v in enumerate(inputs)}
     found = []
     for eqn in eqns:
         on = frozenset().union(
@@ -98,8 +102,7 @@ _checked_calls: list[None] = []
 
 
 def _quiet(record: logging.LogRecord) -> bool:
-    """Quiets JAX's log of a failed callback while a checked call is under way: the
-    error raised at the call says all of it."""
+    """Quiets JAX's log of a failed callback while a checked call is under way."""
     return not (
         _checked_calls
         and record.name == _trace.CALLBACK_LOGGER
@@ -142,13 +145,12 @@ def call_checked(
     dynamic: Sequence[Any],
     name: str,
     ready: Callable[[Any], Any] | None = None,
-    labels: Sequence[str] | None = None,
+    labels: Sequence[str] = (),
 ) -> Any:
     """`jitted(*dynamic)`, with a failed runtime check raised as
-    `equinox.EquinoxRuntimeError`. `ready(out)`: the arrays of the output to wait
-    for before returning (empty or `None` for none), so that a check that fails
-    while it runs is raised here too. `labels`: the traced arguments' names, for
-    errors in the user's terms (see `explain_failure`)."""
+    `equinox.EquinoxRuntimeError`; `ready(out)`: the arrays to wait for, so that a
+    check that fails while it runs is raised here too; `labels`: the traced
+    arguments' names, for errors in the user's terms (see `explain_failure`)."""
     # Not a context manager: one costs microseconds, on every checked call.
     _checked_calls.append(None)
     try:
@@ -158,31 +160,17 @@ def call_checked(
         return out
     except Exception as e:
         check_failed(e, name)
-        explain_failure(e, name, _labels(jitted, dynamic, labels), dynamic)
+        explain_failure(e, name, labels, dynamic)
         raise
     finally:
         _checked_calls.pop()
 
 
-def _labels(
-    jitted: Callable[..., Any], dynamic: Sequence[Any], labels: Sequence[str] | None
-) -> Sequence[str]:
-    """The traced arguments' names: `labels`, else `jitted`'s parameters'."""
-    if labels is not None and len(labels) == len(dynamic):
-        return labels
-    try:
-        return list(inspect.signature(jitted).parameters)
-    except (TypeError, ValueError):
-        return [f"<traced leaf {i}>" for i in range(len(dynamic))]
-
-
 def explain_failure(
     error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
-    """Puts the error of a top-level call of `name` (traced leaves `dynamic`, named
-    `labels`) in the user's terms: an array donated before raises an error that
-    names it and the call that donated it; an error that a traced NumPy or JAX
-    scalar caused gets a note saying to pass a Python scalar."""
+    """Puts the error of a top-level call of `name` in the user's terms: a donated
+    array (`check_not_deleted`), traced scalars Python needed (a note)."""
     check_not_deleted(error, name, labels, dynamic)
     if _needs_a_concrete_value(error):
         _note_traced_scalars(error, name, labels, dynamic)
@@ -211,12 +199,11 @@ def _needs_a_concrete_value(error: Exception) -> bool:
 
 
 class _Scalar(NamedTuple):
-    """A traced leaf that is a NumPy or JAX integer or bool scalar: its position
-    among the traced leaves, its name, "NumPy" or "JAX", its dtype."""
+    """A traced leaf that is a NumPy or JAX integer or bool scalar."""
 
-    position: int
+    position: int  # among the traced leaves
     label: str
-    kind: str
+    kind: str  # "NumPy" or "JAX"
     dtype: np.dtype[Any]
 
     def __str__(self) -> str:
@@ -226,12 +213,10 @@ class _Scalar(NamedTuple):
 def integer_scalars(
     labels: Sequence[str], types: Sequence[type], values: Sequence[Any]
 ) -> list[_Scalar]:
-    """The traced leaves of a top-level or eager call (named `labels`, of the
-    types `types` in the call, as `values`: themselves, or the tracers a trace of
-    the call made of them) that are NumPy or JAX integer or bool scalars, which a
-    Python int or bool in their place keeps static. Not an outer transform's
-    tracers: their values are not known outside either. A PRNG key's dtype, an
-    extended one, is not a NumPy dtype and has no `kind`."""
+    """The traced leaves of a top-level or eager call (of the types `types` in the
+    call; `values`, they or a trace's tracers of them) that are NumPy or JAX integer
+    or bool scalars: a Python int or bool in their place stays static. Not an outer
+    transform's tracers (unknown outside too), nor PRNG keys (no NumPy dtype)."""
     return [
         _Scalar(i, label, "NumPy" if issubclass(kind, NUMPY_TYPES) else "JAX", dtype)
         for i, (label, kind, value) in enumerate(zip(labels, types, values))
@@ -241,10 +226,6 @@ def integer_scalars(
         and isinstance(dtype := value.dtype, np.dtype)
         and dtype.kind in "biu"
     ]
-
-
-def _python_type(scalar: _Scalar) -> str:
-    return "bool" if scalar.dtype.kind == "b" else "int"
 
 
 # Where filter_jit traces NumPy and JAX scalars, and why: the notes' common part.
@@ -257,10 +238,9 @@ _WHERE = (
 def _note_traced_scalars(
     error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
-    """Adds to `error` (Python needed the value of a traced one: a shape, `range(n)`,
-    `if n`, an index) which traced arguments were NumPy or JAX integer or bool
-    scalars, which a Python int or bool in their place keeps static; and takes out
-    JAX's advice to use `static_argnums`."""
+    """Notes on `error` (Python needed a traced value) which traced arguments were
+    NumPy or JAX integer or bool scalars, and takes out JAX's `static_argnums`
+    advice."""
     scalars = integer_scalars(labels, list(map(type, dynamic)), dynamic)
     # JAX names the argument the failing value depends on (its parameter name in
     # the jitted function: the label made an identifier).
@@ -274,11 +254,12 @@ def _note_traced_scalars(
         error.args = (_STATIC_ARGNUMS_ADVICE.sub("", message), *error.args[1:])
     listed = "; ".join(map(str, scalars))
     first = scalars[0]
+    python_type = "bool" if first.dtype.kind == "b" else "int"
     error.add_note(
         f"filter_jit: `{name}` traces NumPy and JAX scalars as it traces arrays "
         f"{_WHERE} (here {listed}), and Python cannot use the value of a traced "
         "scalar (as a shape, in `range(n)`, `if n` or an index). Pass a Python int "
-        f"or bool instead (`{_python_type(first)}({first.label})`): it is static, "
+        f"or bool instead (`{python_type}({first.label})`): it is static, "
         "and each new value traces anew (filter_jit has no `static_argnums`: every "
         "Python scalar is static). For a loop over a traced count, use "
         "`jax.lax.fori_loop`."
@@ -304,21 +285,20 @@ def _loop_note(name: str, scalars: list[_Scalar]) -> str:
 
 
 def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) -> None:
-    """Adds to JAX's error for a `while_loop` that reverse mode cannot go through,
-    raised inside a trace of `name` at the top level or under an eager transform
-    (`jax.grad` inside the function), where the loop is a `lax.fori_loop` whose
-    bounds depend on the trace's traced integer scalars `scalars`: which ones, why
-    they were traced, and the fix. Only adds a note. Reverse mode around the call
-    (`jax.grad(f)`) transposes the loop after the call returned, unseen by
-    filterjit: that error stays JAX's."""
+    """Notes on JAX's error for a `while_loop` that reverse mode cannot go through,
+    raised inside a top-level or eager trace of `name` (`jax.grad` inside the
+    function), where it is a `lax.fori_loop` whose bounds depend on the traced
+    integer `scalars`: which ones, and the fix. (Reverse mode around the call
+    transposes the loop after it returned, unseen: that error stays JAX's.)"""
     if not scalars or not str(error).startswith(_LOOP_ERROR):
         return
     eqns = _trace.current_equations()
     depends = None if eqns is None else _dependencies(eqns)
     # Where JAX says the failing loop was made (the stack it attaches as the cause).
-    made_at = _innermost_frame(error.__cause__)
-    if eqns is None or depends is None or made_at is None:
+    stack = traceback.extract_tb(getattr(error.__cause__, "__traceback__", None))
+    if eqns is None or depends is None or not stack:
         return  # unknown: no note
+    made_at = (stack[-1].filename, stack[-1].lineno)
     on: set[int] = set()
     for position, eqn in enumerate(eqns):
         if any(_is_fori_loop(e) and made_at in _lines(e) for e in _within(eqn)):
@@ -326,16 +306,6 @@ def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) 
     named = [s for s in scalars if s.position in on]
     if named:
         error.add_note(_loop_note(name, named))
-
-
-def _innermost_frame(error: BaseException | None) -> tuple[str, int] | None:
-    """The file and line of the innermost frame of `error`'s traceback, if any."""
-    traceback = None if error is None else error.__traceback__
-    found = None
-    while traceback is not None:
-        found = (traceback.tb_frame.f_code.co_filename, traceback.tb_lineno)
-        traceback = traceback.tb_next
-    return found
 
 
 def _lines(eqn: Any) -> set[tuple[str, int]]:
@@ -367,3 +337,96 @@ def note_recursion(error: RecursionError, name: str) -> None:
 def wait_checked(arrays: list[Any], name: str) -> None:
     """Waits for `arrays`, a failed check raised as `equinox.EquinoxRuntimeError`."""
     call_checked(lambda: arrays, (), name, lambda _: arrays)
+
+
+def find_static_array_field(value: Any, label: str) -> str | None:
+    """The path to the first static field of an `eqx.Module` inside `value` that
+    holds an array (the structure cannot compare: `==` gives arrays), or `None`."""
+    is_module = lambda x: isinstance(x, eqx.Module)  # noqa: E731
+    for path, module in jtu.tree_flatten_with_path(value, is_leaf=is_module)[0]:
+        for field in dataclasses.fields(module) if is_module(module) else ():
+            child = getattr(module, field.name, None)
+            child_label = f"{label}{jtu.keystr(path)}.{field.name}"
+            if field.metadata.get("static", False):
+                leaves = jtu.tree_leaves(child)
+                if any(map(compares_elementwise, leaves)):
+                    return child_label
+            elif found := find_static_array_field(child, child_label):
+                return found
+    return None
+
+
+def _hash_and_eq_fail(key: Any) -> bool:
+    try:
+        hash(key)
+        return not isinstance(key == key, bool)
+    except Exception:
+        return True
+
+
+def key_error(
+    function: Function,
+    fun: Any,
+    leaves: list[Any],
+    treedef: PyTreeDef,
+    partition: Partition | None,
+    error: Exception,
+) -> TypeError:
+    """The error for a failed cache lookup: whose hash or `==` failed, what to do."""
+    name = function.name
+    if partition is None:
+        # No leaf failed, but a node's auxiliary data (a static field, say).
+        _, args, kwargs = function.split_call(fun, jtu.tree_unflatten(treedef, leaves))
+        for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:
+            label = name if where is None else function._parameter(where)[1]
+            if (field := find_static_array_field(value, label)) is not None:
+                return TypeError(
+                    f"{name}(): `{field}` is a static field (`eqx.field(static=True)`) "
+                    "holding an array. Static fields are compared with `==` to find "
+                    "cached traces, and arrays cannot be. Make it a regular field so "
+                    "that it is traced, or hold a hashable value (a tuple, say)."
+                )
+            if _hash_and_eq_fail(jtu.tree_structure(value)):
+                return TypeError(
+                    f"{name}(): the pytree structure of argument `{label}` cannot be "
+                    f"hashed or compared ({error}). A static field "
+                    "(`eqx.field(static=True)`) or other pytree auxiliary data holds "
+                    "such a value. Make it hashable (a tuple rather than a list, "
+                    "say), or make it a regular field so that it is traced."
+                )
+    else:
+        for position, key in zip(partition.static_positions, partition.statics(leaves)):
+            if _hash_and_eq_fail(key):
+                label = function.leaf_parameters(treedef)[position].label
+                kind = type(leaves[position]).__qualname__
+                return TypeError(
+                    f"{name}(): argument `{label}` is a static value of type `{kind}` "
+                    f"that cannot be hashed or compared ({type(error).__name__}: "
+                    f"{error}). filter_jit keys its cache on every non-array leaf, so "
+                    "static values must be hashable and `==` must return a bool. Pass "
+                    "such a value instead (a tuple rather than a list, say), or make "
+                    "it an array (`jnp.asarray(...)`) so that it is traced."
+                )
+    return TypeError(
+        f"{name}(): looking up the cache for this call failed "
+        f"({type(error).__name__}: {error})."
+    )
+
+
+def check_traceable(
+    name: str, labels: list[str], leaves: list[Any], positions: Iterable[int]
+) -> None:
+    """Raises, naming the argument, for a NumPy array to trace that JAX cannot."""
+    for position in positions:
+        leaf = leaves[position]
+        # Objects, strings, dates, np.void (not ml_dtypes' kind "V": JAX traces it).
+        if isinstance(leaf, NUMPY_TYPES) and (
+            leaf.dtype.kind in "OSUMm" or leaf.dtype.type is np.void
+        ):
+            raise TypeError(
+                f"{name}(): argument `{labels[position]}` is a NumPy array of dtype "
+                f"{leaf.dtype}, which cannot be traced, and filter_jit traces every "
+                "NumPy array. Pass its values as a tuple of Python values (static: "
+                "each new value traces anew), or encode them as numbers (an array "
+                "of indices, say) so that they are traced."
+            )

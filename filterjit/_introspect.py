@@ -1,6 +1,5 @@
 """Looking at what filter_jit does: explain a call, count traces, clear caches."""
 
-import os
 import sys
 import types
 import warnings
@@ -10,6 +9,7 @@ import jax
 
 from ._diagnostics import Explanation
 from ._dispatch import clear_all
+from ._donated import user_frame
 from ._function import name_of
 from ._jax_jit import JitWrapper
 from ._jit import _decorate, FilterJitWrapper
@@ -23,36 +23,32 @@ def explain(fun: Any, /, *args: Any, **kwargs: Any) -> Explanation:  # checked b
 
     **Arguments:**
 
-    - `fun`: a `filter_jit`-wrapped function, a `filterjit.jit` one (explained
-        with `jax.jit`'s roles where it is `jax.jit`), or a plain function
-        (explained as if decorated with `filter_jit`).
+    - `fun`: a `filter_jit`-wrapped function (a method read from an instance,
+        `model.__call__`, or through its class, `Model.__call__` with the instance
+        first), a `filterjit.jit` one (with `jax.jit`'s roles where it is
+        `jax.jit`), or a plain function (as if decorated with `filter_jit`). A
+        `jax.jit` function or another library's jit wrapper is explained as
+        `filter_jit` wrapped around it, with a warning.
     - `*args`, `**kwargs`: the arguments of the call to explain.
 
     **Returns:**
 
     An `Explanation`, whose `str()` is a table with one row per leaf of the
-    arguments: its path (`params['w']`), its role (`traced`, `static`, or
-    `concrete`: an array passed through unchanged inside a staged trace), and its
-    abstract or shortened value; and whether the call would hit the cache (its
-    attributes `rows`, `level` and `cache_hit` hold the same). The roles are those
-    a call at this point would get (inside `jax.jit`, nested). A call that would
-    trace is compared with the nearest cached trace (the one that differs in the
-    fewest leaves): the table marks the rows that differ, with that trace's values,
-    and says why each traces (`misses` lists their paths).
-
-    A `jax.jit` function, or another library's jit wrapper, is explained as
-    `filter_jit` wrapped around it, with a warning.
+    arguments (a method's fields as it names them, `self.weight`, and parameters
+    left to their defaults too): its path (`params['w']`), its role (`traced`,
+    `static`, or `concrete`: an array passed through unchanged inside a staged
+    trace), and its abstract or shortened value; and whether the call would hit the
+    cache (attributes `rows`, `level` and `cache_hit`). The roles are those a call
+    at this point would get (inside `jax.jit`, nested). A call that would trace is
+    compared with the nearest cached trace (the one that differs in the fewest
+    leaves): the table marks the rows that differ, with that trace's values, and
+    says why each traces (`misses` lists their paths).
 
     **Raises:**
 
     - `TypeError`: `fun` is wrapped by `equinox.filter_jit` (explain the function
         itself, or call `filterjit.patch_equinox()` first), or the arguments do not
         fit its signature.
-
-    A decorated method may be given read from an instance
-    (`explain(model.__call__, x)`) or through its class
-    (`explain(Model.__call__, model, x)`); its fields are named as the method sees
-    them (`self.weight`), and parameters left to their defaults are listed.
 
     !!! example
 
@@ -126,26 +122,8 @@ def _check_not_another_jit(fun: Any) -> None:
         "is its own). Use `filterjit.jit` or `filterjit.filter_jit` in its place to "
         "explain what a call does.",
         UserWarning,
-        stacklevel=_outside_filterjit(sys._getframe()),
+        stacklevel=user_frame(sys._getframe())[1],
     )
-
-
-# filterjit's frames, and those of the wrappers that runtime type checkers put
-# around its functions (jaxtyping's import hook, with beartype).
-_INTERNAL = (os.path.dirname(os.path.abspath(__file__)), "<@beartype")
-_CHECKERS = ("jaxtyping", "beartype")
-
-
-def _outside_filterjit(frame: types.FrameType) -> int:
-    """The `stacklevel`, for a warning raised in `frame`, of the first frame
-    outside filterjit."""
-    level = 1
-    while frame.f_back is not None and (
-        frame.f_code.co_filename.startswith(_INTERNAL)
-        or str(frame.f_globals.get("__name__", "")).startswith(_CHECKERS)
-    ):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 _WRAPPERS = (FilterJitWrapper, JitWrapper)
@@ -162,9 +140,8 @@ def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
 def num_traces(fun: Any) -> int:  # checked below, with a message that helps
     """How many times `fun` has been traced at the top level or under eager
     transforms (not nested in staged traces, nor a nested trace that a top-level
-    call reuses). Wrappers of one function with equal options share their caches,
-    as `jax.jit`'s do (`filter_jit(f)(x)` in a loop traces once), so this counts
-    over all of them.
+    call reuses), over all wrappers of one function with equal options: they share
+    their caches, as `jax.jit`'s do (`filter_jit(f)(x)` in a loop traces once).
 
     **Arguments:**
 
@@ -186,7 +163,7 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
         if (size := jit_cache_size(fun._outside)) is None:
             raise TypeError(
                 "num_traces: this version of JAX does not say how many times "
-                f"jax.jit traced {name_of(fun._function)}."
+                f"jax.jit traced {fun._record.name}."
             )
         return size
     if not isinstance(fun, FilterJitWrapper):
@@ -199,10 +176,5 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
 
 def clear_caches() -> None:
     """Clears the caches of every `filter_jit`-wrapped function: the next call of
-    each traces again. Trace counts are kept.
-
-    **Returns:**
-
-    Nothing.
-    """
+    each traces again. Trace counts are kept."""
     clear_all()

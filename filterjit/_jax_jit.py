@@ -4,26 +4,24 @@ no-op of `filter_jit`."""
 import functools as ft
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, overload
 
 import jax
 import jax.tree_util as jtu
 
 from . import _trace
-from ._binding import argument_label
 from ._diagnostics import Explanation, Row, row
-from ._function import Function, positional_names
+from ._function import Function
 from ._jit import _P, _R, FilterJitWrapper, is_module_global, Wrapper
 from ._level import Level, STAGED
-from ._options import make_options
+from ._options import make_options, UNSPECIFIED
 
 
 # The jax.jit keywords that mean the same nested. Not the others: nested, every leaf
 # not a tracer is static, nothing is donated, shardings and compiler options are the
 # outer program's.
 _NESTED_KEYWORDS = frozenset(("keep_unused", "inline", "device", "backend"))
-_NOT_GIVEN: Any = object()
 
 
 def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
@@ -60,6 +58,8 @@ class JitWrapper(Wrapper[_P, _R]):
     __slots__ = (
         "_outside",
         "_function",
+        "_record",
+        "_static",
         "_jit_kwargs",
         "_nested",
         "__dict__",
@@ -67,6 +67,8 @@ class JitWrapper(Wrapper[_P, _R]):
     )
     _outside: Any  # the `jax.jit` object
     _function: Callable[_P, _R]
+    _record: Function  # for `explain`: its name and parameters
+    _static: tuple[tuple[int, ...], tuple[str, ...]]  # as jax.jit infers them
     _jit_kwargs: dict[str, Any]
     _nested: FilterJitWrapper[_P, _R] | None  # made on first use: most never nest
 
@@ -74,6 +76,8 @@ class JitWrapper(Wrapper[_P, _R]):
     def __init__(self, fun: Any, jit_kwargs: dict[str, Any]):
         self._outside = jax.jit(fun, **jit_kwargs)
         self._function = fun
+        self._record = Function(fun)
+        self._static = _static_arguments(self._record.parameters, jit_kwargs)
         self._jit_kwargs = jit_kwargs
         self._nested = None
         self.__dict__.update(vars(self._outside))
@@ -82,8 +86,6 @@ class JitWrapper(Wrapper[_P, _R]):
         __call__ = level_switch(_trace.level_reader)
 
     def _staged(self, /, *args: Any, **kwargs: Any) -> Any:
-        # Also where every leaf is a tracer: what the function returns that is not
-        # a traced array comes back unchanged, as undecorated (not as jax.jit's).
         return self._nested_wrapper()(*args, **kwargs)
 
     def _nested_wrapper(self) -> FilterJitWrapper[_P, _R]:
@@ -140,16 +142,10 @@ class JitWrapper(Wrapper[_P, _R]):
         if level == STAGED:
             return self._nested_wrapper()._explain(args, kwargs)
         # jax.jit's roles: an argument is static as a whole, or its leaves traced.
-        function = Function(self._function)
-        parameters = function.parameters
-        positional = positional_names(parameters)
-        numbers = _as_tuple(self._jit_kwargs.get("static_argnums", ()))
-        names = set(_as_tuple(self._jit_kwargs.get("static_argnames", ())))
+        numbers, names = self._static
         numbers = {n % len(args) if n < 0 else n for n in numbers if args}
-        numbers |= {positional.index(name) for name in names if name in positional}
-        names |= {positional[n] for n in numbers if n < len(positional)}
-        labels = [argument_label(parameters, i)[1] for i in range(len(args))]
-        arguments = [(labels[i], i in numbers, arg) for i, arg in enumerate(args)]
+        named = self._record.label
+        arguments = [(named(i), i in numbers, arg) for i, arg in enumerate(args)]
         arguments += [(name, name in names, arg) for name, arg in kwargs.items()]
         rows = []
         for label, static, arg in arguments:
@@ -163,8 +159,8 @@ class JitWrapper(Wrapper[_P, _R]):
                 except TypeError:  # not a JAX type: jax.jit raises, as it says
                     text = f"{type(leaf).__name__}: not a JAX type"
                     rows.append(Row(where, "traced", text, type(leaf)))
-        name = function.name
-        return Explanation(name, Level(level).description, rows, None, decorator="jit")
+        level_name = Level(level).description
+        return Explanation(self._record.name, level_name, rows, None, decorator="jit")
 
     # jax.jit's private methods, which JAX's tests and some libraries call.
     def _cache_size(self) -> int:
@@ -184,6 +180,25 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
     return (value,) if isinstance(value, int | str) else tuple(value)
 
 
+def _static_arguments(
+    parameters: Sequence[inspect.Parameter], jit_kwargs: dict[str, Any]
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """`static_argnums` and `static_argnames` as `jax.jit` infers them: where one
+    alone is given, the other from the parameters that take both."""
+    given = [jit_kwargs.get(k) for k in ("static_argnums", "static_argnames")]
+    numbers, names = map(_as_tuple, given)
+    both = [
+        (i, p.name)
+        for i, p in enumerate(parameters)
+        if p.kind is p.POSITIONAL_OR_KEYWORD
+    ]
+    if given[0] is None:
+        numbers = tuple(i for i, name in both if name in names)
+    elif given[1] is None:
+        names = tuple(name for i, name in both if i in numbers)
+    return numbers, names
+
+
 def _inline_as_jax_reads_it(inline: Any) -> Any:
     """`inline` as `jax.jit` reads it: a member of `jax.Inline` (jax >= 0.11) as it
     is, anything else by its truth, as jax.jit tests it."""
@@ -201,28 +216,26 @@ def jit(fun: Callable[_P, _R], /, **jit_kwargs: Any) -> JitWrapper[_P, _R]: ...
 def jit(**jit_kwargs: Any) -> Callable[[Callable[_P, _R]], JitWrapper[_P, _R]]: ...
 
 
-def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
+def jit(fun: Any = UNSPECIFIED, /, **jit_kwargs: Any) -> Any:
     """`jax.jit`, whose nested calls are semantic no-ops.
 
-    Takes exactly `jax.jit`'s arguments. At the top level and under eager
-    transforms (`jax.grad`, `jax.vmap`, ... not inside a `jax.jit`), a call is a
-    call of `jax.jit(fun, **jit_kwargs)`: the same tracing, caching, errors,
-    donation and shardings, behind only a check of the trace level.
+    At the top level and under eager transforms (`jax.grad`, `jax.vmap`, ... not
+    inside a `jax.jit`), a call is a call of `jax.jit(fun, **jit_kwargs)`: the same
+    tracing, caching, errors, donation and shardings, behind a check of the level.
 
     Inside a staged trace (an outer `jax.jit`, a `lax.scan` body, ...), a call is
     `filterjit.filter_jit`'s nested call: only leaves that are tracers already are
     traced; Python values, NumPy values and concrete arrays reach `fun` unchanged,
-    so the decorator changes nothing the program computes, also where every leaf is a
-    tracer: a Python value, a string or a dict the function returns comes back as
-    it was returned. Donation, shardings and compiler options do not apply there;
-    `keep_unused` and `inline` do.
+    and what it returns that is not a traced array comes back as it was returned,
+    so the decorator changes nothing the program computes. Donation, shardings and
+    compiler options do not apply there; `keep_unused` and `inline` do.
 
     **Arguments:**
 
     - `fun`: the function to compile. Omit it to use `jit(**jit_kwargs)` as a
         decorator.
-    - `jit_kwargs`: `jax.jit`'s keyword arguments, accepted and refused by
-        `jax.jit` itself when given (also without `fun`).
+    - `jit_kwargs`: `jax.jit`'s keyword arguments, checked by `jax.jit` itself
+        (also without `fun`).
 
     **Returns:**
 
@@ -240,7 +253,7 @@ def jit(fun: Any = _NOT_GIVEN, /, **jit_kwargs: Any) -> Any:
         jax.jit(jax.grad(lambda x: power(x, 3)))(2.0)  # 12.0
         ```
     """
-    if fun is _NOT_GIVEN:  # as jax.jit(**jit_kwargs): a decorator
+    if fun is UNSPECIFIED:  # as jax.jit(**jit_kwargs): a decorator
         jax.jit(**jit_kwargs)  # raises now, as jax.jit does, for an unknown keyword
         return ft.partial(jit, **jit_kwargs)
     return JitWrapper(fun, jit_kwargs)

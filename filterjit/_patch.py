@@ -13,9 +13,10 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from ._introspect import _outside_filterjit
+from ._diagnostics import qualified_name
+from ._donated import user_frame
 from ._jit import _decorate, filter_jit
-from ._options import DonateOption, make_options
+from ._options import DonateOption, make_options, UNSPECIFIED
 from ._trace import hiding_frames
 
 
@@ -29,21 +30,16 @@ _DONATE: dict[tuple[bool, bool, bool], DonateOption] = {
 }
 
 
-_NOT_GIVEN: Any = object()
-
-
 def equinox_filter_jit(
-    fun: Any = _NOT_GIVEN, *, donate: Any = "none", **jitkwargs: Any
+    fun: Any = UNSPECIFIED, *, donate: Any = "none", **jitkwargs: Any
 ) -> Any:
     """`equinox.filter_jit` under [`filterjit.patch_equinox`][]: `filterjit.filter_jit`
-    with Equinox's meaning of `donate`. "first" in `"all-except-first"` and
-    `"warn-except-first"` is the first argument of the call (an `eqx.Module`'s
-    `__call__` or a bound method is called without its `self`), and every option
-    but `"none"` donates the function's own arrays too where Equinox traces them (an
-    `eqx.Module`'s, a `jax.tree_util.Partial`'s, a Module's bound method's `self`;
-    not a `functools.partial`'s, nor a bound method's of another class, which
-    Equinox holds static). Omit `fun` for a decorator factory, as in Equinox."""
-    if fun is _NOT_GIVEN:
+    with Equinox's meaning of `donate`: "first" is the call's first argument, and
+    every option but `"none"` donates the function's own arrays too where Equinox
+    traces them (an `eqx.Module`'s, a `jax.tree_util.Partial`'s, a Module's bound
+    method's `self`; not a `functools.partial`'s, nor another class's bound
+    method's, which Equinox holds static). Omit `fun` for a decorator factory."""
+    if fun is UNSPECIFIED:
         make_options(donate=donate, **jitkwargs)  # raises now for a bad keyword
         return ft.partial(equinox_filter_jit, donate=donate, **jitkwargs)
     if type(donate) is str and donate == "none" and fun is not None:
@@ -61,12 +57,10 @@ def equinox_filter_jit(
 
 
 def _without_retrace_warnings(wrapper: Any) -> Any:
-    """`wrapper`, whose function emits no `RetraceWarning`: Equinox's wrappers give
-    none, and a library that runs its tests with warnings as errors must run as
-    under Equinox. Its retraces are still logged where asked for
-    (`FILTERJIT_EXPLAIN_RETRACES=1`, `jax_explain_cache_misses`). The function's
-    log is its own, shared by every wrapper of it with the same options: one the
-    user makes of the same function with `filterjit.filter_jit` is quiet too."""
+    """`wrapper`, whose function emits no `RetraceWarning`, as Equinox's give none
+    (a library's tests may run with warnings as errors); its retraces are still
+    logged where asked for. Its log is shared by every wrapper of the function with
+    the same options, `filterjit.filter_jit`'s too."""
     wrapper._dispatcher.trace_log.warns = False
     return wrapper
 
@@ -77,17 +71,13 @@ class EquinoxPatch:
 
     **Attributes:**
 
-    - `swapped`: the functions whose Equinox wrapper this call replaced by a
-        filterjit one, by module and qualified name
-        (`"diffrax._integrate.diffeqsolve"`). One entry per wrapper, however many
-        names referred to it.
+    - `swapped`: the functions whose Equinox wrapper this call replaced, one entry
+        per wrapper, by module and qualified name (`"diffrax._integrate.diffeqsolve"`).
     - `places`: every attribute this call rewrote (`"diffrax.diffeqsolve"`,
-        `"diffrax._integrate.diffeqsolve"`, `"equinox.filter_jit"`, ...).
+        `"equinox.filter_jit"`, ...).
     - `left`: the Equinox wrappers still alive that keep Equinox's jit, each with
-        where it was found or why it was left, and the decorator factories made
-        with Equinox's `filter_jit` before the patch (`eqx.filter_jit(donate="all")`,
-        a `functools.partial` of it), which go on making Equinox's wrappers. Empty
-        when everything was reached.
+        why, and the decorator factories of Equinox's `filter_jit` made before the
+        patch (`eqx.filter_jit(donate="all")`); empty when everything was reached.
     """
 
     swapped: tuple[str, ...]
@@ -109,11 +99,7 @@ def _unwrapped(value: Any) -> Any:
 
 def _name(wrapper: Any) -> str:
     fun = getattr(wrapper, "__wrapped__", None)
-    module = getattr(fun, "__module__", None)
-    qualname = getattr(fun, "__qualname__", None)
-    if isinstance(module, str) and isinstance(qualname, str):
-        return f"{module}.{qualname}"
-    return str(getattr(wrapper, "fn", repr(wrapper)))
+    return qualified_name(fun) or str(getattr(wrapper, "fn", repr(wrapper)))
 
 
 def _where(owner: Any, attribute: str) -> str:
@@ -184,19 +170,17 @@ def patch_equinox() -> EquinoxPatch:
 
     - `equinox.filter_jit`, `equinox._jit.filter_jit` and every module global bound
         to it (`from equinox import filter_jit`) become `filterjit.filter_jit` with
-        Equinox's meaning of `donate` (below): code that decorates from now on, at
-        import or at run time, gets filterjit's.
+        Equinox's meaning of `donate` (below), for code that decorates from now on.
     - Every function already decorated with Equinox's `filter_jit` that is an
         attribute of an imported module or of a class defined in one (a method,
         `staticmethod` or `classmethod`) is replaced, under every name, by
-        filterjit's wrapper of the same function with the same `donate`. So
-        `diffrax.diffeqsolve`, `optimistix.root_find` and `lineax.linear_solve`
-        are filterjit's whether imported before this call or after it.
-    - An Equinox wrapper held anywhere else (a closure, a list, a Module's field),
-        or made with `jax.jit` keywords (which Equinox does not keep readably), is
-        left as it is, and named in a warning and in the report's `left`; so is a
-        decorator factory made before the call (`jit_all =
-        eqx.filter_jit(donate="all")`), which goes on making Equinox's wrappers.
+        filterjit's wrapper with the same `donate`: `diffrax.diffeqsolve`,
+        `optimistix.root_find` and `lineax.linear_solve` are filterjit's whether
+        imported before this call or after it.
+    - An Equinox wrapper held anywhere else (a closure, a list, a Module's field)
+        or made with `jax.jit` keywords, and a decorator factory made before the
+        call (`jit_all = eqx.filter_jit(donate="all")`), are left, and named in a
+        warning and in the report's `left`.
 
     Where the patched `equinox.filter_jit` differs from `filterjit.filter_jit`:
     under `donate`, "first" is the call's first argument rather than a Module's or
@@ -288,7 +272,7 @@ def patch_equinox() -> EquinoxPatch:
             "Equinox's filter_jit, or decorator factories of it, keep it: "
             + "; ".join(left),
             # At the caller's line: `hiding_frames` wraps this function.
-            stacklevel=_outside_filterjit(sys._getframe()),
+            stacklevel=user_frame(sys._getframe())[1],
         )
     return EquinoxPatch(tuple(swapped.values()), tuple(places), tuple(left))
 
@@ -297,9 +281,8 @@ def patch_equinox() -> EquinoxPatch:
 def unpatch_equinox() -> None:
     """Undoes [`filterjit.patch_equinox`][]: `equinox.filter_jit` is Equinox's
     again, and every attribute the patch rewrote that still holds what it put
-    there gets its Equinox wrapper back. Functions decorated while the patch was in
-    force keep filterjit's wrapper: no Equinox one exists for them. Without a patch
-    in force, it does nothing."""
+    there gets its Equinox wrapper back (functions decorated while the patch was in
+    force keep filterjit's: no Equinox one exists for them)."""
     for owner, attribute, old, new in reversed(_State.swaps):
         if vars(owner).get(attribute) is new:
             setattr(owner, attribute, old)

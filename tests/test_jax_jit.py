@@ -310,6 +310,13 @@ def test_explain_and_num_traces_see_jax_jit():
         ("x['a']", "traced", "f32[]"),
         ("n", "static", "3"),
     ]
+    # The name of a parameter in `static_argnums` is static too, as in jax.jit.
+    by_number = filterjit.jit(_loop, static_argnums=1)
+    for rows in (
+        filterjit.explain(by_number, x, 3).rows,
+        filterjit.explain(by_number, x, n=3).rows,
+    ):
+        assert [(r.path, r.role) for r in rows] == [("x", "traced"), ("n", "static")]
     # Nested, the nested contract's: `n` stays a Python int.
     roles = []
     jax.jit(lambda y: roles.append(filterjit.explain(ours, y, 3).rows) or y)(x)

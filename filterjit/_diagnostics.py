@@ -18,7 +18,7 @@ from ._donated import user_frame
 
 # Re-exported for `_dispatch`, which is to import them from `_errors`.
 from ._errors import check_traceable as check_traceable, key_error as key_error
-from ._function import is_partial, is_partial_type, unwrapped
+from ._function import is_partial, is_partial_type, opened, unwrapped
 from ._leaves import is_array, weakly_keyed
 
 
@@ -102,20 +102,18 @@ def qualified_name(value: Any) -> str | None:
 def _function_text(value: Any) -> str | None:
     """A static function as a table shows it: its whole qualified name (a partial's
     and a bound method's, with what they bind shortened); `None` for other values."""
+    pieces = opened(value)
+    if pieces is None:
+        return qualified_name(value)
     if is_partial(value):
-        inner = _function_text(value.func) or _short_repr.repr(value.func)
-        bound = [_short_repr.repr(a) for a in value.args]
-        bound += [f"{k}={_short_repr.repr(v)}" for k, v in value.keywords.items()]
+        inner = _function_text(pieces.inside) or _short_repr.repr(pieces.inside)
+        bound = [_short_repr.repr(a) for a in pieces.args]
+        bound += [f"{k}={_short_repr.repr(v)}" for k, v in pieces.keywords.items()]
         return f"functools.partial({', '.join([inner, *bound])})"
-    receiver = getattr(value, "__self__", None)
-    if isinstance(value, types.MethodType) or not (
-        receiver is None or isinstance(receiver, types.ModuleType)
-    ):  # a bound method, of Python or of a builtin type
-        function = getattr(value, "__func__", value)
-        name = qualified_name(function)
-        if name is not None:
-            return f"{name} of {_short_repr.repr(receiver)}"
-    return qualified_name(value)
+    name = qualified_name(pieces.inside)
+    if name is None:
+        return qualified_name(value)
+    return f"{name} of {_short_repr.repr(pieces.args[0])}"
 
 
 def row(path: str, role: str, leaf: Any) -> Row:

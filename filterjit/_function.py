@@ -51,6 +51,29 @@ def _inside(fun: Any) -> tuple[Any, str] | None:
     return None if func is None else (func, ".__func__")
 
 
+class Opened(NamedTuple):
+    """A partial's or a bound method's pieces: the callable inside, what it binds
+    first by position (a method's receiver alone), and what it binds by keyword."""
+
+    inside: Any
+    args: tuple[Any, ...]
+    keywords: dict[str, Any]
+
+
+def opened(fun: Any) -> Opened | None:
+    """`fun` opened, as messages and texts show it: a partial (`jtu.Partial`
+    included), or a bound method, of Python or of a builtin type (`[].append`, whose
+    `__self__` is no module); `None` for any other callable."""
+    if is_partial(fun):
+        return Opened(fun.func, fun.args, fun.keywords)
+    receiver = getattr(fun, "__self__", None)
+    if type(fun) is types.MethodType or not (
+        receiver is None or isinstance(receiver, types.ModuleType)
+    ):
+        return Opened(getattr(fun, "__func__", fun), (receiver,), {})
+    return None
+
+
 def unwrapped(fun: Any) -> Any:
     """The callable under every partial and method of `fun` (see `_inside`)."""
     for _ in range(_MAX_DEPTH):

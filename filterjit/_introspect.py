@@ -1,7 +1,6 @@
 """Looking at what filter_jit does: explain a call, count traces, clear caches."""
 
 import sys
-import types
 import warnings
 from typing import Any
 
@@ -10,7 +9,7 @@ import jax
 from ._diagnostics import Explanation
 from ._dispatch import clear_all
 from ._donated import user_frame
-from ._function import name_of
+from ._function import is_partial, name_of, opened
 from ._jax_jit import JitWrapper
 from ._jit import _decorate, FilterJitWrapper
 from ._options import Options
@@ -131,9 +130,10 @@ _WRAPPERS = (FilterJitWrapper, JitWrapper)
 
 def _unbind(fun: Any, args: tuple[Any, ...]) -> tuple[Any, tuple[Any, ...]]:
     # A decorated method read from an instance: the wrapper, the instance first.
-    if isinstance(fun, types.MethodType) and isinstance(fun.__func__, _WRAPPERS):
-        return fun.__func__, (fun.__self__, *args)
-    return fun, args
+    pieces = opened(fun)
+    if pieces is None or is_partial(fun) or not isinstance(pieces.inside, _WRAPPERS):
+        return fun, args
+    return pieces.inside, (*pieces.args, *args)
 
 
 @hiding_frames

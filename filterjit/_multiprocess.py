@@ -20,6 +20,8 @@ from jax.core import Tracer
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, Sharding
 from jax.tree_util import PyTreeDef
 
+from ._function import is_partial, opened
+
 
 # A digest: 64 bits as two uint32 words (without x64, JAX has no 64-bit integers).
 _WORDS = 2
@@ -72,8 +74,8 @@ def canonical(value: Any, _depth: int = 0, _seen: frozenset[int] = frozenset()) 
         return f"{_type_name(value)}{{{items}}}"
     if isinstance(value, type | types.ModuleType):
         return f"{_type_name(value)}:{_qualified_name(value)}"
-    if isinstance(value, types.MethodType):
-        return f"method:{_qualified_name(value.__func__)}@{inner(value.__self__)}"
+    if (pieces := opened(value)) is not None and not is_partial(value):
+        return f"method:{_qualified_name(pieces.inside)}@{inner(pieces.args[0])}"
     if isinstance(value, types.FunctionType | types.BuiltinFunctionType):
         return f"function:{_qualified_name(value)}"
     if (wrapped := getattr(value, "__wrapped__", None)) is not None and callable(value):

@@ -2,13 +2,12 @@
 
 import dataclasses
 import inspect
-import types
 from collections.abc import Callable
 from typing import Any, get_args, Literal
 
 import jax
 
-from ._function import first_parameter, receiver_of, signature_of
+from ._function import receiver_of, signature_of
 
 
 _DonateString = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
@@ -138,8 +137,7 @@ def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None
     parameters = [] if signature is None else list(signature.parameters.values())
     known = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
     var_keyword = [p.name for p in parameters if p.kind is p.VAR_KEYWORD]
-    method = isinstance(fun, types.MethodType)
-    receiver = first_parameter(fun.__func__) if method else receiver_of(fun)
+    receiver = receiver_of(fun)
     if receiver is not None:
         known.add(receiver)
     for name in names:

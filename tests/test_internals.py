@@ -524,37 +524,7 @@ EXEMPT = exemptions(PAGE.read_text(encoding="utf-8"))
 # Second sites the package has today (issue 58), each with the edit that removes
 # it: while a row has any, its test below is an expected failure; once one is gone,
 # `test_no_second_site_but_those_known` says to drop it from here.
-SECOND_SITES: dict[str, dict[str, str]] = {
-    "what a call binds": {
-        "_errors._labels": (
-            "filterjit/_errors.py:174 reads `inspect.signature(jitted)` for labels "
-            "a call did not pass: name the leaves `<traced leaf i>` there (every "
-            "entry passes its `labels`)"
-        ),
-    },
-    "which callable is held": {
-        "_diagnostics._function_text": (
-            "filterjit/_diagnostics.py:136-147 opens partials and bound methods "
-            "itself: take their pieces from `_function` (`_inside`, made public)"
-        ),
-        "_introspect._equinox_jit": (
-            "filterjit/_introspect.py:88: `fun = unwrapped(fun)` from `_function` "
-            "in place of `getattr(fun, 'func', fun)`"
-        ),
-        "_introspect._unbind": (
-            "filterjit/_introspect.py:156-157 splits a bound method: take the "
-            "function and receiver from `_function` (`_inside`, made public)"
-        ),
-        "_multiprocess.canonical": (
-            "filterjit/_multiprocess.py:75-80 opens bound methods and `__wrapped__`: "
-            "take them from `_function`"
-        ),
-        "_options.check_donated_names": (
-            "filterjit/_options.py:141-142: `receiver = receiver_of(fun)`, which "
-            "gives a bound method's first parameter too"
-        ),
-    },
-}
+SECOND_SITES: dict[str, dict[str, str]] = {}
 
 
 def _known(decision: Decision) -> dict[str, str]:

@@ -8,7 +8,7 @@ import collections
 import itertools
 import operator
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TYPE_CHECKING, TypeAlias
+from typing import Any, Protocol, TYPE_CHECKING
 
 import jax.tree_util as jtu
 
@@ -17,9 +17,21 @@ from ._leaves import is_leaf_type
 
 if TYPE_CHECKING:
     # jaxlib ships no type stubs, so to pyright `jax.tree_util.PyTreeDef` is a
-    # variable of unknown type, which no annotation may name: it checks these as
-    # it checks `Any`. At run time, and for readers, it is JAX's class itself.
-    PyTreeDef: TypeAlias = Any
+    # variable of unknown type, which no annotation may name. So pyright checks
+    # these against what filterjit uses of it; at run time, and for readers, it is
+    # JAX's class itself.
+    class PyTreeDef(Protocol):
+        @property
+        def num_leaves(self) -> int: ...
+        @property
+        def num_nodes(self) -> int: ...
+        def children(self) -> "list[PyTreeDef]": ...
+        # `(type, data)`, or `None` for a leaf: `Any`, as callers that know a
+        # node is no leaf unpack it as it is.
+        def node_data(self) -> Any: ...
+        def unflatten(self, leaves: Iterable[Any], /) -> Any: ...
+        def flatten_up_to(self, tree: Any, /) -> list[Any]: ...
+        def __getstate__(self) -> tuple[object, list[tuple[Any, ...]]]: ...
 else:
     from jax.tree_util import PyTreeDef
 

@@ -16,7 +16,7 @@ ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 NUMPY_TYPES = (np.ndarray, np.generic)
 
 
-def is_array(element: Any) -> bool:
+def is_array(element: object) -> bool:
     """Whether `filter_jit` traces `element` when called outside any staged trace.
 
     This is the leaf predicate of the top level (and of eager transforms): every
@@ -42,7 +42,7 @@ def is_array(element: Any) -> bool:
     return isinstance(element, ARRAY_TYPES)
 
 
-def compares_elementwise(element: Any) -> bool:
+def compares_elementwise(element: object) -> bool:
     """Whether `==` of `element` gives an array, not a bool (a NumPy or JAX array;
     not a NumPy scalar): a structure holding it as static data cannot compare."""
     return isinstance(element, np.ndarray | jax.Array)

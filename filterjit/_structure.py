@@ -7,7 +7,7 @@ gets the caller's arguments, only traced leaves replaced (`replace_leaves`)."""
 import collections
 import itertools
 import operator
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TYPE_CHECKING
 
 import jax.tree_util as jtu
@@ -39,7 +39,7 @@ else:
 _SORTED_DICTS = (dict, collections.defaultdict)
 
 
-def _children(node: Any) -> tuple[list[Any], PyTreeDef] | None:
+def _children(node: object) -> tuple[list[Any], PyTreeDef] | None:
     """`node`'s children and the structure that rebuilds it, or `None` for a leaf."""
     children, structure = jtu.tree_flatten(node, is_leaf=lambda x: x is not node)
     if structure.num_nodes == 1 and structure.num_leaves == 1:
@@ -47,7 +47,7 @@ def _children(node: Any) -> tuple[list[Any], PyTreeDef] | None:
     return children, structure
 
 
-def _like(node: Any, values: dict[Any, Any]) -> Any:
+def _like(node: Any, values: dict[object, object]) -> Any:
     """`values` as a dict of `node`'s type, a sorted dict."""
     if type(node) is dict:
         return values
@@ -98,7 +98,7 @@ def dict_orders(
 
 
 def restore_orders(
-    tree: Any, orders: Iterable[tuple[Any, ...]], skip: frozenset[int] = frozenset()
+    tree: Any, orders: Iterable[tuple[object, ...]], skip: frozenset[int] = frozenset()
 ) -> Any:
     """`tree`, rebuilt by JAX from one whose `dict_orders` (with `skip`) were
     `orders`, so ordered; the nodes whose ids are in `skip` as they are."""
@@ -122,7 +122,9 @@ def restore_orders(
 
 
 def replace_leaves(
-    tree: Any, replace: Callable[[int, Any], Any], count: Iterator[int] | None = None
+    tree: Any,
+    replace: Callable[[int, object], object],
+    count: Iterator[int] | None = None,
 ) -> Any:
     """`tree` with each leaf replaced by `replace(position, leaf)`, in JAX's order:
     an unchanged node (`is`) is `tree`'s own; a changed dict keeps its order.
@@ -144,7 +146,7 @@ def replace_leaves(
     return replace(next(count), tree)
 
 
-def container_nodes(tree: Any) -> list[Any]:
+def container_nodes(tree: object) -> list[Any]:
     """`tree`'s nodes that are not leaves, depth first in JAX's order (its root
     first), without recursion: two trees of one structure list theirs alike."""
     found: list[Any] = []
@@ -162,7 +164,7 @@ def container_nodes(tree: Any) -> list[Any]:
 
 
 def hand_back(
-    output: Any, view: PyTreeDef, handed: dict[int, int], nodes: list[Any]
+    output: object, view: PyTreeDef, handed: dict[int, int], nodes: Sequence[object]
 ) -> Any:
     """`output` with the subtrees at the leaves `handed` of the structure `view`
     (a prefix of `output`'s) replaced by `nodes[handed[position]]`: the caller's

@@ -8,7 +8,7 @@ import sys
 import types
 import typing
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
 import equinox as eqx
@@ -45,7 +45,7 @@ _METADATA = (
 )
 
 
-def _metadata(fun: Any) -> dict[str, Any]:
+def _metadata(fun: object) -> dict[str, Any]:
     """As `functools.wraps` copies it, and where the annotations' names resolve
     (for jaxtyping's `jaxtyped`)."""
     inner = unwrapped(fun)
@@ -82,7 +82,7 @@ _class_metadata: "weakref.WeakKeyDictionary[type, dict[str, Any]]" = (
 )
 
 
-def _copy_metadata(wrapper: Any, fun: Any) -> None:
+def _copy_metadata(wrapper: Any, fun: object) -> None:
     # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
     # A Module made anew at every step is wrapped at every step: its class's read
     # once.
@@ -110,7 +110,7 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
     jit_disabled, current, top_type, staged_type, level_of = reader
     top, staged, unfinished = TOP, STAGED, Unfinished
 
-    def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self: Any, /, *args: object, **kwargs: object) -> Any:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
         try:
             if jit_disabled():
@@ -133,7 +133,7 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
     return __call__
 
 
-def is_module_global(wrapper: Any) -> bool:
+def is_module_global(wrapper: object) -> bool:
     """Whether `wrapper` is what its `__module__` and `__qualname__` name (a function
     or class attribute there), so that pickle can save it by reference."""
     found: Any = sys.modules.get(getattr(wrapper, "__module__", None) or "")
@@ -152,14 +152,16 @@ class Wrapper(Generic[_P, _R]):
         def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 
     @overload
-    def __get__(self: "_W", instance: None, owner: Any = None) -> "_W": ...
+    def __get__(self: "_W", instance: None, owner: type | None = None) -> "_W": ...
 
     @overload
     def __get__(
-        self: "Wrapper[Concatenate[_S, _Q], _R]", instance: _S, owner: Any = None
+        self: "Wrapper[Concatenate[_S, _Q], _R]",
+        instance: _S,
+        owner: type | None = None,
     ) -> Callable[_Q, _R]: ...
 
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
         # Called as `self(instance, ...)`: `instance` is partitioned as an argument.
         return self if instance is None else types.MethodType(self, instance)
 
@@ -265,11 +267,15 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
         return finish(called.jitted.eval_shape(*called.dynamic), called.leaves)
 
-    def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
+    def _explain(
+        self, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> Explanation:
         return self._dispatcher.explain(_trace.trace_level(), self._fun, args, kwargs)
 
 
-def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:
+def _unflatten(
+    options: Options, children: Iterable[object]
+) -> FilterJitWrapper[..., Any]:
     # JAX unflattens with placeholders too (None, object()): nothing is checked.
     wrapper = object.__new__(FilterJitWrapper)
     (fun,) = children
@@ -293,8 +299,8 @@ def filter_jit(
     fun: Callable[_P, _R],
     *,
     donate: DonateOption = "none",
-    inline: Any = False,  # a bool, or a jax.Inline member (jax >= 0.11)
-    **jitkwargs: Any,
+    inline: object = False,  # a bool, or a jax.Inline member (jax >= 0.11)
+    **jitkwargs: object,
 ) -> FilterJitWrapper[_P, _R]: ...
 
 
@@ -303,18 +309,18 @@ def filter_jit(
     fun: None = None,
     *,
     donate: DonateOption = "none",
-    inline: Any = False,
-    **jitkwargs: Any,
+    inline: object = False,
+    **jitkwargs: object,
 ) -> Callable[[Callable[_P, _R]], FilterJitWrapper[_P, _R]]: ...
 
 
 def filter_jit(
-    # `Any`: checked below, saying what to do; no runtime type checker may pre-empt.
-    fun: Any = None,
+    # `object`: checked below, saying what to do; no runtime type checker may pre-empt.
+    fun: object = None,
     *,
-    donate: Any = "none",
-    inline: Any = False,
-    **jitkwargs: Any,
+    donate: object = "none",
+    inline: object = False,
+    **jitkwargs: object,
 ) -> Any:
     """Compiles `fun` like `jax.jit`, tracing its array leaves and keeping every
     other leaf static; and when called inside another trace, changes nothing.
@@ -386,7 +392,7 @@ def filter_jit(
 _DEFAULT_OPTIONS = make_options()
 
 
-def _decorate(options: Options, fun: Any, caller: str = "filter_jit") -> Any:
+def _decorate(options: Options, fun: object, caller: str = "filter_jit") -> Any:
     if not callable(fun):
         raise TypeError(
             f"{caller} expects a callable, but got {fun!r} of type "

@@ -485,7 +485,7 @@ class SourceFrame(NamedTuple):
     function: str
 
 
-def source_frames(eqn: jax.extend.core.JaxprEqn) -> list[SourceFrame]:
+def source_frames(eqn: object) -> list[SourceFrame]:
     """The frames of the stack JAX recorded where `eqn` was bound, innermost first
     (none where it recorded none)."""
     traceback = getattr(getattr(eqn, "source_info", None), "traceback", None)

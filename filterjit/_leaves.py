@@ -3,7 +3,6 @@ traced at each level, which types are always pytree leaves, and which are keyed
 by identity."""
 
 import types
-from typing import Any
 
 import jax
 import numpy as np

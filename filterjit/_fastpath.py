@@ -193,7 +193,7 @@ def chained(hits: Sequence[Hit]) -> Hit:
 
 
 def hit_caller(
-    route: Any,
+    route: object,
     partition: Partition,
     calls: Sequence[HitCall],
     get: Callable[[Hashable], object],

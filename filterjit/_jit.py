@@ -299,8 +299,8 @@ def filter_jit(
     fun: Callable[_P, _R],
     *,
     donate: DonateOption = "none",
-    inline: object = False,  # a bool, or a jax.Inline member (jax >= 0.11)
-    **jitkwargs: object,
+    inline: Any = False,  # a bool, or a jax.Inline member (jax >= 0.11)
+    **jitkwargs: Any,
 ) -> FilterJitWrapper[_P, _R]: ...
 
 
@@ -309,18 +309,19 @@ def filter_jit(
     fun: None = None,
     *,
     donate: DonateOption = "none",
-    inline: object = False,
-    **jitkwargs: object,
+    inline: Any = False,
+    **jitkwargs: Any,
 ) -> Callable[[Callable[_P, _R]], FilterJitWrapper[_P, _R]]: ...
 
 
 def filter_jit(
-    # `object`: checked below, saying what to do; no runtime type checker may pre-empt.
-    fun: object = None,
+    # `Any`: checked below, saying what to do; no runtime type checker may pre-empt.
+    # (And the API page shows, for each `Any` here, the overloads' types.)
+    fun: Any = None,
     *,
-    donate: object = "none",
-    inline: object = False,
-    **jitkwargs: object,
+    donate: Any = "none",
+    inline: Any = False,
+    **jitkwargs: Any,
 ) -> Any:
     """Compiles `fun` like `jax.jit`, tracing its array leaves and keeping every
     other leaf static; and when called inside another trace, changes nothing.

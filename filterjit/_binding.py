@@ -51,12 +51,14 @@ class DefaultsGuard(NamedTuple):
     kwdefault_values: tuple[Any, ...] = ()
 
 
-def kwdefault_values(kwdefaults: dict[str, Any] | None) -> tuple[Any, ...]:
+def kwdefault_values(kwdefaults: dict[str, object] | None) -> tuple[Any, ...]:
     """The values of a function's `__kwdefaults__`, in order, to tell a change."""
     return () if kwdefaults is None else tuple(kwdefaults.values())
 
 
-def same_kwdefaults(kwdefaults: dict[str, Any] | None, read: tuple[Any, ...]) -> bool:
+def same_kwdefaults(
+    kwdefaults: dict[str, object] | None, read: tuple[object, ...]
+) -> bool:
     """Whether `kwdefaults` holds the very values `read` (see `kwdefault_values`)."""
     if kwdefaults is None:
         return not read

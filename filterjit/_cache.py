@@ -67,7 +67,7 @@ class BoundedCache(Generic[_V]):
         return len(self._values)
 
 
-def per_class(compute: Callable[[type], Any]) -> Callable[[type], Any]:
+def per_class(compute: Callable[[type], object]) -> Callable[[type], Any]:
     """`compute`, remembered per class as long as the class lives."""
     found: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
 

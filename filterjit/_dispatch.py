@@ -6,7 +6,7 @@ reference path (`Dispatcher.resume`, `Dispatcher._call`)."""
 
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -94,7 +94,7 @@ class Route:
     def __init__(
         self,
         partition: Partition,
-        get: Callable[[Any], Any],
+        get: Callable[[Hashable], Entry | None],
         shares_top: bool,
     ):
         self.partition = partition
@@ -146,7 +146,7 @@ class Dispatcher:
     partitions by (structure, leaf types), each with its route, and the entries by
     key; and per level, the hit that a wrapper calls first."""
 
-    def __init__(self, fun: Any, options: Options, fast: bool | None = None):
+    def __init__(self, fun: object, options: Options, fast: bool | None = None):
         # `fast`: whether generated hits read calls (unless FILTERJIT_FASTPATH=0).
         self._fast = _fastpath.ENABLED if fast is None else fast
         self.function = Function(fun)
@@ -184,7 +184,12 @@ class Dispatcher:
         return self.options.donate != "none" and self.function.has_defaults
 
     def resume(
-        self, level: Level, unfinished: Unfinished, fun: Any, args: Args, kwargs: Kwargs
+        self,
+        level: Level,
+        unfinished: Unfinished,
+        fun: object,
+        args: Args,
+        kwargs: Kwargs,
     ) -> Any:
         """Does what a hit left to the dispatcher: a `MISS`, the whole call on the
         reference path; an error, named in the user's terms (see `_failed`) and
@@ -203,7 +208,7 @@ class Dispatcher:
             level, route, outcome, leaves, unfinished.waited, unfinished.tree
         )
 
-    def _call(self, level: Level, fun: Any, args: Args, kwargs: Kwargs) -> Any:
+    def _call(self, level: Level, fun: object, args: Args, kwargs: Kwargs) -> Any:
         """The reference path: binds, flattens with `jax.tree_util`, looks up (see
         `_lookup`), makes the entry if there is none, runs it, finishes its output;
         and has the latest hit at `level` read calls of this one's shape. No lock
@@ -270,7 +275,9 @@ class Dispatcher:
             if route in self._latest[level]:
                 self._chain(level)
 
-    def hit_of(self, route: Route, get: Callable[[Any], Any]) -> Hit | None:
+    def hit_of(
+        self, route: Route, get: Callable[[Hashable], Entry | None]
+    ) -> Hit | None:
         """The hit of `route`'s calls, finding entries with `get`."""
         calls = [call for call in list(route.calls.values()) if call is not None]
         return hit_caller(
@@ -285,7 +292,7 @@ class Dispatcher:
         )
 
     def _flattened(
-        self, fun: Any, args: Args, kwargs: Kwargs
+        self, fun: object, args: Args, kwargs: Kwargs
     ) -> tuple[Any, list[Any], Any]:
         """The pytree of a call, bound, and its leaves and structure."""
         if self.function.defaults_changed():
@@ -296,9 +303,9 @@ class Dispatcher:
     def _lookup(
         self,
         level: Level,
-        fun: Any,
-        tree: Any,
-        leaves: list[Any],
+        fun: object,
+        tree: object,
+        leaves: list[object],
         treedef: PyTreeDef,
         shape: Shape | None,
         called: Shape | None = None,
@@ -332,8 +339,8 @@ class Dispatcher:
     def _key(
         self,
         partition: Partition,
-        tree: Any,
-        leaves: list[Any],
+        tree: object,
+        leaves: list[object],
         shared: bool,
         called: Shape | None,
         aliases: bool,
@@ -353,8 +360,8 @@ class Dispatcher:
     def _route(
         self,
         level: Level,
-        fun: Any,
-        leaves: list[Any],
+        fun: object,
+        leaves: list[object],
         treedef: PyTreeDef,
         shape: Shape | None,
     ) -> Route:
@@ -454,9 +461,9 @@ class Dispatcher:
         level: Level,
         route: Route,
         entry: Entry,
-        tree: Any,
-        leaves: list[Any],
-        dynamic: Sequence[Any],
+        tree: object,
+        leaves: list[object],
+        dynamic: Sequence[object],
     ) -> Any:
         """Calls an entry's jitted function (which may trace) and finishes the
         output. Nested, with the caller's pytree `tree` at hand for a trace (see
@@ -487,10 +494,10 @@ class Dispatcher:
         level: Level,
         route: Route,
         out: Carried,
-        leaves: list[Any],
+        leaves: list[object],
         waited: bool = False,
-        tree: Any = None,
-        nodes: list[Any] | None = None,
+        tree: object = None,
+        nodes: list[object] | None = None,
     ) -> Any:
         """The user's output from a `Carried` one: the trace's own spec finishes
         it with this call's leaves (nested, and its containers: see
@@ -505,7 +512,7 @@ class Dispatcher:
             wait_checked(spec.awaited(out.leaves), self.function.name)
         return spec.build(out.leaves, leaves)
 
-    def _read_defaults_again(self, fun: Any) -> None:
+    def _read_defaults_again(self, fun: object) -> None:
         """After the function's defaults were reassigned: calls bind to the new
         ones (a call's defaults are leaves of its pytree, and so of its key), and
         the hits that read the old ones are dropped."""
@@ -536,7 +543,7 @@ class Dispatcher:
             for route in routes.values():
                 route.forget_calls()
 
-    def _failed(self, route: Route, leaves: list[Any], error: Exception) -> None:
+    def _failed(self, route: Route, leaves: list[object], error: Exception) -> None:
         """Names a leaf JAX cannot trace, or raises a runtime check that failed in a
         trace made just now in the user's terms; else `error` is raised as it is."""
         partition = route.partition
@@ -552,12 +559,12 @@ class Dispatcher:
     def _make(
         self,
         level: Level,
-        fun: Any,
+        fun: object,
         route: Route,
-        leaves: list[Any],
+        leaves: list[object],
         called: Shape | None,
         cache: BoundedCache[Entry],
-        key: Any,
+        key: Hashable,
     ) -> Entry:
         """A new entry for a call at `level` (a top-level one in the top level's
         cache, so that either level may trace it), stored in `cache` under `key`;
@@ -603,12 +610,12 @@ class Dispatcher:
         compile_build = _fastpath.output_builder if self._fast else None
         return EntryMaker(self.function, self.options, self.trace_log, compile_build)
 
-    def _check_traceable(self, route: Route, leaves: list[Any]) -> None:
+    def _check_traceable(self, route: Route, leaves: list[object]) -> None:
         labels = [p.label for p in route.leaf_parameters(self.function)]
         name, dynamic = self.function.name, route.partition.dynamic_positions
         check_traceable(name, labels, leaves, dynamic)
 
-    def _check_processes_agree(self, route: Route, leaves: list[Any]) -> None:
+    def _check_processes_agree(self, route: Route, leaves: list[object]) -> None:
         """Before compiling a program that spans processes: that every process
         compiles it with the same static values (else a clear error, not a hang).
         A program on this process's devices alone waits for no other process."""
@@ -622,7 +629,7 @@ class Dispatcher:
         check_statics_agree(self.function.name, statics)
 
     def explain(
-        self, level: Level, fun: Any, args: Args, kwargs: Kwargs
+        self, level: Level, fun: object, args: Args, kwargs: Kwargs
     ) -> Explanation:
         """What a call would do at `level`, changing nothing."""
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
@@ -635,7 +642,7 @@ class Dispatcher:
         name, level_name = self.function.name, Level(level).description
         return Explanation(name, level_name, rows, hit, nearest=nearest)
 
-    def abstract(self, fun: Any, args: Args, kwargs: Kwargs) -> "AheadOfTime":
+    def abstract(self, fun: object, args: Args, kwargs: Kwargs) -> "AheadOfTime":
         """The entry for an ahead-of-time call (arrays may be ShapeDtypeStructs),
         made if new: with its partition, traced leaves and leaves.
 
@@ -680,7 +687,7 @@ def clear_all() -> None:
         dispatcher.clear()
 
 
-def _module_of(fun: Any) -> str:
+def _module_of(fun: object) -> str:
     fun = unwrapped(fun)
     module = getattr(fun, "__module__", None)  # else a callable object: its class's
     return module if isinstance(module, str) else type(fun).__module__

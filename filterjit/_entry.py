@@ -7,7 +7,7 @@ import re
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -39,7 +39,7 @@ from ._trace import nested_caller
 _INLINE: Any = getattr(getattr(jax, "Inline", None), "JAX_EARLY", True)
 
 
-def aval_key(x: Any) -> tuple[Any, ...]:
+def aval_key(x: object) -> tuple[Any, ...]:
     """What a trace of the jitted function sees of a traced leaf."""
     aval = jax.typeof(x)
     return aval.shape, aval.dtype, aval.weak_type  # pyright: ignore[reportAttributeAccessIssue]
@@ -65,11 +65,11 @@ class Entry:
 
     def __init__(
         self,
-        jitted: Callable[..., Any],
-        captured: list[Any],
+        jitted: Callable[..., object],
+        captured: Sequence[tuple[np.ndarray, object]],
         staged: bool,
         labels: list[str] | None = None,
-        with_call: Callable[..., Any] | None = None,
+        with_call: Callable[..., object] | None = None,
     ):
         # Called with the traced leaves (at the top level, ahead of time).
         self.jitted = jitted
@@ -91,7 +91,7 @@ class Entry:
         """Whether no NumPy array compiled in has been changed since it was keyed."""
         return all(ndarray_key(array) == key for array, key in self.captured)
 
-    def awaited(self, out: Any) -> Any:
+    def awaited(self, out: object) -> Any:
         """What a call outside staged traces waits for, to raise a failed runtime
         check at the call (see `OutputSpec.awaited`); `None` for nothing."""
         if type(out) is Carried:
@@ -106,7 +106,7 @@ class Entry:
             if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer)
         ]
 
-    def drop_with(self, trace: Any, drop: Callable[[], None]) -> None:
+    def drop_with(self, trace: object, drop: Callable[[], None]) -> None:
         """Drops this entry (`drop()`) when `trace` ends (dies)."""
         self._dropped_with = weakref.ref(trace, lambda _: drop())
 
@@ -134,21 +134,21 @@ class TopCall(ft.partial[Any]):
     no call: called (at C speed), lowered, traced and shape-evaluated with the
     traced leaves alone, as a top-level entry's `jitted` is."""
 
-    def lower(self, *dynamic: Any) -> Any:
+    def lower(self, *dynamic: object) -> Any:
         jitted: Any = self.func  # a `jax.jit` object
         return jitted.lower(*self.args, *dynamic)
 
-    def trace(self, *dynamic: Any) -> Any:
+    def trace(self, *dynamic: object) -> Any:
         jitted: Any = self.func
         return jitted.trace(*self.args, *dynamic)
 
-    def eval_shape(self, *dynamic: Any) -> Any:
+    def eval_shape(self, *dynamic: object) -> Any:
         jitted: Any = self.func
         return jitted.eval_shape(*self.args, *dynamic)
 
 
 def run_nested(
-    entry: Entry, tree: Any, leaves: list[Any], dynamic: Any
+    entry: Entry, tree: object, leaves: list[object], dynamic: Iterable[object]
 ) -> tuple[Any, list[Any] | None]:
     """Calls an entry's jitted function nested, with the call's traced leaves
     `dynamic`, its pytree `tree` and all its `leaves` at hand for a trace; and the
@@ -163,14 +163,14 @@ def run_nested(
         call.under_way = call.nodes = None
 
 
-def copied_by_jax(captured: tuple[np.ndarray, Any]) -> bool:
+def copied_by_jax(captured: tuple[np.ndarray, object]) -> bool:
     """Whether JAX turns a captured NumPy array into a constant of another dtype
     (a float64 one without x64): a copy it caches by the array's identity."""
     dtype = captured[0].dtype
     return jax.dtypes.canonicalize_dtype(dtype) != dtype
 
 
-def with_leaves(entry: Entry, leaves: list[Any]) -> tuple[Any, CallUnderWay]:
+def with_leaves(entry: Entry, leaves: list[object]) -> tuple[Any, CallUnderWay]:
     """`entry`'s jitted function for a top-level call, with the call's `leaves` at
     hand for a trace (its static leaves, not those of the call that made the
     entry: equal by `==`, they may differ), and the `CallUnderWay` holding them,
@@ -181,7 +181,7 @@ def with_leaves(entry: Entry, leaves: list[Any]) -> tuple[Any, CallUnderWay]:
     return ft.partial(entry.with_call, call), call
 
 
-def _source_of(fun: Any) -> Any:
+def _source_of(fun: object) -> Any:
     """Where the user's function is defined, for JAX's messages (which follow
     `__wrapped__` to a `__code__`), keeping neither the function nor its `self`."""
     found = python_function(fun)
@@ -218,11 +218,11 @@ class EntryMaker(NamedTuple):
 
 def make_entry(
     maker: EntryMaker,
-    fun: Any,
+    fun: object,
     level: Level,
     partition: Partition,
     leaf_parameters: list[LeafParameter],
-    leaves: list[Any],
+    leaves: Sequence[object],
     defaulted: tuple[str, ...] = (),
     keeps_call: bool = True,
 ) -> Entry:
@@ -255,7 +255,7 @@ def make_entry(
     traced_labels = [labels[p] for p in dynamic_positions]
     traced_types = [partition.types[p] for p in dynamic_positions]
 
-    def trace(taken: CallUnderWay | None, dynamic: Any) -> Any:
+    def trace(taken: CallUnderWay | None, dynamic: Sequence[object]) -> Any:
         """The function called with a call's traced leaves `dynamic`: in the
         call's own pytree and leaves `taken.under_way` (at the top level, its
         leaves alone), else in a copy of those of the call that made the entry."""
@@ -307,10 +307,10 @@ def make_entry(
             output, inputs, runtime_check, boxed, compile_build, containers
         )
 
-    def run_taking_call(call: CallUnderWay, *dynamic: Any) -> Any:
+    def run_taking_call(call: CallUnderWay, *dynamic: object) -> Any:
         return trace(call, dynamic)
 
-    def run_top(*dynamic: Any) -> Any:
+    def run_top(*dynamic: object) -> Any:
         return trace(None, dynamic)
 
     # Nested calls can find it (see `Options.same_at_every_level`).
@@ -356,14 +356,17 @@ def make_entry(
 
 
 def _recording(
-    jitted: Any, donated: tuple[int, ...], name: str, labels: list[str]
+    jitted: Callable[..., object],
+    donated: tuple[int, ...],
+    name: str,
+    labels: list[str],
 ) -> Any:
     """`jitted`, noting (weakly) which arrays each call donated, for the error that
     passing one again raises (see `_donated`)."""
     donated_labels = [labels[i] for i in donated]
     every = donated == tuple(range(len(labels)))
 
-    def call(*dynamic: Any) -> Any:
+    def call(*dynamic: object) -> Any:
         out = jitted(*dynamic)
         arrays = dynamic if every else [dynamic[i] for i in donated]
         record(arrays, name, donated_labels)
@@ -374,10 +377,10 @@ def _recording(
     return call
 
 
-def _silencing(jitted: Any) -> Any:
+def _silencing(jitted: Callable[..., object]) -> Any:
     """`jitted`, called with JAX's warning about unusable donations silenced."""
 
-    def call(*args: Any) -> Any:
+    def call(*args: object) -> Any:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "Some donated buffers were not usable")
             return jitted(*args)
@@ -425,7 +428,10 @@ def _donated(
 
 
 def _leaf_shardings(
-    function: Function, in_shardings: Any, partition: Partition, leaves: list[Any]
+    function: Function,
+    in_shardings: object,
+    partition: Partition,
+    leaves: Sequence[object],
 ) -> tuple[Any, ...]:
     """`in_shardings`, a prefix of the positional arguments (one sharding or `None`
     for all of them, as in `jax.jit`), for each traced leaf."""

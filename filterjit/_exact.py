@@ -49,7 +49,7 @@ class Identity:
 
     __slots__ = ("value",)
 
-    def __init__(self, value: Any):
+    def __init__(self, value: object):
         self.value = value
 
     def __hash__(self) -> int:
@@ -112,7 +112,7 @@ _ITSELF = frozenset(
 ATOMS = _ITSELF | {float}
 
 
-def _atom(value: Any) -> Any:
+def _atom(value: object) -> Any:
     return float_key(value) if type(value) is float else value
 
 
@@ -142,7 +142,7 @@ def _dict(value: dict[Any, Any], memo: _Memo) -> Any:
     return _sequence(tuple(value), memo), _sequence(tuple(value.values()), memo)
 
 
-def _set(value: set[Any] | frozenset[Any], memo: _Memo) -> Any:
+def _set(value: set[object] | frozenset[object], memo: _Memo) -> Any:
     # In iteration order: equal sets may iterate differently, and the function may
     # iterate it.
     return _sequence(tuple(value), memo)
@@ -170,7 +170,7 @@ def _jax_array(value: jax.Array, memo: _Memo) -> Any:
     return ndarray_key(np.asarray(value))
 
 
-def _itself(value: Any, memo: _Memo) -> Any:
+def _itself(value: object, memo: _Memo) -> Any:
     return value
 
 
@@ -235,7 +235,7 @@ def _key(value: Any, memo: _Memo) -> Any:
     return keyed
 
 
-def key(value: Any) -> Any:
+def key(value: object) -> Any:
     """What proves `value` the same as another value to a trace: equal (by `==`)
     for two values only if they trace alike, at every level (see the table above):
     its type and what `_key_of` makes of it. It holds `value`'s parts that are
@@ -272,7 +272,7 @@ def _unmistaken(value: Any) -> bool:
 _BY_IDENTITY = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
 
-def exact_values(values: Sequence[Any]) -> Any:
+def exact_values(values: Sequence[object]) -> Any:
     """The key of `values` (a tuple or a list), which the caller compares by `==`
     alone; `None` where that is exact."""
     return None if _unmistaken(tuple(values)) else key(values)
@@ -310,7 +310,10 @@ def unchanging(data: Sequence[Any]) -> bool:
 
 
 def same_exact(
-    treedef: PyTreeDef, recorded: list[Any] | None, recorded_key: Any, hashed: int
+    treedef: PyTreeDef,
+    recorded: Sequence[object] | None,
+    recorded_key: object,
+    hashed: int,
 ) -> bool:
     """Whether a structure equal (by `==`) to one with `exact_aux` `recorded_key`,
     whose hash was `hashed`, is exactly equal to it: the hash recomputed, as a

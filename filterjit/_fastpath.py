@@ -40,7 +40,7 @@ import linecache
 import operator
 import os
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -76,7 +76,7 @@ _counter = itertools.count()
 
 
 def _compile(
-    name: str, parameters: str, body: list[str], namespace: dict[str, Any]
+    name: str, parameters: str, body: list[str], namespace: dict[str, object]
 ) -> Any:
     """The function `def name(parameters): body`, with globals `namespace` (a new
     dict of its own). The source holds no user data: values are in `namespace`."""
@@ -92,7 +92,7 @@ def _compile(
 
 
 def output_builder(
-    treedef: PyTreeDef, sources: list[tuple[str, Any]]
+    treedef: PyTreeDef, sources: Sequence[tuple[str, object]]
 ) -> Callable[..., Any] | None:
     """`build(out, inputs)`, `treedef.unflatten` of an output's leaves as one
     expression, each leaf `("out", i)`, the traced leaf `out[i]`; `("input", p)`,
@@ -148,7 +148,7 @@ class Unfinished:
     __slots__ = ("outcome", "leaves", "waited", "tree", "route")
 
     def __init__(
-        self, outcome: Any, leaves: list[Any], waited: bool, tree: Any, route: Any
+        self, outcome: Any, leaves: list[object], waited: bool, tree: object, route: Any
     ):
         self.outcome = outcome
         self.leaves = leaves
@@ -163,7 +163,9 @@ MISS = Unfinished(None, [], False, None, None)
 Hit = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
-def miss(fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Unfinished:
+def miss(
+    fun: object, args: tuple[object, ...], kwargs: dict[str, object]
+) -> Unfinished:
     """The hit of a level with no partition to read calls of: always `MISS`."""
     return MISS
 
@@ -178,7 +180,7 @@ def chained(hits: Sequence[Hit]) -> Hit:
         return hits[0]
     first, *rest = hits
 
-    def hit(f: Any, a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+    def hit(f: object, a: tuple[object, ...], k: dict[str, object]) -> Any:
         o = first(f, a, k)
         if o is MISS:
             for other in rest:
@@ -191,10 +193,10 @@ def chained(hits: Sequence[Hit]) -> Hit:
 
 
 def hit_caller(
-    route: Any,
+    route: object,
     partition: Partition,
     calls: Sequence[HitCall],
-    get: Callable[[Any], Any],
+    get: Callable[[Hashable], object],
     fun_is_leaf: bool,
     name: str,
     learned: OutputSpec | None = None,
@@ -441,10 +443,10 @@ class _Writer:
 
     def key(
         self,
-        partition: Any,
+        partition: Partition,
         at: Callable[[int], str],
         whole: str,
-        suffix: Any = None,
+        suffix: object = None,
         tree: str | None = None,
     ) -> str:
         """A call's key as `Dispatcher._key` makes it, written out: the partition's
@@ -459,7 +461,7 @@ class _Writer:
         return key
 
     def _reference_key(
-        self, partition: Any, at: Callable[[int], str], whole: str
+        self, partition: Partition, at: Callable[[int], str], whole: str
     ) -> str:
         """`partition.reference_key(whole)` written out, such as `(program, l[0],
         k(v) if (v := l[3]) == 0.0 or v != v else v)`, the leaf at position `p`
@@ -487,7 +489,7 @@ class _Writer:
         return f"({', '.join(parts)},)"
 
     def output(
-        self, treedef: PyTreeDef, sources: list[tuple[str, Any]], out: str
+        self, treedef: PyTreeDef, sources: Sequence[tuple[str, object]], out: str
     ) -> str | None:
         """`treedef.unflatten` of an output's leaves as one expression (see
         `output_builder`), the traced leaf `i` being `{out}[i]`; `None` where a
@@ -496,7 +498,7 @@ class _Writer:
             return None
         leaves = iter(sources)
 
-        def expression(node: Any) -> str | None:
+        def expression(node: PyTreeDef) -> str | None:
             if node.num_nodes == 1 and node.num_leaves == 1:
                 kind, value = next(leaves)
                 if kind == "out":
@@ -519,7 +521,7 @@ class _Writer:
 
         return expression(treedef)
 
-    def constant(self, value: Any) -> str:
+    def constant(self, value: object) -> str:
         name = f"c{next(self.names)}"
         self.namespace[name] = value
         return name
@@ -548,7 +550,7 @@ class _Writer:
                 f"{self.constant(read_kw_values)})"
             )
 
-    def items(self, x: str, keys: Sequence[Any]) -> str:
+    def items(self, x: str, keys: Sequence[object]) -> str:
         """A variable holding the tuple of `x[key]` for `keys`."""
         values = self.variable()
         if len(keys) > 3:  # at C speed
@@ -610,7 +612,12 @@ class _Writer:
         return None
 
     def module(
-        self, treedef: PyTreeDef, types: tuple[type, ...], x: str, kind: type, data: Any
+        self,
+        treedef: PyTreeDef,
+        types: tuple[type, ...],
+        x: str,
+        kind: type,
+        data: object,
     ) -> list[str] | None:
         """An `eqx.Module`, read from its `__dict__` on every call."""
         layout = _layout(kind)

@@ -5,7 +5,7 @@ import inspect
 import types
 import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 import equinox as eqx
 import jax.tree_util as jtu
@@ -31,7 +31,7 @@ from ._structure import PyTreeDef
 from ._trace import boxed_partial
 
 
-def is_partial(fun: Any) -> bool:
+def is_partial(fun: object) -> TypeGuard[ft.partial[Any]]:
     """Whether a call of `fun` is its partial's call (`jtu.Partial` included; not a
     subclass with a `__call__` of its own, an opaque callable)."""
     return is_partial_type(type(fun))
@@ -42,7 +42,7 @@ def is_partial_type(kind: type) -> bool:
     return issubclass(kind, ft.partial) and kind.__call__ is ft.partial.__call__
 
 
-def _inside(fun: Any) -> tuple[Any, str] | None:
+def _inside(fun: object) -> tuple[Any, str] | None:
     """What a partial (`jtu.Partial` included) or a method (bound, an `eqx.Module`'s,
     any method-like object) calls, and the attribute that holds it; else `None`."""
     if is_partial(fun):
@@ -60,7 +60,7 @@ class Opened(NamedTuple):
     keywords: dict[str, Any]
 
 
-def opened(fun: Any) -> Opened | None:
+def opened(fun: object) -> Opened | None:
     """`fun` opened, as messages and texts show it: a partial (`jtu.Partial`
     included), or a bound method, of Python or of a builtin type (`[].append`, whose
     `__self__` is no module); `None` for any other callable."""
@@ -74,7 +74,7 @@ def opened(fun: Any) -> Opened | None:
     return None
 
 
-def unwrapped(fun: Any) -> Any:
+def unwrapped(fun: object) -> Any:
     """The callable under every partial and method of `fun` (see `_inside`)."""
     for _ in range(_MAX_DEPTH):
         inside = _inside(fun)
@@ -89,7 +89,7 @@ _MAX_DEPTH = 32
 
 
 def python_function(
-    fun: Any, signed: bool = False
+    fun: object, signed: bool = False
 ) -> tuple[types.FunctionType, str] | None:
     """The Python function a call of `fun` runs: under its partials and methods,
     else its class's `__call__`; and the expression reaching it from `f` (`"f"`,
@@ -114,13 +114,13 @@ def python_function(
     return None
 
 
-def name_of(fun: Any) -> str:
+def name_of(fun: object) -> str:
     while is_partial(fun):
         fun = fun.func
     return getattr(fun, "__qualname__", None) or type(fun).__qualname__
 
 
-def _defined_in_python(fun: Any) -> bool:
+def _defined_in_python(fun: object) -> bool:
     """Whether calling `fun` runs Python code, whose signature is exact (`np.add`
     refuses its own defaults `dtype=None` and `signature=None` together)."""
     return isinstance(fun, type) or python_function(fun) is not None
@@ -136,7 +136,7 @@ def signature_of(fun: Any, follow_wrapped: bool) -> inspect.Signature | None:
         return None
 
 
-def call_signature(fun: Any) -> inspect.Signature | None:
+def call_signature(fun: object) -> inspect.Signature | None:
     """The signature a call of `fun` binds to: its own (not its `__wrapped__`'s,
     which `eqx.filter_vmap(f)` advertises but may not accept), in which what a
     partial binds by keyword is `BOUND`, not a default: the partial passes its own
@@ -145,7 +145,7 @@ def call_signature(fun: Any) -> inspect.Signature | None:
 
 
 def _bound_by(
-    fun: Any, signature: inspect.Signature | None
+    fun: object, signature: inspect.Signature | None
 ) -> inspect.Signature | None:
     """`signature`, what the partial `fun` binds by keyword made `BOUND` (so that
     no signature keeps a partial's values alive). Any partial: `inspect` reads a
@@ -169,14 +169,14 @@ class DefaultsSource(NamedTuple):
     path: str
 
 
-def defaults_source(fun: Any) -> DefaultsSource | None:
+def defaults_source(fun: object) -> DefaultsSource | None:
     """Where calls of `fun` find their defaults, which may be reassigned at any
     time (`f.__defaults__ = ...`); `None` for a callable without Python defaults."""
     found = python_function(fun, signed=True)
     return None if found is None else DefaultsSource(weakref.ref(found[0]), found[1])
 
 
-def in_call_tree(fun: Any, treedef: PyTreeDef | None = None) -> bool:
+def in_call_tree(fun: object, treedef: PyTreeDef | None = None) -> bool:
     """Whether a wrapped callable is part of each call's pytree: a pytree (a Module,
     a `jtu.Partial`) or a leaf compared by value, not by identity (a function).
     `treedef`: its structure, where known."""
@@ -205,7 +205,7 @@ jtu.register_pytree_with_keys(
 )
 
 
-def as_held(fun: Any) -> Any:
+def as_held(fun: object) -> Any:
     """The callable `filter_jit` holds for `fun`, whose pytree each call partitions:
     a `functools.partial` as a `jtu.Partial` (its arguments children), of the
     callable itself where that is a pytree node (`Bound`), of a bound method's
@@ -231,12 +231,12 @@ def as_held(fun: Any) -> Any:
     return fun
 
 
-def _is_node(fun: Any) -> bool:
+def _is_node(fun: object) -> bool:
     """Whether `fun` is a pytree node (an `eqx.Module`), not a leaf."""
     return not jtu.treedef_is_leaf(jtu.tree_structure(fun))
 
 
-def own_dict(fun: Any) -> dict[str, Any] | None:
+def own_dict(fun: object) -> dict[str, Any] | None:
     """`fun`'s instance `__dict__`, read past a `__getattribute__` of its class's
     (an `eqx.Module`'s, which costs a Python call and, for a name it lacks, an
     exception); `None` without one."""
@@ -295,7 +295,7 @@ def class_attributes(cls: type) -> ClassAttributes | None:
     return ClassAttributes(computed, {n: found[n] for n in found.keys() - computed})
 
 
-def attribute_reader(fun: Any) -> Callable[[str, Any], Any]:
+def attribute_reader(fun: object) -> Callable[[str, Any], Any]:
     """`getattr(fun, ...)` for the names of `METADATA` and `RECORD_READS`, read past
     an `eqx.Module`'s `__getattribute__` (a Python call, and for a name it lacks an
     exception) where its class says how (see `class_attributes`)."""
@@ -313,7 +313,7 @@ def attribute_reader(fun: Any) -> Callable[[str, Any], Any]:
     return read
 
 
-def _is_module_method(fun: Any) -> bool:
+def _is_module_method(fun: object) -> bool:
     # `module.method`: a Module holding the function and the instance as fields.
     own = own_dict(fun) if issubclass(type(fun), eqx.Module) else None
     return (
@@ -335,14 +335,14 @@ jtu.register_pytree_node(
 )
 
 
-def first_parameter(fun: Any) -> str | None:
+def first_parameter(fun: object) -> str | None:
     """The first parameter of `fun`, if it takes an argument by position."""
     signature = signature_of(fun, follow_wrapped=True)
     names = [] if signature is None else positional_names(signature.parameters.values())
     return names[0] if names else None
 
 
-def receiver_of(fun: Any) -> str | None:
+def receiver_of(fun: object) -> str | None:
     """The name of the receiver (`self`, the first argument) of a callable whose
     leaves are its receiver's (a bound method, a callable Module: its first argument,
     whatever it holds), else `None`."""
@@ -357,7 +357,7 @@ def receiver_of(fun: Any) -> str | None:
 class Function:
     """The facts about a function that do not change between calls."""
 
-    def __init__(self, fun: Any):
+    def __init__(self, fun: object):
         self.name = name_of(fun)
         self.fun_is_leaf = not in_call_tree(fun)
         signature = call_signature(fun)
@@ -426,13 +426,15 @@ class Function:
             if kind == "default" and any(map(is_array, jtu.tree_leaves(value)))
         )
 
-    def call_tree(self, fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call_tree(
+        self, fun: object, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> Any:
         """The pytree of a call: its bound arguments, after the function if a pytree."""
         call = Keywords(args, kwargs) if kwargs else args
         return call if self.fun_is_leaf else (fun, call)
 
     def split_call(
-        self, fun: Any, call: Any
+        self, fun: object, call: Any
     ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         if not self.fun_is_leaf:
             fun, call = call

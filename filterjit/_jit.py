@@ -8,7 +8,7 @@ import sys
 import types
 import typing
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
 import jax.tree_util as jtu
@@ -42,7 +42,7 @@ _S = TypeVar("_S")
 _W = TypeVar("_W", bound="Wrapper[Any, Any]")
 
 
-def _metadata(fun: Any) -> dict[str, Any]:
+def _metadata(fun: object) -> dict[str, Any]:
     """As `functools.wraps` copies it, and where the annotations' names resolve
     (for jaxtyping's `jaxtyped`)."""
     read = attribute_reader(fun)
@@ -78,7 +78,7 @@ _class_metadata: "weakref.WeakKeyDictionary[type, dict[str, Any]]" = (
 )
 
 
-def _copy_metadata(wrapper: Any, fun: Any) -> None:
+def _copy_metadata(wrapper: Any, fun: object) -> None:
     # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
     wrapper.__wrapped__ = fun
     attributes = class_attributes(type(fun))
@@ -105,7 +105,7 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
     jit_disabled, current, top_type, staged_type, level_of = reader
     top, staged, unfinished = TOP, STAGED, Unfinished
 
-    def __call__(self: Any, /, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self: Any, /, *args: object, **kwargs: object) -> Any:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
         try:
             if jit_disabled():
@@ -128,7 +128,7 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
     return __call__
 
 
-def is_module_global(wrapper: Any) -> bool:
+def is_module_global(wrapper: object) -> bool:
     """Whether `wrapper` is what its `__module__` and `__qualname__` name (a function
     or class attribute there), so that pickle can save it by reference."""
     found: Any = sys.modules.get(getattr(wrapper, "__module__", None) or "")
@@ -147,14 +147,16 @@ class Wrapper(Generic[_P, _R]):
         def __call__(self, /, *args: _P.args, **kwargs: _P.kwargs) -> _R: ...
 
     @overload
-    def __get__(self: "_W", instance: None, owner: Any = None) -> "_W": ...
+    def __get__(self: "_W", instance: None, owner: type | None = None) -> "_W": ...
 
     @overload
     def __get__(
-        self: "Wrapper[Concatenate[_S, _Q], _R]", instance: _S, owner: Any = None
+        self: "Wrapper[Concatenate[_S, _Q], _R]",
+        instance: _S,
+        owner: type | None = None,
     ) -> Callable[_Q, _R]: ...
 
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
         # Called as `self(instance, ...)`: `instance` is partitioned as an argument.
         return self if instance is None else types.MethodType(self, instance)
 
@@ -257,11 +259,15 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
         return finish(called.jitted.eval_shape(*called.dynamic), called.leaves)
 
-    def _explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Explanation:
+    def _explain(
+        self, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> Explanation:
         return self._dispatcher.explain(_trace.trace_level(), self._fun, args, kwargs)
 
 
-def _unflatten(options: Options, children: Any) -> FilterJitWrapper[..., Any]:
+def _unflatten(
+    options: Options, children: Iterable[object]
+) -> FilterJitWrapper[..., Any]:
     # JAX unflattens with placeholders too (None, object()): nothing is checked.
     wrapper = object.__new__(FilterJitWrapper)
     (fun,) = children
@@ -302,6 +308,7 @@ def filter_jit(
 
 def filter_jit(
     # `Any`: checked below, saying what to do; no runtime type checker may pre-empt.
+    # (And the API page shows, for each `Any` here, the overloads' types.)
     fun: Any = None,
     *,
     donate: Any = "none",
@@ -378,7 +385,7 @@ def filter_jit(
 _DEFAULT_OPTIONS = make_options()
 
 
-def _decorate(options: Options, fun: Any, caller: str = "filter_jit") -> Any:
+def _decorate(options: Options, fun: object, caller: str = "filter_jit") -> Any:
     if not callable(fun):
         raise TypeError(
             f"{caller} expects a callable, but got {fun!r} of type "

@@ -3,7 +3,6 @@ traced at each level, which types are always pytree leaves, and which are keyed
 by identity."""
 
 import types
-from typing import Any
 
 import jax
 import numpy as np
@@ -16,7 +15,7 @@ ARRAY_TYPES = (jax.Array, np.ndarray, np.generic)
 NUMPY_TYPES = (np.ndarray, np.generic)
 
 
-def is_array(element: Any) -> bool:
+def is_array(element: object) -> bool:
     """Whether `filter_jit` traces `element` when called outside any staged trace.
 
     This is the leaf predicate of the top level (and of eager transforms): every
@@ -42,7 +41,7 @@ def is_array(element: Any) -> bool:
     return isinstance(element, ARRAY_TYPES)
 
 
-def compares_elementwise(element: Any) -> bool:
+def compares_elementwise(element: object) -> bool:
     """Whether `==` of `element` gives an array, not a bool (a NumPy or JAX array;
     not a NumPy scalar): a structure holding it as static data cannot compare."""
     return isinstance(element, np.ndarray | jax.Array)

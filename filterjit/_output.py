@@ -27,7 +27,7 @@ from ._structure import (
 )
 
 
-def items_getter(keys: Sequence[Any]) -> Callable[[Any], tuple[Any, ...]]:
+def items_getter(keys: Sequence[object]) -> Callable[[Any], tuple[Any, ...]]:
     """`get(x)`: the tuple of `x[key]` for `keys`."""
     if len(keys) != 1:
         return operator.itemgetter(*keys) if keys else lambda x: ()
@@ -41,7 +41,7 @@ class _Static:
 
     __slots__ = ("value",)
 
-    def __init__(self, value: Any):
+    def __init__(self, value: object):
         self.value = value
 
 
@@ -61,7 +61,7 @@ BuilderCompiler = Callable[
 
 
 def leaf_sources(
-    template: list[Any],
+    template: Sequence[object],
     dynamic_positions: list[int],
     passthrough: list[tuple[int, int]],
 ) -> list[tuple[str, Any]]:
@@ -78,7 +78,7 @@ def leaf_sources(
 
 def _builder(
     treedef: PyTreeDef,
-    template: list[Any],
+    template: Sequence[object],
     dynamic_positions: list[int],
     passthrough: list[tuple[int, int]],
     copies: list[int],
@@ -104,7 +104,7 @@ def _builder(
         return lambda out, inputs=None: unflatten(take((*out, *constants)))
     take_inputs = items_getter([position for _, position in passthrough])
 
-    def build(out: Any, inputs: list[Any]) -> Any:
+    def build(out: Sequence[object], inputs: Sequence[object]) -> Any:
         leaves = take((*out, *take_inputs(inputs), *constants))
         if copies:
             leaves = list(leaves)
@@ -139,10 +139,10 @@ class OutputSpec:
     def __init__(
         self,
         treedef: PyTreeDef,
-        leaves: list[Any],
-        inputs: list[Any],
+        leaves: Sequence[object],
+        inputs: Sequence[object],
         runtime_check: bool,
-        orders: tuple[tuple[Any, ...], ...] | None,
+        orders: tuple[tuple[object, ...], ...] | None,
         compile_build: BuilderCompiler | None = None,
         handed: "HandedNodes | None" = None,
     ):
@@ -221,7 +221,11 @@ class OutputSpec:
             self.leaf_sources = treedef, leaf_sources(template, dynamic, passthrough)
 
     def finish_nested(
-        self, out: Any, inputs: list[Any], tree: Any, nodes: list[Any] | None = None
+        self,
+        out: object,
+        inputs: list[object],
+        tree: object,
+        nodes: list[object] | None = None,
     ) -> Any:
         """A nested call's output, from the traced leaves `out`, the call's leaves
         `inputs` and its pytree `tree` (whose containers it may hand back), whose
@@ -239,7 +243,7 @@ class OutputSpec:
         skip = frozenset(id(nodes[index]) for index in handed.values())
         return restore_orders(built, self.orders, skip)
 
-    def awaited(self, out: Any) -> Any:
+    def awaited(self, out: Sequence[object]) -> Any:
         """What of the traced leaves `out` a call outside staged traces waits for:
         with a runtime check, its marker (see `check_marker`)."""
         return [out[-1]] if self.runtime_check else None
@@ -254,7 +258,7 @@ def check_marker() -> Any:
 
 
 def _without_marker(
-    build: Callable[[Any, list[Any]], Any],
+    build: Callable[[Sequence[object], list[object]], object],
 ) -> Callable[[Any, list[Any]], Any]:
     """`build` of traced leaves that end with a check's marker."""
     return lambda out, inputs: build(out[:-1], inputs)
@@ -283,7 +287,7 @@ jtu.register_pytree_node(
 )
 
 
-def finish(out: Any, inputs: list[Any]) -> Any:
+def finish(out: object, inputs: list[object]) -> Any:
     """The user's output from what the jitted function returned (or its shapes,
     from `eval_shape`), for a top-level call with leaves `inputs`."""
     if type(out) is Carried:
@@ -314,7 +318,7 @@ class ContainerIndex(NamedTuple):
     positions: dict[int, int]
 
 
-def container_index(call: Any) -> ContainerIndex:
+def container_index(call: object) -> ContainerIndex:
     """The `ContainerIndex` of the pytree `call`, before the function runs."""
     nodes = container_nodes(call)
     counts = collections.Counter(map(id, nodes))
@@ -327,7 +331,7 @@ def container_index(call: Any) -> ContainerIndex:
     return ContainerIndex(nodes, index)
 
 
-def _handed_nodes(output: Any, containers: ContainerIndex) -> HandedNodes | None:
+def _handed_nodes(output: object, containers: ContainerIndex) -> HandedNodes | None:
     """The containers of the call that `output` holds (see `HandedNodes`)."""
     index = containers.positions
     if not index:
@@ -386,8 +390,8 @@ _MAX_FILLED = 1000
 
 
 def jit_output(
-    output: Any,
-    inputs: list[Any],
+    output: object,
+    inputs: Sequence[object],
     runtime_check: bool,
     boxed: bool,
     compile_build: BuilderCompiler | None = None,

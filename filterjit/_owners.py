@@ -30,11 +30,11 @@ class _Holder:
 
     __slots__ = ("owner", "dispatchers", "__weakref__")
 
-    def __init__(self, owner: Any = None):
+    def __init__(self, owner: object = None):
         self.owner = owner  # a weak reference to the owner, or the owner
         self.dispatchers: BoundedCache[Dispatcher] = BoundedCache(_MAX_DISPATCHERS)
 
-    def owned_by(self, candidate: Any) -> bool:
+    def owned_by(self, candidate: object) -> bool:
         owner = self.owner
         return (owner() if isinstance(owner, weakref.ref) else owner) is candidate
 
@@ -48,7 +48,7 @@ _lock = threading.RLock()
 _without_dict: dict[int, _Holder] = {}
 
 
-def _holder(owner: Any) -> _Holder | None:
+def _holder(owner: object) -> _Holder | None:
     """The holder of what `owner` owns; `None` for one that takes neither an attribute
     nor a weak reference (a NumPy ufunc): its wrappers keep caches of their own."""
     namespace = getattr(owner, "__dict__", None)
@@ -79,7 +79,7 @@ def _forget(key: Any, holder: "_Holder | None") -> None:
             del _without_dict[key]
 
 
-def dispatcher_for(fun: Any, options: Options) -> Dispatcher:
+def dispatcher_for(fun: object, options: Options) -> Dispatcher:
     """The dispatcher shared by the wrappers of `fun` with `options`."""
     owner, key = owner_of(fun)
     if (holder := _holder(owner)) is None:

@@ -27,7 +27,7 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     return _exact.static_key_function(kind)
 
 
-def static_key(leaf: Any) -> Any:
+def static_key(leaf: object) -> Any:
     """The key of a static leaf at the top level (its type is keyed apart)."""
     rekey = _key_function(type(leaf), staged=False)
     return leaf if rekey is None else rekey(leaf)
@@ -83,7 +83,7 @@ class Partition:
         treedef: PyTreeDef,
         types: tuple[type, ...],
         level: Level,
-        program_of: Callable[[Any], object],
+        program_of: Callable[[tuple[object, ...]], object],
     ):
         traced = traced_types(level)
         staged = level == STAGED
@@ -121,7 +121,7 @@ class Partition:
         # `==`, containers), so that a trace must take the call's own.
         self.by_eq = not all(map(_exact.determined, static_types))
 
-    def reference_key(self, leaves: list[Any]) -> Any:
+    def reference_key(self, leaves: Sequence[object]) -> Any:
         """The cache key of a call's leaves: the program, then its static keys."""
         if not self.static_positions:
             return self.program
@@ -132,7 +132,7 @@ class Partition:
         (for a partition whose `exact` is not `None`)."""
         return _exact.same_exact(treedef, self._aux, self.exact, self._hashed)
 
-    def statics(self, leaves: list[Any]) -> Sequence[Any]:
+    def statics(self, leaves: Sequence[object]) -> Sequence[Any]:
         """The keys of the static leaves, one each."""
         return _rekeyed(self._take_static(leaves), self.rekeys)
 
@@ -145,14 +145,14 @@ class Partition:
             for p in range(len(self.types))
         ]
 
-    def captured_bytes(self, leaves: list[Any]) -> int:
+    def captured_bytes(self, leaves: Sequence[object]) -> int:
         """Bytes of the concrete arrays that an entry for these leaves pins (its
         program holds them as constants): a NumPy view pins its base."""
         return sum(_pinned_bytes(leaves[p]) for p in self.array_positions)
 
 
 def _rekeyed(
-    statics: Sequence[Any], rekeys: Sequence[tuple[int, Callable[[Any], Any]]]
+    statics: Sequence[object], rekeys: Sequence[tuple[int, Callable[[object], object]]]
 ) -> Sequence[Any]:
     """`statics`, each at an index of `rekeys` keyed by its function."""
     if not rekeys:
@@ -164,7 +164,7 @@ def _rekeyed(
 
 
 def _keys_of_statics(
-    types: tuple[type, ...], rekeys: tuple[tuple[int, Callable[[Any], Any]], ...]
+    types: tuple[type, ...], rekeys: tuple[tuple[int, Callable[[object], object]], ...]
 ) -> Callable[[Sequence[Any]], Sequence[Any]]:
     """The function from static leaves of `types` to their part of a call's key:
     each keyed (`rekeys`), or, beyond `WRITTEN_KEYS` of them, the floats' bits in
@@ -177,7 +177,7 @@ def _keys_of_statics(
     other_rekeys = [(at[i], rekey) for i, rekey in rekeys if i in at]
     take_floats, take_others = _taker(floats, len(types)), _taker(others, len(types))
 
-    def keys(statics: Sequence[Any]) -> Sequence[Any]:
+    def keys(statics: Sequence[object]) -> Sequence[Any]:
         keyed = _rekeyed(take_others(statics), other_rekeys)
         return (*keyed, _exact.floats_key(take_floats(statics)))
 

@@ -7,8 +7,8 @@ gets the caller's arguments, only traced leaves replaced (`replace_leaves`)."""
 import collections
 import itertools
 import operator
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TYPE_CHECKING, TypeAlias
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol, TYPE_CHECKING
 
 import jax.tree_util as jtu
 
@@ -17,9 +17,21 @@ from ._leaves import is_leaf_type
 
 if TYPE_CHECKING:
     # jaxlib ships no type stubs, so to pyright `jax.tree_util.PyTreeDef` is a
-    # variable of unknown type, which no annotation may name: it checks these as
-    # it checks `Any`. At run time, and for readers, it is JAX's class itself.
-    PyTreeDef: TypeAlias = Any
+    # variable of unknown type, which no annotation may name. So pyright checks
+    # these against what filterjit uses of it; at run time, and for readers, it is
+    # JAX's class itself.
+    class PyTreeDef(Protocol):
+        @property
+        def num_leaves(self) -> int: ...
+        @property
+        def num_nodes(self) -> int: ...
+        def children(self) -> "list[PyTreeDef]": ...
+        # `(type, data)`, or `None` for a leaf: `Any`, as callers that know a
+        # node is no leaf unpack it as it is.
+        def node_data(self) -> Any: ...
+        def unflatten(self, leaves: Iterable[object], /) -> Any: ...
+        def flatten_up_to(self, tree: object, /) -> list[Any]: ...
+        def __getstate__(self) -> tuple[object, list[tuple[Any, ...]]]: ...
 else:
     from jax.tree_util import PyTreeDef
 
@@ -27,7 +39,7 @@ else:
 _SORTED_DICTS = (dict, collections.defaultdict)
 
 
-def _children(node: Any) -> tuple[list[Any], PyTreeDef] | None:
+def _children(node: object) -> tuple[list[Any], PyTreeDef] | None:
     """`node`'s children and the structure that rebuilds it, or `None` for a leaf."""
     children, structure = jtu.tree_flatten(node, is_leaf=lambda x: x is not node)
     if structure.num_nodes == 1 and structure.num_leaves == 1:
@@ -35,7 +47,7 @@ def _children(node: Any) -> tuple[list[Any], PyTreeDef] | None:
     return children, structure
 
 
-def _like(node: Any, values: dict[Any, Any]) -> Any:
+def _like(node: Any, values: dict[object, object]) -> Any:
     """`values` as a dict of `node`'s type, a sorted dict."""
     if type(node) is dict:
         return values
@@ -86,7 +98,7 @@ def dict_orders(
 
 
 def restore_orders(
-    tree: Any, orders: Iterable[tuple[Any, ...]], skip: frozenset[int] = frozenset()
+    tree: Any, orders: Iterable[tuple[object, ...]], skip: frozenset[int] = frozenset()
 ) -> Any:
     """`tree`, rebuilt by JAX from one whose `dict_orders` (with `skip`) were
     `orders`, so ordered; the nodes whose ids are in `skip` as they are."""
@@ -110,7 +122,9 @@ def restore_orders(
 
 
 def replace_leaves(
-    tree: Any, replace: Callable[[int, Any], Any], count: Iterator[int] | None = None
+    tree: Any,
+    replace: Callable[[int, object], object],
+    count: Iterator[int] | None = None,
 ) -> Any:
     """`tree` with each leaf replaced by `replace(position, leaf)`, in JAX's order:
     an unchanged node (`is`) is `tree`'s own; a changed dict keeps its order.
@@ -132,7 +146,7 @@ def replace_leaves(
     return replace(next(count), tree)
 
 
-def container_nodes(tree: Any) -> list[Any]:
+def container_nodes(tree: object) -> list[Any]:
     """`tree`'s nodes that are not leaves, depth first in JAX's order (its root
     first), without recursion: two trees of one structure list theirs alike."""
     found: list[Any] = []
@@ -150,7 +164,7 @@ def container_nodes(tree: Any) -> list[Any]:
 
 
 def hand_back(
-    output: Any, view: PyTreeDef, handed: dict[int, int], nodes: list[Any]
+    output: object, view: PyTreeDef, handed: dict[int, int], nodes: Sequence[object]
 ) -> Any:
     """`output` with the subtrees at the leaves `handed` of the structure `view`
     (a prefix of `output`'s) replaced by `nodes[handed[position]]`: the caller's

@@ -245,13 +245,13 @@ else:
     )
 
 
-def jit_cache_size(jitted: Any) -> int | None:
+def jit_cache_size(jitted: object) -> int | None:
     """How many traces the `jax.jit` object `jitted` holds (`None`: JAX won't say)."""
     size: Any = getattr(jitted, "_cache_size", None)
     return None if size is None else int(size())
 
 
-def _nested_caller_public(jitted: Any) -> Any:
+def _nested_caller_public(jitted: object) -> Any:
     return jitted  # the constants stay in its jit equation's jaxpr
 
 
@@ -268,13 +268,13 @@ def _choose_nested_caller() -> Callable[[Any], Any]:
     except (ImportError, AttributeError):  # pragma: no cover - the tests simulate it
         return _nested_caller_public
 
-    def _nested_caller_private(jitted: Any) -> Any:
+    def _nested_caller_private(jitted: object) -> Any:
         fun = getattr(jitted, "_fun", None)
         info = getattr(jitted, "_jit_info", None)
         if fun is None or info is None:
             return jitted  # not a `jax.jit` object as this knows it
 
-        def call_nested(*args: Any) -> Any:
+        def call_nested(*args: object) -> Any:
             # What `jitted(*args)` does inside a trace (one cached trace, one jit
             # equation), its jaxpr's constants moved to the front of its operands,
             # as JAX moves constants that are tracers: the outer program's
@@ -342,7 +342,7 @@ def _choose_aux_data() -> Callable[[PyTreeDef], list[Any]]:
 aux_data = _choose_aux_data()
 
 
-def _block_leaves_public(arrays: list[Any]) -> None:
+def _block_leaves_public(arrays: list[jax.Array]) -> None:
     jax.block_until_ready(arrays)
 
 
@@ -367,7 +367,7 @@ block_leaves = _choose_block_leaves()
 CALLBACK_LOGGER = "jax._src.callback"
 
 
-def _boxed_partial_public(func: Any) -> Any:
+def _boxed_partial_public(func: object) -> Any:
     return None  # JAX's box unknown: a `jtu.Partial` of a partial is held as it is
 
 
@@ -379,7 +379,7 @@ def _choose_boxed_partial() -> Any:
     except ImportError:  # pragma: no cover - the tests simulate this
         return _boxed_partial_public
 
-    def _boxed_partial_private(func: Any) -> Any:
+    def _boxed_partial_private(func: object) -> Any:
         if type(func) is not box:
             return None
         boxed: Any = func  # the partial's `func`, `args` and `keywords`, copied
@@ -485,7 +485,7 @@ class SourceFrame(NamedTuple):
     function: str
 
 
-def source_frames(eqn: Any) -> list[SourceFrame]:
+def source_frames(eqn: object) -> list[SourceFrame]:
     """The frames of the stack JAX recorded where `eqn` was bound, innermost first
     (none where it recorded none)."""
     traceback = getattr(getattr(eqn, "source_info", None), "traceback", None)

@@ -183,6 +183,8 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         self._fun = held
         self._options = options
         self._dispatcher = dispatcher_for(held, options)
+        if isinstance(options.donate, tuple):
+            check_donated_names(self._dispatcher.function, options.donate)
         self._dispatcher.trace_log.made_for(held)
         self._hits = self._dispatcher.hits
         _copy_metadata(self, fun)  # `__wrapped__`: the callable as given
@@ -392,6 +394,4 @@ def _decorate(options: Options, fun: object, caller: str = "filter_jit") -> Any:
             f"`{type(fun).__qualname__}`. Use it as `@filter_jit` or "
             "`filter_jit(function)`."
         )
-    if isinstance(options.donate, tuple):
-        check_donated_names(fun, options.donate)
     return FilterJitWrapper(fun, options)

@@ -2,12 +2,11 @@
 
 import dataclasses
 import inspect
-from collections.abc import Callable
 from typing import Any, get_args, Literal
 
 import jax
 
-from ._function import receiver_of, signature_of
+from ._function import Function
 
 
 _DonateString = Literal["none", "all", "all-except-first", "warn", "warn-except-first"]
@@ -128,18 +127,17 @@ def make_options(**options: Any) -> Options:
     return Options(donate, inline, in_shardings, out_shardings, tuple(options.items()))
 
 
-def check_donated_names(fun: Callable[..., Any], names: tuple[str, ...]) -> None:
-    """Raises for a name in `donate=(names...)` that no call can donate. As in
-    `jax.jit`'s `donate_argnames`, a name is a parameter's, a keyword a `**kwargs`
-    collects, or a method's receiver; not the `**kwargs` parameter's own name."""
-    name_of_fun = getattr(fun, "__qualname__", fun)
-    signature = signature_of(fun, follow_wrapped=True)
-    parameters = [] if signature is None else list(signature.parameters.values())
+def check_donated_names(function: Function, names: tuple[str, ...]) -> None:
+    """Raises for a name in `donate=(names...)` that no call of the function
+    `function` records can donate. As in `jax.jit`'s `donate_argnames`, a name is a
+    parameter's, a keyword a `**kwargs` collects, or a method's receiver; not the
+    `**kwargs` parameter's own name."""
+    name_of_fun = function.name
+    parameters = function.parameters
     known = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
     var_keyword = [p.name for p in parameters if p.kind is p.VAR_KEYWORD]
-    receiver = receiver_of(fun)
-    if receiver is not None:
-        known.add(receiver)
+    if function.receiver is not None:
+        known.add(function.receiver)
     for name in names:
         if name in var_keyword:
             raise ValueError(

@@ -268,6 +268,13 @@ RECORD_READS = (
 )
 
 
+_READ_BY_MODULE = next(
+    vars(base)["__getattribute__"]
+    for base in eqx.Module.__mro__
+    if "__getattribute__" in vars(base)
+)
+
+
 class ClassAttributes(NamedTuple):
     """What an instance of an `eqx.Module` class finds of `METADATA` and
     `RECORD_READS` in its class: `computed`, the names a descriptor gives (a
@@ -284,14 +291,15 @@ def class_attributes(cls: type) -> ClassAttributes | None:
     `__getattr__` (any other may compute any attribute)."""
     if not issubclass(cls, eqx.Module):
         return None
-    names = {*METADATA, *RECORD_READS, "__getattr__"}
+    names = {*METADATA, *RECORD_READS, "__getattr__", "__getattribute__"}
     # As an instance finds them: in the classes of its MRO, not its metaclass.
     found: dict[str, Any] = {}
     for base in reversed(cls.__mro__):
         found.update((n, vars(base)[n]) for n in names if n in vars(base))
-    computed = frozenset(n for n, v in found.items() if hasattr(type(v), "__get__"))
-    if "__getattr__" in computed:
+    # Equinox's own `__getattribute__` changes what it reads of no dunder name.
+    if "__getattr__" in found or found.pop("__getattribute__") is not _READ_BY_MODULE:
         return None
+    computed = frozenset(n for n, v in found.items() if hasattr(type(v), "__get__"))
     return ClassAttributes(computed, {n: found[n] for n in found.keys() - computed})
 
 

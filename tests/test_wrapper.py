@@ -266,6 +266,20 @@ class _Named(eqx.Module):
         return x
 
 
+class _Described(eqx.Module):
+    """Documented by its class."""
+
+    text: str = eqx.field(static=True)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "__doc__":
+            return object.__getattribute__(self, "text")
+        return super().__getattribute__(name)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return x
+
+
 def _wraps_metadata(fun: Any) -> tuple[Any, ...]:
     names = ("__name__", "__qualname__", "__doc__", "__module__", "__annotations__")
     return tuple(getattr(fun, name, None) for name in names)
@@ -284,6 +298,7 @@ def test_a_module_wrapped_anew_has_the_metadata_of_each_instance():
         assert wrapped.__globals__ is globals()
     for label in ("encoder", "decoder"):
         assert filter_jit(_Named(label)).__name__ == label
+        assert filter_jit(_Described(label)).__doc__ == label
     for fun in (jnp.tanh, jnp.sin):
         vmapped = eqx.filter_vmap(fun)
         assert _wraps_metadata(filter_jit(vmapped))[:4] == _wraps_metadata(vmapped)[:4]

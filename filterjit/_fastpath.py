@@ -14,6 +14,7 @@ function generated with `_readers.compile_function`:
 `tests/test_fastpath.py` runs generated sequences of calls through both paths.
 """
 
+import dataclasses
 import functools
 import os
 from collections.abc import Callable, Hashable, Sequence
@@ -71,23 +72,20 @@ class HitCall(NamedTuple):
     defaults: DefaultsGuard | None
 
 
+@dataclasses.dataclass(slots=True, eq=False)
 class Unfinished:
     """What a generated hit returns where the dispatcher must do the rest: `MISS`,
     before anything ran (the call is then the reference path's); else a run whose
     `outcome` is the error it raised or a `Carried` output to finish with the
     call's `leaves` (and, nested, its pytree `tree`), for the partition of
-    `route`. Never a user's value: a type the wrapper tells apart in one check."""
+    `route`, `waited` for at the top level or not. Never a user's value: a type
+    the wrapper tells apart in one check."""
 
-    __slots__ = ("outcome", "leaves", "waited", "tree", "route")
-
-    def __init__(
-        self, outcome: Any, leaves: list[object], waited: bool, tree: object, route: Any
-    ):
-        self.outcome = outcome
-        self.leaves = leaves
-        self.waited = waited  # at the top level, whether the run was waited for
-        self.tree = tree
-        self.route = route
+    outcome: Any
+    leaves: list[object]
+    waited: bool
+    tree: object
+    route: Any
 
 
 MISS = Unfinished(None, [], False, None, None)
@@ -96,9 +94,7 @@ MISS = Unfinished(None, [], False, None, None)
 Hit = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
-def miss(
-    fun: object, args: tuple[object, ...], kwargs: dict[str, object]
-) -> Unfinished:
+def miss(f: object, a: tuple[object, ...], k: dict[str, object]) -> Unfinished:
     """The hit of a level with no partition to read calls of: always `MISS`."""
     return MISS
 
@@ -169,20 +165,13 @@ def hit_caller(
         built = _output(writer, *learned.leaf_sources, "d")
     body: list[str] = []
     read = [call for call in calls if not staged or _plain(call.sources)]
+    # With calls of one shape alone, a plain call's length is checked by the
+    # unpacking of its arguments (which raises, slowly, on another).
+    counted = len(read) > 1
     for call in read:
         writer.lines = []
-        # With calls of one shape alone, a plain call's length is checked by the
-        # unpacking of its arguments (which raises, slowly, on another).
-        count_plain = len(read) > 1
         branch = _branch(
-            writer,
-            partition,
-            call,
-            fun_is_leaf,
-            learned,
-            built,
-            count_plain,
-            takes_call,
+            writer, partition, call, fun_is_leaf, learned, built, counted, takes_call
         )
         body += branch or []
     if not body:
@@ -203,7 +192,7 @@ def _branch(
     fun_is_leaf: bool,
     learned: OutputSpec | None,
     built: str | None,
-    count_plain: bool,
+    counted: bool,
     takes_call: bool,
 ) -> list[str] | None:
     """The lines of `hit_caller` for calls of one shape, `None` where there are
@@ -216,7 +205,7 @@ def _branch(
         writer.guard(call.defaults)
     args, kwargs = sources
     if _plain(sources):
-        condition = f"not k and len(a) == {len(args)}" if count_plain else "not k"
+        condition = f"not k and len(a) == {len(args)}" if counted else "not k"
         if fun_is_leaf:
             node = (treedef.node_data() or (None,))[0]
             leaves = writer.values(treedef, types, "a") if node is tuple else None
@@ -253,72 +242,68 @@ def _branch(
     tree = "a" if fun_is_leaf else "t"
     key = _key(writer, partition, items.__getitem__, whole, call.key_suffix, tree)
     traced = ", ".join(arguments)
-    # Read and looked up: `break` where a read fails or there is no valid entry.
-    lookup = [
-        f"while {condition}:",
-        "    try:",
-        *(f"        {line}" for line in writer.lines),
-        f"        e = _get({key})",
-    ]
     if partition.staged:
-        return [
-            *lookup,
-            "        if e.captured and not e.valid():  # `None.captured`: no entry",
-            "            break",
-            "    except Exception:",
-            "        break",
-            # With the call's own pytree, for a trace (as `_entry.run_nested`).
-            *_under_way(
-                f"({tree}, l)", [f"    o = e.nested(u{', ' if traced else ''}{traced})"]
-            ),
-            "    if type(o) is not _carried:",
-            "        return o",
-            "    s, d = o.args",
+        # `None.captured`: no entry.
+        found = ["        if e.captured and not e.valid():"]
+        # With the call's own pytree, for a trace (as `_entry.run_nested`).
+        nested = f"    o = e.nested(u{', ' if traced else ''}{traced})"
+        run = _under_way(f"({tree}, l)", [nested])
+        finish = [
             "    if s.aliases:",
             f"        return _unfinished(o, l, False, {tree}, _route)",
             # The call's containers as a trace listed them before the function ran.
             f"    return s.finish_nested(d, l, {tree}, u.nodes)",
         ]
-    if learned is None:  # the first from-traced output has the hit made again
-        inline = []
-        from_traced = f"_unfinished(o, {whole}, g, None, _route)"
-    else:  # `s is learned`: the output that trace made, built inline
-        constant = writer.constant(learned)
-        inline = (
-            [f"    if s is {constant}:", f"        return {built}"] if built else []
-        )
-        from_traced = "s.from_traced(d)"
-    # Where static leaves equal by `==` may differ, a trace takes this call's own.
-    current = takes_call and partition.by_eq
-    under_way = "u" if current else "_top_call"
-    checked = "_partial(e.with_call, u)" if current else "e.jitted"
-    run = [
-        "    if g:  # run and waited for in one checked call",
-        f"        o = _checked({checked}, [{traced}], _name, e.awaited, e.labels)",
-        "    else:",
-        "        try:",
-        f"            o = {f'e.with_call({under_way}, ' if takes_call else 'e.jitted('}"
-        f"{traced})",
-        "        except Exception as x:  # named in the user's terms",
-        f"            return _unfinished(x, {whole}, False, None, _route)",
-    ]
+    else:
+        found = [
+            "        g = e.guarded  # `None.guarded`: no entry",
+            "        if g and e.captured and not e.valid():  # a constant changed",
+        ]
+        # Where static leaves equal by `==` may differ, a trace takes this call's own.
+        current = takes_call and partition.by_eq
+        under_way = "u" if current else "_top_call"
+        checked = "_partial(e.with_call, u)" if current else "e.jitted"
+        jitted = f"e.with_call({under_way}, " if takes_call else "e.jitted("
+        run = [
+            "    if g:  # run and waited for in one checked call",
+            f"        o = _checked({checked}, [{traced}], _name, e.awaited, e.labels)",
+            "    else:",
+            "        try:",
+            f"            o = {jitted}{traced})",
+            "        except Exception as x:  # named in the user's terms",
+            f"            return _unfinished(x, {whole}, False, None, _route)",
+        ]
+        if current:
+            run = _under_way(f"(None, {whole})", run)
+        if learned is None:  # the first from-traced output has the hit made again
+            inline = []
+            from_traced = f"_unfinished(o, {whole}, g, None, _route)"
+        else:  # `s is learned`: the output that trace made, built inline
+            constant = writer.constant(learned)
+            inline = [f"    if s is {constant}:", f"        return {built}"]
+            from_traced = "s.from_traced(d)"
+        finish = [
+            *(inline if built else []),
+            "    if s.from_traced is not None:",
+            f"        return {from_traced}",
+            "    if s.plain:",
+            f"        return s.build(d, {whole})",
+            f"    return _unfinished(o, {whole}, g, None, _route)",
+        ]
     return [
-        *lookup,
-        "        g = e.guarded  # `None.guarded`: no entry",
-        "        if g and e.captured and not e.valid():  # a NumPy constant changed",
+        f"while {condition}:",
+        "    try:",  # read and looked up: `break` on a failed read or no valid entry
+        *(f"        {line}" for line in writer.lines),
+        f"        e = _get({key})",
+        *found,
         "            break",
         "    except Exception:",
         "        break",
-        *(_under_way(f"(None, {whole})", run) if current else run),
+        *run,
         "    if type(o) is not _carried:",
         "        return o",
         "    s, d = o.args",
-        *inline,
-        "    if s.from_traced is not None:",
-        f"        return {from_traced}",
-        "    if s.plain:",
-        f"        return s.build(d, {whole})",
-        f"    return _unfinished(o, {whole}, g, None, _route)",
+        *finish,
     ]
 
 
@@ -343,44 +328,38 @@ def _key(
     tree: str,
 ) -> str:
     """A call's key as `Dispatcher._key` makes it, written out: the partition's
-    key of the leaves (see `_reference_key`); nested, paired with the order of
-    the dicts of the call's pytree `tree`; then paired with `suffix`, what the
-    key of calls of one shape adds, unless `None`."""
-    key = _reference_key(writer, partition, at, whole)
+    key of the leaves `whole` (`partition.reference_key`, such as `(program, l[0],
+    k(v) if (v := l[3]) == 0.0 or v != v else v)`, the leaf at position `p` being
+    `at(p)`); nested, paired with the order of the dicts of the call's pytree
+    `tree`; then paired with `suffix`, what the key of calls of one shape adds,
+    unless `None`."""
+    static = partition.static_positions
+    if not static:
+        key = writer.constant(partition.program)
+    elif len(static) > WRITTEN_KEYS:
+        key = f"{writer.constant(partition.reference_key)}({whole})"
+    else:
+        rekeys = dict(partition.rekeys)
+        parts = [writer.constant(partition.program)]
+        for index, position in enumerate(static):
+            rekey = rekeys.get(index)
+            if rekey is None:
+                parts.append(at(position))
+            elif rekey is float_key and partition.types[position] is float:
+                v = leaf = at(position)  # only -0.0 and nan need the slower key
+                if not leaf.isidentifier():  # an item of `l`: taken once
+                    v = writer.variable()
+                test = f"{v} == 0.0" if v is leaf else f"({v} := {leaf}) == 0.0"
+                exact = writer.constant(float_key)
+                parts.append(f"{exact}({v}) if {test} or {v} != {v} else {v}")
+            else:
+                parts.append(f"{writer.constant(rekey)}({at(position)})")
+        key = f"({', '.join(parts)},)"
     if partition.orders is not None:
         key = f"({key}, {writer.constant(partition.orders)}({tree}))"
     if suffix is not None:
         key = f"({key}, {writer.constant(suffix)})"
     return key
-
-
-def _reference_key(
-    writer: Writer, partition: Partition, at: Callable[[int], str], whole: str
-) -> str:
-    """`partition.reference_key(whole)` written out, such as `(program, l[0],
-    k(v) if (v := l[3]) == 0.0 or v != v else v)`, the leaf at position `p`
-    being `at(p)`."""
-    static = partition.static_positions
-    if not static:
-        return writer.constant(partition.program)
-    if len(static) > WRITTEN_KEYS:
-        return f"{writer.constant(partition.reference_key)}({whole})"
-    rekeys = dict(partition.rekeys)
-    parts = [writer.constant(partition.program)]
-    for index, position in enumerate(static):
-        rekey = rekeys.get(index)
-        if rekey is None:
-            parts.append(at(position))
-        elif rekey is float_key and partition.types[position] is float:
-            v = leaf = at(position)  # only -0.0 and nan need the slower key
-            if not leaf.isidentifier():  # an item of `l`: taken once
-                v = writer.variable()
-            test = f"{v} == 0.0" if v is leaf else f"({v} := {leaf}) == 0.0"
-            exact = writer.constant(float_key)
-            parts.append(f"{exact}({v}) if {test} or {v} != {v} else {v}")
-        else:
-            parts.append(f"{writer.constant(rekey)}({at(position)})")
-    return f"({', '.join(parts)},)"
 
 
 def _output(

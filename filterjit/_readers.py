@@ -20,6 +20,7 @@ namedtuple, are checked against JAX once per class, on a probe instance.
 """
 
 import dataclasses
+import functools
 import itertools
 import linecache
 import operator
@@ -115,12 +116,10 @@ class Writer:
         """A variable holding the tuple of `x[key]` for `keys`."""
         values = self.variable()
         if len(keys) > 3:  # at C speed
-            self.lines.append(
-                f"{values} = {self.constant(operator.itemgetter(*keys))}({x})"
-            )
-            return values
-        taken = "".join(f"{x}[{self.constant(key)}], " for key in keys)
-        self.lines.append(f"{values} = ({taken})")
+            taken = f"{self.constant(operator.itemgetter(*keys))}({x})"
+        else:
+            taken = f"({''.join(f'{x}[{self.constant(key)}], ' for key in keys)})"
+        self.lines.append(f"{values} = {taken}")
         return values
 
     def node(
@@ -128,14 +127,13 @@ class Writer:
     ) -> list[str] | None:
         """Checks the value `x` against `treedef`; the expressions of its leaves,
         or `None` where it has no reader (nor for a structure nested deeper than
-        `_structure.MAX_DEPTH`)."""
+        `MAX_DEPTH`)."""
+        if self.depth >= MAX_DEPTH:
+            return None
         self.depth += 1
-        try:
-            if self.depth > MAX_DEPTH:
-                return None
-            return self._node(treedef, types, x)
-        finally:
-            self.depth -= 1
+        leaves = self._node(treedef, types, x)
+        self.depth -= 1
+        return leaves
 
     def _node(
         self, treedef: PyTreeDef, types: tuple[type, ...], x: str
@@ -149,7 +147,6 @@ class Writer:
         if kind is type(None):
             self.check(f"{x} is not None")
             return []
-        count = len(treedef.children())
         if kind is list or kind is tuple or _is_namedtuple(kind):
             self.check(f"type({x}) is not {self.constant(kind)}")  # length: `values`
             if kind is list:
@@ -161,13 +158,12 @@ class Writer:
             # JAX takes the values in the order of the sorted keys; keys of one
             # type, strings, sort one way whatever order they were inserted in.
             # All of them there, and no other: a missing one raises.
+            count = len(treedef.children())
             self.check(f"type({x}) is not dict or len({x}) != {count}")
             return self.values(treedef, types, self.items(x, data))
         if kind is Keywords:
             self.check(f"type({x}) is not {self.constant(Keywords)}")
-            values = self.variable()
-            self.lines.append(f"{values} = ({x}.args, {x}.kwargs)")
-            return self.values(treedef, types, values)
+            return self.values(treedef, types, f"({x}.args, {x}.kwargs)")
         if isinstance(kind, type) and issubclass(kind, eqx.Module):
             return self.module(treedef, types, x, kind, data)
         return None
@@ -243,15 +239,12 @@ class Writer:
     ) -> list[str] | None:
         """Checks a call `f, a, k` of shape `sources` against `treedef`: `(f,
         bound)` where the function is a pytree, else the bound call."""
+        bound = functools.partial(self.bound, sources=sources)
         if fun_is_leaf:
-            return self.bound(treedef, types, sources)
-        data = treedef.node_data()
-        if data is None or data[0] is not tuple or len(treedef.children()) != 2:
+            return bound(treedef, types)
+        if _kind(treedef) is not tuple or len(treedef.children()) != 2:
             return None
-        fun, bound = treedef.children()
-        found = self.node(fun, types[: fun.num_leaves], "f")
-        rest = self.bound(bound, types[fun.num_leaves :], sources)
-        return None if found is None or rest is None else found + rest
+        return self.parts(treedef, types, [functools.partial(self.node, x="f"), bound])
 
     def bound(
         self, treedef: PyTreeDef, types: tuple[type, ...], sources: Sources
@@ -259,45 +252,46 @@ class Writer:
         """A bound call: the tuple of its positional arguments, or a `Keywords`
         with it and the dict of its keyword arguments."""
         args, kwargs = sources
-        data = treedef.node_data()
         if not kwargs:
             return self.sourced(treedef, types, args)
-        if data is None or data[0] is not Keywords:
+        if _kind(treedef) is not Keywords:
             return None
-        positional, keyword = treedef.children()
+        keyword = treedef.children()[1]
         kind, names = keyword.node_data() or (None, ())
         if kind is not dict or sorted(kwargs) != list(names):
             return None
-        found = self.sourced(positional, types[: positional.num_leaves], args)
-        rest = self.children(
-            keyword,
-            types[positional.num_leaves :],
-            [kwargs[name] for name in names],  # JAX's order: sorted
+        positional = functools.partial(self.sourced, sources=args)
+        # JAX's order: sorted.
+        reads = [functools.partial(self.source, source=kwargs[n]) for n in names]
+        return self.parts(
+            treedef, types, [positional, functools.partial(self.parts, reads=reads)]
         )
-        return None if found is None or rest is None else found + rest
 
     def sourced(
         self, treedef: PyTreeDef, types: tuple[type, ...], sources: list[Source]
     ) -> list[str] | None:
-        data = treedef.node_data()
-        if data is None or data[0] is not tuple:
+        """A tuple of bound arguments, each read from where it comes from."""
+        if _kind(treedef) is not tuple or len(treedef.children()) != len(sources):
             return None
-        if len(treedef.children()) != len(sources):
-            return None
-        return self.children(treedef, types, sources)
+        reads = [functools.partial(self.source, source=source) for source in sources]
+        return self.parts(treedef, types, reads)
 
-    def children(
-        self, treedef: PyTreeDef, types: tuple[type, ...], sources: list[Source]
+    def parts(
+        self,
+        treedef: PyTreeDef,
+        types: tuple[type, ...],
+        reads: Sequence[Callable[[PyTreeDef, tuple[type, ...]], list[str] | None]],
     ) -> list[str] | None:
+        """The leaves of `treedef`'s children, each read by its item of `reads`
+        (given the child and its leaves' types); `None` where one has no reader."""
         leaves: list[str] = []
         position = 0
-        for child, source in zip(treedef.children(), sources):
-            end = position + child.num_leaves
-            found = self.source(child, types[position:end], source)
+        for child, read in zip(treedef.children(), reads):
+            found = read(child, types[position : position + child.num_leaves])
             if found is None:
                 return None
             leaves += found
-            position = end
+            position += child.num_leaves
         return leaves
 
     def source(
@@ -359,17 +353,8 @@ class Writer:
             return []
         names = [self.variable() for _ in children]
         self.lines.append(f"{', '.join(names)}, = {values}")  # raises if not as many
-        leaves: list[str] = []
-        position = 0
-        for child, name in zip(children, names):
-            found = self.node(
-                child, types[position : position + child.num_leaves], name
-            )
-            if found is None:
-                return None
-            leaves += found
-            position += child.num_leaves
-        return leaves
+        reads = [functools.partial(self.node, x=name) for name in names]
+        return self.parts(treedef, types, reads)
 
 
 def call_reader(
@@ -439,13 +424,6 @@ _WRAPPER_NAMES = (
 )
 
 
-def _probe(cls: type, values: dict[str, object]) -> tuple[list[Any], PyTreeDef]:
-    """JAX's flatten of an instance of `cls` whose `__dict__` is `values`."""
-    probe = object.__new__(cls)
-    object.__getattribute__(probe, "__dict__").update(values)
-    return jax.tree_util.default_registry.flatten(probe)
-
-
 @per_class
 def _layout(cls: type) -> ModuleLayout | None:
     """How JAX flattens an `eqx.Module` class whose `__dict__` holds its fields
@@ -456,7 +434,10 @@ def _layout(cls: type) -> ModuleLayout | None:
         dynamic = tuple(f.name for f in fields if not f.metadata.get("static", False))
         static = tuple(f.name for f in fields if f.metadata.get("static", False))
         sentinels = {f.name: object() for f in fields}
-        leaves, treedef = _probe(cls, sentinels)
+        probe = object.__new__(cls)
+        held = object.__getattribute__(probe, "__dict__")
+        held.update(sentinels)
+        leaves, treedef = jax.tree_util.default_registry.flatten(probe)
         kind, data = treedef.node_data()
         if not (
             kind is cls
@@ -469,23 +450,27 @@ def _layout(cls: type) -> ModuleLayout | None:
         ):
             return None
         metadata = {name: object() for name in _WRAPPER_NAMES}
-        _, wrapped = _probe(cls, sentinels | metadata)
+        held.update(metadata)
+        _, wrapped = jax.tree_util.default_registry.flatten(probe)
         found = wrapped.node_data()[1][0]
-        expected = tuple(metadata.values())
-        wrapper = _WRAPPER_NAMES if found == expected else None
+        wrapper = _WRAPPER_NAMES if found == tuple(metadata.values()) else None
         return ModuleLayout(dynamic, static, data[0], wrapper)
     except Exception:  # an abstract class, a class that is not a dataclass
         return None
+
+
+def _kind(treedef: PyTreeDef) -> type | None:
+    """The kind of `treedef`'s root node; `None` for a leaf."""
+    return (treedef.node_data() or (None,))[0]
 
 
 def _immutable(treedef: PyTreeDef) -> bool:
     """Whether every node of `treedef` is of an immutable kind: a tuple, a
     namedtuple or `None`. Not a list or a dict, and not an `eqx.Module`: frozen is
     not immutable (`object.__setattr__`, a write to its `__dict__`)."""
-    data = treedef.node_data()
-    if data is None:
+    kind = _kind(treedef)
+    if kind is None:
         return True
-    kind = data[0]
     if not (kind is tuple or kind is type(None) or _is_namedtuple(kind)):
         return False
     return all(map(_immutable, treedef.children()))

@@ -1,17 +1,10 @@
-"""The fast path: shortcuts for repeated calls, each giving exactly what the
-reference path gives (`Dispatcher._call`: bind with `inspect`, flatten with
-`jax.tree_util`, find the partition, key with `Partition.reference_key`), and all
-of them off when the environment sets `FILTERJIT_FASTPATH=0`. Each is one
-function generated with `_readers.compile_function`:
-
-- `hit_caller`: a whole call at one level of calls of the shapes recorded for
-  one partition, read (by a `_readers.Writer`), keyed, looked up and run (the
-  static output of the trace it learned built inline), calling nothing of its
-  dispatcher's;
-- `output_builder`: a static output built by one expression.
-
-`tests/test_readers.py` checks what hits read against `jax.tree_util`, and
-`tests/test_fastpath.py` runs generated sequences of calls through both paths.
+"""The fast path: generated functions for repeated calls, each giving exactly
+what the reference path gives (`Dispatcher._call`), all off when the environment
+sets `FILTERJIT_FASTPATH=0`. A hit (`hit_caller`) reads a call with a `_readers`
+reader instead of binding and flattening it, keys it, looks it up and runs it,
+calling nothing of its dispatcher's; `output_builder` builds a static output in
+one expression. `tests/test_fastpath.py` runs sequences of calls through both
+paths.
 """
 
 import dataclasses
@@ -49,15 +42,13 @@ def output_builder(
     built = _output(writer, treedef, sources, "o")
     if built is None:
         return None
-    reads_inputs = any(kind == "input" for kind, _ in sources)
-    parameters = "o, i" if reads_inputs else "o, i=None"
+    parameters = "o, i" if any(kind == "input" for kind, _ in sources) else "o, i=None"
     return compile_function("build", parameters, [f"return {built}"], writer.namespace)
 
 
 def takes_defaults(sources: Sources) -> bool:
     """Whether calls bound as `sources` say take a default."""
-    args, kwargs = sources
-    return any(kind == "default" for kind, _ in [*args, *kwargs.values()])
+    return any(kind == "default" for kind, _ in [*sources[0], *sources[1].values()])
 
 
 class HitCall(NamedTuple):
@@ -74,12 +65,10 @@ class HitCall(NamedTuple):
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Unfinished:
-    """What a generated hit returns where the dispatcher must do the rest: `MISS`,
-    before anything ran (the call is then the reference path's); else a run whose
-    `outcome` is the error it raised or a `Carried` output to finish with the
-    call's `leaves` (and, nested, its pytree `tree`), for the partition of
-    `route`, `waited` for at the top level or not. Never a user's value: a type
-    the wrapper tells apart in one check."""
+    """What a hit returns where the dispatcher must do the rest: `MISS`, before
+    anything ran; else a run (`waited` for or not) whose `outcome` is the error it
+    raised or a `Carried` output to finish with the call's `leaves` (and, nested,
+    its pytree `tree`), for `route`. Never a user's value: its type tells it."""
 
     outcome: Any
     leaves: list[object]
@@ -103,10 +92,8 @@ def chained(hits: Sequence[Hit]) -> Hit:
     """The hit that tries each of `hits` in turn, `MISS` where all miss (as
     `jax.jit`'s cache holds every signature at once, so that calls alternating
     between partitions stay on the fast path)."""
-    if not hits:
-        return miss
-    if len(hits) == 1:
-        return hits[0]
+    if len(hits) < 2:
+        return hits[0] if hits else miss
     first, *rest = hits
 
     def hit(f: object, a: tuple[object, ...], k: dict[str, object]) -> Any:
@@ -132,18 +119,16 @@ def hit_caller(
     takes_call: bool = False,
 ) -> Hit | None:
     """`hit(fun, args, kwargs)`: a whole call of `partition`'s structure at its
-    level, of one of the shapes of `calls`: read and keyed as the reference path
-    would (`get`, the partition's entries), its entry's jitted function run with
-    the traced leaves, the output built by its spec where that is plain. It
+    level, of one of the shapes of `calls`, read and keyed as the reference path
+    would, its entry (from `get`) run, the output built where that is plain. It
     returns the call's result; `MISS` where it reads no shape of `calls` or finds
     no valid entry (nothing has run); else an `Unfinished` run for `route` (an
-    error to name, an output to finish, the first output built from the traced
-    leaves alone, which has the hit made again with that output's spec as
-    `learned`, built inline). Nested, only calls of positional arguments, whose
-    pytree is the call itself. `None` where it reads no call at all.
-    `takes_call`: whether entries are called with a `CallUnderWay` first
-    (`_entry.TOP_CALL` at the top level: see `Options.same_at_every_level`)."""
-    if not ENABLED:
+    error to name, an output to finish, or the first output built from traced
+    leaves alone: the hit is made again to build `learned`, its spec, inline).
+    Nested, only calls of positional arguments. `None` where it reads no call,
+    or the structure is deeper than `MAX_DEPTH`. `takes_call`: whether entries
+    take a `CallUnderWay` first (see `Options.same_at_every_level`)."""
+    if not ENABLED or partition.deep:
         return None
     staged = partition.staged
     writer = Writer(miss="break")
@@ -159,10 +144,6 @@ def hit_caller(
         _partial=functools.partial,
         _top_call=TOP_CALL,
     )
-    built = None
-    if learned is not None and not staged and learned.leaf_sources:
-        # Traced leaves and constants (no input).
-        built = _output(writer, *learned.leaf_sources, "d")
     body: list[str] = []
     read = [call for call in calls if not staged or _plain(call.sources)]
     # With calls of one shape alone, a plain call's length is checked by the
@@ -171,7 +152,7 @@ def hit_caller(
     for call in read:
         writer.lines = []
         branch = _branch(
-            writer, partition, call, fun_is_leaf, learned, built, counted, takes_call
+            writer, partition, call, fun_is_leaf, learned, counted, takes_call
         )
         body += branch or []
     if not body:
@@ -191,7 +172,6 @@ def _branch(
     call: HitCall,
     fun_is_leaf: bool,
     learned: OutputSpec | None,
-    built: str | None,
     counted: bool,
     takes_call: bool,
 ) -> list[str] | None:
@@ -203,9 +183,8 @@ def _branch(
         if call.defaults is None:
             return None
         writer.guard(call.defaults)
-    args, kwargs = sources
     if _plain(sources):
-        condition = f"not k and len(a) == {len(args)}" if counted else "not k"
+        condition = f"not k and len(a) == {len(sources[0])}" if counted else "not k"
         if fun_is_leaf:
             node = (treedef.node_data() or (None,))[0]
             leaves = writer.values(treedef, types, "a") if node is tuple else None
@@ -275,15 +254,17 @@ def _branch(
         ]
         if current:
             run = _under_way(f"(None, {whole})", run)
+        inline: list[str] = []
         if learned is None:  # the first from-traced output has the hit made again
-            inline = []
             from_traced = f"_unfinished(o, {whole}, g, None, _route)"
         else:  # `s is learned`: the output that trace made, built inline
-            constant = writer.constant(learned)
-            inline = [f"    if s is {constant}:", f"        return {built}"]
             from_traced = "s.from_traced(d)"
+            constant = writer.constant(learned)
+            spec = learned.leaf_sources  # traced leaves and constants: no input
+            if spec and (built := _output(writer, *spec, "d")):
+                inline = [f"    if s is {constant}:", f"        return {built}"]
         finish = [
-            *(inline if built else []),
+            *inline,
             "    if s.from_traced is not None:",
             f"        return {from_traced}",
             "    if s.plain:",
@@ -328,11 +309,9 @@ def _key(
     tree: str,
 ) -> str:
     """A call's key as `Dispatcher._key` makes it, written out: the partition's
-    key of the leaves `whole` (`partition.reference_key`, such as `(program, l[0],
-    k(v) if (v := l[3]) == 0.0 or v != v else v)`, the leaf at position `p` being
-    `at(p)`); nested, paired with the order of the dicts of the call's pytree
-    `tree`; then paired with `suffix`, what the key of calls of one shape adds,
-    unless `None`."""
+    key of the leaves `whole`, such as `(program, l[0], k(v) if (v := l[3]) == 0.0
+    or v != v else v)` (the leaf at position `p` being `at(p)`), paired with the
+    order of its pytree `tree`'s dicts where kept, and with `suffix` unless `None`."""
     static = partition.static_positions
     if not static:
         key = writer.constant(partition.program)

@@ -1,7 +1,6 @@
-"""Readers: generated code that takes the leaves of a pytree of a recorded
-structure without flattening it (the fast path's, see `_fastpath`). A reader
-checks, on every call, all that JAX's flatten and a comparison of structures
-would see, and takes the leaves in JAX's order; else it gives `None`:
+"""Readers: the fast path's generated code that takes the leaves of a pytree of
+a recorded structure without flattening it, checking on every call all that
+JAX's flatten and a comparison of structures would see; else it gives `None`:
 
 - a leaf of the exact type recorded, and where that type may yet be registered
   as a pytree node (a user's class), a leaf still (`jax.tree_util.all_leaves`);
@@ -14,8 +13,6 @@ would see, and takes the leaves in JAX's order; else it gives `None`:
   leaves) taken once, as constants; any other read on every call, as it may
   have been changed in place.
 
-How Equinox flattens a class, and that JAX flattens a namedtuple class as a
-namedtuple, are checked against JAX once per class, on a probe instance.
 `tests/test_readers.py` checks readers against `jax.tree_util`.
 """
 
@@ -36,7 +33,7 @@ from ._binding import DefaultsGuard, Keywords, same_kwdefaults, Source, Sources
 from ._cache import per_class
 from ._exact import ATOMS, exact_values, key as exact_key, unchanging
 from ._leaves import is_leaf_type
-from ._structure import MAX_DEPTH, PyTreeDef
+from ._structure import PyTreeDef, shape_of
 
 
 # Generated code is filed under the package's directory (JAX leaves its frames out
@@ -81,7 +78,6 @@ class Writer:
         self.names = itertools.count()
         self.counts: dict[str, int] = {}  # how many leaves each `*values` has
         self.lists: set[str] = set()  # the values that are lists (the user's)
-        self.depth = 0  # of the node being read
 
     def constant(self, value: object) -> str:
         name = f"c{next(self.names)}"
@@ -126,18 +122,7 @@ class Writer:
         self, treedef: PyTreeDef, types: tuple[type, ...], x: str
     ) -> list[str] | None:
         """Checks the value `x` against `treedef`; the expressions of its leaves,
-        or `None` where it has no reader (nor for a structure nested deeper than
-        `MAX_DEPTH`)."""
-        if self.depth >= MAX_DEPTH:
-            return None
-        self.depth += 1
-        leaves = self._node(treedef, types, x)
-        self.depth -= 1
-        return leaves
-
-    def _node(
-        self, treedef: PyTreeDef, types: tuple[type, ...], x: str
-    ) -> list[str] | None:
+        or `None` where it has no reader."""
         if treedef.num_nodes == 1 and len(types) == 1:
             self.check(f"type({x}) is not {self.constant(types[0])}")
             if not is_leaf_type(types[0]):  # a leaf until its class is registered
@@ -152,12 +137,11 @@ class Writer:
             if kind is list:
                 self.lists.add(x)
             # A tuple of immutable scalars stays what it was checked to be.
-            scalars = kind is tuple and set(types) <= ATOMS
-            return self.values(treedef, types, x, immutable_scalars=scalars)
+            held = kind is tuple and set(types) <= ATOMS
+            return self.values(treedef, types, x, held)
         if kind is dict and all(type(key) is str for key in data):
-            # JAX takes the values in the order of the sorted keys; keys of one
-            # type, strings, sort one way whatever order they were inserted in.
-            # All of them there, and no other: a missing one raises.
+            # JAX takes the values in sorted key order: for string keys, one order
+            # whatever they were inserted in. All there, no other (a missing raises).
             count = len(treedef.children())
             self.check(f"type({x}) is not dict or len({x}) != {count}")
             return self.values(treedef, types, self.items(x, data))
@@ -165,18 +149,14 @@ class Writer:
             self.check(f"type({x}) is not {self.constant(Keywords)}")
             return self.values(treedef, types, f"({x}.args, {x}.kwargs)")
         if isinstance(kind, type) and issubclass(kind, eqx.Module):
-            return self.module(treedef, types, x, kind, data)
+            return self.module(treedef, types, x)
         return None
 
     def module(
-        self,
-        treedef: PyTreeDef,
-        types: tuple[type, ...],
-        x: str,
-        kind: type,
-        data: object,
+        self, treedef: PyTreeDef, types: tuple[type, ...], x: str
     ) -> list[str] | None:
         """An `eqx.Module`, read from its `__dict__` on every call."""
+        kind, data = treedef.node_data()
         layout = _layout(kind)
         if (
             layout is None
@@ -320,25 +300,24 @@ class Writer:
         treedef: PyTreeDef,
         types: tuple[type, ...],
         values: str,
-        immutable_scalars: bool = False,
+        held: bool = False,
     ) -> list[str] | None:
         """Checks `values`, a sequence, against `treedef`'s children: as many, and
-        each as its child. `immutable_scalars`: a tuple of immutable scalars, which the
-        hit may hold (as a key holds a static value; never an array) to skip
-        checking it again."""
+        each as its child. `held`: a tuple of immutable scalars, which the hit may
+        hold (as a key holds a static value; never an array) to skip checking it
+        again."""
         children = treedef.children()
         if treedef.num_nodes == len(types) + 1 and len(children) > 4:
             # Many children, every one a leaf: their types at C speed.
             if len(set(types)) == 1:  # as many, all of that type
-                (kind,) = set(types)
-                count, kind_name = len(children), self.constant(kind)
+                count, kind = len(children), self.constant(types[0])
                 differs = (
                     f"len({values}) != {count} or "
-                    f"_count_of(map(type, {values}), {kind_name}) != {count}"
+                    f"_count_of(map(type, {values}), {kind}) != {count}"
                 )
             else:
                 differs = f"tuple(map(type, {values})) != {self.constant(types)}"
-            if immutable_scalars:
+            if held:
                 # A tuple checked before is checked still: its items cannot change.
                 checked = self.constant([None])
                 self.check(f"{values} is not {checked}[0] and ({differs})")
@@ -362,9 +341,9 @@ def call_reader(
 ) -> Callable[[object], list[Any] | None] | None:
     """The reader of pytrees flattened to `treedef` with leaves of `types`: their
     leaves, or `None` where a check fails; `None` where some part of it has no
-    reader."""
+    reader, or it is nested deeper than `MAX_DEPTH`."""
     writer = Writer()
-    leaves = writer.node(treedef, types, "tree")
+    leaves = None if shape_of(treedef)[1] else writer.node(treedef, types, "tree")
     if leaves is None:
         return None
     body = [
@@ -391,21 +370,17 @@ def _is_namedtuple(cls: type) -> bool:
         items = [object() for _ in cls._fields]  # pyright: ignore
         treedef = jax.tree_util.tree_structure(tuple.__new__(cls, items))
         stars = ", ".join(["*"] * len(items))
-        return (
-            str(treedef)
-            == f"PyTreeDef(CustomNode(namedtuple[{cls.__name__}], [{stars}]))"
-        )
+        text = f"PyTreeDef(CustomNode(namedtuple[{cls.__name__}], [{stars}]))"
+        return str(treedef) == text
     except Exception:  # not a namedtuple
         return False
 
 
 class ModuleLayout(NamedTuple):
-    """How JAX flattens an `eqx.Module` class (see `_layout`): the fields that are
-    its children, in order, the others (static), what precedes their values in its
-    node data for an instance holding its fields alone, and the names of the
-    function's metadata that a wrapper (`eqx.module_update_wrapper`) also holds in
-    its `__dict__`, in the order its node data gives their values (`None` where
-    JAX does not flatten such a wrapper so)."""
+    """How JAX flattens an `eqx.Module` class (see `_layout`): its fields that are
+    children, in order, the others (static), what precedes their values in the
+    node data of an instance holding its fields alone, and the function's metadata
+    that a wrapper (`eqx.module_update_wrapper`) holds too, in node data order."""
 
     dynamic: tuple[str, ...]
     static: tuple[str, ...]
@@ -415,12 +390,8 @@ class ModuleLayout(NamedTuple):
 
 # What `eqx.module_update_wrapper` copies from the function into a wrapper's
 # `__dict__`, confirmed per class by `_layout`.
-_WRAPPER_NAMES = (
-    "__module__",
-    "__name__",
-    "__qualname__",
-    "__doc__",
-    "__annotations__",
+_WRAPPER_NAMES = tuple(
+    "__module__ __name__ __qualname__ __doc__ __annotations__".split()
 )
 
 
@@ -469,8 +440,7 @@ def _immutable(treedef: PyTreeDef) -> bool:
     namedtuple or `None`. Not a list or a dict, and not an `eqx.Module`: frozen is
     not immutable (`object.__setattr__`, a write to its `__dict__`)."""
     kind = _kind(treedef)
-    if kind is None:
-        return True
-    if not (kind is tuple or kind is type(None) or _is_namedtuple(kind)):
-        return False
-    return all(map(_immutable, treedef.children()))
+    return kind is None or (
+        (kind is tuple or kind is type(None) or _is_namedtuple(kind))
+        and all(map(_immutable, treedef.children()))
+    )

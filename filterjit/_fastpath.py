@@ -1,10 +1,8 @@
-"""The fast path: generated functions for repeated calls, each giving exactly
-what the reference path gives (`Dispatcher._call`), all off when the environment
-sets `FILTERJIT_FASTPATH=0`. A hit (`hit_caller`) reads a call with a `_readers`
-reader instead of binding and flattening it, keys it, looks it up and runs it,
-calling nothing of its dispatcher's; `output_builder` builds a static output in
-one expression. `tests/test_fastpath.py` runs sequences of calls through both
-paths.
+"""The fast path, off when the environment sets `FILTERJIT_FASTPATH=0`: generated
+hits (`hit_caller`) that read a call as `_readers` does, without binding or
+flattening it, key it, look it up and run it, calling nothing of the dispatcher's,
+and output builders; each gives exactly what the reference path
+(`Dispatcher._call`) gives, as `tests/test_fastpath.py` checks.
 """
 
 import dataclasses
@@ -52,10 +50,9 @@ def takes_defaults(sources: Sources) -> bool:
 
 
 class HitCall(NamedTuple):
-    """One shape of call that a generated hit reads (see `hit_caller`): the number
-    of positional arguments, then the keyword names; where each bound argument
-    comes from, what the key of such calls adds (`None`: nothing;
-    see `Dispatcher._defaulted`), and the guard of the defaults it takes."""
+    """One shape of call a hit reads (`len(args), *kwargs`); where each bound
+    argument comes from, what the key of such calls adds (`None`: nothing; see
+    `Dispatcher._defaulted`), and the guard of the defaults it takes."""
 
     shape: Shape
     sources: Sources
@@ -89,9 +86,8 @@ def miss(f: object, a: tuple[object, ...], k: dict[str, object]) -> Unfinished:
 
 
 def chained(hits: Sequence[Hit]) -> Hit:
-    """The hit that tries each of `hits` in turn, `MISS` where all miss (as
-    `jax.jit`'s cache holds every signature at once, so that calls alternating
-    between partitions stay on the fast path)."""
+    """The hit that tries each of `hits` in turn, `MISS` where all miss: calls
+    alternating between partitions stay on the fast path, as in `jax.jit`'s."""
     if len(hits) < 2:
         return hits[0] if hits else miss
     first, *rest = hits
@@ -130,7 +126,6 @@ def hit_caller(
     take a `CallUnderWay` first (see `Options.same_at_every_level`)."""
     if not ENABLED or partition.deep:
         return None
-    staged = partition.staged
     writer = Writer(miss="break")
     writer.namespace.update(
         _get=get,
@@ -145,7 +140,7 @@ def hit_caller(
         _top_call=TOP_CALL,
     )
     body: list[str] = []
-    read = [call for call in calls if not staged or _plain(call.sources)]
+    read = [call for call in calls if not partition.staged or _plain(call.sources)]
     # With calls of one shape alone, a plain call's length is checked by the
     # unpacking of its arguments (which raises, slowly, on another).
     counted = len(read) > 1
@@ -194,7 +189,8 @@ def _branch(
     else:
         count, *names = call.shape
         condition = f"len(a) == {count} and len(k) == {len(names)}"
-        leaves = writer.call(treedef, types, fun_is_leaf, sources)
+        read = writer.bound if fun_is_leaf else writer.call
+        leaves = read(treedef, types, sources)
     if leaves is None:
         return None
     # Each leaf by itself (`v3`, or `v2[4]` of a sequence `*v2` of leaves), and the
@@ -236,7 +232,7 @@ def _branch(
     else:
         found = [
             "        g = e.guarded  # `None.guarded`: no entry",
-            "        if g and e.captured and not e.valid():  # a constant changed",
+            "        if g and e.captured and not e.valid():  # NumPy constant changed",
         ]
         # Where static leaves equal by `==` may differ, a trace takes this call's own.
         current = takes_call and partition.by_eq

@@ -1,6 +1,7 @@
-"""Readers: the fast path's generated code that takes the leaves of a pytree of
-a recorded structure without flattening it, checking on every call all that
-JAX's flatten and a comparison of structures would see; else it gives `None`:
+"""Readers: the fast path's generated code that takes a pytree's leaves in JAX's
+order without flattening it (checked against `jax.tree_util` by
+`tests/test_readers.py`). A reader checks on every call all that JAX's flatten
+and a comparison of structures would see; else it gives `None`:
 
 - a leaf of the exact type recorded, and where that type may yet be registered
   as a pytree node (a user's class), a leaf still (`jax.tree_util.all_leaves`);
@@ -12,8 +13,6 @@ JAX's flatten and a comparison of structures would see; else it gives `None`:
 - each bound argument where it comes from: an immutable default (a tuple of
   leaves) taken once, as constants; any other read on every call, as it may
   have been changed in place.
-
-`tests/test_readers.py` checks readers against `jax.tree_util`.
 """
 
 import dataclasses
@@ -211,19 +210,13 @@ class Writer:
         return self.values(treedef, types, self.items(fields, dynamic))
 
     def call(
-        self,
-        treedef: PyTreeDef,
-        types: tuple[type, ...],
-        fun_is_leaf: bool,
-        sources: Sources,
+        self, treedef: PyTreeDef, types: tuple[type, ...], sources: Sources
     ) -> list[str] | None:
-        """Checks a call `f, a, k` of shape `sources` against `treedef`: `(f,
-        bound)` where the function is a pytree, else the bound call."""
-        bound = functools.partial(self.bound, sources=sources)
-        if fun_is_leaf:
-            return bound(treedef, types)
+        """Checks a call `f, a, k` of shape `sources` against `treedef`, `(f,
+        bound)` for a function that is a pytree (see `bound`)."""
         if _kind(treedef) is not tuple or len(treedef.children()) != 2:
             return None
+        bound = functools.partial(self.bound, sources=sources)
         return self.parts(treedef, types, [functools.partial(self.node, x="f"), bound])
 
     def bound(

@@ -1,5 +1,6 @@
-"""The path that takes the leaves of a call without flattening it
-(`filterjit/_fastpath.py`), checked against `jax.tree_util` itself.
+"""The path that takes the leaves of a call without flattening it (the readers
+of `filterjit/_readers.py`, in the hits of `filterjit/_fastpath.py`), checked
+against `jax.tree_util` itself.
 
 Whenever the reader made from one call's structure and leaf types accepts another
 call, JAX's own flatten of that call must give the recorded structure and leaf
@@ -32,24 +33,18 @@ from hypothesis import assume, given, strategies as st
 from jax.core import Tracer
 
 import filterjit
-from filterjit import _dispatch, _fastpath
+from filterjit import _dispatch, _fastpath, _readers
 from filterjit._binding import Binder, DefaultsGuard, Keywords, kwdefault_values
 from filterjit._exact import exact_aux
-from filterjit._fastpath import (
-    call_reader,
-    hit_caller,
-    HitCall,
-    MISS,
-    takes_defaults,
-    Unfinished,
-)
+from filterjit._fastpath import hit_caller, HitCall, MISS, takes_defaults, Unfinished
 from filterjit._function import defaults_source
 from filterjit._output import Carried
 from filterjit._partition import Partition
+from filterjit._readers import call_reader
 from filterjit._trace import TOP
 
 
-# The readers are the fast path's: none is made with FILTERJIT_FASTPATH=0.
+# The readers are the fast path's: no hit makes one with FILTERJIT_FASTPATH=0.
 needs_readers = needs_fast_path
 
 Pair = collections.namedtuple("Pair", "first second")
@@ -342,11 +337,12 @@ def _reader(*args: Any):
 
 def _check(recorded: Any, call: Any) -> bool:
     """Whether the reader made from `recorded` exists (then checked against JAX
-    on `recorded` and `call`): a structure with a part no reader reads has none."""
+    on `recorded` and `call`): a structure with a part no reader reads has none,
+    and with the fast path off, no hit makes one."""
     leaves, treedef = jtu.default_registry.flatten(recorded)
     types = tuple(map(type, leaves))
     read = call_reader(treedef, types)
-    if read is None:
+    if read is None or not _fastpath.ENABLED:
         return False
     # The recorded call itself is always accepted, with JAX's leaves.
     own = read(recorded)
@@ -846,14 +842,14 @@ def test_module_layouts_are_confirmed_by_jax():
     # probe: if Equinox changes how it flattens, Modules lose the fast path, and
     # this says so.
     for cls in (Flat, SubFlat, Bare, Outer, eqx.nn.Linear, eqx.nn.MLP):
-        layout = _fastpath._layout(cls)
+        layout = _readers._layout(cls)
         assert layout is not None, cls
-    layout = _fastpath._layout(Flat)
+    layout = _readers._layout(Flat)
     assert layout is not None
     assert layout.static == ("scale",) and layout.dynamic == ("a", "b")
     # A wrapper made by `eqx.module_update_wrapper` holds the function's metadata
     # too, and is read with it.
-    wrapper = _fastpath._layout(type(eqx.filter_vmap(jnp.tanh)))
+    wrapper = _readers._layout(type(eqx.filter_vmap(jnp.tanh)))
     assert wrapper is not None and wrapper.wrapper is not None
 
 
@@ -863,9 +859,9 @@ def test_namedtuple_classes_are_confirmed_by_jax():
     # the fast path, and this says so.
     state: Any = optax.adam(1e-3).init(jnp.ones(2))
     for cls in (Pair, Triple, SubTriple, type(state[0]), type(state[1])):
-        assert _fastpath._is_namedtuple(cls), cls
+        assert _readers._is_namedtuple(cls), cls
     for cls in (Swapped, Keyed, Backwards, tuple, MyList, dict):
-        assert not _fastpath._is_namedtuple(cls), cls
+        assert not _readers._is_namedtuple(cls), cls
 
 
 @dataclasses.dataclass
@@ -891,8 +887,8 @@ jtu.register_dataclass(Registered, data_fields=["a"], meta_fields=["b"])
 def test_classes_not_flattened_as_equinox_does_have_no_layout():
     # The probe must see JAX flatten the fields that are children in field order,
     # with the static ones after a head in the node data; else no layout.
-    assert _fastpath._layout(Reversed) is None
-    assert _fastpath._layout(Registered) is None
+    assert _readers._layout(Reversed) is None
+    assert _readers._layout(Registered) is None
 
 
 @needs_readers

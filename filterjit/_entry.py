@@ -7,7 +7,7 @@ import re
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -16,7 +16,8 @@ import numpy as np
 from jax.core import Tracer
 
 from ._binding import FUNCTION, LeafParameter, positional_names
-from ._diagnostics import row, TraceLog, Traces
+from ._cache import BoundedCache
+from ._diagnostics import TraceLog, Traces
 from ._donated import record
 from ._errors import integer_scalars, note_loop_in_trace, traced_a_check
 from ._exact import ndarray_key
@@ -106,9 +107,17 @@ class Entry:
             if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer)
         ]
 
-    def drop_with(self, trace: object, drop: Callable[[], None]) -> None:
-        """Drops this entry (`drop()`) when `trace` ends (dies)."""
-        self._dropped_with = weakref.ref(trace, lambda _: drop())
+    def drop_with(
+        self, trace: object, cache: "BoundedCache[Entry]", key: Hashable
+    ) -> None:
+        """Drops this entry from `cache` when `trace` ends (dies)."""
+        cache_ref, entry_ref = weakref.ref(cache), weakref.ref(self)
+
+        def drop(_: object) -> None:  # `discard` ignores an entry that died first
+            if (alive := cache_ref()) is not None:
+                alive.discard(key, entry_ref())
+
+        self._dropped_with = weakref.ref(trace, drop)
 
 
 class CallUnderWay(int):
@@ -301,8 +310,7 @@ def make_entry(
                 entry.has_checks = entry.guarded = True
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None and not nested:
-            rows = list(map(row, labels, roles, inputs))
-            log.record(rows, None if entry is None else entry.traces)
+            log.record(labels, roles, inputs, None if entry is None else entry.traces)
         return jit_output(
             output, inputs, runtime_check, boxed, compile_build, containers
         )

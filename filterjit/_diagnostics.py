@@ -367,16 +367,12 @@ class TraceLog:
         return best
 
     def record(
-        self,
-        labels: list[str],
-        roles: list[str],
-        leaves: list[Any],
-        held_by: Traces | None,
+        self, paths: list[str], roles: list[str], leaves: list[Any], held: Traces | None
     ) -> None:
         """Called on each top-level or eager trace, with its leaves' labels and
-        roles, the leaves it traced with and its entry's `Traces`."""
+        roles, the leaves it traced with and its entry's `Traces` (`held`)."""
         self.count += 1
-        rows = list(map(row, labels, roles, leaves))
+        rows = list(map(row, paths, roles, leaves))
         current = {row.path: row for row in rows}
         explain = os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1"
         explain = explain or bool(getattr(jax.config, "jax_explain_cache_misses"))
@@ -402,9 +398,9 @@ class TraceLog:
                 self._change_counts.clear()
             if explain:
                 logger.warning(self._retrace_message(nearest))
-        if held_by is not None:
-            held_by.rows.append((self.count, current))
-            self._cached.add(held_by)
+        if held is not None:
+            held.rows.append((self.count, current))
+            self._cached.add(held)
         self._latest = (self.count, current)
         for path, now in current.items():
             if now.role == "static" and len(self._seen[path]) <= _MAX_SEEN:

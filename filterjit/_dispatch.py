@@ -15,15 +15,7 @@ from . import _fastpath, _trace
 from ._binding import Args, Kwargs, LeafParameter, Shape
 from ._cache import BoundedCache
 from ._diagnostics import Explanation, TraceLog
-from ._entry import (
-    aval_key,
-    copied_by_jax,
-    Entry,
-    EntryMaker,
-    make_entry,
-    run_nested,
-    with_leaves,
-)
+from ._entry import aval_key, Entry, EntryMaker, make_entry, run_nested, with_leaves
 from ._errors import (
     call_checked,
     check_failed,
@@ -105,11 +97,13 @@ class Route:
 
 def _over_bound(cache: BoundedCache[Entry], nbytes: int, entry: Entry) -> object | None:
     """Where `entry` pins more bytes than `cache` may hold, or a copy JAX made of
-    a NumPy constant (found by the array's identity while it lives, it would be
-    read after the array is changed in place): the trace under way, for which
-    alone the entry is kept (as the undecorated program's constants are). `None`
-    where within the bound, or the trace cannot be found (then evicted)."""
-    copied = any(map(copied_by_jax, entry.captured))
+    a NumPy constant of another dtype (a float64 one without x64: found by the
+    array's identity while it lives, it would be read after the array is changed
+    in place): the trace under way, for which alone the entry is kept (as the
+    undecorated program's constants are). `None` where within the bound, or the
+    trace cannot be found (then evicted)."""
+    dtypes = [array.dtype for array, _ in entry.captured]
+    copied = any(jax.dtypes.canonicalize_dtype(d) != d for d in dtypes)
     if not copied and (cache.maxbytes is None or nbytes <= cache.maxbytes):
         return None
     trace = _trace.current_trace()
@@ -552,10 +546,8 @@ class Dispatcher:
         route, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
         dynamic = route.partition.take_dynamic(leaves)
         hit = entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
-        labels = [p.label for p in self.function.leaf_parameters(treedef)]
-        return self.trace_log.explanation(
-            level, labels, route.partition.roles(), leaves, hit
-        )
+        labels, roles = route.labels(self.function), route.partition.roles()
+        return self.trace_log.explanation(level, labels, roles, leaves, hit)
 
     def abstract(self, fun: object, args: Args, kwargs: Kwargs) -> "AheadOfTime":
         """The entry for an ahead-of-time call (arrays may be ShapeDtypeStructs),

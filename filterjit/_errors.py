@@ -73,7 +73,7 @@ def _is_check(eqn: Any) -> bool:
     return getattr(function, "__module__", "").startswith("equinox")
 
 
-def _is_fori_loop(eqn: Any, made_at: tuple[str, int]) -> bool:
+def _is_fori_loop(eqn: Any, made_at: tuple[str, int | None]) -> bool:
     """Whether `eqn` is the `while_loop` a `lax.fori_loop` with traced bounds binds,
     made at `made_at` (a file and line of the stack JAX recorded where it was bound)."""
     if eqn.primitive is not while_p:

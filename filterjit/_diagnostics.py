@@ -369,8 +369,8 @@ class TraceLog:
     def record(
         self, paths: list[str], roles: list[str], leaves: list[Any], held: Traces | None
     ) -> None:
-        """Called on each top-level or eager trace, with its leaves' labels and
-        roles, the leaves it traced with and its entry's `Traces` (`held`)."""
+        """Called on each top-level or eager trace, with its leaves' paths (their
+        labels) and roles, the leaves it traced with and its entry's `Traces`."""
         self.count += 1
         rows = list(map(row, paths, roles, leaves))
         current = {row.path: row for row in rows}
@@ -412,14 +412,14 @@ class TraceLog:
     def explanation(
         self,
         level: Level,
-        labels: list[str],
+        paths: list[str],
         roles: list[str],
         leaves: list[Any],
         hit: bool,
     ) -> "Explanation":
         """What a call with these leaves would do at `level`, `hit` saying whether
         it would hit the cache; where not, and not nested, its nearest trace."""
-        rows = list(map(row, labels, roles, leaves))
+        rows = list(map(row, paths, roles, leaves))
         nearest = None if hit or level == STAGED else self.nearest(rows)
         where = Level(level).description
         return Explanation(self.name, where, rows, hit, nearest=nearest)

@@ -30,10 +30,6 @@ class LeafParameter(NamedTuple):
     position: int | None
     label: str
 
-    @property
-    def of_function(self) -> bool:
-        return self.parameter == FUNCTION
-
 
 FUNCTION = "<function>"
 

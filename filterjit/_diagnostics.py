@@ -15,11 +15,9 @@ from typing import Any, NamedTuple
 import jax
 
 from ._donated import user_frame
-
-# Re-exported for `_dispatch`, which is to import them from `_errors`.
-from ._errors import check_traceable as check_traceable, key_error as key_error
 from ._function import is_partial, is_partial_type, opened, unwrapped
 from ._leaves import is_array, weakly_keyed
+from ._level import Level, STAGED
 
 
 logger = logging.getLogger("filterjit")
@@ -318,9 +316,11 @@ class Traces:
 class TraceLog:
     """The top-level traces of one function, and what changed between them."""
 
-    def __init__(self, name: str, module: str):
+    def __init__(self, name: str, fun: object):
         self.name = name
-        self.module = module
+        inner = unwrapped(fun)  # a callable object: its class's module
+        module = getattr(inner, "__module__", None)
+        self.module = module if isinstance(module, str) else type(inner).__module__
         self.count = 0
         self.in_a_row = 0  # avoidable retraces since the last that was not one
         # The traces still cached (held by their entries), and the latest.
@@ -366,9 +366,13 @@ class TraceLog:
             best = Nearest(number, _changes(old, current), cached=False)
         return best
 
-    def record(self, rows: list[Row], held_by: Traces | None) -> None:
-        """Called on each top-level or eager trace, with its entry's `Traces`."""
+    def record(
+        self, paths: list[str], roles: list[str], leaves: list[Any], held: Traces | None
+    ) -> None:
+        """Called on each top-level or eager trace, with its leaves' paths (their
+        labels) and roles, the leaves it traced with and its entry's `Traces`."""
         self.count += 1
+        rows = list(map(row, paths, roles, leaves))
         current = {row.path: row for row in rows}
         explain = os.environ.get("FILTERJIT_EXPLAIN_RETRACES") == "1"
         explain = explain or bool(getattr(jax.config, "jax_explain_cache_misses"))
@@ -394,9 +398,9 @@ class TraceLog:
                 self._change_counts.clear()
             if explain:
                 logger.warning(self._retrace_message(nearest))
-        if held_by is not None:
-            held_by.rows.append((self.count, current))
-            self._cached.add(held_by)
+        if held is not None:
+            held.rows.append((self.count, current))
+            self._cached.add(held)
         self._latest = (self.count, current)
         for path, now in current.items():
             if now.role == "static" and len(self._seen[path]) <= _MAX_SEEN:
@@ -404,6 +408,21 @@ class TraceLog:
         if not self._warned and self.warns and self.in_a_row > _threshold(self.module):
             self._warned = True
             _warn(self._warning_message())
+
+    def explanation(
+        self,
+        level: Level,
+        paths: list[str],
+        roles: list[str],
+        leaves: list[Any],
+        hit: bool,
+    ) -> "Explanation":
+        """What a call with these leaves would do at `level`, `hit` saying whether
+        it would hit the cache; where not, and not nested, its nearest trace."""
+        rows = list(map(row, paths, roles, leaves))
+        nearest = None if hit or level == STAGED else self.nearest(rows)
+        where = Level(level).description
+        return Explanation(self.name, where, rows, hit, nearest=nearest)
 
     def _retrace_message(self, nearest: "Nearest | None") -> str:
         assert nearest is not None  # called from the second trace on

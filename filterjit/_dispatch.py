@@ -1,9 +1,8 @@
 """Dispatching a call: the caches of one function with one set of options, shared
-by every wrapper of that function with those options, and the two paths a call
-takes through them: the generated hit of the latest partition at its level
-(`Dispatcher.hits`, see `_fastpath.hit_caller`), and where that misses the
-reference path (`Dispatcher.resume`, `Dispatcher._call`)."""
+by its wrappers with those options; a call tries the generated hits of its level
+(`Dispatcher.hits`), then the reference path (`Dispatcher.resume`, `_call`)."""
 
+import dataclasses
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -15,32 +14,20 @@ import jax.tree_util as jtu
 from . import _fastpath, _trace
 from ._binding import Args, Kwargs, LeafParameter, Shape
 from ._cache import BoundedCache
-from ._diagnostics import (
-    check_traceable,
-    Explanation,
-    key_error,
-    row,
-    TraceLog,
-)
-from ._entry import (
-    aval_key,
-    copied_by_jax,
-    Entry,
-    EntryMaker,
-    make_entry,
-    run_nested,
-    with_leaves,
-)
+from ._diagnostics import Explanation, TraceLog
+from ._entry import aval_key, Entry, EntryMaker, make_entry, run_nested, with_leaves
 from ._errors import (
     call_checked,
     check_failed,
+    check_traceable,
     explain_failure,
+    key_error,
     note_recursion,
     wait_checked,
 )
 from ._exact import exact_aux
 from ._fastpath import chained, Hit, hit_caller, HitCall, MISS, miss, Unfinished
-from ._function import Function, unwrapped
+from ._function import Function
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
 from ._multiprocess import check_statics_agree, spans_processes
 from ._options import Options
@@ -57,10 +44,9 @@ STAGED_MAXBYTES = 16 * 2**20
 
 _flatten = jtu.default_registry.flatten
 
-# Bound on the shapes of call (see `_binding`) a partition's hit reads, and on
-# those whose donated parameters are remembered.
+# Bounds on the shapes of call a route's hit reads, on the routes whose hits a
+# level tries in turn, and on the shapes whose defaulted parameters are kept.
 _MAX_HIT_CALLS = 8
-# Bound on the partitions whose hits a level tries in turn before the reference path.
 _MAX_HITS_PER_LEVEL = 4
 _MAX_CALL_SHAPES = 64
 
@@ -73,68 +59,51 @@ def _in_jax_order(orders: tuple[tuple[Any, ...], ...]) -> bool:
         return False
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class Route:
-    """The dispatcher's own state for one partition: the lookup of the entries its
-    calls use (`get`), whether those are the top level's, the shapes of call its
-    generated hit reads (`None` for a shape it cannot), the output spec that hit
-    builds inline, the hit, and each leaf's parameter (made when first needed)."""
+    """The dispatcher's own state for one partition: the lookup of its entries
+    (`get`: the top level's where `shares_top`), the shapes of call its hit reads
+    (`None`: one it cannot), the output spec the hit builds inline, the hit."""
 
-    __slots__ = (
-        "partition",
-        "get",
-        "shares_top",
-        "calls",
-        "learned",
-        "hit",
-        "keys_aliases",
-        "key",
-        "_leaf_parameters",
-    )
+    partition: Partition
+    get: Callable[[Hashable], Entry | None]
+    shares_top: bool
+    calls: dict[Shape, HitCall | None] = dataclasses.field(default_factory=dict)
+    learned: OutputSpec | None = None
+    hit: Hit | None = None
+    # Whether its keys say which static leaves are one object (see
+    # `Dispatcher._key_aliases`); its hit off.
+    keys_aliases: bool = False
+    # Its key in the dispatcher's routes (see `Dispatcher._route`).
+    key: tuple[Any, ...] = ()
+    _leaf_parameters: list[LeafParameter] | None = None
 
-    def __init__(
-        self,
-        partition: Partition,
-        get: Callable[[Hashable], Entry | None],
-        shares_top: bool,
-    ):
-        self.partition = partition
-        self.get = get
-        self.shares_top = shares_top
-        self.calls: dict[Shape, HitCall | None] = {}
-        self.learned: OutputSpec | None = None
-        self.hit: Hit | None = None
-        # Whether its keys say which static leaves are one object: from the first
-        # trace that handed back one of several static inputs that were one object
-        # (see `OutputSpec.aliases`), decided before each call runs; its hit off.
-        self.keys_aliases = False
-        # Its key in the dispatcher's routes: (structure, leaf types), and the
-        # exact key of a structure equal by `==` to another's.
-        self.key: tuple[Any, ...] = (partition.treedef, partition.types)
-        self._leaf_parameters: list[LeafParameter] | None = None
+    def __post_init__(self) -> None:
+        self.key = (self.partition.treedef, self.partition.types)
 
     def leaf_parameters(self, function: Function) -> list[LeafParameter]:
-        """Each leaf's parameter, position and label; made once."""
         if self._leaf_parameters is None:
             self._leaf_parameters = function.leaf_parameters(self.partition.treedef)
         return self._leaf_parameters
 
+    def labels(self, function: Function) -> list[str]:
+        return [p.label for p in self.leaf_parameters(function)]
+
     def forget_calls(self) -> None:
-        """Reads no call any more (its hit read calls bound to old defaults, or
-        keys that do not say which static leaves are one object)."""
         self.calls.clear()
         self.learned = None
         self.hit = None
 
 
-def _over_bound(cache: BoundedCache[Entry], nbytes: int, copied: bool) -> object | None:
-    """Where an entry pins more bytes than `cache` may hold, or holds a copy JAX
-    made of a NumPy constant (`copied`: JAX finds that copy again by the array's
-    identity while it lives, so that after the array is changed in place every
-    program, the user's own included, would read the copy): the trace the call is
-    made in, for which alone the entry is kept (identical calls in it share it; it
-    is dropped when that trace ends, as the undecorated program's constants are);
-    `None` where it is within the bound, or the trace cannot be found (the cache
-    then evicts it at once)."""
+def _over_bound(cache: BoundedCache[Entry], nbytes: int, entry: Entry) -> object | None:
+    """Where `entry` pins more bytes than `cache` may hold, or a copy JAX made of
+    a NumPy constant of another dtype (a float64 one without x64: found by the
+    array's identity while it lives, it would be read after the array is changed
+    in place): the trace under way, for which alone the entry is kept (as the
+    undecorated program's constants are). `None` where within the bound, or the
+    trace cannot be found (then evicted)."""
+    dtypes = [array.dtype for array, _ in entry.captured]
+    copied = any(jax.dtypes.canonicalize_dtype(d) != d for d in dtypes)
     if not copied and (cache.maxbytes is None or nbytes <= cache.maxbytes):
         return None
     trace = _trace.current_trace()
@@ -142,16 +111,15 @@ def _over_bound(cache: BoundedCache[Entry], nbytes: int, copied: bool) -> object
 
 
 class Dispatcher:
-    """The caches of one function with one set of options: per trace level, the
-    partitions by (structure, leaf types), each with its route, and the entries by
-    key; and per level, the hit that a wrapper calls first."""
+    """The caches of one function with one set of options, per level: the routes
+    by (structure, leaf types), the entries by key, the hit a wrapper calls first."""
 
     def __init__(self, fun: object, options: Options, fast: bool | None = None):
         # `fast`: whether generated hits read calls (unless FILTERJIT_FASTPATH=0).
         self._fast = _fastpath.ENABLED if fast is None else fast
         self.function = Function(fun)
         self.options = options
-        self.trace_log = TraceLog(self.function.name, _module_of(fun))
+        self.trace_log = TraceLog(self.function.name, fun)
         self.routes = tuple(BoundedCache[Route](TOP_MAXSIZE) for _ in Level)
         # Indexed by level: TOP, EAGER, STAGED, ABSTRACT. The top level and eager
         # transforms differ only in donation, so without it they share entries.
@@ -160,27 +128,23 @@ class Dispatcher:
         staged = BoundedCache[Entry](STAGED_MAXSIZE, STAGED_MAXBYTES)
         # Ahead-of-time stages share the top level's entries (see `abstract`).
         self.entries = (top, eager, staged, top)
-        # Per level, the routes of the latest partitions called, latest first, and
-        # their hits chained: what a wrapper calls first (`miss` where there is
-        # none). Changed in place: wrappers hold it.
+        # Per level, the latest routes called, latest first, and their hits chained
+        # (`miss` where there is none): changed in place, as wrappers hold it.
         self._latest: list[list[Route]] = [[] for _ in Level]
         self.hits: list[Hit] = [miss] * LEVELS
         # Whether a nested call may use the top level's entries (see `_lookup`).
         self._shares_top = options.same_at_every_level
-        # Partitions with one signature share a program, and so their entries. Bounded
-        # as partitions are: a program forgotten costs a new partition its own entries.
+        # Partitions with one signature share a program, and so their entries.
         self._programs: BoundedCache[object] = BoundedCache(TOP_MAXSIZE)
-        # Held only while a new entry is stored (never while the function runs),
-        # so that concurrent first calls of one key share one entry. Re-entrant:
-        # an eviction may run a finalizer that calls the function.
+        # Held only while a new entry is stored, never while the function runs.
+        # Re-entrant: an eviction may run a finalizer that calls the function.
         self._lock = threading.RLock()
         self._defaulted_by_shape: dict[Shape, tuple[str, ...]] = {}
         _dispatchers.add(self)
 
     @property
     def _donates_by_call(self) -> bool:
-        """Whether donation depends on which arguments a call passed (see
-        `_defaulted`)."""
+        """Whether donation depends on which arguments a call passed."""
         return self.options.donate != "none" and self.function.has_defaults
 
     def resume(
@@ -191,11 +155,9 @@ class Dispatcher:
         args: Args,
         kwargs: Kwargs,
     ) -> Any:
-        """Does what a hit left to the dispatcher: a `MISS`, the whole call on the
-        reference path; an error, named in the user's terms (see `_failed`) and
-        raised as it was; an output, finished (see `_finish`), the first built from
-        the traced leaves alone having its partition's hit made again to build it
-        inline (see `_specialise`)."""
+        """Does what a hit left undone: a `MISS`, the whole call on the reference
+        path; an error, named in the user's terms and raised; an output, finished
+        (the first built from traced leaves alone: see `_specialise`)."""
         if unfinished is MISS:
             return self._call(level, fun, args, kwargs)
         outcome, leaves, route = unfinished.outcome, unfinished.leaves, unfinished.route
@@ -209,11 +171,8 @@ class Dispatcher:
         )
 
     def _call(self, level: Level, fun: object, args: Args, kwargs: Kwargs) -> Any:
-        """The reference path: binds, flattens with `jax.tree_util`, looks up (see
-        `_lookup`), makes the entry if there is none, runs it, finishes its output;
-        and has the latest hit at `level` read calls of this one's shape. No lock
-        is held while the function is traced, compiled or run: it may call itself
-        from another thread (a host callback)."""
+        """The reference path. No lock is held while the function is traced,
+        compiled or run: it may call itself from another thread (a callback)."""
         shape = (len(args), *kwargs)
         called = shape if self._donates_by_call and level == TOP else None
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
@@ -221,17 +180,15 @@ class Dispatcher:
             level, fun, tree, leaves, treedef, shape, called
         )
         partition = route.partition
-        dynamic = partition.take_dynamic(leaves)
         made = entry is None
         if entry is None:
             entry = self._make(level, fun, route, leaves, called, cache, key)
         keyed_aliases = route.keys_aliases
         try:
-            out = self._run(level, route, entry, tree, leaves, dynamic)
+            out = self._run(level, route, entry, tree, leaves)
         except BaseException as error:
-            # Raised as it was raised, once. An entry that no trace completed pins
-            # nothing useful: dropped, so that a call raising on every trace leaves
-            # nothing behind (the next call traces anew, as under `jax.jit`).
+            # Raised as it was, once. An entry no trace completed is dropped: a call
+            # raising on every trace leaves nothing behind (as under `jax.jit`).
             try:
                 if made and not entry.traced_avals:
                     cache.discard(key, entry)
@@ -244,8 +201,7 @@ class Dispatcher:
             raise
         if route.keys_aliases and not keyed_aliases:
             # Its trace made keys say which static leaves are one object: the entry
-            # serves calls whose leaves are one object as this call's were, and
-            # no other.
+            # serves only calls whose leaves are one object as this call's were.
             shared = cache is not self.entries[level]
             aliased = self._key(partition, tree, leaves, shared, called, True)
             cache.discard(key, entry)
@@ -253,8 +209,7 @@ class Dispatcher:
         return out
 
     def _specialise(self, route: Route, spec: OutputSpec) -> None:
-        """Makes `route`'s hit again, once, building the static output of `spec`
-        (an `OutputSpec` with `from_traced`) inline (see `hit_caller`)."""
+        """Makes `route`'s hit again, once, building `spec`'s output inline."""
         reads = self._reads_calls(route)
         if route.learned is not None or route.hit is None or not reads:
             return
@@ -262,10 +217,8 @@ class Dispatcher:
         self._make_hit(route)
 
     def _make_hit(self, route: Route) -> None:
-        """Makes `route`'s hit from the calls it reads, and has it serve its level
-        where the one it replaces did. Made without the lock (making it may read a
-        user's default, and compare a Module's static fields with their `__eq__`),
-        installed under it unless hits were turned off meanwhile."""
+        """Makes `route`'s hit without the lock (it may run a user's `__eq__`), and
+        has it serve its level under the lock, unless hits were turned off."""
         hit = self.hit_of(route, route.get)
         with self._lock:
             if not self._reads_calls(route):
@@ -310,29 +263,22 @@ class Dispatcher:
         shape: Shape | None,
         called: Shape | None = None,
     ) -> tuple[Route, BoundedCache[Entry], Any, Entry | None]:
-        """The route of a flattened call's partition, the cache it looks in, its
-        key there and its entry (`None` where there is none, or a stale one). The
-        key is made here and nowhere else: the partition's key of the leaves;
-        nested, the insertion order of the call's dicts; which static leaves are
-        one object, once a trace has needed it (see `OutputSpec.aliases`);
-        `called`, the call's shape, where donation depends on it (see
-        `_defaulted`). A nested call whose leaves of array types are all tracers,
-        its dicts in JAX's order, is the program a top-level call is: it uses the
-        top level's entries. `shape` has the latest hit at `level` read calls of
-        that shape (`None`: looked at)."""
+        """The route of a flattened call (see `_route`), the cache it looks in, its
+        key there and its entry (`None`: none, or a stale one). A nested call whose
+        leaves of array types are all tracers, its dicts in JAX's order, is the
+        program a top-level call is: it uses the top level's entries."""
         route = self._route(level, fun, leaves, treedef, shape)
         partition = route.partition
         shared = route.shares_top and (
             partition.orders is None or _in_jax_order(partition.orders(tree))
         )
         cache = self.entries[TOP if shared else level]
-        aliases = route.keys_aliases
-        key = self._key(partition, tree, leaves, shared, called, aliases)
+        key = self._key(partition, tree, leaves, shared, called, route.keys_aliases)
         try:
             entry = cache.get(key)
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, partition, e) from e
-        if entry is not None and entry.captured and not entry.valid():
+        if entry is not None and not entry.valid():
             entry = None
         return route, cache, key, entry
 
@@ -345,8 +291,10 @@ class Dispatcher:
         called: Shape | None,
         aliases: bool,
     ) -> Any:
-        """A call's cache key (see `_lookup`); `aliases`: with which static leaves
-        are one object."""
+        """A call's cache key, made here and nowhere else: the partition's key of
+        the leaves; nested, the insertion order of its dicts; `aliases`, which
+        static leaves are one object (see `_key_aliases`); `called`, the
+        defaulted parameters where donation depends on them (`_defaulted`)."""
         key = partition.reference_key(leaves)
         if partition.orders is not None and not shared:
             key = (key, partition.orders(tree))
@@ -365,16 +313,14 @@ class Dispatcher:
         treedef: PyTreeDef,
         shape: Shape | None,
     ) -> Route:
-        """The route of the partition of a structure and leaf types at `level`.
-        Where `shape` is given, it is recorded (made if new), and its hit, made to
-        read calls of that shape if it can, is the latest at its level; else only
-        looked at."""
+        """The route of a structure and leaf types at `level`. Given a `shape`, the
+        route is made if new, its hit reads calls of that shape if it can, and is
+        the latest at its level; else (`None`) it is only looked at."""
         types = tuple(map(type, leaves))
         cache = self.routes[level]
         try:
-            # Structures equal by `==` but not exactly (see `_exact`) have partitions
-            # of their own: the first recorded is found by (structure, types), the
-            # others also by their exact keys.
+            # Structures equal by `==` but not exactly (see `_exact`) have routes of
+            # their own, found by their exact keys too.
             route = cache.get((treedef, types))
             if route is not None and route.partition.exact is not None:
                 if not route.partition.exactly(treedef):
@@ -386,10 +332,16 @@ class Dispatcher:
                 program_of = lambda s: self._programs.get(s) or object()  # noqa: E731
                 partition = Partition(treedef, types, level, program_of)
                 return Route(partition, lambda _: None, False)
-            route = self._new_route(level, treedef, types)
-            if cache.get((treedef, types)) is not None:
-                # Equal by `==` to the one recorded, but not exactly.
-                route.key = (treedef, types, route.partition.exact)
+            program_of = lambda s: self._programs.setdefault(s, object())  # noqa: E731
+            partition = Partition(treedef, types, level, program_of)
+            # Nested, its calls use the top level's entries where the options allow
+            # it and no leaf is a concrete array.
+            shares = (
+                partition.staged and self._shares_top and not partition.array_positions
+            )
+            route = Route(partition, self.entries[TOP if shares else level].get, shares)
+            if cache.get((treedef, types)) is not None:  # equal, not exactly
+                route.key = (treedef, types, partition.exact)
             cache.put(route.key, route)
         elif shape is None:
             return route
@@ -407,48 +359,30 @@ class Dispatcher:
         return route
 
     def _chain(self, level: Level) -> None:
-        """Has the hits of `level`'s latest routes serve it, latest first (under
-        the lock)."""
+        """Has the hits of `level`'s latest routes serve it (under the lock)."""
         hits = [route.hit for route in self._latest[level] if route.hit is not None]
         self.hits[level] = chained(hits)
 
-    def _new_route(
-        self, level: Level, treedef: PyTreeDef, types: tuple[type, ...]
-    ) -> Route:
-        """A new partition's route: nested, its calls use the top level's entries
-        where the options allow it and no leaf is a concrete array."""
-        partition = Partition(
-            treedef, types, level, lambda s: self._programs.setdefault(s, object())
-        )
-        shares_top = (
-            level == STAGED and self._shares_top and not partition.array_positions
-        )
-        get = self.entries[TOP if shares_top else level].get
-        return Route(partition, get, shares_top)
-
     def _reads_calls(self, route: Route) -> bool:
-        """Whether `route` gets hits: the fast path is on, and its keys need not
-        say which static leaves are one object."""
+        """Whether `route` gets hits: the fast path is on, and its keys do not say
+        which static leaves are one object."""
         return self._fast and not route.keys_aliases
 
     def _hit_call(self, route: Route, shape: Shape) -> HitCall | None:
-        """How a hit reads calls of `shape` on `route` (see `_fastpath`), or `None`
-        where calls of that shape are not read."""
+        """How a hit reads calls of `shape` on `route`, or `None` where it cannot."""
         partition = route.partition
         if partition.staged and route.shares_top and partition.orders is not None:
             return None  # whether it shares the top level's entries: its dicts' order
         sources = self.function.bind.sources(shape)
         if not sources:
             return None
-        # Where donation depends on the call's shape, so does its key.
         top = partition.level == TOP
         suffix = self._defaulted(shape) if self._donates_by_call and top else None
         # A call that takes defaults is read while they are those read, if it can be.
         return HitCall(shape, sources, suffix, self.function.defaults_guard())
 
     def _defaulted(self, called: Shape) -> tuple[str, ...]:
-        """The parameters holding arrays that calls of this shape leave to their
-        defaults (which are not donated: the caller did not pass them)."""
+        """The array parameters that calls of this shape leave to their defaults."""
         found = self._defaulted_by_shape.get(called)
         if found is None:
             found = self.function.defaulted(called)
@@ -463,14 +397,11 @@ class Dispatcher:
         entry: Entry,
         tree: object,
         leaves: list[object],
-        dynamic: Sequence[object],
     ) -> Any:
         """Calls an entry's jitted function (which may trace) and finishes the
-        output. Nested, with the caller's pytree `tree` at hand for a trace (see
-        `_entry.run_nested`); at the top level, run and waited for in one checked
-        call, so that a failed runtime check is raised at the call, with the
-        call's leaves at hand for a trace where static leaves equal by `==` may
-        differ (see `Partition.by_eq`)."""
+        output: nested, with the caller's pytree at hand for a trace; else in one
+        checked call, so that a failed runtime check is raised at the call."""
+        dynamic = route.partition.take_dynamic(leaves)
         nodes = None
         if level == STAGED:
             out, nodes = run_nested(entry, tree, leaves, dynamic)
@@ -499,9 +430,8 @@ class Dispatcher:
         tree: object = None,
         nodes: list[object] | None = None,
     ) -> Any:
-        """The user's output from a `Carried` one: the trace's own spec finishes
-        it with this call's leaves (nested, and its containers: see
-        `OutputSpec.finish_nested`). At the top level, a trace that holds a
+        """The user's output from a `Carried` one, by the trace's own spec (nested,
+        with the call's containers). At the top level, a trace that holds a
         runtime check waits, to raise a failed check at the call."""
         spec = out.spec
         if spec.aliases and not route.keys_aliases:
@@ -514,28 +444,23 @@ class Dispatcher:
 
     def _read_defaults_again(self, fun: object) -> None:
         """After the function's defaults were reassigned: calls bind to the new
-        ones (a call's defaults are leaves of its pytree, and so of its key), and
-        the hits that read the old ones are dropped."""
+        ones, and the hits that read the old ones are dropped."""
         with self._lock:
             self.function = Function(fun)
             self._defaulted_by_shape = {}
             self._forget_calls()
 
     def _key_aliases(self, route: Route) -> None:
-        """Keys `route`'s calls by which static leaves are one object from now on:
-        a trace handed back one of several that were one object, and so the same
-        program serves only calls in which they are one object again. This call's
-        were (its trace saw them: at the top level an entry is traced with the
-        leaves of the call that made it, nested with the call's own). Its hit,
-        whose keys do not say it, is dropped."""
+        """Keys `route`'s calls by which static leaves are one object from now on: a
+        trace handed back one of several that were one object (`OutputSpec.aliases`),
+        so its program serves only calls in which they are again. Its hit goes."""
         with self._lock:
             route.keys_aliases = True
             route.forget_calls()
             self._chain(route.partition.level)
 
     def _forget_calls(self) -> None:
-        """Drops every route's hit: every call takes the reference path until it
-        records its shape again."""
+        """Drops every route's hit, until its calls record their shapes again."""
         self.hits[:] = [miss] * LEVELS
         for latest in self._latest:
             latest.clear()
@@ -550,11 +475,9 @@ class Dispatcher:
         if isinstance(error, TypeError):
             self._check_traceable(route, leaves)
         check_failed(error, self.function.name)
-        labels = [p.label for p in route.leaf_parameters(self.function)]
-        dynamic_labels = partition.take_dynamic(labels)
-        explain_failure(
-            error, self.function.name, dynamic_labels, partition.take_dynamic(leaves)
-        )
+        labels = partition.take_dynamic(route.labels(self.function))
+        dynamic = partition.take_dynamic(leaves)
+        explain_failure(error, self.function.name, labels, dynamic)
 
     def _make(
         self,
@@ -567,16 +490,16 @@ class Dispatcher:
         key: Hashable,
     ) -> Entry:
         """A new entry for a call at `level` (a top-level one in the top level's
-        cache, so that either level may trace it), stored in `cache` under `key`;
-        or the one another thread stored first."""
+        cache), stored in `cache` under `key`; or the one another thread stored."""
         partition = route.partition
         self._check_traceable(route, leaves)
         if level in (TOP, EAGER) and jax.process_count() > 1:
             self._check_processes_agree(route, leaves)
         defaulted = () if called is None else self._defaulted(called)
         top = level == ABSTRACT or (level == STAGED and cache is self.entries[TOP])
+        compile_build = _fastpath.output_builder if self._fast else None
         entry = make_entry(
-            self._entry_maker(),
+            EntryMaker(self.function, self.options, self.trace_log, compile_build),
             fun,
             TOP if top else level,
             partition,
@@ -587,43 +510,30 @@ class Dispatcher:
             keeps_call=level != STAGED or top,
         )
         nbytes = partition.captured_bytes(leaves)
-        copied = any(map(copied_by_jax, entry.captured))
-        over_bound = _over_bound(cache, nbytes, copied)
+        over_bound = _over_bound(cache, nbytes, entry)
         if over_bound is not None:
             nbytes = 0  # held for that trace alone, uncounted
         with self._lock:
             found = cache.get(key)
-            if found is not None and not (found.captured and not found.valid()):
+            if found is not None and found.valid():
                 return found
             cache.put(key, entry, nbytes)
         if over_bound is not None:
-            cache_ref, entry_ref = weakref.ref(cache), weakref.ref(entry)
-
-            def drop() -> None:  # `discard` ignores an entry that died first
-                if (alive := cache_ref()) is not None:
-                    alive.discard(key, entry_ref())
-
-            entry.drop_with(over_bound, drop)
+            entry.drop_with(over_bound, cache, key)
         return entry
 
-    def _entry_maker(self) -> EntryMaker:
-        compile_build = _fastpath.output_builder if self._fast else None
-        return EntryMaker(self.function, self.options, self.trace_log, compile_build)
-
     def _check_traceable(self, route: Route, leaves: list[object]) -> None:
-        labels = [p.label for p in route.leaf_parameters(self.function)]
         name, dynamic = self.function.name, route.partition.dynamic_positions
-        check_traceable(name, labels, leaves, dynamic)
+        check_traceable(name, route.labels(self.function), leaves, dynamic)
 
     def _check_processes_agree(self, route: Route, leaves: list[object]) -> None:
         """Before compiling a program that spans processes: that every process
-        compiles it with the same static values (else a clear error, not a hang).
-        A program on this process's devices alone waits for no other process."""
+        compiles it with the same static values (else a clear error, not a hang)."""
         partition = route.partition
         options, dynamic = self.options, partition.take_dynamic(leaves)
         if not spans_processes(dynamic, options.in_shardings, options.out_shardings):
             return
-        labels = [p.label for p in route.leaf_parameters(self.function)]
+        labels = route.labels(self.function)
         statics = [(labels[p], leaves[p]) for p in partition.static_positions]
         statics.append(("(the structure of the arguments)", partition.treedef))
         check_statics_agree(self.function.name, statics)
@@ -636,20 +546,13 @@ class Dispatcher:
         route, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
         dynamic = route.partition.take_dynamic(leaves)
         hit = entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
-        labels = [p.label for p in self.function.leaf_parameters(treedef)]
-        rows = list(map(row, labels, route.partition.roles(), leaves))
-        nearest = None if hit or level == STAGED else self.trace_log.nearest(rows)
-        name, level_name = self.function.name, Level(level).description
-        return Explanation(name, level_name, rows, hit, nearest=nearest)
+        labels, roles = route.labels(self.function), route.partition.roles()
+        return self.trace_log.explanation(level, labels, roles, leaves, hit)
 
     def abstract(self, fun: object, args: Args, kwargs: Kwargs) -> "AheadOfTime":
         """The entry for an ahead-of-time call (arrays may be ShapeDtypeStructs),
-        made if new: with its partition, traced leaves and leaves.
-
-        It is the entry that a top-level call with arrays of those shapes finds
-        (their partitions share a program, and so their keys), so `lower`, `trace`
-        and `eval_shape` use the very `jax.jit` that calls do, and JAX's caches
-        keep one trace and one executable for both, as for a `jax.jit`."""
+        made if new: the one a top-level call with arrays of those shapes finds,
+        so that JAX's caches keep one trace and one executable for both."""
         shape = (len(args), *kwargs)
         called = shape if self._donates_by_call else None  # as a top-level call
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
@@ -685,9 +588,3 @@ _dispatchers: "weakref.WeakSet[Dispatcher]" = weakref.WeakSet()
 def clear_all() -> None:
     for dispatcher in list(_dispatchers):
         dispatcher.clear()
-
-
-def _module_of(fun: object) -> str:
-    fun = unwrapped(fun)
-    module = getattr(fun, "__module__", None)  # else a callable object: its class's
-    return module if isinstance(module, str) else type(fun).__module__

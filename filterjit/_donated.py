@@ -8,17 +8,9 @@ import sys
 import types
 import weakref
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-
-
-class Donation(NamedTuple):
-    """Where an array was donated: the function, its parameter, the call's line."""
-
-    function: str
-    parameter: str
-    where: str  # `file:line` of the call
 
 
 # The donated arrays, by `id`: a weak reference to each (checked on reading: an id
@@ -59,15 +51,6 @@ def record(arrays: Sequence[Any], function: str, labels: Sequence[str]) -> None:
             del records[key]
 
 
-def donation_of(array: Any) -> Donation | None:
-    """How `array` was donated, if a filter_jit call donated it."""
-    found = _records.get(id(array))
-    if found is None or found[0]() is not array:
-        return None
-    ref, label, (function, where) = found
-    return Donation(function, label, where)
-
-
 def _is_deleted(leaf: Any) -> bool:
     try:
         return isinstance(leaf, jax.Array) and leaf.is_deleted()
@@ -85,16 +68,17 @@ def check_not_deleted(
     for label, leaf in zip(labels, dynamic):
         if not _is_deleted(leaf):
             continue
-        donation = donation_of(leaf)
-        if donation is None:
+        found = _records.get(id(leaf))
+        if found is None or found[0]() is not leaf:  # not donated by filter_jit
             cause = (
                 "was deleted or donated (`.delete()`, or a `jax.jit` with "
                 "`donate_argnums`, say)"
             )
         else:
+            _, parameter, (function, where) = found
             cause = (
-                f"was donated by an earlier call of `{donation.function}` at "
-                f"{donation.where}, through its parameter `{donation.parameter}`"
+                f"was donated by an earlier call of `{function}` at {where}, "
+                f"through its parameter `{parameter}`"
             )
         raise ValueError(
             f"{name}(): argument `{label}` is an array that {cause}: its buffer now "

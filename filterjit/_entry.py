@@ -3,11 +3,10 @@ leaves (the others captured), so that JAX's cache holds one trace per set of ava
 
 import functools as ft
 import inspect
-import re
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -16,9 +15,10 @@ import numpy as np
 from jax.core import Tracer
 
 from ._binding import FUNCTION, LeafParameter, positional_names
-from ._diagnostics import row, TraceLog, Traces
+from ._cache import BoundedCache
+from ._diagnostics import TraceLog, Traces
 from ._donated import record
-from ._errors import integer_scalars, note_loop_in_trace, traced_a_check
+from ._errors import identifier, integer_scalars, note_loop_in_trace, traced_a_check
 from ._exact import ndarray_key
 from ._function import Function, python_function
 from ._level import ABSTRACT, EAGER, Level, STAGED, TOP
@@ -106,18 +106,26 @@ class Entry:
             if isinstance(leaf, jax.Array) and not isinstance(leaf, Tracer)
         ]
 
-    def drop_with(self, trace: object, drop: Callable[[], None]) -> None:
-        """Drops this entry (`drop()`) when `trace` ends (dies)."""
-        self._dropped_with = weakref.ref(trace, lambda _: drop())
+    def drop_with(
+        self, trace: object, cache: "BoundedCache[Entry]", key: Hashable
+    ) -> None:
+        """Drops this entry from `cache` when `trace` ends (dies)."""
+        cache_ref, entry_ref = weakref.ref(cache), weakref.ref(self)
+
+        def drop(_: object) -> None:  # `discard` ignores an entry that died first
+            if (alive := cache_ref()) is not None:
+                alive.discard(key, entry_ref())
+
+        self._dropped_with = weakref.ref(trace, drop)
 
 
 class CallUnderWay(int):
     """A nested call's own pytree and leaves (`under_way`; a top-level call's
     leaves, with `None` for its pytree), handed to its entry's jitted function as
-    its first argument, a static one: every one equal to and
-    hashed as 0, so that every call of the entry (at the top level, one that holds
-    no call) finds JAX's traces of it, and emptied when the call returns, so that
-    the one JAX keeps in its cache key holds nothing of the call's."""
+    its first argument, a static one: every one equal to and hashed as 0, so that
+    every call of the entry (at the top level, one that holds no call) finds JAX's
+    traces of it, and emptied when the call returns, so that the one JAX keeps in
+    its cache key holds nothing of the call's."""
 
     under_way: tuple[Any, list[Any]] | None = None
     # The containers of the call's pytree, listed by a trace before the function
@@ -134,17 +142,16 @@ class TopCall(ft.partial[Any]):
     no call: called (at C speed), lowered, traced and shape-evaluated with the
     traced leaves alone, as a top-level entry's `jitted` is."""
 
+    func: Any  # a `jax.jit` object
+
     def lower(self, *dynamic: object) -> Any:
-        jitted: Any = self.func  # a `jax.jit` object
-        return jitted.lower(*self.args, *dynamic)
+        return self.func.lower(*self.args, *dynamic)
 
     def trace(self, *dynamic: object) -> Any:
-        jitted: Any = self.func
-        return jitted.trace(*self.args, *dynamic)
+        return self.func.trace(*self.args, *dynamic)
 
     def eval_shape(self, *dynamic: object) -> Any:
-        jitted: Any = self.func
-        return jitted.eval_shape(*self.args, *dynamic)
+        return self.func.eval_shape(*self.args, *dynamic)
 
 
 def run_nested(
@@ -161,13 +168,6 @@ def run_nested(
         return entry.nested(call, *dynamic), call.nodes
     finally:
         call.under_way = call.nodes = None
-
-
-def copied_by_jax(captured: tuple[np.ndarray, object]) -> bool:
-    """Whether JAX turns a captured NumPy array into a constant of another dtype
-    (a float64 one without x64): a copy it caches by the array's identity."""
-    dtype = captured[0].dtype
-    return jax.dtypes.canonicalize_dtype(dtype) != dtype
 
 
 def with_leaves(entry: Entry, leaves: list[object]) -> tuple[Any, CallUnderWay]:
@@ -192,13 +192,11 @@ def _source_of(fun: object) -> Any:
 
 
 def _signature(labels: list[str]) -> inspect.Signature:
-    """Positional parameters named after argument paths (`params['w']` ->
-    `params_w`), each a unique identifier, for JAX's messages."""
+    """Positional parameters named after argument paths, each a unique identifier,
+    for JAX's messages."""
     names: list[str] = []
     for label in labels:
-        name = re.sub(r"\W+", "_", label, flags=re.ASCII).strip("_") or "arg"
-        if name[0].isdigit():
-            name = f"_{name}"
+        name = identifier(label)
         while name in names:
             name += "_"
         names.append(name)
@@ -301,8 +299,7 @@ def make_entry(
                 entry.has_checks = entry.guarded = True
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None and not nested:
-            rows = list(map(row, labels, roles, inputs))
-            log.record(rows, None if entry is None else entry.traces)
+            log.record(labels, roles, inputs, None if entry is None else entry.traces)
         return jit_output(
             output, inputs, runtime_check, boxed, compile_build, containers
         )
@@ -463,7 +460,7 @@ def _leaf_shardings(
         except (ValueError, TypeError):
             raise ValueError(
                 f"{function.name}: in_shardings[{index}] is not a pytree prefix of "
-                f"argument `{function._parameter(index)[1]}`: its structure is "
+                f"argument `{function.label(index)}`: its structure is "
                 f"{prefix}, and the argument's is {jtu.tree_structure(arg)}. Give "
                 "one sharding (or None) for the whole argument, or a pytree of them "
                 "with the argument's structure."

@@ -73,10 +73,14 @@ def _is_check(eqn: Any) -> bool:
     return getattr(function, "__module__", "").startswith("equinox")
 
 
-def _is_fori_loop(eqn: Any) -> bool:
-    """Whether `eqn` is the `while_loop` a `lax.fori_loop` with traced bounds binds."""
+def _is_fori_loop(eqn: Any, made_at: tuple[str, int | None]) -> bool:
+    """Whether `eqn` is the `while_loop` a `lax.fori_loop` with traced bounds binds,
+    made at `made_at` (a file and line of the stack JAX recorded where it was bound)."""
+    if eqn.primitive is not while_p:
+        return False
     frames = _trace.source_frames(eqn)
-    return eqn.primitive is while_p and any(f.function == "fori_loop" for f in frames)
+    lines = {(frame.file, frame.line) for frame in frames}
+    return made_at in lines and any(f.function == "fori_loop" for f in frames)
 
 
 def _dependencies(eqns: list[Any]) -> list[frozenset[int]] | None:
@@ -246,7 +250,7 @@ def _note_traced_scalars(
     # the jitted function: the label made an identifier).
     named = re.findall(r"depends on the value of the argument (\w+)", str(error))
     if named:
-        scalars = [s for s in scalars if _identifier(s.label) in named] or scalars
+        scalars = [s for s in scalars if identifier(s.label) in named] or scalars
     if not scalars:
         return
     message = error.args[0] if error.args else None
@@ -301,21 +305,18 @@ def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) 
     made_at = (stack[-1].filename, stack[-1].lineno)
     on: set[int] = set()
     for position, eqn in enumerate(eqns):
-        if any(_is_fori_loop(e) and made_at in _lines(e) for e in _within(eqn)):
+        if any(_is_fori_loop(e, made_at) for e in _within(eqn)):
             on |= depends[position]
     named = [s for s in scalars if s.position in on]
     if named:
         error.add_note(_loop_note(name, named))
 
 
-def _lines(eqn: Any) -> set[tuple[str, int]]:
-    """The files and lines of the stack JAX recorded where `eqn` was bound."""
-    return {(frame.file, frame.line) for frame in _trace.source_frames(eqn)}
-
-
-def _identifier(label: str) -> str:
-    """`label` as the jitted function's parameter (see `_entry._signature`)."""
-    return re.sub(r"\W+", "_", label, flags=re.ASCII).strip("_")
+def identifier(label: str) -> str:
+    """An argument's label as the jitted function's parameter, for JAX's messages
+    (`params['w']` -> `params_w`)."""
+    name = re.sub(r"\W+", "_", label, flags=re.ASCII).strip("_") or "arg"
+    return f"_{name}" if name[0].isdigit() else name
 
 
 _RECURSION_NOTE = "filter_jit: the recursion"  # begins the note, which is added once
@@ -378,7 +379,7 @@ def key_error(
         # No leaf failed, but a node's auxiliary data (a static field, say).
         _, args, kwargs = function.split_call(fun, jtu.tree_unflatten(treedef, leaves))
         for where, value in [(None, fun), *enumerate(args), *kwargs.items()]:
-            label = name if where is None else function._parameter(where)[1]
+            label = name if where is None else function.label(where)
             if (field := find_static_array_field(value, label)) is not None:
                 return TypeError(
                     f"{name}(): `{field}` is a static field (`eqx.field(static=True)`) "

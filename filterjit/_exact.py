@@ -31,8 +31,7 @@ import numpy as np
 from jax.core import Tracer
 
 from ._cache import per_class
-from ._structure import PyTreeDef
-from ._trace import aux_data
+from ._structure import aux_data, PyTreeDef
 
 
 # NumPy arrays up to this size are keyed by their bytes; larger ones by a digest.

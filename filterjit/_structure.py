@@ -54,6 +54,17 @@ def _like(node: Any, values: dict[object, object]) -> Any:
     return collections.defaultdict(node.default_factory, values)
 
 
+def _rebuilt(tree: Any, children: list[Any], new: list[Any], rebuild: PyTreeDef) -> Any:
+    """`tree` with its children `children` replaced by `new`: itself where none
+    changed; a dict keeps its order, which JAX's rebuild sorts."""
+    if all(map(operator.is_, new, children)):
+        return tree
+    rebuilt = rebuild.unflatten(new)
+    if type(tree) in _SORTED_DICTS:
+        return _like(tree, {key: rebuilt[key] for key in tree})
+    return rebuilt
+
+
 # Structures nested deeper than this are walked by JAX alone (it takes any depth):
 # what a nested call's function gets is JAX's rebuild, not the caller's containers.
 MAX_DEPTH = 100
@@ -137,12 +148,7 @@ def replace_leaves(
         if found is not None:
             children, structure = found
             new = [replace_leaves(child, replace, count) for child in children]
-            if all(map(operator.is_, new, children)):
-                return tree
-            rebuilt = structure.unflatten(new)
-            if type(tree) in _SORTED_DICTS:  # rebuilt sorted: in `tree`'s order
-                return _like(tree, {key: rebuilt[key] for key in tree})
-            return rebuilt
+            return _rebuilt(tree, children, new, structure)
     return replace(next(count), tree)
 
 
@@ -181,12 +187,7 @@ def hand_back(
             return tree
         children, rebuild = found
         new = [walk(c, s) for c, s in zip(children, structure.children())]
-        if all(map(operator.is_, new, children)):
-            return tree
-        rebuilt = rebuild.unflatten(new)
-        if type(tree) in _SORTED_DICTS:
-            return _like(tree, {key: rebuilt[key] for key in tree})
-        return rebuilt
+        return _rebuilt(tree, children, new, rebuild)
 
     return walk(output, view)
 

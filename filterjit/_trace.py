@@ -113,18 +113,12 @@ def _current_inputs_private() -> list[Any] | None:
     return None if invars is None else list(invars)
 
 
-def _current_trace_private() -> object | None:
-    # The innermost trace (transform or staging) the call is made in.
-    return _current_trace.value
-
-
 private_api_available = jax_private.EvalTrace is not None
 if private_api_available:
     _current_trace = jax_private.trace_state_strong_ref or _TraceAttribute()
     _disable_jit_value = _getter(jax_private.disable_jit_state)
     _current_trace_value = _getter(_current_trace)
     trace_level = _trace_level_private
-    current_trace = _current_trace_private
     current_equations = _current_equations_private
     current_inputs = _current_inputs_private
     # Each read a C call: the state's getter, bound to it.
@@ -135,6 +129,8 @@ if private_api_available:
         jax_private.DynamicJaxprTrace,
         _walk,
     )
+    # `current_trace()`: the innermost trace (transform or staging) a call is in.
+    current_trace = level_reader.current
 else:  # pragma: no cover - the tests simulate this by monkeypatching
     trace_level = _trace_level_public
     current_trace = current_equations = current_inputs = _unknown

@@ -1,19 +1,10 @@
 """The one rule for when two static values are the same to a trace, at every level
 and in every role (a static argument, a partial's bound values, a receiver, a
-Module's static field, the callable itself): `key(value)`, compared by `==`.
-
-| value | keyed by |
-|---|---|
-| `bool`, `int`, `float`, `complex`, NumPy scalars and arrays | type and bits |
-| `str`, `bytes`, dtypes, enum members, `PyTreeDef`s | value |
-| `None`, `...`, `NotImplemented` | themselves |
-| tuples, namedtuples, lists, dicts, sets, frozen dataclasses, Modules | walked |
-| any other type with its own `__eq__`/`__hash__` | itself: `==` and `hash` |
-| everything else (functions, classes, objects) | itself: identity |
-
-Containers are walked in order (every dict key and value; a set in iteration
-order), each element keyed by this same rule with its type. A key holds what it
-names, strongly: a cache holds it until its bound on entries evicts it."""
+Module's static field, the callable itself): `key(value)`, compared by `==`, as
+docs/contract.md's table "When two calls are the same" writes it. Containers are
+walked in order, each element keyed by this same rule with its type; other types
+are their own key (`==` and `hash`, or identity). A key holds what it names,
+strongly: a cache holds it until its bound on entries evicts it."""
 
 import dataclasses
 import enum
@@ -31,8 +22,7 @@ import numpy as np
 from jax.core import Tracer
 
 from ._cache import per_class
-from ._structure import PyTreeDef
-from ._trace import aux_data
+from ._structure import aux_data, PyTreeDef
 
 
 # NumPy arrays up to this size are keyed by their bytes; larger ones by a digest.
@@ -71,10 +61,6 @@ def floats_key(values: Sequence[float]) -> bytes:
     """The key of many floats at once: every bit of each (zeros' signs and NaNs'
     included), at C speed."""
     return struct.pack(f"<{len(values)}d", *values)
-
-
-def complex_key(x: complex) -> tuple[Any, Any]:
-    return float_key(x.real), float_key(x.imag)
 
 
 def ndarray_key(x: np.ndarray) -> tuple[Any, ...]:
@@ -142,12 +128,6 @@ def _dict(value: dict[Any, Any], memo: _Memo) -> Any:
     return _sequence(tuple(value), memo), _sequence(tuple(value.values()), memo)
 
 
-def _set(value: set[object] | frozenset[object], memo: _Memo) -> Any:
-    # In iteration order: equal sets may iterate differently, and the function may
-    # iterate it.
-    return _sequence(tuple(value), memo)
-
-
 def _fields(value: Any, memo: _Memo) -> Any:
     # Every attribute, not only those `__eq__` compares (`compare=False` fields, what
     # `__post_init__` set): the function may read any.
@@ -190,7 +170,9 @@ def _key_of(kind: type) -> Callable[[Any, _Memo], Any]:
     if kind is dict:
         return _dict
     if kind is frozenset or kind is set:
-        return _set
+        # In iteration order: equal sets may iterate differently, and the function
+        # may iterate it.
+        return lambda value, memo: _sequence(tuple(value), memo)
     if issubclass(kind, np.generic):  # before float: np.float64 subclasses it
         return lambda value, memo: generic_key(value)
     if issubclass(kind, np.ndarray):
@@ -198,7 +180,7 @@ def _key_of(kind: type) -> Callable[[Any, _Memo], Any]:
     if kind is float:
         return lambda value, memo: float_key(value)
     if kind is complex:
-        return lambda value, memo: complex_key(value)
+        return lambda value, memo: (float_key(value.real), float_key(value.imag))
     if issubclass(kind, (jax.Array, Tracer)):  # `==` is elementwise
         return _jax_array
     if issubclass(kind, jtu.PyTreeDef):
@@ -237,7 +219,7 @@ def _key(value: Any, memo: _Memo) -> Any:
 
 def key(value: object) -> Any:
     """What proves `value` the same as another value to a trace: equal (by `==`)
-    for two values only if they trace alike, at every level (see the table above):
+    for two values only if they trace alike, at every level (see the module):
     its type and what `_key_of` makes of it. It holds `value`'s parts that are
     compared by `==` or by identity."""
     return type(value), _key(value, _Memo())

@@ -28,7 +28,6 @@ from ._structure import (
 
 
 def items_getter(keys: Sequence[object]) -> Callable[[Any], tuple[Any, ...]]:
-    """`get(x)`: the tuple of `x[key]` for `keys`."""
     if len(keys) != 1:
         return operator.itemgetter(*keys) if keys else lambda x: ()
     (key,) = keys
@@ -65,9 +64,8 @@ def leaf_sources(
     dynamic_positions: list[int],
     passthrough: list[tuple[int, int]],
 ) -> list[tuple[str, Any]]:
-    """Where each leaf of an output comes from, in order, as a `BuilderCompiler`
-    takes them: `("out", i)`, the traced leaf `i`; `("input", p)`, the call's leaf `p`;
-    `("constant", value)`, `template`'s."""
+    """Where each leaf of an output comes from: `("out", i)`, the traced leaf `i`;
+    `("input", p)`, the call's leaf `p`; `("constant", value)`, `template`'s."""
     sources: list[tuple[str, Any]] = [("constant", leaf) for leaf in template]
     for i, position in enumerate(dynamic_positions):
         sources[position] = ("out", i)
@@ -199,8 +197,9 @@ class OutputSpec:
             take = items_getter(kept)
             self.build_nested = lambda out, inputs: nested(take(out), inputs)
         if runtime_check:  # the traced leaves end with the check's marker
-            self.build = _without_marker(self.build)
-            self.build_nested = _without_marker(self.build_nested)
+            build, build_nested = self.build, self.build_nested
+            self.build = lambda out, inputs: build(out[:-1], inputs)
+            self.build_nested = lambda out, inputs: build_nested(out[:-1], inputs)
         if orders is not None and handed is None:
             unordered = self.build_nested
             self.build_nested = lambda out, inputs: restore_orders(
@@ -245,23 +244,8 @@ class OutputSpec:
 
     def awaited(self, out: Sequence[object]) -> Any:
         """What of the traced leaves `out` a call outside staged traces waits for:
-        with a runtime check, its marker (see `check_marker`)."""
+        with a runtime check, its marker (see `jit_output`)."""
         return [out[-1]] if self.runtime_check else None
-
-
-def check_marker() -> Any:
-    """An output of a trace that holds a runtime check, for the call to wait for.
-    A constant: neither batched nor differentiated, so under eager `vmap`, `jvp` and
-    `grad` it comes back as a concrete array (the traced leaves are tracers there);
-    as any output of the executable, waiting for it raises a check failed in it."""
-    return jnp.zeros((), np.int32)
-
-
-def _without_marker(
-    build: Callable[[Sequence[object], list[object]], object],
-) -> Callable[[Any, list[Any]], Any]:
-    """`build` of traced leaves that end with a check's marker."""
-    return lambda out, inputs: build(out[:-1], inputs)
 
 
 class Carried(Exception):
@@ -423,5 +407,8 @@ def jit_output(
     )
     traced = [leaves[p] for p in spec.dynamic_positions]
     if runtime_check:
-        traced.append(check_marker())
+        # A marker for the call to wait for, which raises a check failed in the
+        # executable: a constant, neither batched nor differentiated, so a concrete
+        # array under eager transforms too (the traced leaves are tracers there).
+        traced.append(jnp.zeros((), np.int32))
     return Carried(spec, traced)

@@ -10,8 +10,7 @@ import numpy as np
 from . import _exact
 from ._leaves import ARRAY_TYPES, traced_types
 from ._level import Level, STAGED
-from ._structure import dict_orders, PyTreeDef, shape_of
-from ._trace import aux_data
+from ._structure import aux_data, dict_orders, PyTreeDef, shape_of
 
 
 def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:

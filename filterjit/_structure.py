@@ -54,6 +54,17 @@ def _like(node: Any, values: dict[object, object]) -> Any:
     return collections.defaultdict(node.default_factory, values)
 
 
+def _rebuilt(tree: Any, children: list[Any], new: list[Any], rebuild: PyTreeDef) -> Any:
+    """`tree` with its children `children` replaced by `new`: itself where none
+    changed; a dict keeps its order, which JAX's rebuild sorts."""
+    if all(map(operator.is_, new, children)):
+        return tree
+    rebuilt = rebuild.unflatten(new)
+    if type(tree) in _SORTED_DICTS:
+        return _like(tree, {key: rebuilt[key] for key in tree})
+    return rebuilt
+
+
 # Structures nested deeper than this are walked by JAX alone (it takes any depth):
 # what a nested call's function gets is JAX's rebuild, not the caller's containers.
 MAX_DEPTH = 100
@@ -137,12 +148,7 @@ def replace_leaves(
         if found is not None:
             children, structure = found
             new = [replace_leaves(child, replace, count) for child in children]
-            if all(map(operator.is_, new, children)):
-                return tree
-            rebuilt = structure.unflatten(new)
-            if type(tree) in _SORTED_DICTS:  # rebuilt sorted: in `tree`'s order
-                return _like(tree, {key: rebuilt[key] for key in tree})
-            return rebuilt
+            return _rebuilt(tree, children, new, structure)
     return replace(next(count), tree)
 
 
@@ -181,11 +187,39 @@ def hand_back(
             return tree
         children, rebuild = found
         new = [walk(c, s) for c, s in zip(children, structure.children())]
-        if all(map(operator.is_, new, children)):
-            return tree
-        rebuilt = rebuild.unflatten(new)
-        if type(tree) in _SORTED_DICTS:
-            return _like(tree, {key: rebuilt[key] for key in tree})
-        return rebuilt
+        return _rebuilt(tree, children, new, rebuild)
 
     return walk(output, view)
+
+
+def _aux_data_public(treedef: PyTreeDef) -> list[Any]:
+    found: list[Any] = []
+    data = treedef.node_data()
+    if data is not None:
+        for child in treedef.children():
+            found += _aux_data_public(child)
+        if data[1] is not None:
+            found.append(data[1])
+    return found
+
+
+def _aux_data_private(treedef: PyTreeDef) -> list[Any]:
+    # The pickled state lists the nodes, children first, as (kind, arity, node
+    # data, ...), in one call rather than two per node. Kinds 5 and 6 (dicts,
+    # registered nodes) are the ones with data of the user's.
+    nodes = treedef.__getstate__()[1]
+    return [node[2] for node in nodes if node[0] >= 5 and node[2] is not None]
+
+
+def _choose_aux_data() -> Callable[[PyTreeDef], list[Any]]:
+    probe = jtu.tree_structure([{"a": 1, "b": (None, 2)}, jtu.Partial(len, 3), ()])
+    try:
+        if _aux_data_private(probe) == _aux_data_public(probe):
+            return _aux_data_private
+    except Exception:
+        pass
+    return _aux_data_public
+
+
+# `aux_data(treedef)`: the auxiliary data of its nodes that have some, children first.
+aux_data = _choose_aux_data()

@@ -974,7 +974,7 @@ def test_custom_calls_are_refused_on_load_unless_allowed_at_export() -> None:
 
 
 def test_canary_private_jax_for_loading() -> None:
-    from filterjit import _trace as private
+    from filterjit._export import _load as private
 
     # The private reads are in use on this JAX: if one fails here, JAX moved it.
     assert private.stable_targets_private and private.custom_call_targets_private
@@ -991,11 +991,10 @@ def test_canary_private_jax_for_loading() -> None:
 
 def test_the_loader_without_private_jax(monkeypatch: pytest.MonkeyPatch) -> None:
     # The fallbacks: targets read from the module's text, and a shorter safe list.
-    from filterjit import _trace as private
     from filterjit._export import _load
 
-    monkeypatch.setattr(_load, "custom_call_targets", private._targets_public)
-    monkeypatch.setattr(_load, "STABLE_TARGETS", private._STABLE_TARGETS_PUBLIC)
+    monkeypatch.setattr(_load, "custom_call_targets", _load._targets_public)
+    monkeypatch.setattr(_load, "STABLE_TARGETS", _load._STABLE_TARGETS_PUBLIC)
     allowed = [jax.export.DisabledSafetyCheck.custom_call("my_kernel")]
     exported = filterjit.export(_kernel, disabled_checks=allowed)(jnp.ones(3))
     filterjit.deserialize(exported.serialize())

@@ -23,7 +23,7 @@ from jax.core import Tracer
 
 from filterjit import filter_jit
 from filterjit._fastpath import output_builder
-from filterjit._trace import TOP
+from filterjit._level import TOP
 
 
 def test_static_output_leaves_keep_the_cpp_fast_path():

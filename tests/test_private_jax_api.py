@@ -1,4 +1,4 @@
-"""The fence around JAX's private API in `filterjit._trace`: a canary test for each
+"""The fence around JAX's private API (`filterjit._private_jax`): a canary test for each
 private access, which fails when JAX moves what filterjit reads, and the public
 fallback that keeps working meanwhile; the trace levels the private reader tells
 apart; and what filterjit must not do to JAX (start a backend on import, set off a
@@ -22,20 +22,20 @@ from helpers import run_program, subprocess_env, traceback_frames
 from jax import lax
 
 import filterjit
-from filterjit import _entry, _trace
+from filterjit import _entry, _nested, _private_jax, _structure, _trace, _tracebacks
 from filterjit._jax_jit import JitWrapper, level_switch as jit_level_switch
 from filterjit._jit import FilterJitWrapper, level_switch
-from filterjit._trace import EAGER, STAGED, TOP
+from filterjit._level import EAGER, STAGED, TOP
 
 
 def test_private_api_is_available():
     # If this fails, JAX has moved `trace_ctx`, `EvalTrace`, `DynamicJaxprTrace`
-    # or the `disable_jit` state: update filterjit/_trace.py. The fallback keeps
-    # working meanwhile, but cannot tell eager transforms from the top level.
+    # or the `disable_jit` state: update filterjit/_private_jax.py. The fallback
+    # keeps working meanwhile, but cannot tell eager transforms from the top level.
     assert _trace.private_api_available
     assert _trace.trace_level.__name__ == "_trace_level_private"
     assert _trace.level_reader.level_of is _trace._walk
-    assert _trace.level_reader.top_type is _trace._EvalTrace
+    assert _trace.level_reader.top_type is _private_jax.EvalTrace
     # The hot path reads the state behind `trace_ctx.trace` directly (from jax 0.10,
     # `trace_state_strong_ref`; jax 0.9 keeps the trace in an attribute of
     # `trace_ctx`, read through a stand-in).
@@ -45,18 +45,18 @@ def test_private_api_is_available():
 
     @jax.jit
     def f(x):
-        seen.append(_trace._current_trace.value is _trace._trace_ctx.trace)
+        seen.append(_trace._current_trace.value is _private_jax.trace_ctx.trace)
         return x
 
     f(1.0)
     assert seen == [True]
-    assert _trace._current_trace.value is _trace._trace_ctx.trace
+    assert _trace._current_trace.value is _private_jax.trace_ctx.trace
 
 
 def test_the_states_are_read_by_their_getters():
     # If this fails, JAX's states no longer keep `value` in a property: the hot path
     # then reads `.value` (`operator.attrgetter`), a little more slowly.
-    disable_jit, current_trace = _trace._disable_jit_state, _trace._current_trace
+    disable_jit, current_trace = _private_jax.disable_jit_state, _trace._current_trace
     assert _trace._disable_jit_value is type(disable_jit).value.fget
     assert _trace._current_trace_value is type(current_trace).value.fget
     reads = []
@@ -91,9 +91,9 @@ def test_jit_cache_size_reads_jax_jits_cache():
 
 def test_aux_data_reads_the_pickled_structure():
     # If this fails, JAX has changed what a PyTreeDef pickles: update
-    # `_aux_data_private` in filterjit/_trace.py. The fallback (a walk with
+    # `_aux_data_private` in filterjit/_structure.py. The fallback (a walk with
     # `node_data()` and `children()`) keeps working meanwhile, more slowly.
-    assert _trace.aux_data is _trace._aux_data_private
+    assert _structure.aux_data is _structure._aux_data_private
     Point = collections.namedtuple("Point", "x y")
     model = eqx.nn.MLP(2, 3, 4, 2, key=jax.random.key(0))
     for tree in [
@@ -107,15 +107,15 @@ def test_aux_data_reads_the_pickled_structure():
         None,
     ]:
         treedef = jax.tree_util.tree_structure(tree)
-        private = _trace._aux_data_private(treedef)
-        public = _trace._aux_data_public(treedef)
+        private = _structure._aux_data_private(treedef)
+        public = _structure._aux_data_public(treedef)
         assert len(private) == len(public)
         assert all(map(lambda a, b: a is b or a == b, private, public))
 
 
 def test_block_leaves_is_jaxs_batched_wait():
     # If this fails, JAX has moved `xla_client.batched_block_until_ready`: update
-    # `_choose_block_leaves` in filterjit/_trace.py. The fallback
+    # `block_leaves` in filterjit/_trace.py. The fallback
     # (`jax.block_until_ready`) keeps working meanwhile, 3 µs slower per wait.
     assert _trace.block_leaves is not _trace._block_leaves_public
     # It waits, and raises a failed computation's error, as the fallback does.
@@ -377,23 +377,23 @@ def test_no_deprecation_warning():
 def test_traceback_filtering_private_api_is_available():
     # If this fails, JAX has moved what `jax._src.traceback_util.api_boundary` uses
     # (`_filtering_mode`, `filter_traceback`, `_is_under_reraiser`, ...): update
-    # `hide_frames` in filterjit/_trace.py. Meanwhile tracebacks hold filterjit's
+    # `hide_frames` in filterjit/_tracebacks.py. Meanwhile tracebacks hold filterjit's
     # frames above `jax.jit`'s boundary (the fallback leaves them whole).
-    assert _trace.traceback_filtering_available
-    assert _trace.hide_frames is _trace._hide_frames_private
+    assert _tracebacks.traceback_filtering_available
+    assert _tracebacks.hide_frames is _tracebacks.hide_frames_private
     from jax._src import traceback_util
 
     # Frames under the package's directory (generated code included) are JAX's
     # to leave out below its own boundary too.
-    assert _trace._package_dir in traceback_util._exclude_paths
-    generated = os.path.join(_trace._package_dir, "<generated top 0>")
+    assert _tracebacks.package_dir in traceback_util._exclude_paths
+    generated = os.path.join(_tracebacks.package_dir, "<generated top 0>")
     assert not traceback_util.include_filename(generated)
 
 
 def test_traceback_fallback_leaves_the_traceback_whole(monkeypatch):
     # Simulate a JAX that moved its traceback filtering: the error is raised as it
     # was, with filterjit's frames in its traceback.
-    monkeypatch.setattr(_trace, "hide_frames", _trace._hide_frames_public)
+    monkeypatch.setattr(_trace, "hide_frames", _tracebacks.hide_frames_public)
 
     @filterjit.filter_jit
     def f(a, b):
@@ -402,12 +402,12 @@ def test_traceback_fallback_leaves_the_traceback_whole(monkeypatch):
     with pytest.raises(TypeError, match="dot_general requires") as info:
         f(jnp.ones((2, 3)), jnp.ones((4, 5)))
     files = [frame.f_code.co_filename for frame in traceback_frames(info.value)]
-    assert any(name.startswith(_trace._package_dir + os.sep) for name in files)
+    assert any(name.startswith(_tracebacks.package_dir + os.sep) for name in files)
     monkeypatch.undo()
     with pytest.raises(TypeError, match="dot_general requires") as info:
         f(jnp.ones((2, 3)), jnp.ones((4, 5)))
     files = [frame.f_code.co_filename for frame in traceback_frames(info.value)]
-    assert not any(name.startswith(_trace._package_dir + os.sep) for name in files)
+    assert not any(name.startswith(_tracebacks.package_dir + os.sep) for name in files)
 
 
 def test_boxed_partial_reads_jaxs_box():
@@ -430,12 +430,12 @@ def test_a_nested_calls_constants_are_operands_of_its_equation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # If this fails, JAX has moved `_infer_params`, `jit_p`, `separate_consts` or
-    # what a `jax.jit` object holds: update `_choose_nested_caller` in
-    # filterjit/_trace.py. The fallback calls the `jax.jit` object, whose jaxpr keeps
+    # what a `jax.jit` object holds: update `nested_caller_private` in
+    # filterjit/_nested.py. The fallback calls the `jax.jit` object, whose jaxpr keeps
     # the arrays a call captured as constants of its own, which a `cond` under
     # `vmap` does not batch (a `jax.debug.callback` on them then runs once, where
     # undecorated it runs per element: tests/test_fuzz_programs.py).
-    assert _trace.nested_caller.__name__ == "_nested_caller_private"
+    assert _trace.nested_caller is _nested.nested_caller_private
     table = np.arange(3.0, dtype=np.float32)
 
     def equation() -> tuple[int, int]:
@@ -446,7 +446,7 @@ def test_a_nested_calls_constants_are_operands_of_its_equation(
         return len(eqn.params["jaxpr"].consts), len(eqn.invars)
 
     assert equation() == (0, 2)
-    monkeypatch.setattr(_entry, "nested_caller", _trace._nested_caller_public)
+    monkeypatch.setattr(_entry, "nested_caller", _nested.nested_caller_public)
     assert equation() == (1, 1)
 
 

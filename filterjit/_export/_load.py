@@ -2,16 +2,84 @@
 checked for custom calls, before anything of it runs."""
 
 import contextlib
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.tree_util as jtu
 
-from .._trace import custom_call_targets, STABLE_TARGETS
+from .. import _private_jax as jax_private
 from ._exported import Argument, DEFAULTS, Exported, KINDS, Parameters, Template
 from ._payload import PayloadError, unpack
 from ._values import check, decode, Malformed, need
+
+
+# Without JAX's list, the targets JAX itself emits for sharding and shape checks
+# (anything else is refused, unless the export allowed it).
+_STABLE_TARGETS_PUBLIC = frozenset(
+    {
+        "Sharding",
+        "SPMDFullToShardShape",
+        "SPMDShardToFullShape",
+        "annotate_device_placement",
+        "shape_assertion",
+    }
+)
+
+# The custom-call targets `jax.export` exports without `disabled_checks`.
+stable_targets_private = isinstance(
+    jax_private.STABLE_TARGETS, (set, frozenset)
+) and all(isinstance(t, str) for t in jax_private.STABLE_TARGETS)
+STABLE_TARGETS = (
+    frozenset(jax_private.STABLE_TARGETS)
+    if stable_targets_private
+    else _STABLE_TARGETS_PUBLIC
+)
+
+# The textual form's custom calls: `stablehlo.custom_call @target(` (quoted where
+# the name needs it) and the generic `call_target_name = "target"`.
+_PRETTY = re.compile(r'stablehlo\.custom_call\s+@("(?:[^"\\]|\\.)*"|[^\s(]+)')
+_GENERIC = re.compile(r'call_target_name\s*=\s*"((?:[^"\\]|\\.)*)"')
+
+
+def _targets_public(exported: jax.export.Exported) -> list[str]:
+    text = exported.mlir_module()
+    found = [name.strip('"') for name in _PRETTY.findall(text)]
+    found += _GENERIC.findall(text)
+    if "custom_call" in text and not found:
+        return ["<a custom call this version of filterjit cannot read>"]
+    return found
+
+
+def _targets_private(exported: jax.export.Exported) -> list[str]:
+    mlir, ir = jax_private.mlir, jax_private.ir
+    found: list[str] = []
+
+    def walk(op: Any) -> None:
+        if op.operation.name == "stablehlo.custom_call":
+            target = op.operation.attributes["call_target_name"]
+            found.append(ir.StringAttr(target).value)
+        for region in op.operation.regions:
+            for block in region:
+                for inner in block:
+                    walk(inner.operation)
+
+    text = exported.mlir_module()  # StableHLO (the payload holds VHLO)
+    with mlir.make_ir_context():
+        walk(ir.Module.parse(text).operation)
+    # The text's own reading too: a target either reading finds is checked.
+    return found + _targets_public(exported)
+
+
+custom_call_targets_private = hasattr(jax_private.mlir, "make_ir_context") and hasattr(
+    jax_private.ir, "Module"
+)
+# `custom_call_targets(exported)`: the targets a `jax.export.Exported`'s module
+# calls, one entry per call.
+custom_call_targets: Callable[[jax.export.Exported], list[str]] = (
+    _targets_private if custom_call_targets_private else _targets_public
+)
 
 
 # Targets that hold an address in the process that made the program: never valid

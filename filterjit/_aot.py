@@ -9,7 +9,7 @@ import jax.extend.core
 
 from ._dispatch import Dispatcher
 from ._output import finish
-from ._trace import hiding_frames
+from ._tracebacks import hiding_frames
 
 
 class Specialisation:

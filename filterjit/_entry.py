@@ -22,6 +22,7 @@ from ._errors import identifier, integer_scalars, note_loop_in_trace, traced_a_c
 from ._exact import ndarray_key
 from ._function import Function, python_function
 from ._level import ABSTRACT, EAGER, Level, STAGED, TOP
+from ._nested import nested_caller
 from ._options import Options, UNSPECIFIED
 from ._output import (
     BuilderCompiler,
@@ -32,7 +33,6 @@ from ._output import (
 )
 from ._partition import Partition
 from ._structure import replace_leaves
-from ._trace import nested_caller
 
 
 # `inline=True`: inlined while tracing (jax >= 0.11.2 reads `True` as `JAX_LATE`).

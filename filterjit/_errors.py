@@ -29,7 +29,7 @@ from jax.errors import (
 from jax.extend.core import Var
 from jax.extend.core.primitives import while_p
 
-from . import _trace
+from . import _trace, _tracebacks
 from ._donated import check_not_deleted
 from ._function import Function
 from ._leaves import compares_elementwise, is_array, NUMPY_TYPES
@@ -78,7 +78,7 @@ def _is_fori_loop(eqn: Any, made_at: tuple[str, int | None]) -> bool:
     made at `made_at` (a file and line of the stack JAX recorded where it was bound)."""
     if eqn.primitive is not while_p:
         return False
-    frames = _trace.source_frames(eqn)
+    frames = _tracebacks.source_frames(eqn)
     lines = {(frame.file, frame.line) for frame in frames}
     return made_at in lines and any(f.function == "fori_loop" for f in frames)
 
@@ -109,12 +109,12 @@ def _quiet(record: logging.LogRecord) -> bool:
     """Quiets JAX's log of a failed callback while a checked call is under way."""
     return not (
         _checked_calls
-        and record.name == _trace.CALLBACK_LOGGER
+        and record.name == _tracebacks.CALLBACK_LOGGER
         and record.getMessage() == "jax.pure_callback failed"
     )
 
 
-logging.getLogger(_trace.CALLBACK_LOGGER).addFilter(_quiet)
+logging.getLogger(_tracebacks.CALLBACK_LOGGER).addFilter(_quiet)
 
 
 def _message(error: Exception, name: str) -> str:

@@ -377,11 +377,6 @@ class Function:
         self.kwdefault_values = kwdefault_values(self.defaults[1])
         parameters = () if signature is None else signature.parameters.values()
         self._bound_positional = positional_names(parameters)
-        # Calls of this many positional args and no keywords bind as given (-1: none).
-        plain = signature is not None and not any(
-            p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY) for p in parameters
-        )
-        self.plain_arity = len(self._bound_positional) if plain else -1
         # Whether a call may leave parameters to their defaults (not donated).
         self.has_defaults = any(
             p.default is not p.empty and p.default is not BOUND for p in parameters

@@ -12,8 +12,9 @@ from ._donated import user_frame
 from ._function import is_partial, name_of, opened
 from ._jax_jit import JitWrapper
 from ._jit import _decorate, FilterJitWrapper
+from ._nested import jit_cache_size
 from ._options import Options
-from ._trace import hiding_frames, jit_cache_size
+from ._tracebacks import hiding_frames
 
 
 @hiding_frames

@@ -10,7 +10,7 @@ from typing import Any, overload
 import jax
 import jax.tree_util as jtu
 
-from . import _trace
+from . import _trace, _tracebacks
 from ._diagnostics import Explanation, Row, row
 from ._function import Function
 from ._jit import _P, _R, FilterJitWrapper, is_module_global, Wrapper
@@ -40,7 +40,7 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
                 return self._staged(*args, **kwargs)
             return self._outside(*args, **kwargs)
         except Exception as error:
-            _trace.hide_frames(error)
+            _tracebacks.hide_frames(error)
             raise
 
     return __call__

@@ -13,7 +13,7 @@ from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
 import jax.tree_util as jtu
 
-from . import _trace
+from . import _trace, _tracebacks
 from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
@@ -122,7 +122,7 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
                 return self._dispatcher.resume(level, out, self._fun, args, kwargs)
             return out
         except Exception as error:
-            _trace.hide_frames(error)
+            _tracebacks.hide_frames(error)
             raise
 
     return __call__
@@ -208,7 +208,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
             return self.__qualname__
         return FilterJitWrapper, (self._fun, self._options)
 
-    @_trace.hiding_frames
+    @_tracebacks.hiding_frames
     def lower(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Lowered:
         """Lowers the function for these arguments, as `jax.jit(...).lower`.
 
@@ -228,7 +228,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
         return Lowered(called.jitted.lower(*called.dynamic), called)
 
-    @_trace.hiding_frames
+    @_tracebacks.hiding_frames
     def trace(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Traced:
         """Traces the function for these arguments, as `jax.jit(...).trace`.
 
@@ -244,7 +244,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
         called = Specialisation(self._dispatcher, self._fun, *args, **kwargs)
         return Traced(called.jitted.trace(*called.dynamic), called)
 
-    @_trace.hiding_frames
+    @_tracebacks.hiding_frames
     def eval_shape(self, /, *args: _P.args, **kwargs: _P.kwargs) -> Any:
         """The output's shapes and dtypes, as `jax.eval_shape`, without compiling.
 

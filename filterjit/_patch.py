@@ -17,7 +17,7 @@ from ._diagnostics import qualified_name
 from ._donated import user_frame
 from ._jit import _decorate, filter_jit
 from ._options import DonateOption, make_options, UNSPECIFIED
-from ._trace import hiding_frames
+from ._tracebacks import hiding_frames
 
 
 # Equinox's wrapper keeps `donate` as (filter_warning, donate_first, donate_rest).

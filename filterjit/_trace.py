@@ -1,8 +1,7 @@
 """Where in JAX's trace stack a call happens (the level reader, on every call's path)
 and what the innermost staged trace holds so far; the partial a `jtu.Partial`
 boxes; waiting for arrays. JAX's private objects come from `_private_jax`, each
-with a public fallback here. The frames an error shows are `_tracebacks`', a
-nested call's `jit` equation is `_nested`'s: both re-exported for the wrappers."""
+with a public fallback here."""
 
 import functools
 import inspect
@@ -15,13 +14,6 @@ import jax.extend.core
 
 from . import _private_jax as jax_private
 from ._level import EAGER, Level, STAGED, TOP
-from ._nested import jit_cache_size, nested_caller  # noqa: F401 - re-exported
-from ._tracebacks import (  # noqa: F401 - re-exported
-    CALLBACK_LOGGER,
-    hide_frames,
-    hiding_frames,
-    source_frames,
-)
 
 
 class LevelReader(NamedTuple):

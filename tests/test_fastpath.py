@@ -335,7 +335,7 @@ def test_a_warm_hit_runs_few_of_filterjits_functions():
     `__call__` (after the method's `__get__`) and the generated hit, which reads,
     keys, runs and builds the output (nested, handing the entry the call's pytree,
     as `_entry.run_nested`); nested, the entry's caller, which moves the trace's
-    constants to the operands (`_trace.nested_caller`); nothing of the
+    constants to the operands (`_nested.nested_caller`); nothing of the
     dispatcher's."""
     x = jnp.ones(3)
     g = filter_jit(raises)  # `x + n`: arrays out

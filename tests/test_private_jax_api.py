@@ -81,12 +81,12 @@ def test_jit_cache_size_reads_jax_jits_cache():
     # If this fails, JAX's jitted object no longer has `_cache_size`: then
     # `num_traces` of a filterjit.jit function raises (the fallback).
     f = jax.jit(lambda x: x + 1)
-    assert _trace.jit_cache_size(f) == 0
+    assert _nested.jit_cache_size(f) == 0
     f(1.0)
     f(jnp.ones(2))
     f(2.0)
-    assert _trace.jit_cache_size(f) == 2
-    assert _trace.jit_cache_size(lambda x: x) is None
+    assert _nested.jit_cache_size(f) == 2
+    assert _nested.jit_cache_size(lambda x: x) is None
 
 
 def test_aux_data_reads_the_pickled_structure():
@@ -290,12 +290,14 @@ def test_the_loop_readers_read_the_trace_in_progress_and_the_loops_stack():
     jax.jit(f)(1.0, 3)
     ((same, loop),) = seen
     assert same
-    functions = [frame.function for frame in _trace.source_frames(loop)]
+    functions = [frame.function for frame in _tracebacks.source_frames(loop)]
     assert "fori_loop" in functions and "scan" not in functions
     # Where: the line of the `fori_loop`.
     where = (f.__code__.co_filename, f.__code__.co_firstlineno + 1)
-    assert where in {(frame.file, frame.line) for frame in _trace.source_frames(loop)}
-    assert _trace.source_frames(None) == []
+    assert where in {
+        (frame.file, frame.line) for frame in _tracebacks.source_frames(loop)
+    }
+    assert _tracebacks.source_frames(None) == []
     assert _trace.current_inputs() is None  # no staged trace
 
 
@@ -435,7 +437,7 @@ def test_a_nested_calls_constants_are_operands_of_its_equation(
     # the arrays a call captured as constants of its own, which a `cond` under
     # `vmap` does not batch (a `jax.debug.callback` on them then runs once, where
     # undecorated it runs per element: tests/test_fuzz_programs.py).
-    assert _trace.nested_caller is _nested.nested_caller_private
+    assert _nested.nested_caller is _nested.nested_caller_private
     table = np.arange(3.0, dtype=np.float32)
 
     def equation() -> tuple[int, int]:

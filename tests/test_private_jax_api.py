@@ -395,7 +395,7 @@ def test_traceback_filtering_private_api_is_available():
 def test_traceback_fallback_leaves_the_traceback_whole(monkeypatch):
     # Simulate a JAX that moved its traceback filtering: the error is raised as it
     # was, with filterjit's frames in its traceback.
-    monkeypatch.setattr(_trace, "hide_frames", _tracebacks.hide_frames_public)
+    monkeypatch.setattr(_tracebacks, "hide_frames", _tracebacks.hide_frames_public)
 
     @filterjit.filter_jit
     def f(a, b):

@@ -216,6 +216,19 @@ def _branch(
         whole = "l"
     tree = "a" if fun_is_leaf else "t"
     key = _key(writer, partition, items.__getitem__, whole, call.key_suffix, tree)
+    if partition.orders is None and (held := _static_tuple(writer, partition, leaves)):
+        # Its key stays what it was for that tuple: its items cannot change. The
+        # tuple and its key in one slot, read once, so that threads agree.
+        slot, last, found = writer.constant([(None, None)]), writer.variable(), "y"
+        writer.lines += [
+            f"{last} = {slot}[0]",
+            f"if {last}[0] is {held}:",
+            f"    {found} = {last}[1]",
+            "else:",
+            f"    {found} = {key}",
+            f"    {slot}[0] = ({held}, {found})",
+        ]
+        key = found
     traced = ", ".join(arguments)
     if partition.staged:
         # `None.captured`: no entry.
@@ -282,6 +295,19 @@ def _branch(
         "    s, d = o.args",
         *finish,
     ]
+
+
+def _static_tuple(writer: Writer, partition: Partition, leaves: list[str]) -> str:
+    """The tuple of immutable scalars (see `Writer.values`) whose items are all a
+    call's static leaves and no more, as the hit reads it; `""` where none is."""
+    start = 0
+    for leaf in leaves:
+        count = writer.counts.get(leaf, 1)
+        if leaf[1:] in writer.held:
+            held = tuple(range(start, start + count))
+            return leaf[1:] if partition.static_positions == held else ""
+        start += count
+    return ""
 
 
 def _under_way(call: str, run: list[str]) -> list[str]:

@@ -77,6 +77,7 @@ class Writer:
         self.names = itertools.count()
         self.counts: dict[str, int] = {}  # how many leaves each `*values` has
         self.lists: set[str] = set()  # the values that are lists (the user's)
+        self.held: set[str] = set()  # tuples of immutable scalars (see `values`)
 
     def constant(self, value: object) -> str:
         name = f"c{next(self.names)}"
@@ -311,6 +312,7 @@ class Writer:
             else:
                 differs = f"tuple(map(type, {values})) != {self.constant(types)}"
             if held:
+                self.held.add(values)
                 # A tuple checked before is checked still: its items cannot change.
                 checked = self.constant([None])
                 self.check(f"{values} is not {checked}[0] and ({differs})")

@@ -582,3 +582,30 @@ def test_calls_whose_static_inputs_vary_stay_on_the_fast_path(monkeypatch, patte
             assert_tree_allclose(wrapper(*args), fun(*args))
     assert len(reference_calls) == before
     assert len(traces) == traced + 3 * len(step)  # the undecorated calls alone
+
+
+@needs_fast_path
+@pytest.mark.parametrize("length", [6, 100])
+def test_a_static_tuple_keys_as_its_items_whatever_the_hit_remembers(
+    monkeypatch, length
+):
+    """A hit remembers the key of the last tuple of floats it read (its items
+    cannot change): tuples equal by `==` that trace differently (`0.0` and `-0.0`)
+    and passed in turn keep their own traces, and an equal tuple made anew shares
+    one, on the fast path, with the results of the undecorated function."""
+    traces = []
+
+    def signed(x, table):
+        traces.append(table)
+        return x * jnp.copysign(1.0, table[0]) + table[-1]
+
+    rest = tuple(float(i) for i in range(1, length))
+    positive, negative = (0.0, *rest), (-0.0, *rest)
+    f, x = filter_jit(signed), jnp.ones(2)
+    for table in (positive, negative, positive, negative):
+        f(x, table)
+    reference_calls = _count_reference_calls(monkeypatch)
+    for table in (positive, negative, (0.0, *rest), negative, (-0.0, *rest)):
+        assert_tree_allclose(f(x, table), signed(x, table))
+    assert not reference_calls
+    assert filterjit.num_traces(f) == 2

@@ -176,7 +176,10 @@ def explain_failure(
     """Puts the error of a top-level call of `name` in the user's terms: a donated
     array (`check_not_deleted`), traced scalars Python needed (a note)."""
     check_not_deleted(error, name, labels, dynamic)
-    if _needs_a_concrete_value(error):
+    is_plain = isinstance(error, TypeError | IndexError | ValueError)
+    if isinstance(error, _CONCRETIZATION_ERRORS) or (
+        is_plain and _NEEDS_CONCRETE.search(str(error))
+    ):
         _note_traced_scalars(error, name, labels, dynamic)
 
 
@@ -193,13 +196,6 @@ _NEEDS_CONCRETE = re.compile(
 )
 # JAX's advice that `filter_jit` has no use for: it takes no `static_argnums`.
 _STATIC_ARGNUMS_ADVICE = re.compile(r"^.*static_argnums.*$\n?", re.MULTILINE)
-
-
-def _needs_a_concrete_value(error: Exception) -> bool:
-    if isinstance(error, _CONCRETIZATION_ERRORS):
-        return True
-    is_plain = isinstance(error, TypeError | IndexError | ValueError)
-    return is_plain and bool(_NEEDS_CONCRETE.search(str(error)))
 
 
 class _Scalar(NamedTuple):

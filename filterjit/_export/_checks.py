@@ -206,8 +206,9 @@ def check_sizes(fun_name: str, sizes: list[tuple[str, int, Any]]) -> None:
                     f"{first[0]}, and the export has `{text}` for both. Pass arrays "
                     "whose sizes agree."
                 )
-        else:
-            expressions.append((where, size, text, _parsed(text)))
+        else:  # JAX writes a power `b^2`
+            tree = ast.parse(text.replace("^", "**"), mode="eval").body
+            expressions.append((where, size, text, tree))
     for where, size, text, tree in expressions:
         unknown = sorted(_dimension_names(tree) - set(values))
         if len(unknown) == 1 and not _solve(tree, unknown[0], size, values, where):
@@ -245,11 +246,6 @@ _OPERATORS: dict[type, Callable[[int, int], int]] = {
     ast.Mult: operator.mul,
     ast.Pow: operator.pow,
 }
-
-
-def _parsed(text: str) -> ast.expr:
-    # JAX writes a power `b^2`.
-    return ast.parse(text.replace("^", "**"), mode="eval").body
 
 
 def _dimension_names(tree: ast.expr) -> set[str]:

@@ -42,25 +42,23 @@ def equinox_filter_jit(
     if fun is UNSPECIFIED:
         make_options(donate=donate, **jitkwargs)  # raises now for a bad keyword
         return ft.partial(equinox_filter_jit, donate=donate, **jitkwargs)
+    wrapper: Any
     if type(donate) is str and donate == "none" and fun is not None:
         # No donation: filterjit's own options.
-        return _without_retrace_warnings(filter_jit(fun, **jitkwargs))
-    options = make_options(donate=donate, **jitkwargs)
-    if isinstance(donate, str):
-        # As Equinox means `donate`: "first" is the call's first argument, and it
-        # traces (so donates) the arrays of a function that is a pytree node.
-        function_is_node = not jtu.treedef_is_leaf(jtu.tree_structure(fun))
-        options = dataclasses.replace(
-            options, receiver_is_argument=False, donate_function=function_is_node
-        )
-    return _without_retrace_warnings(_decorate(options, fun))
-
-
-def _without_retrace_warnings(wrapper: Any) -> Any:
-    """`wrapper`, whose function emits no `RetraceWarning`, as Equinox's give none
-    (a library's tests may run with warnings as errors); its retraces are still
-    logged where asked for. Its log is shared by every wrapper of the function with
-    the same options, `filterjit.filter_jit`'s too."""
+        wrapper = filter_jit(fun, **jitkwargs)
+    else:
+        options = make_options(donate=donate, **jitkwargs)
+        if isinstance(donate, str):
+            # As Equinox means `donate`: "first" is the call's first argument, and
+            # it traces (so donates) the arrays of a function that is a pytree node.
+            function_is_node = not jtu.treedef_is_leaf(jtu.tree_structure(fun))
+            options = dataclasses.replace(
+                options, receiver_is_argument=False, donate_function=function_is_node
+            )
+        wrapper = _decorate(options, fun)
+    # No `RetraceWarning`, as Equinox's give none (a library's tests may run with
+    # warnings as errors); retraces are still logged where asked for. The log is
+    # shared by every wrapper of the function with the same options, filterjit's too.
     wrapper._dispatcher.trace_log.warns = False
     return wrapper
 

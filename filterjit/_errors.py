@@ -170,19 +170,6 @@ def call_checked(
         _checked_calls.pop()
 
 
-def explain_failure(
-    error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
-) -> None:
-    """Puts the error of a top-level call of `name` in the user's terms: a donated
-    array (`check_not_deleted`), traced scalars Python needed (a note)."""
-    check_not_deleted(error, name, labels, dynamic)
-    is_plain = isinstance(error, TypeError | IndexError | ValueError)
-    if isinstance(error, _CONCRETIZATION_ERRORS) or (
-        is_plain and _NEEDS_CONCRETE.search(str(error))
-    ):
-        _note_traced_scalars(error, name, labels, dynamic)
-
-
 # JAX's errors for Python needing a traced value; and the words of those it raises
 # as plain TypeError, IndexError or ValueError (a shape, a slice, an index).
 _CONCRETIZATION_ERRORS = (
@@ -235,12 +222,19 @@ _WHERE = (
 )
 
 
-def _note_traced_scalars(
+def explain_failure(
     error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
-    """Notes on `error` (Python needed a traced value) which traced arguments were
-    NumPy or JAX integer or bool scalars, and takes out JAX's `static_argnums`
-    advice."""
+    """Puts the error of a top-level call of `name` in the user's terms: a donated
+    array (`check_not_deleted`); where Python needed a traced value, a note of which
+    traced arguments were NumPy or JAX integer or bool scalars, JAX's
+    `static_argnums` advice taken out."""
+    check_not_deleted(error, name, labels, dynamic)
+    is_plain = isinstance(error, TypeError | IndexError | ValueError)
+    if not isinstance(error, _CONCRETIZATION_ERRORS) and not (
+        is_plain and _NEEDS_CONCRETE.search(str(error))
+    ):
+        return
     scalars = integer_scalars(labels, list(map(type, dynamic)), dynamic)
     # JAX names the argument the failing value depends on (its parameter name in
     # the jitted function: the label made an identifier).
@@ -269,21 +263,6 @@ def _note_traced_scalars(
 _LOOP_ERROR = "Reverse-mode differentiation does not work for lax.while_loop"
 
 
-def _loop_note(name: str, scalars: list[_Scalar]) -> str:
-    listed = "; ".join(f"`{s.label}`, a scalar of dtype {s.dtype}" for s in scalars)
-    first = scalars[0].label
-    return (
-        f"filter_jit: the `lax.fori_loop` here has bounds that `{name}` traced: it "
-        f"traces NumPy and JAX scalars as it traces arrays {_WHERE} (here {listed}). "
-        "A `fori_loop` whose start or stop is traced is a `lax.while_loop`, which "
-        "reverse-mode differentiation cannot go through. Pass a Python int instead "
-        f"(`int({first})`): it is static, and the loop is a `lax.scan` again. Or "
-        "make the call inside a `jax.jit` that holds the scalar as a constant (say "
-        f"`jax.jit(lambda x: {name}(x, {first}))(x)`): inside a staged "
-        "computation filter_jit passes NumPy and concrete JAX values on as they are."
-    )
-
-
 def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) -> None:
     """Notes on JAX's error for a `while_loop` that reverse mode cannot go through,
     raised inside a top-level or eager trace of `name` (`jax.grad` inside the
@@ -304,8 +283,20 @@ def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) 
         if any(_is_fori_loop(e, made_at) for e in _within(eqn)):
             on |= depends[position]
     named = [s for s in scalars if s.position in on]
-    if named:
-        error.add_note(_loop_note(name, named))
+    if not named:
+        return
+    listed = "; ".join(f"`{s.label}`, a scalar of dtype {s.dtype}" for s in named)
+    first = named[0].label
+    error.add_note(
+        f"filter_jit: the `lax.fori_loop` here has bounds that `{name}` traced: it "
+        f"traces NumPy and JAX scalars as it traces arrays {_WHERE} (here {listed}). "
+        "A `fori_loop` whose start or stop is traced is a `lax.while_loop`, which "
+        "reverse-mode differentiation cannot go through. Pass a Python int instead "
+        f"(`int({first})`): it is static, and the loop is a `lax.scan` again. Or "
+        "make the call inside a `jax.jit` that holds the scalar as a constant (say "
+        f"`jax.jit(lambda x: {name}(x, {first}))(x)`): inside a staged "
+        "computation filter_jit passes NumPy and concrete JAX values on as they are."
+    )
 
 
 def identifier(label: str) -> str:

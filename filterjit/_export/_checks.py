@@ -70,8 +70,13 @@ def _leaf_difference(
     """The difference of a static leaf `now` from the saved leaf `then`."""
     tag = then[0]
     if tag == "opaque":
-        same = _same_static(now, opaque[then[1]])
-        return None if same else Difference(where, repr(opaque[then[1]]), now, True)
+        saved = opaque[then[1]]
+        try:
+            same = type(now) is type(saved) and static_key(now) == static_key(saved)
+            same = bool(same)
+        except Exception:  # an `==` that does not answer a bool: not the same
+            same = False
+        return None if same else Difference(where, repr(saved), now, True)
     if tag == "ref":
         if resolve_reference(then[1]) is now:
             return None
@@ -150,15 +155,6 @@ def _other_module(where: str, saved: str, now: Any) -> Difference:
         f"name={saved!r})`."
     )
     return Difference(where, f"a `{saved}`", now, False, advice)
-
-
-def _same_static(now: Any, then: Any) -> bool:
-    if type(now) is not type(then):
-        return False
-    try:
-        return bool(static_key(now) == static_key(then))
-    except Exception:  # an `==` that does not answer a bool: not the same
-        return False
 
 
 # -- Arrays: their shapes and dtypes, and the symbolic sizes they give.

@@ -153,15 +153,6 @@ def _arguments(
     return arguments, inputs, opaque
 
 
-def _donated_inputs(called: Specialisation, inputs: list[int]) -> list[int]:
-    """Which of the program's inputs the wrapper donates, as JAX lowers its call."""
-    lowered = called.jitted.lower(*called.dynamic)
-    flags = [info.donated for info in jtu.tree_leaves(lowered.args_info)]
-    positions = called.partition.dynamic_positions
-    donated = {positions[i] for i, flag in enumerate(flags) if flag}
-    return [i for i, position in enumerate(inputs) if position in donated]
-
-
 def _export(
     wrapper: FilterJitWrapper[..., Any],
     platforms: Sequence[str] | None,
@@ -199,8 +190,13 @@ def _export(
     program.__name__ = function.name.rpartition(".")[2]
     program.__qualname__ = function.name
     specs = [leaves[p] for p in inputs]
-    donates = dispatcher.options.donate != "none"
-    donated = _donated_inputs(called, inputs) if donates else []
+    donated: list[int] = []
+    if dispatcher.options.donate != "none":  # the inputs donated, as JAX lowers it
+        lowered = called.jitted.lower(*called.dynamic)
+        flags = [info.donated for info in jtu.tree_leaves(lowered.args_info)]
+        positions = called.partition.dynamic_positions
+        by_leaf = {positions[i] for i, flag in enumerate(flags) if flag}
+        donated = [i for i, position in enumerate(inputs) if position in by_leaf]
     exported = jax.export.export(
         jax.jit(program, donate_argnums=tuple(donated)),
         platforms=platforms,

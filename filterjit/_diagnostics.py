@@ -404,7 +404,13 @@ class TraceLog:
                 self._seen[path].add(now.value)
         if not self._warned and self.warns and self.in_a_row > _threshold(self.module):
             self._warned = True
-            _warn(self._warning_message())
+            path, times = self._change_counts.most_common(1)[0]
+            _warn(
+                f"filter_jit: {self.name} has been traced {self.count} times, the "
+                f"last {self.in_a_row} only because a static value took a new value; "
+                f"`{path}` changed in {times} of them ({self._hints[path]}). "
+                f"{_LOG_OR_SILENCE}"
+            )
 
     def explanation(
         self,
@@ -474,14 +480,6 @@ class TraceLog:
             f"once, {advice}."
         )
         return f"{message} {_LOG_OR_SILENCE}" if warning else message
-
-    def _warning_message(self) -> str:
-        path, times = self._change_counts.most_common(1)[0]
-        return (
-            f"filter_jit: {self.name} has been traced {self.count} times, the last "
-            f"{self.in_a_row} only because a static value took a new value; `{path}` "
-            f"changed in {times} of them ({self._hints[path]}). {_LOG_OR_SILENCE}"
-        )
 
 
 @dataclasses.dataclass(eq=False)

@@ -310,8 +310,8 @@ def make_entry(
     run.__signature__ = signature  # pyright: ignore[reportFunctionMemberAccess]
     # JAX follows `__wrapped__` to a `__code__` (the function and its `self` unkept).
     if (found := python_function(fun)) is not None:
-        name, code = found[0].__name__, found[0].__code__
-        source = types.SimpleNamespace(__name__=name, __code__=code)
+        code = found[0].__code__
+        source = types.SimpleNamespace(__name__=found[0].__name__, __code__=code)
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)
     if staged:

@@ -83,24 +83,6 @@ def _is_fori_loop(eqn: Any, made_at: tuple[str, int | None]) -> bool:
     return made_at in lines and any(f.function == "fori_loop" for f in frames)
 
 
-def _dependencies(eqns: list[Any]) -> list[frozenset[int]] | None:
-    """For each equation of the trace under way, the positions of the trace's
-    inputs it depends on (`None` where the inputs are unknown)."""
-    inputs = _trace.current_inputs()
-    if inputs is None:
-        return None
-    depends = {v: frozenset({i}) for i, v in enumerate(inputs)}
-    found = []
-    for eqn in eqns:
-        on = frozenset().union(
-            *(depends.get(v, ()) for v in eqn.invars if isinstance(v, Var))
-        )
-        for out in eqn.outvars:
-            depends[out] = on
-        found.append(on)
-    return found
-
-
 # One item per checked call under way (in any thread): `append`, `pop` are atomic.
 _checked_calls: list[None] = []
 
@@ -193,9 +175,6 @@ class _Scalar(NamedTuple):
     kind: str  # "NumPy" or "JAX"
     dtype: np.dtype[Any]
 
-    def __str__(self) -> str:
-        return f"`{self.label}`, a {self.kind} {self.dtype}"
-
 
 def integer_scalars(
     labels: Sequence[str], types: Sequence[type], values: Sequence[Any]
@@ -246,7 +225,7 @@ def explain_failure(
     message = error.args[0] if error.args else None
     if isinstance(message, str) and _STATIC_ARGNUMS_ADVICE.search(message):
         error.args = (_STATIC_ARGNUMS_ADVICE.sub("", message), *error.args[1:])
-    listed = "; ".join(map(str, scalars))
+    listed = "; ".join(f"`{s.label}`, a {s.kind} {s.dtype}" for s in scalars)
     first = scalars[0]
     python_type = "bool" if first.dtype.kind == "b" else "int"
     error.add_note(
@@ -272,16 +251,23 @@ def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) 
     if not scalars or not str(error).startswith(_LOOP_ERROR):
         return
     eqns = _trace.current_equations()
-    depends = None if eqns is None else _dependencies(eqns)
+    inputs = _trace.current_inputs()
     # Where JAX says the failing loop was made (the stack it attaches as the cause).
     stack = traceback.extract_tb(getattr(error.__cause__, "__traceback__", None))
-    if eqns is None or depends is None or not stack:
+    if eqns is None or inputs is None or not stack:
         return  # unknown: no note
     made_at = (stack[-1].filename, stack[-1].lineno)
+    # By variable, the positions of the trace's inputs it depends on.
+    depends = {v: frozenset({i}) for i, v in enumerate(inputs)}
     on: set[int] = set()
-    for position, eqn in enumerate(eqns):
+    for eqn in eqns:
+        eqn_on = frozenset().union(
+            *(depends.get(v, ()) for v in eqn.invars if isinstance(v, Var))
+        )
+        for out in eqn.outvars:
+            depends[out] = eqn_on
         if any(_is_fori_loop(e, made_at) for e in _within(eqn)):
-            on |= depends[position]
+            on |= eqn_on
     named = [s for s in scalars if s.position in on]
     if not named:
         return

@@ -150,16 +150,6 @@ def _factory(value: Any, originals: list[Any]) -> bool:
     return type(value) is ft.partial and any(value.func is jit for jit in originals)
 
 
-def _describe_factory(factory: Any, places: list[str]) -> str:
-    keywords = ", ".join(f"{k}={v!r}" for k, v in factory.keywords.items())
-    where = " and ".join(places) if places else "a functools.partial"
-    return (
-        f"{where} = equinox.filter_jit({keywords}) (a decorator factory made before "
-        "patch_equinox(): what it decorates keeps Equinox's jit; make it after the "
-        "patch)"
-    )
-
-
 @hiding_frames
 def patch_equinox() -> EquinoxPatch:
     """Makes `equinox.filter_jit` be `filterjit.filter_jit`, for every caller from
@@ -262,7 +252,14 @@ def patch_equinox() -> EquinoxPatch:
         if type(value) is wrapper_type and id(value) not in replaced:
             left.append(f"{_name(value)} ({reasons.get(id(value), unreached)})")
         elif _factory(value, originals):
-            left.append(_describe_factory(value, factory_places.get(id(value), [])))
+            keywords = ", ".join(f"{k}={v!r}" for k, v in value.keywords.items())
+            held = factory_places.get(id(value))
+            where = " and ".join(held) if held else "a functools.partial"
+            left.append(
+                f"{where} = equinox.filter_jit({keywords}) (a decorator factory made "
+                "before patch_equinox(): what it decorates keeps Equinox's jit; make "
+                "it after the patch)"
+            )
     left.sort()
     if left:
         warnings.warn(

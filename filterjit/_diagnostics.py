@@ -166,20 +166,10 @@ def _hint(old: Row | None, new: Row | None) -> str:
             "loop?) is a new static value: define it once, or pass its arrays as "
             "arguments"
         )
-    if new.kind in (bool, int, float, complex):
-        return _scalar_hint(new.kind, new.path)
-    if new.role == "concrete":
-        return (
-            f"a concrete {kind} inside a staged trace is a compile-time constant, "
-            "keyed by value"
-        )
-    return f"a {kind} is static: every new value is traced anew"
-
-
-def _scalar_hint(kind: type, path: str) -> str:
-    """What to do about a Python scalar that took a new value: trace it where it is
-    only a number, keep it static where it decides the program."""
-    if kind is int:
+    # A Python scalar: traced where it is only a number, static where it decides
+    # the program.
+    path = new.path
+    if new.kind is int:
         return (
             "a Python int is static, and each new value traces anew. Where it is a "
             f"count, a shape or an index (`range({path})`, a `lax.fori_loop` bound, "
@@ -188,18 +178,25 @@ def _scalar_hint(kind: type, path: str) -> str:
             "cannot differentiate. Where it is only a number in arithmetic, pass "
             f"jnp.asarray({path}) to trace it"
         )
-    if kind is bool:
+    if new.kind is bool:
         return (
             "a Python bool is static: each of its two values traces once. Where "
             f"Python branches on it (`if {path}:`) it must stay static; trace it "
             f"(jnp.asarray({path})) only where it is used through `lax.cond` or "
             "`jnp.where`"
         )
-    return (
-        f"a Python {kind.__name__} is static, and each new value traces anew; "
-        f"pass jnp.asarray({path}) to trace it, unless Python branches on it: "
-        f"`if {path} > 0:` needs it static"
-    )
+    if new.kind in (float, complex):
+        return (
+            f"a Python {kind} is static, and each new value traces anew; "
+            f"pass jnp.asarray({path}) to trace it, unless Python branches on it: "
+            f"`if {path} > 0:` needs it static"
+        )
+    if new.role == "concrete":
+        return (
+            f"a concrete {kind} inside a staged trace is a compile-time constant, "
+            "keyed by value"
+        )
+    return f"a {kind} is static: every new value is traced anew"
 
 
 def describe_change(change: Change) -> str:
@@ -407,7 +404,13 @@ class TraceLog:
                 self._seen[path].add(now.value)
         if not self._warned and self.warns and self.in_a_row > _threshold(self.module):
             self._warned = True
-            _warn(self._warning_message())
+            path, times = self._change_counts.most_common(1)[0]
+            _warn(
+                f"filter_jit: {self.name} has been traced {self.count} times, the "
+                f"last {self.in_a_row} only because a static value took a new value; "
+                f"`{path}` changed in {times} of them ({self._hints[path]}). "
+                f"{_LOG_OR_SILENCE}"
+            )
 
     def explanation(
         self,
@@ -477,14 +480,6 @@ class TraceLog:
             f"once, {advice}."
         )
         return f"{message} {_LOG_OR_SILENCE}" if warning else message
-
-    def _warning_message(self) -> str:
-        path, times = self._change_counts.most_common(1)[0]
-        return (
-            f"filter_jit: {self.name} has been traced {self.count} times, the last "
-            f"{self.in_a_row} only because a static value took a new value; `{path}` "
-            f"changed in {times} of them ({self._hints[path]}). {_LOG_OR_SILENCE}"
-        )
 
 
 @dataclasses.dataclass(eq=False)

@@ -51,13 +51,6 @@ def record(arrays: Sequence[Any], function: str, labels: Sequence[str]) -> None:
             del records[key]
 
 
-def _is_deleted(leaf: Any) -> bool:
-    try:
-        return isinstance(leaf, jax.Array) and leaf.is_deleted()
-    except Exception:  # a tracer, or an array that cannot say
-        return False
-
-
 def check_not_deleted(
     error: BaseException, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
@@ -66,7 +59,10 @@ def check_not_deleted(
     if not isinstance(error, ValueError | RuntimeError):
         return
     for label, leaf in zip(labels, dynamic):
-        if not _is_deleted(leaf):
+        try:
+            if not (isinstance(leaf, jax.Array) and leaf.is_deleted()):
+                continue
+        except Exception:  # a tracer, or an array that cannot say
             continue
         found = _records.get(id(leaf))
         if found is None or found[0]() is not leaf:  # not donated by filter_jit

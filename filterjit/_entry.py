@@ -181,16 +181,6 @@ def with_leaves(entry: Entry, leaves: list[object]) -> tuple[Any, CallUnderWay]:
     return ft.partial(entry.with_call, call), call
 
 
-def _source_of(fun: object) -> Any:
-    """Where the user's function is defined, for JAX's messages (which follow
-    `__wrapped__` to a `__code__`), keeping neither the function nor its `self`."""
-    found = python_function(fun)
-    if found is None:
-        return None
-    function = found[0]
-    return types.SimpleNamespace(__name__=function.__name__, __code__=function.__code__)
-
-
 def _signature(labels: list[str]) -> inspect.Signature:
     """Positional parameters named after argument paths, each a unique identifier,
     for JAX's messages."""
@@ -318,7 +308,10 @@ def make_entry(
     run.__qualname__ = function.name
     signature = _signature([*(["(call)"] if takes_call else []), *traced_labels])
     run.__signature__ = signature  # pyright: ignore[reportFunctionMemberAccess]
-    if (source := _source_of(fun)) is not None:
+    # JAX follows `__wrapped__` to a `__code__` (the function and its `self` unkept).
+    if (found := python_function(fun)) is not None:
+        code = found[0].__code__
+        source = types.SimpleNamespace(__name__=found[0].__name__, __code__=code)
         run.__wrapped__ = source  # pyright: ignore[reportFunctionMemberAccess]
     jitkwargs = dict(options.jitkwargs)
     if staged:

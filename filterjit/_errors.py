@@ -83,24 +83,6 @@ def _is_fori_loop(eqn: Any, made_at: tuple[str, int | None]) -> bool:
     return made_at in lines and any(f.function == "fori_loop" for f in frames)
 
 
-def _dependencies(eqns: list[Any]) -> list[frozenset[int]] | None:
-    """For each equation of the trace under way, the positions of the trace's
-    inputs it depends on (`None` where the inputs are unknown)."""
-    inputs = _trace.current_inputs()
-    if inputs is None:
-        return None
-    depends = {v: frozenset({i}) for i, v in enumerate(inputs)}
-    found = []
-    for eqn in eqns:
-        on = frozenset().union(
-            *(depends.get(v, ()) for v in eqn.invars if isinstance(v, Var))
-        )
-        for out in eqn.outvars:
-            depends[out] = on
-        found.append(on)
-    return found
-
-
 # One item per checked call under way (in any thread): `append`, `pop` are atomic.
 _checked_calls: list[None] = []
 
@@ -170,16 +152,6 @@ def call_checked(
         _checked_calls.pop()
 
 
-def explain_failure(
-    error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
-) -> None:
-    """Puts the error of a top-level call of `name` in the user's terms: a donated
-    array (`check_not_deleted`), traced scalars Python needed (a note)."""
-    check_not_deleted(error, name, labels, dynamic)
-    if _needs_a_concrete_value(error):
-        _note_traced_scalars(error, name, labels, dynamic)
-
-
 # JAX's errors for Python needing a traced value; and the words of those it raises
 # as plain TypeError, IndexError or ValueError (a shape, a slice, an index).
 _CONCRETIZATION_ERRORS = (
@@ -195,13 +167,6 @@ _NEEDS_CONCRETE = re.compile(
 _STATIC_ARGNUMS_ADVICE = re.compile(r"^.*static_argnums.*$\n?", re.MULTILINE)
 
 
-def _needs_a_concrete_value(error: Exception) -> bool:
-    if isinstance(error, _CONCRETIZATION_ERRORS):
-        return True
-    is_plain = isinstance(error, TypeError | IndexError | ValueError)
-    return is_plain and bool(_NEEDS_CONCRETE.search(str(error)))
-
-
 class _Scalar(NamedTuple):
     """A traced leaf that is a NumPy or JAX integer or bool scalar."""
 
@@ -209,9 +174,6 @@ class _Scalar(NamedTuple):
     label: str
     kind: str  # "NumPy" or "JAX"
     dtype: np.dtype[Any]
-
-    def __str__(self) -> str:
-        return f"`{self.label}`, a {self.kind} {self.dtype}"
 
 
 def integer_scalars(
@@ -239,12 +201,19 @@ _WHERE = (
 )
 
 
-def _note_traced_scalars(
+def explain_failure(
     error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
-    """Notes on `error` (Python needed a traced value) which traced arguments were
-    NumPy or JAX integer or bool scalars, and takes out JAX's `static_argnums`
-    advice."""
+    """Puts the error of a top-level call of `name` in the user's terms: a donated
+    array (`check_not_deleted`); where Python needed a traced value, a note of which
+    traced arguments were NumPy or JAX integer or bool scalars, JAX's
+    `static_argnums` advice taken out."""
+    check_not_deleted(error, name, labels, dynamic)
+    is_plain = isinstance(error, TypeError | IndexError | ValueError)
+    if not isinstance(error, _CONCRETIZATION_ERRORS) and not (
+        is_plain and _NEEDS_CONCRETE.search(str(error))
+    ):
+        return
     scalars = integer_scalars(labels, list(map(type, dynamic)), dynamic)
     # JAX names the argument the failing value depends on (its parameter name in
     # the jitted function: the label made an identifier).
@@ -256,7 +225,7 @@ def _note_traced_scalars(
     message = error.args[0] if error.args else None
     if isinstance(message, str) and _STATIC_ARGNUMS_ADVICE.search(message):
         error.args = (_STATIC_ARGNUMS_ADVICE.sub("", message), *error.args[1:])
-    listed = "; ".join(map(str, scalars))
+    listed = "; ".join(f"`{s.label}`, a {s.kind} {s.dtype}" for s in scalars)
     first = scalars[0]
     python_type = "bool" if first.dtype.kind == "b" else "int"
     error.add_note(
@@ -273,21 +242,6 @@ def _note_traced_scalars(
 _LOOP_ERROR = "Reverse-mode differentiation does not work for lax.while_loop"
 
 
-def _loop_note(name: str, scalars: list[_Scalar]) -> str:
-    listed = "; ".join(f"`{s.label}`, a scalar of dtype {s.dtype}" for s in scalars)
-    first = scalars[0].label
-    return (
-        f"filter_jit: the `lax.fori_loop` here has bounds that `{name}` traced: it "
-        f"traces NumPy and JAX scalars as it traces arrays {_WHERE} (here {listed}). "
-        "A `fori_loop` whose start or stop is traced is a `lax.while_loop`, which "
-        "reverse-mode differentiation cannot go through. Pass a Python int instead "
-        f"(`int({first})`): it is static, and the loop is a `lax.scan` again. Or "
-        "make the call inside a `jax.jit` that holds the scalar as a constant (say "
-        f"`jax.jit(lambda x: {name}(x, {first}))(x)`): inside a staged "
-        "computation filter_jit passes NumPy and concrete JAX values on as they are."
-    )
-
-
 def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) -> None:
     """Notes on JAX's error for a `while_loop` that reverse mode cannot go through,
     raised inside a top-level or eager trace of `name` (`jax.grad` inside the
@@ -297,19 +251,38 @@ def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) 
     if not scalars or not str(error).startswith(_LOOP_ERROR):
         return
     eqns = _trace.current_equations()
-    depends = None if eqns is None else _dependencies(eqns)
+    inputs = _trace.current_inputs()
     # Where JAX says the failing loop was made (the stack it attaches as the cause).
     stack = traceback.extract_tb(getattr(error.__cause__, "__traceback__", None))
-    if eqns is None or depends is None or not stack:
+    if eqns is None or inputs is None or not stack:
         return  # unknown: no note
     made_at = (stack[-1].filename, stack[-1].lineno)
+    # By variable, the positions of the trace's inputs it depends on.
+    depends = {v: frozenset({i}) for i, v in enumerate(inputs)}
     on: set[int] = set()
-    for position, eqn in enumerate(eqns):
+    for eqn in eqns:
+        eqn_on = frozenset().union(
+            *(depends.get(v, ()) for v in eqn.invars if isinstance(v, Var))
+        )
+        for out in eqn.outvars:
+            depends[out] = eqn_on
         if any(_is_fori_loop(e, made_at) for e in _within(eqn)):
-            on |= depends[position]
+            on |= eqn_on
     named = [s for s in scalars if s.position in on]
-    if named:
-        error.add_note(_loop_note(name, named))
+    if not named:
+        return
+    listed = "; ".join(f"`{s.label}`, a scalar of dtype {s.dtype}" for s in named)
+    first = named[0].label
+    error.add_note(
+        f"filter_jit: the `lax.fori_loop` here has bounds that `{name}` traced: it "
+        f"traces NumPy and JAX scalars as it traces arrays {_WHERE} (here {listed}). "
+        "A `fori_loop` whose start or stop is traced is a `lax.while_loop`, which "
+        "reverse-mode differentiation cannot go through. Pass a Python int instead "
+        f"(`int({first})`): it is static, and the loop is a `lax.scan` again. Or "
+        "make the call inside a `jax.jit` that holds the scalar as a constant (say "
+        f"`jax.jit(lambda x: {name}(x, {first}))(x)`): inside a staged "
+        "computation filter_jit passes NumPy and concrete JAX values on as they are."
+    )
 
 
 def identifier(label: str) -> str:

@@ -98,10 +98,6 @@ _ITSELF = frozenset(
 ATOMS = _ITSELF | {float}
 
 
-def _atom(value: object) -> Any:
-    return float_key(value) if type(value) is float else value
-
-
 class _Memo(dict[int, Any]):
     """The keys of the containers met so far in one key's computation, by id (a
     value holding one object at many places is keyed in time linear in its size),
@@ -119,7 +115,7 @@ def _sequence(values: Sequence[Any], memo: _Memo) -> tuple[Any, Any]:
     if found == {float}:  # every bit, zeros' signs and NaNs' included
         return float, floats_key(values)
     if found <= ATOMS:
-        return kinds, tuple(map(_atom, values))
+        return kinds, tuple(float_key(v) if type(v) is float else v for v in values)
     return kinds, tuple(_key(value, memo) for value in values)
 
 

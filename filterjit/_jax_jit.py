@@ -95,8 +95,12 @@ class JitWrapper(Wrapper[_P, _R]):
             nested = {
                 k: v for k, v in self._jit_kwargs.items() if k in _NESTED_KEYWORDS
             }
-            if "inline" in nested:
-                nested["inline"] = _inline_as_jax_reads_it(nested["inline"])
+            # As jax.jit reads it: a member of `jax.Inline` (jax >= 0.11) as it is,
+            # anything else by its truth.
+            modes: Any = getattr(jax, "Inline", None)
+            inline = nested.get("inline")
+            if "inline" in nested and (modes is None or not isinstance(inline, modes)):
+                nested["inline"] = bool(inline)
             self._nested = FilterJitWrapper(self._function, make_options(**nested))
         return self._nested
 
@@ -197,15 +201,6 @@ def _static_arguments(
     elif given[1] is None:
         names = tuple(name for i, name in both if i in numbers)
     return numbers, names
-
-
-def _inline_as_jax_reads_it(inline: Any) -> Any:
-    """`inline` as `jax.jit` reads it: a member of `jax.Inline` (jax >= 0.11) as it
-    is, anything else by its truth, as jax.jit tests it."""
-    modes: Any = getattr(jax, "Inline", None)
-    if modes is not None and isinstance(inline, modes):
-        return inline
-    return bool(inline)
 
 
 @overload

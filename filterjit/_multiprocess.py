@@ -106,13 +106,6 @@ def _decode(data: np.ndarray) -> str:
     return bytes(np.asarray(data, np.uint8)).rstrip(b"\0").decode("utf-8", "replace")
 
 
-def _described(value: Any) -> str:
-    """`repr(value)` with its type, addresses blanked (they differ anyway)."""
-    text = _ADDRESS.sub("0x…", _safe_repr(value))
-    kind = type(value).__name__
-    return text if kind in text else f"{text} ({kind})"
-
-
 def _window(text: str, start: int, width: int = 72) -> str:
     """`width` characters of `text` from a little before `start`."""
     if len(text) <= width:
@@ -196,7 +189,11 @@ def check_statics_agree(name: str, statics: list[tuple[str, object]]) -> None:
     index = int(np.argmax(differs)) if differs.any() else 0
     if index < len(statics):
         label, value = statics[index]
-        described, number = _described(value), isinstance(value, _NUMBERS)
+        kind = type(value).__name__
+        described = _ADDRESS.sub("0x…", _safe_repr(value))  # addresses differ anyway
+        if kind not in described:
+            described += f" ({kind})"
+        number = isinstance(value, _NUMBERS)
     else:
         label, described, number = "", "nothing", False
     texts = (_encode(label, _LABEL_BYTES), _encode(described, _REPR_BYTES))

@@ -132,7 +132,6 @@ def check_donated_names(function: Function, names: tuple[str, ...]) -> None:
     `function` records can donate. As in `jax.jit`'s `donate_argnames`, a name is a
     parameter's, a keyword a `**kwargs` collects, or a method's receiver; not the
     `**kwargs` parameter's own name."""
-    name_of_fun = function.name
     parameters = function.parameters
     known = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
     var_keyword = [p.name for p in parameters if p.kind is p.VAR_KEYWORD]
@@ -142,13 +141,13 @@ def check_donated_names(function: Function, names: tuple[str, ...]) -> None:
         if name in var_keyword:
             raise ValueError(
                 f"filter_jit: donate={names!r} names {name!r}, the `**{name}` "
-                f"parameter of {name_of_fun!r}. Name the keyword arguments to "
+                f"parameter of {function.name!r}. Name the keyword arguments to "
                 f"donate instead (for `f(x, state=s)`, donate=('state',)), as "
                 "jax.jit's donate_argnames does."
             )
         if name not in known and not var_keyword:
             raise ValueError(
                 f"filter_jit: donate={names!r} names {name!r}, which is not a "
-                f"parameter of {name_of_fun!r} (parameters: {sorted(known)}), so "
+                f"parameter of {function.name!r} (parameters: {sorted(known)}), so "
                 "no call can donate it."
             )

@@ -42,25 +42,23 @@ def equinox_filter_jit(
     if fun is UNSPECIFIED:
         make_options(donate=donate, **jitkwargs)  # raises now for a bad keyword
         return ft.partial(equinox_filter_jit, donate=donate, **jitkwargs)
+    wrapper: Any
     if type(donate) is str and donate == "none" and fun is not None:
         # No donation: filterjit's own options.
-        return _without_retrace_warnings(filter_jit(fun, **jitkwargs))
-    options = make_options(donate=donate, **jitkwargs)
-    if isinstance(donate, str):
-        # As Equinox means `donate`: "first" is the call's first argument, and it
-        # traces (so donates) the arrays of a function that is a pytree node.
-        function_is_node = not jtu.treedef_is_leaf(jtu.tree_structure(fun))
-        options = dataclasses.replace(
-            options, receiver_is_argument=False, donate_function=function_is_node
-        )
-    return _without_retrace_warnings(_decorate(options, fun))
-
-
-def _without_retrace_warnings(wrapper: Any) -> Any:
-    """`wrapper`, whose function emits no `RetraceWarning`, as Equinox's give none
-    (a library's tests may run with warnings as errors); its retraces are still
-    logged where asked for. Its log is shared by every wrapper of the function with
-    the same options, `filterjit.filter_jit`'s too."""
+        wrapper = filter_jit(fun, **jitkwargs)
+    else:
+        options = make_options(donate=donate, **jitkwargs)
+        if isinstance(donate, str):
+            # As Equinox means `donate`: "first" is the call's first argument, and
+            # it traces (so donates) the arrays of a function that is a pytree node.
+            function_is_node = not jtu.treedef_is_leaf(jtu.tree_structure(fun))
+            options = dataclasses.replace(
+                options, receiver_is_argument=False, donate_function=function_is_node
+            )
+        wrapper = _decorate(options, fun)
+    # No `RetraceWarning`, as Equinox's give none (a library's tests may run with
+    # warnings as errors); retraces are still logged where asked for. The log is
+    # shared by every wrapper of the function with the same options, filterjit's too.
     wrapper._dispatcher.trace_log.warns = False
     return wrapper
 
@@ -150,16 +148,6 @@ def _replacement(wrapper: Any, jit_module: types.ModuleType) -> Any:
 def _factory(value: Any, originals: list[Any]) -> bool:
     """Whether `value` is a decorator factory of Equinox's own `filter_jit`."""
     return type(value) is ft.partial and any(value.func is jit for jit in originals)
-
-
-def _describe_factory(factory: Any, places: list[str]) -> str:
-    keywords = ", ".join(f"{k}={v!r}" for k, v in factory.keywords.items())
-    where = " and ".join(places) if places else "a functools.partial"
-    return (
-        f"{where} = equinox.filter_jit({keywords}) (a decorator factory made before "
-        "patch_equinox(): what it decorates keeps Equinox's jit; make it after the "
-        "patch)"
-    )
 
 
 @hiding_frames
@@ -264,7 +252,14 @@ def patch_equinox() -> EquinoxPatch:
         if type(value) is wrapper_type and id(value) not in replaced:
             left.append(f"{_name(value)} ({reasons.get(id(value), unreached)})")
         elif _factory(value, originals):
-            left.append(_describe_factory(value, factory_places.get(id(value), [])))
+            keywords = ", ".join(f"{k}={v!r}" for k, v in value.keywords.items())
+            held = factory_places.get(id(value))
+            where = " and ".join(held) if held else "a functools.partial"
+            left.append(
+                f"{where} = equinox.filter_jit({keywords}) (a decorator factory made "
+                "before patch_equinox(): what it decorates keeps Equinox's jit; make "
+                "it after the patch)"
+            )
     left.sort()
     if left:
         warnings.warn(

@@ -70,8 +70,13 @@ def _leaf_difference(
     """The difference of a static leaf `now` from the saved leaf `then`."""
     tag = then[0]
     if tag == "opaque":
-        same = _same_static(now, opaque[then[1]])
-        return None if same else Difference(where, repr(opaque[then[1]]), now, True)
+        saved = opaque[then[1]]
+        try:
+            same = type(now) is type(saved) and static_key(now) == static_key(saved)
+            same = bool(same)
+        except Exception:  # an `==` that does not answer a bool: not the same
+            same = False
+        return None if same else Difference(where, repr(saved), now, True)
     if tag == "ref":
         if resolve_reference(then[1]) is now:
             return None
@@ -152,15 +157,6 @@ def _other_module(where: str, saved: str, now: Any) -> Difference:
     return Difference(where, f"a `{saved}`", now, False, advice)
 
 
-def _same_static(now: Any, then: Any) -> bool:
-    if type(now) is not type(then):
-        return False
-    try:
-        return bool(static_key(now) == static_key(then))
-    except Exception:  # an `==` that does not answer a bool: not the same
-        return False
-
-
 # -- Arrays: their shapes and dtypes, and the symbolic sizes they give.
 
 
@@ -206,8 +202,9 @@ def check_sizes(fun_name: str, sizes: list[tuple[str, int, Any]]) -> None:
                     f"{first[0]}, and the export has `{text}` for both. Pass arrays "
                     "whose sizes agree."
                 )
-        else:
-            expressions.append((where, size, text, _parsed(text)))
+        else:  # JAX writes a power `b^2`
+            tree = ast.parse(text.replace("^", "**"), mode="eval").body
+            expressions.append((where, size, text, tree))
     for where, size, text, tree in expressions:
         unknown = sorted(_dimension_names(tree) - set(values))
         if len(unknown) == 1 and not _solve(tree, unknown[0], size, values, where):
@@ -245,11 +242,6 @@ _OPERATORS: dict[type, Callable[[int, int], int]] = {
     ast.Mult: operator.mul,
     ast.Pow: operator.pow,
 }
-
-
-def _parsed(text: str) -> ast.expr:
-    # JAX writes a power `b^2`.
-    return ast.parse(text.replace("^", "**"), mode="eval").body
 
 
 def _dimension_names(tree: ast.expr) -> set[str]:

@@ -47,11 +47,13 @@ def _default_name(thing: Any) -> str:
     return _module_path_name(thing)
 
 
+def state_type() -> Any:
+    """`eqx.nn.State`, or `None` where Equinox is not imported."""
+    return getattr(getattr(sys.modules.get("equinox"), "nn", None), "State", None)
+
+
 def is_state_type(kind: object) -> bool:
-    """Whether `kind` is `eqx.nn.State` (Equinox imported)."""
-    equinox = sys.modules.get("equinox")
-    nn = getattr(equinox, "nn", None)
-    return kind is getattr(nn, "State", None)
+    return kind is state_type()
 
 
 def _registrable(thing: Any) -> bool:

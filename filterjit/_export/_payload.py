@@ -121,11 +121,6 @@ def unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
             "the payload's header is not valid (a corrupt payload): it is not the "
             "JSON object that `serialize()` writes.",
         )
-    _check_versions(header)
-    return header, data[_START + header_length : -_DIGEST]
-
-
-def _check_versions(header: dict[str, Any]) -> None:
     made_with = header.get("jax")
     version = _version_tuple(made_with) if isinstance(made_with, str) else None
     here = _version_tuple(jax.__version__)
@@ -143,3 +138,4 @@ def _check_versions(header: dict[str, Any]) -> None:
             f"it with JAX {made_with} or newer, or export it again with JAX "
             f"{jax.__version__}.",
         )
+    return header, data[_START + header_length : -_DIGEST]

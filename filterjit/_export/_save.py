@@ -153,27 +153,6 @@ def _arguments(
     return arguments, inputs, opaque
 
 
-def _donated_inputs(called: Specialisation, inputs: list[int]) -> list[int]:
-    """Which of the program's inputs the wrapper donates, as JAX lowers its call."""
-    lowered = called.jitted.lower(*called.dynamic)
-    flags = [info.donated for info in jtu.tree_leaves(lowered.args_info)]
-    positions = called.partition.dynamic_positions
-    donated = {positions[i] for i, flag in enumerate(flags) if flag}
-    return [i for i, position in enumerate(inputs) if position in donated]
-
-
-def _output_leaf(leaf: Any) -> Any:
-    """What the program returns for an output leaf: an array for a traced one, and
-    for a symbolic size an empty array whose last axis has that size."""
-    if is_traced(leaf):
-        return jnp.asarray(leaf)
-    return jnp.zeros((0, leaf), jnp.int8)
-
-
-def _is_symbolic(leaf: Any) -> bool:
-    return not isinstance(leaf, int) and jax.export.is_symbolic_dim(leaf)
-
-
 def _export(
     wrapper: FilterJitWrapper[..., Any],
     platforms: Sequence[str] | None,
@@ -196,13 +175,14 @@ def _export(
         dynamic = [given.get(p, leaves[p]) for p in called.partition.dynamic_positions]
         output = finish(called.jitted(*dynamic), leaves)
         out_leaves, treedef = jtu.tree_flatten(output)
+        symbolic = lambda x: not isinstance(x, int) and jax.export.is_symbolic_dim(x)  # noqa: E731
         template = [
-            TRACED if is_traced(x) else SIZE if _is_symbolic(x) else x
-            for x in out_leaves
+            TRACED if is_traced(x) else SIZE if symbolic(x) else x for x in out_leaves
         ]
         found.append(Template(treedef.unflatten(template), "output"))
+        # A symbolic size: an empty array whose last axis has that size.
         return [
-            _output_leaf(x)
+            jnp.asarray(x) if kind is TRACED else jnp.zeros((0, x), jnp.int8)
             for x, kind in zip(out_leaves, template)
             if kind is TRACED or kind is SIZE
         ]
@@ -210,8 +190,13 @@ def _export(
     program.__name__ = function.name.rpartition(".")[2]
     program.__qualname__ = function.name
     specs = [leaves[p] for p in inputs]
-    donates = dispatcher.options.donate != "none"
-    donated = _donated_inputs(called, inputs) if donates else []
+    donated: list[int] = []
+    if dispatcher.options.donate != "none":  # the inputs donated, as JAX lowers it
+        lowered = called.jitted.lower(*called.dynamic)
+        flags = [info.donated for info in jtu.tree_leaves(lowered.args_info)]
+        positions = called.partition.dynamic_positions
+        by_leaf = {positions[i] for i, flag in enumerate(flags) if flag}
+        donated = [i for i, position in enumerate(inputs) if position in by_leaf]
     exported = jax.export.export(
         jax.jit(program, donate_argnums=tuple(donated)),
         platforms=platforms,

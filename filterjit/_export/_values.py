@@ -5,7 +5,6 @@ nothing, unpickles nothing and calls no user `__init__`."""
 import base64
 import dataclasses
 import enum
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -22,6 +21,7 @@ from ._names import (
     names_by_id,
     not_allowed,
     resolve_reference,
+    state_type,
     type_name,
 )
 
@@ -204,16 +204,6 @@ def unregistered(name: str) -> TypeError:
     )
 
 
-def _unresolved(name: str) -> TypeError:
-    return TypeError(
-        f"filterjit.deserialize: the payload returns `{name}`, which is neither a "
-        "JAX or Equinox function of a module already imported here nor registered "
-        "(loading never imports what a payload names). Import that module, or "
-        "register the function with `filterjit.register_serializable(f, "
-        f"name={name!r})`."
-    )
-
-
 def decode(
     data: Any,
     classes: Mapping[str, Any] | None = None,
@@ -295,9 +285,15 @@ class _Decoder:
                 raise not_allowed(name)
             if not self.build:
                 return None
-            found = resolve_reference(data[1])
+            found = resolve_reference(name)
             if found is None:
-                raise _unresolved(data[1])
+                raise TypeError(
+                    f"filterjit.deserialize: the payload returns `{name}`, which is "
+                    "neither a JAX or Equinox function of a module already imported "
+                    "here nor registered (loading never imports what a payload "
+                    "names). Import that module, or register the function with "
+                    f"`filterjit.register_serializable(f, name={name!r})`."
+                )
             return found
         if tag == "state":
             return self._state(data)
@@ -310,8 +306,7 @@ class _Decoder:
         return _hashable(self.decode(pair[0])), self.decode(pair[1])
 
     def _state(self, data: Any) -> Any:
-        nn = getattr(sys.modules.get("equinox"), "nn", None)
-        kind = getattr(nn, "State", None) if self.build else None
+        kind = state_type() if self.build else None
         if kind is None and self.build:
             raise TypeError(
                 "filterjit.deserialize: the payload returns an `eqx.nn.State`: "

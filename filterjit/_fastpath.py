@@ -217,8 +217,7 @@ def _branch(
     tree = "a" if fun_is_leaf else "t"
     key = _key(writer, partition, items.__getitem__, whole, call.key_suffix, tree)
     if partition.orders is None and (held := _static_tuple(writer, partition, leaves)):
-        # Its key stays what it was for that tuple: its items cannot change. The
-        # tuple and its key in one slot, read once, so that threads agree.
+        # Its key, kept with it in one slot read once (threads agree on the pair).
         slot, last, found = writer.constant([(None, None)]), writer.variable(), "y"
         writer.lines += [
             f"{last} = {slot}[0]",
@@ -298,8 +297,8 @@ def _branch(
 
 
 def _static_tuple(writer: Writer, partition: Partition, leaves: list[str]) -> str:
-    """The tuple of immutable scalars (see `Writer.values`) whose items are all a
-    call's static leaves and no more, as the hit reads it; `""` where none is."""
+    """The tuple of immutable scalars (see `Writer.values`) whose items are a call's
+    static leaves, all of them, as the hit reads it; else `""`."""
     start = 0
     for leaf in leaves:
         count = writer.counts.get(leaf, 1)

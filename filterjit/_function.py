@@ -268,11 +268,7 @@ RECORD_READS = (
 )
 
 
-_READ_BY_MODULE = next(
-    vars(base)["__getattribute__"]
-    for base in eqx.Module.__mro__
-    if "__getattribute__" in vars(base)
-)
+_READ_BY_MODULE = eqx.Module.__getattribute__  # Equinox's own, or `object`'s
 
 
 class ClassAttributes(NamedTuple):
@@ -304,9 +300,8 @@ def class_attributes(cls: type) -> ClassAttributes | None:
 
 
 def attribute_reader(fun: object) -> Callable[[str, Any], Any]:
-    """`getattr(fun, ...)` for the names of `METADATA` and `RECORD_READS`, read past
-    an `eqx.Module`'s `__getattribute__` (a Python call, and for a name it lacks an
-    exception) where its class says how (see `class_attributes`)."""
+    """`getattr(fun, ...)` for `METADATA` and `RECORD_READS`, past a Module's slow
+    `__getattribute__` where its class says how (see `class_attributes`)."""
     attributes = class_attributes(type(fun))
     own = own_dict(fun)
     if attributes is None or own is None:

@@ -48,17 +48,13 @@ def _metadata(fun: object) -> dict[str, Any]:
     read = attribute_reader(fun)
     partial = is_partial(fun)
     inner = fun if read("__func__", None) is None and not partial else unwrapped(fun)
-    if inner is fun:
-        namespace = read("__globals__", None)
-    else:
-        namespace = getattr(inner, "__globals__", None)
+    read_inner = read if inner is fun else ft.partial(getattr, inner)
+    namespace = read_inner("__globals__", None)
     if namespace is None:  # a callable object: its class's module
         module = sys.modules.get(getattr(type(inner), "__module__", ""))
         namespace = vars(module) if module is not None else {}
-    if partial:
-        qualname = name_of(fun)
-    else:
-        qualname = read("__qualname__", None) or type(fun).__qualname__
+    own_name = None if partial else read("__qualname__", None)
+    qualname = own_name or (name_of(fun) if partial else type(fun).__qualname__)
     return {
         "__name__": read("__name__", None) or qualname,
         "__qualname__": qualname,
@@ -89,11 +85,11 @@ def _copy_metadata(wrapper: Any, fun: object) -> None:
         or not own.keys().isdisjoint(_READ)
         or not attributes.computed.isdisjoint(_READ)
     ):
-        wrapper.__dict__.update(_metadata(fun))
-        return
-    metadata = _class_metadata.get(type(fun))
-    if metadata is None:
-        metadata = _class_metadata.setdefault(type(fun), _metadata(fun))
+        metadata = _metadata(fun)
+    else:  # its class's, read once
+        metadata = _class_metadata.get(type(fun))
+        if metadata is None:
+            metadata = _class_metadata.setdefault(type(fun), _metadata(fun))
     wrapper.__dict__.update(metadata)
 
 

@@ -26,6 +26,18 @@ BACKEND_START_UP_WARNINGS = "ignore::UserWarning:jax._src.cloud_tpu_init"
 WARNINGS_AS_ERRORS = ("-W", "error", "-W", BACKEND_START_UP_WARNINGS)
 
 
+def one_device_sharding(device: Any) -> jax.sharding.Sharding:
+    """A sharding on one device, made as the installed JAX asks.
+
+    JAX 0.12.1 deprecates constructing `SingleDeviceSharding` directly in favour of
+    `make_single_device_sharding`, which JAX 0.9 lacks.
+    """
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    if make is None:
+        return jax.sharding.SingleDeviceSharding(device)
+    return make(device)
+
+
 def subprocess_env(*paths: Path, **variables: str) -> dict[str, str]:
     """This process's environment, with `variables` set, for a Python subprocess
     that imports this checkout's filterjit (whatever is installed) and then `paths`."""

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import one_device_sharding
 
 import filterjit
 from filterjit._binding import Binder
@@ -153,7 +154,7 @@ def test_a_ufunc_gets_only_the_arguments_given():
 def test_in_shardings_covers_the_arguments_given():
     # As in jax.jit: a prefix of the positional arguments the caller gave, not of
     # those left to their defaults.
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = one_device_sharding(jax.devices()[0])
 
     def f(x, scale=2.0):
         return x * scale

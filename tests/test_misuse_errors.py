@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import one_device_sharding
 
 from filterjit import filter_jit
 from filterjit._entry import TopCall
@@ -130,7 +131,7 @@ def test_a_numpy_string_array_names_the_argument_and_the_fix():
 
 
 def test_a_wrong_in_shardings_prefix_names_the_argument():
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = one_device_sharding(jax.devices()[0])
     f = filter_jit(lambda params, x: x, in_shardings=({"w": sharding}, None))
     with pytest.raises(ValueError) as info:
         f({"v": jnp.ones(1)}, jnp.ones(1))

@@ -30,7 +30,7 @@ from _multiprocess import (
     ProcessResult,
     skip_reason,
 )
-from helpers import subprocess_env
+from helpers import one_device_sharding, subprocess_env
 
 from filterjit._multiprocess import canonical, check_statics_agree, spans_processes
 
@@ -251,7 +251,7 @@ def test_canonical_is_equal_in_two_processes():
 def test_spans_processes_in_one_process():
     local = jnp.ones(3)
     assert not spans_processes([local, np.ones(2)], None, None)
-    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    one_device = one_device_sharding(jax.devices()[0])
     assert not spans_processes([local], (one_device, None), one_device)
     traced = []
     jax.grad(lambda x: traced.append(spans_processes([x])) or x)(1.0)

@@ -1,8 +1,10 @@
 """Dispatching a call: the caches of one function with one set of options, shared
 by its wrappers with those options; a call tries the generated hits of its level
-(`Dispatcher.hits`), then the reference path (`Dispatcher.resume`, `_call`)."""
+(`Dispatcher.hits`); where none reads it, the reference path (`Dispatcher.call`),
+which makes the hits from what its runs learned (`Dispatcher._learn`)."""
 
 import dataclasses
+import functools
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Sequence
@@ -18,15 +20,14 @@ from ._diagnostics import Explanation, TraceLog
 from ._entry import aval_key, Entry, EntryMaker, make_entry, run_nested, with_leaves
 from ._errors import (
     call_checked,
-    check_failed,
     check_traceable,
-    explain_failure,
     key_error,
+    name_failure,
     note_recursion,
     wait_checked,
 )
 from ._exact import exact_aux
-from ._fastpath import chained, Hit, hit_caller, HitCall, MISS, miss, Unfinished
+from ._fastpath import chained, Hit, hit_caller, HitCall, HitPlan, miss
 from ._function import Function
 from ._level import ABSTRACT, EAGER, Level, LEVELS, STAGED, TOP
 from ._multiprocess import check_statics_agree, spans_processes
@@ -63,7 +64,8 @@ def _in_jax_order(orders: tuple[tuple[Any, ...], ...]) -> bool:
 class Route:
     """The dispatcher's own state for one partition: the lookup of its entries
     (`get`: the top level's where `shares_top`), the shapes of call its hit reads
-    (`None`: one it cannot), the output spec the hit builds inline, the hit."""
+    (`None`: one it cannot), the output spec the hit builds inline, the hit and
+    whether it is to be made again (`stale`: a shape or the spec is new)."""
 
     partition: Partition
     get: Callable[[Hashable], Entry | None]
@@ -71,6 +73,7 @@ class Route:
     calls: dict[Shape, HitCall | None] = dataclasses.field(default_factory=dict)
     learned: OutputSpec | None = None
     hit: Hit | None = None
+    stale: bool = False
     # Whether its keys say which static leaves are one object (see
     # `Dispatcher._key_aliases`); its hit off.
     keys_aliases: bool = False
@@ -93,6 +96,7 @@ class Route:
         self.calls.clear()
         self.learned = None
         self.hit = None
+        self.stale = False
 
 
 def _over_bound(cache: BoundedCache[Entry], nbytes: int, entry: Entry) -> object | None:
@@ -147,32 +151,10 @@ class Dispatcher:
         """Whether donation depends on which arguments a call passed."""
         return self.options.donate != "none" and self.function.has_defaults
 
-    def resume(
-        self,
-        level: Level,
-        unfinished: Unfinished,
-        fun: object,
-        args: Args,
-        kwargs: Kwargs,
-    ) -> Any:
-        """Does what a hit left undone: a `MISS`, the whole call on the reference
-        path; an error, named in the user's terms and raised; an output, finished
-        (the first built from traced leaves alone: see `_specialise`)."""
-        if unfinished is MISS:
-            return self._call(level, fun, args, kwargs)
-        outcome, leaves, route = unfinished.outcome, unfinished.leaves, unfinished.route
-        if type(outcome) is not Carried:  # (a `Carried` is an exception too)
-            self._failed(route, leaves, outcome)
-            raise outcome
-        if outcome.spec.from_traced is not None:
-            self._specialise(route, outcome.spec)
-        return self._finish(
-            level, route, outcome, leaves, unfinished.waited, unfinished.tree
-        )
-
-    def _call(self, level: Level, fun: object, args: Args, kwargs: Kwargs) -> Any:
-        """The reference path. No lock is held while the function is traced,
-        compiled or run: it may call itself from another thread (a callback)."""
+    def call(self, level: Level, fun: object, args: Args, kwargs: Kwargs) -> Any:
+        """The reference path, for a call no hit read. No lock is held while the
+        function is traced, compiled or run: it may call itself from another thread
+        (a callback)."""
         shape = (len(args), *kwargs)
         called = shape if self._donates_by_call and level == TOP else None
         tree, leaves, treedef = self._flattened(fun, args, kwargs)
@@ -185,7 +167,7 @@ class Dispatcher:
             entry = self._make(level, fun, route, leaves, called, cache, key)
         keyed_aliases = route.keys_aliases
         try:
-            out = self._run(level, route, entry, tree, leaves)
+            out, spec = self._run(level, route, entry, tree, leaves)
         except BaseException as error:
             # Raised as it was, once. An entry no trace completed is dropped: a call
             # raising on every trace leaves nothing behind (as under `jax.jit`).
@@ -206,20 +188,28 @@ class Dispatcher:
             aliased = self._key(partition, tree, leaves, shared, called, True)
             cache.discard(key, entry)
             cache.put(aliased, entry, partition.captured_bytes(leaves))
+        self._learn(route, spec)
         return out
 
-    def _specialise(self, route: Route, spec: OutputSpec) -> None:
-        """Makes `route`'s hit again, once, building `spec`'s output inline."""
-        reads = self._reads_calls(route)
-        if route.learned is not None or route.hit is None or not reads:
+    def _learn(self, route: Route, spec: OutputSpec | None) -> None:
+        """After a run on the reference path: makes `route`'s hit again where it
+        reads a shape of call it did not (see `_route`), or where `spec`, a top-level
+        trace's, is the first whose output is built from traced leaves alone (then
+        built inline). Hits are made here alone, never while a hit runs."""
+        if not self._reads_calls(route):
             return
-        route.learned = spec
-        self._make_hit(route)
+        staged = route.partition.staged
+        if route.learned is None and spec is not None and not staged:
+            if spec.leaf_sources is not None:
+                route.learned, route.stale = spec, True
+        if route.stale:
+            route.stale = False
+            self._make_hit(route)
 
     def _make_hit(self, route: Route) -> None:
         """Makes `route`'s hit without the lock (it may run a user's `__eq__`), and
         has it serve its level under the lock, unless hits were turned off."""
-        hit = self.hit_of(route, route.get)
+        hit = hit_caller(self.plan_of(route, route.get))
         with self._lock:
             if not self._reads_calls(route):
                 return
@@ -228,18 +218,22 @@ class Dispatcher:
             if route in self._latest[level]:
                 self._chain(level)
 
-    def hit_of(
-        self, route: Route, get: Callable[[Hashable], Entry | None]
-    ) -> Hit | None:
-        """The hit of `route`'s calls, finding entries with `get`."""
-        calls = [call for call in list(route.calls.values()) if call is not None]
-        return hit_caller(
-            route,
-            route.partition,
-            calls,
+    def plan_of(self, route: Route, get: Callable[[Hashable], Entry | None]) -> HitPlan:
+        """The plan of the hit of `route`'s calls as the route holds them now,
+        finding entries with `get`."""
+        partition, function = route.partition, self.function
+        labels = route.labels(function)
+        level = partition.level
+        return HitPlan(
+            partition,
+            tuple(call for call in list(route.calls.values()) if call is not None),
             get,
-            self.function.fun_is_leaf,
-            self.function.name,
+            function.fun_is_leaf,
+            function.name,
+            functools.partial(
+                name_failure, function.name, labels, partition.dynamic_positions
+            ),
+            _finisher(self, level, route),
             route.learned,
             self._shares_top,  # entries take a `CallUnderWay` (see `_entry`)
         )
@@ -348,7 +342,7 @@ class Dispatcher:
         reads = self._reads_calls(route) and len(route.calls) < _MAX_HIT_CALLS
         if reads and shape not in route.calls:
             route.calls[shape] = self._hit_call(route, shape)
-            self._make_hit(route)
+            route.stale = True  # its hit made again once the call has run
         with self._lock:  # not a hit that `_forget_calls` dropped meanwhile
             latest = self._latest[level]
             if not latest or latest[0] is not route:
@@ -397,10 +391,11 @@ class Dispatcher:
         entry: Entry,
         tree: object,
         leaves: list[object],
-    ) -> Any:
+    ) -> tuple[Any, OutputSpec | None]:
         """Calls an entry's jitted function (which may trace) and finishes the
         output: nested, with the caller's pytree at hand for a trace; else in one
-        checked call, so that a failed runtime check is raised at the call."""
+        checked call, so that a failed runtime check is raised at the call. With
+        the output, the spec it was finished by (`None`: it needed none)."""
         dynamic = route.partition.take_dynamic(leaves)
         nodes = None
         if level == STAGED:
@@ -417,8 +412,9 @@ class Dispatcher:
                 if call is not None:
                     call.under_way = None
         if type(out) is Carried:
-            return self._finish(level, route, out, leaves, True, tree, nodes)
-        return out
+            finished = self._finish(level, route, out, leaves, True, tree, nodes)
+            return finished, out.spec
+        return out, None
 
     def _finish(
         self,
@@ -467,17 +463,6 @@ class Dispatcher:
         for routes in self.routes:
             for route in routes.values():
                 route.forget_calls()
-
-    def _failed(self, route: Route, leaves: list[object], error: Exception) -> None:
-        """Names a leaf JAX cannot trace, or raises a runtime check that failed in a
-        trace made just now in the user's terms; else `error` is raised as it is."""
-        partition = route.partition
-        if isinstance(error, TypeError):
-            self._check_traceable(route, leaves)
-        check_failed(error, self.function.name)
-        labels = partition.take_dynamic(route.labels(self.function))
-        dynamic = partition.take_dynamic(leaves)
-        explain_failure(error, self.function.name, labels, dynamic)
 
     def _make(
         self,
@@ -569,6 +554,23 @@ class Dispatcher:
             self._forget_calls()
         for cache in (*self.routes, *self.entries, self._programs):
             cache.clear()
+
+
+def _finisher(
+    dispatcher: Dispatcher, level: Level, route: Route
+) -> Callable[[Carried, list[Any], bool, object], Any]:
+    """`dispatcher._finish` of `route`'s outputs at `level`, for its hit: holding the
+    dispatcher weakly, so that its hits make no cycle through it (it is freed with
+    its function, as it would be without hits). A hit runs only from a wrapper,
+    which holds the dispatcher."""
+    held = weakref.ref(dispatcher)
+
+    def finish(out: Carried, leaves: list[Any], waited: bool, tree: object) -> Any:
+        found = held()
+        assert found is not None, "a hit runs only from a wrapper holding it"
+        return found._finish(level, route, out, leaves, waited, tree)
+
+    return finish
 
 
 class AheadOfTime(NamedTuple):

@@ -201,6 +201,24 @@ _WHERE = (
 )
 
 
+def name_failure(
+    name: str,
+    labels: list[str],
+    dynamic_positions: Sequence[int],
+    leaves: list[Any],
+    error: Exception,
+) -> None:
+    """Raises what a call of `name` raised, with leaves `leaves` labelled `labels`,
+    in the user's terms where it can: a leaf JAX cannot trace named, a runtime check
+    that failed in a trace made by the call; else notes what explains it
+    (`explain_failure`) and returns, for the caller to raise it as it was."""
+    if isinstance(error, TypeError):
+        check_traceable(name, labels, leaves, dynamic_positions)
+    check_failed(error, name)
+    dynamic_labels = [labels[p] for p in dynamic_positions]
+    explain_failure(error, name, dynamic_labels, [leaves[p] for p in dynamic_positions])
+
+
 def explain_failure(
     error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:

@@ -2,10 +2,9 @@
 hits (`hit_caller`) that read a call as `_readers` does, without binding or
 flattening it, key it, look it up and run it, calling nothing of the dispatcher's,
 and output builders; each gives exactly what the reference path
-(`Dispatcher._call`) gives, as `tests/test_fastpath.py` checks.
+(`Dispatcher.call`) gives, as `tests/test_fastpath.py` checks.
 """
 
-import dataclasses
 import functools
 import os
 from collections.abc import Callable, Hashable, Sequence
@@ -60,29 +59,44 @@ class HitCall(NamedTuple):
     defaults: DefaultsGuard | None
 
 
-@dataclasses.dataclass(slots=True, eq=False)
-class Unfinished:
-    """What a hit returns where the dispatcher must do the rest: `MISS`, before
-    anything ran; else a run (`waited` for or not) whose `outcome` is the error it
-    raised or a `Carried` output to finish with the call's `leaves` (and, nested,
-    its pytree `tree`), for `route`. Never a user's value: its type tells it."""
+class Miss:
+    """The type of `MISS`, what a hit returns where it ran nothing: never a
+    user's value."""
 
-    outcome: Any
-    leaves: list[object]
-    waited: bool
-    tree: object
-    route: Any
+    __slots__ = ()
 
 
-MISS = Unfinished(None, [], False, None, None)
+MISS = Miss()
 
-# `hit(fun, args, kwargs)`: a call's result, or an `Unfinished`.
+# `hit(fun, args, kwargs)`: a call's result, or `MISS`.
 Hit = Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]
 
 
-def miss(f: object, a: tuple[object, ...], k: dict[str, object]) -> Unfinished:
+def miss(f: object, a: tuple[object, ...], k: dict[str, object]) -> Miss:
     """The hit of a level with no partition to read calls of: always `MISS`."""
     return MISS
+
+
+class HitPlan(NamedTuple):
+    """What a hit is made from, frozen once the reference path has run a call of
+    the partition: the shapes of call it reads, the lookup of entries (`get`),
+    whether the function is a leaf of the call, its name, and what finishes a run:
+    `failed(leaves, error)` names an error in the user's terms (or returns, and the
+    hit raises it as it was); `finish(out, leaves, waited, tree)`, an output that
+    needs more than its spec (the dispatcher's: see `Dispatcher._finish`);
+    `learned`, the output spec of a trace whose output is built from traced leaves
+    alone, built inline; `takes_call`: whether entries take a `CallUnderWay` first
+    (see `Options.same_at_every_level`)."""
+
+    partition: Partition
+    calls: tuple[HitCall, ...]
+    get: Callable[[Hashable], Any]
+    fun_is_leaf: bool
+    name: str
+    failed: Callable[[list[Any], Exception], None]
+    finish: Callable[[Carried, list[Any], bool, object], Any]
+    learned: OutputSpec | None = None
+    takes_call: bool = False
 
 
 def chained(hits: Sequence[Hit]) -> Hit:
@@ -104,52 +118,37 @@ def chained(hits: Sequence[Hit]) -> Hit:
     return hit
 
 
-def hit_caller(
-    route: object,
-    partition: Partition,
-    calls: Sequence[HitCall],
-    get: Callable[[Hashable], object],
-    fun_is_leaf: bool,
-    name: str,
-    learned: OutputSpec | None = None,
-    takes_call: bool = False,
-) -> Hit | None:
-    """`hit(fun, args, kwargs)`: a whole call of `partition`'s structure at its
-    level, of one of the shapes of `calls`, read and keyed as the reference path
-    would, its entry (from `get`) run, the output built where that is plain. It
-    returns the call's result; `MISS` where it reads no shape of `calls` or finds
-    no valid entry (nothing has run); else an `Unfinished` run for `route` (an
-    error to name, an output to finish, or the first output built from traced
-    leaves alone: the hit is made again to build `learned`, its spec, inline).
-    Nested, only calls of positional arguments. `None` where it reads no call,
-    or the structure is deeper than `MAX_DEPTH`. `takes_call`: whether entries
-    take a `CallUnderWay` first (see `Options.same_at_every_level`)."""
+def hit_caller(plan: HitPlan) -> Hit | None:
+    """`hit(fun, args, kwargs)`: a whole call of `plan`'s partition at its level, of
+    one of the shapes of `plan.calls`, read and keyed as the reference path would,
+    its entry run and its output finished. It returns the call's result, or `MISS`
+    where it reads no shape of the calls or finds no valid entry (nothing has run).
+    Nested, only calls of positional arguments. `None` where it reads no call, or
+    the structure is deeper than `MAX_DEPTH`."""
+    partition = plan.partition
     if not ENABLED or partition.deep:
         return None
     writer = Writer(miss="break")
     writer.namespace.update(
-        _get=get,
+        _get=plan.get,
         _carried=Carried,
-        _unfinished=Unfinished,
-        _route=route,
+        _failed=plan.failed,
+        _finish=plan.finish,
         _miss=MISS,
         _checked=call_checked,
-        _name=name,
+        _name=plan.name,
         _call_under_way=CallUnderWay,
         _partial=functools.partial,
         _top_call=TOP_CALL,
     )
     body: list[str] = []
-    read = [call for call in calls if not partition.staged or _plain(call.sources)]
+    read = [call for call in plan.calls if not partition.staged or _plain(call.sources)]
     # With calls of one shape alone, a plain call's length is checked by the
     # unpacking of its arguments (which raises, slowly, on another).
     counted = len(read) > 1
     for call in read:
         writer.lines = []
-        branch = _branch(
-            writer, partition, call, fun_is_leaf, learned, counted, takes_call
-        )
-        body += branch or []
+        body += _branch(writer, plan, call, counted) or []
     if not body:
         return None
     return compile_function("hit", "f, a, k", [*body, "return _miss"], writer.namespace)
@@ -162,16 +161,11 @@ def _plain(sources: Sources) -> bool:
 
 
 def _branch(
-    writer: Writer,
-    partition: Partition,
-    call: HitCall,
-    fun_is_leaf: bool,
-    learned: OutputSpec | None,
-    counted: bool,
-    takes_call: bool,
+    writer: Writer, plan: HitPlan, call: HitCall, counted: bool
 ) -> list[str] | None:
     """The lines of `hit_caller` for calls of one shape, `None` where there are
     none: `while` the call has that shape, read it (`break` on a miss), run."""
+    partition, fun_is_leaf = plan.partition, plan.fun_is_leaf
     treedef, types = partition.treedef, partition.types
     sources = call.sources
     if takes_defaults(sources):
@@ -237,7 +231,7 @@ def _branch(
         run = _under_way(f"({tree}, l)", [nested])
         finish = [
             "    if s.aliases:",
-            f"        return _unfinished(o, l, False, {tree}, _route)",
+            f"        return _finish(o, l, False, {tree})",
             # The call's containers as a trace listed them before the function ran.
             f"    return s.finish_nested(d, l, {tree}, u.nodes)",
         ]
@@ -247,6 +241,7 @@ def _branch(
             "        if g and e.captured and not e.valid():  # NumPy constant changed",
         ]
         # Where static leaves equal by `==` may differ, a trace takes this call's own.
+        takes_call = plan.takes_call
         current = takes_call and partition.by_eq
         under_way = "u" if current else "_top_call"
         checked = "_partial(e.with_call, u)" if current else "e.jitted"
@@ -257,27 +252,26 @@ def _branch(
             "    else:",
             "        try:",
             f"            o = {jitted}{traced})",
-            "        except Exception as x:  # named in the user's terms",
-            f"            return _unfinished(x, {whole}, False, None, _route)",
+            "        except Exception as x:  # named in the user's terms, or as it was",
+            f"            _failed({whole}, x)",
+            "            raise",
         ]
         if current:
             run = _under_way(f"(None, {whole})", run)
+        # The output of the trace the plan learned, built inline (`s is` its spec).
         inline: list[str] = []
-        if learned is None:  # the first from-traced output has the hit made again
-            from_traced = f"_unfinished(o, {whole}, g, None, _route)"
-        else:  # `s is learned`: the output that trace made, built inline
-            from_traced = "s.from_traced(d)"
-            constant = writer.constant(learned)
-            spec = learned.leaf_sources  # traced leaves and constants: no input
-            if spec and (built := _output(writer, *spec, "d")):
-                inline = [f"    if s is {constant}:", f"        return {built}"]
+        learned = plan.learned
+        spec = None if learned is None else learned.leaf_sources
+        if spec and (built := _output(writer, *spec, "d")):
+            inline = [
+                f"    if s is {writer.constant(learned)}:",
+                f"        return {built}",
+            ]
         finish = [
             *inline,
-            "    if s.from_traced is not None:",
-            f"        return {from_traced}",
             "    if s.plain:",
             f"        return s.build(d, {whole})",
-            f"    return _unfinished(o, {whole}, g, None, _route)",
+            f"    return _finish(o, {whole}, g, None)",
         ]
     return [
         f"while {condition}:",

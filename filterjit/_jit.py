@@ -17,7 +17,7 @@ from . import _trace, _tracebacks
 from ._aot import Lowered, Specialisation, Traced
 from ._diagnostics import Explanation
 from ._dispatch import Dispatcher
-from ._fastpath import Hit, Unfinished
+from ._fastpath import Hit, MISS
 from ._function import (
     as_held,
     attribute_reader,
@@ -96,10 +96,10 @@ def _copy_metadata(wrapper: Any, fun: object) -> None:
 def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
     """The wrapper's `__call__`, the level found with `reader`: inside
     `jax.disable_jit()` the function itself; else the dispatcher's hit at that
-    level, and where it leaves something to do, the dispatcher's `resume`.
+    level, and where it reads no call (`MISS`), the dispatcher's reference path.
     filterjit's frames are hidden from what it raises, as JAX hides its own."""
     jit_disabled, current, top_type, staged_type, level_of = reader
-    top, staged, unfinished = TOP, STAGED, Unfinished
+    top, staged, miss = TOP, STAGED, MISS
 
     def __call__(self: Any, /, *args: object, **kwargs: object) -> Any:
         __tracebackhide__ = True  # noqa: F841 - pytest hides this frame
@@ -114,8 +114,8 @@ def level_switch(reader: _trace.LevelReader) -> Callable[..., Any]:
             else:
                 level = level_of(trace)
             out = self._hits[level](self._fun, args, kwargs)
-            if type(out) is unfinished:
-                return self._dispatcher.resume(level, out, self._fun, args, kwargs)
+            if out is miss:
+                return self._dispatcher.call(level, self._fun, args, kwargs)
             return out
         except Exception as error:
             _tracebacks.hide_frames(error)

@@ -128,7 +128,6 @@ class OutputSpec:
         "build",
         "build_nested",
         "plain",
-        "from_traced",
         "leaf_sources",
         "handed",
         "orders",
@@ -209,14 +208,13 @@ class OutputSpec:
         # `HandedNodes`), found in the call's pytree; then the other dicts ordered.
         self.handed = handed
         self.orders = orders
-        # Whether a top-level call needs nothing but `build`; `from_traced`, where
-        # it needs not even the call's leaves: `build` of the traced leaves alone.
+        # Whether a top-level call needs nothing but `build`.
         self.plain = not (aliases or runtime_check)
-        self.from_traced = None if passthrough or not self.plain else self.build
-        # For `from_traced`, the output's structure and where its leaves come from,
-        # so that a hit may build it inline (see `_fastpath.hit_caller`).
+        # Where `build` needs not even the call's leaves (the output is built from
+        # the traced leaves alone), the output's structure and where its leaves come
+        # from, so that a hit may build it inline (see `_fastpath.hit_caller`).
         self.leaf_sources = None
-        if self.from_traced is not None:
+        if self.plain and not passthrough:
             self.leaf_sources = treedef, leaf_sources(template, dynamic, passthrough)
 
     def finish_nested(

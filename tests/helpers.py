@@ -183,7 +183,7 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
     it was given, so that nothing is run or stored. `test_fastpath.py` checks that
     the wrapper does as this says."""
     from filterjit._entry import CallUnderWay, Entry
-    from filterjit._fastpath import MISS, Unfinished
+    from filterjit._fastpath import hit_caller, MISS
     from filterjit._level import STAGED
 
     routes = dispatcher.routes[level].values()
@@ -208,7 +208,9 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
         keys.append(key)
         return entry
 
-    hit = dispatcher.hit_of(route, get)
+    failed: list[list[Any]] = []  # the leaves of the run that raised
+    plan = dispatcher.plan_of(route, get)
+    hit = hit_caller(plan._replace(failed=lambda leaves, _: failed.append(leaves)))
     if hit is None:
         # Made as the route's was, it reads no call as things are now: a mutable
         # default, read when a hit is made, holds a leaf of another type now (the
@@ -219,10 +221,10 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
     except _Read as read:  # nested: raised as it was
         leaves, dynamic = read.leaves, read.dynamic
     else:
-        if out is MISS:
-            return None
-        assert type(out) is Unfinished and type(out.outcome) is _Read
-        leaves, dynamic = out.leaves, out.outcome.dynamic
+        assert out is MISS, out  # else the entry's run raised
+        return None
+    if leaves is None:  # at the top level, the leaves the hit read for the run
+        (leaves,) = failed
     expected = partition.take_dynamic(leaves)
     assert len(dynamic) == len(expected)
     assert all(a is b for a, b in zip(dynamic, expected))

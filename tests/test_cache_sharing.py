@@ -612,13 +612,13 @@ def test_donation_with_defaults_takes_the_fast_path(path, monkeypatch):
     assert_tree_allclose(g(jnp.ones(2)), jnp.ones(2) * 2.0)
     reference_calls: list[None] = []
     dispatcher = g._dispatcher
-    reference = dispatcher._call
+    reference = dispatcher.call
 
     def counted(*args: Any) -> Any:
         reference_calls.append(None)
         return reference(*args)
 
-    monkeypatch.setattr(dispatcher, "_call", counted)
+    monkeypatch.setattr(dispatcher, "call", counted)
     for _ in range(10):
         x = jnp.ones(2)
         assert_tree_allclose(g(x), jnp.ones(2) * 2.0)

@@ -194,7 +194,7 @@ def test_every_api_page_is_in_the_nav():
 
 def test_module_names_in_the_pages_exist():
     """A page that names filterjit's code (`_trace.level_reader`,
-    `Dispatcher._call`) names what is there."""
+    `Dispatcher.call`) names what is there."""
     import importlib
 
     for page in DOCS.rglob("*.md"):

@@ -698,14 +698,14 @@ def test_module_with_value_compared_static_field_dispatch_top(monkeypatch) -> No
     for _ in range(3):
         g(Scaled(w, ByValue(2)), X)
     dispatcher = g._dispatcher
-    reference = dispatcher._call
+    reference = dispatcher.call
     taken: list[None] = []
 
     def counted(*args: Any) -> Any:
         taken.append(None)
         return reference(*args)
 
-    monkeypatch.setattr(dispatcher, "_call", counted)
+    monkeypatch.setattr(dispatcher, "call", counted)
     for _ in range(5):
         assert_tree_allclose(g(Scaled(w, ByValue(2)), X), X * w)
     assert not taken

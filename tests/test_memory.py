@@ -39,6 +39,28 @@ def test_a_decorated_closure_is_freed_with_its_wrapper():
     assert ref() is None
 
 
+def test_a_functions_caches_are_freed_with_it_by_reference_counting():
+    # Without the cycle collector: hits hold nothing that holds their dispatcher
+    # (one whose output the dispatcher finishes, a static input handed back, too).
+    def make():
+        def fun(x, n, tag):
+            return x * n, tag
+
+        wrapped = filter_jit(fun)
+        for n in (1, 2, 1, 2):
+            wrapped(jnp.ones(2), n, "tag")
+            jax.grad(lambda x: wrapped(x, n, "tag")[0].sum())(jnp.ones(2))
+        return weakref.ref(wrapped._dispatcher)
+
+    gc.collect()
+    gc.disable()
+    try:
+        ref = make()
+        assert ref() is None
+    finally:
+        gc.enable()
+
+
 def test_the_nested_cache_is_bounded_in_bytes():
     f = filter_jit(lambda x, table: x + table.sum())
     tables = []

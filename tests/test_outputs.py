@@ -347,7 +347,8 @@ def test_a_top_level_call_builds_its_static_output_from_the_traced_leaves(
     output: Callable[[jax.Array], Any],
 ):
     # An output that takes nothing from the call's leaves is built from the traced
-    # leaves alone at the top level (`OutputSpec.from_traced`), as `build` builds it.
+    # leaves alone at the top level (`OutputSpec.leaf_sources` says where from), as
+    # `build` builds it given the call's leaves.
     f = filter_jit(output)
     x = jnp.ones(2)
     expected = output(x)
@@ -360,8 +361,8 @@ def test_a_top_level_call_builds_its_static_output_from_the_traced_leaves(
     (entry,) = _entries(f)
     carried = entry.jitted(x)
     spec, traced = carried.spec, carried.leaves
-    assert spec.from_traced is not None  # (used by `top`: not with the fast path off)
-    by_itself, built = spec.from_traced(traced), spec.build(traced, [x])
+    assert spec.leaf_sources is not None  # (a hit builds it inline)
+    by_itself, built = spec.build(traced), spec.build(traced, [x])
     assert jtu.tree_structure(by_itself) == jtu.tree_structure(built)
     assert all(map(operator.is_, jtu.tree_leaves(by_itself), jtu.tree_leaves(built)))
 
@@ -373,7 +374,7 @@ def test_an_output_handed_back_is_not_built_from_the_traced_leaves_alone():
     other = object()
     assert f(jnp.ones(2), other)[1] is other  # this call's object
     for entry in _entries(f):  # one for each tag: they are keyed by identity
-        assert entry.jitted(jnp.ones(2)).spec.from_traced is None
+        assert entry.jitted(jnp.ones(2)).spec.leaf_sources is None
 
 
 def _entries(wrapper: Any) -> list[Any]:

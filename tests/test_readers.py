@@ -36,7 +36,7 @@ import filterjit
 from filterjit import _dispatch, _fastpath, _readers
 from filterjit._binding import Binder, DefaultsGuard, Keywords, kwdefault_values
 from filterjit._exact import exact_aux
-from filterjit._fastpath import hit_caller, HitCall, MISS, takes_defaults, Unfinished
+from filterjit._fastpath import hit_caller, HitCall, HitPlan, MISS, takes_defaults
 from filterjit._function import defaults_source
 from filterjit._output import Carried
 from filterjit._partition import Partition
@@ -367,7 +367,18 @@ def _plain_hit(partition: Partition, count: int, get: Any) -> Any:
     entries with `get`."""
     plain = ([("args", i) for i in range(count)], {})
     call = HitCall((count,), plain, None, None)
-    return hit_caller(None, partition, [call], get, True, "f")
+    return hit_caller(_plan(partition, call, get, True))
+
+
+def _plan(partition: Partition, call: HitCall, get: Any, fun_is_leaf: bool) -> HitPlan:
+    """The plan of a hit of `call`s on `partition`: an error raised as it was, an
+    output finished by its spec alone (one that needs more fails the test)."""
+
+    def finish(*unfinished: Any) -> None:
+        raise AssertionError(f"finished by the dispatcher: {unfinished}")
+
+    failed = lambda leaves, error: None  # noqa: E731
+    return HitPlan(partition, (call,), get, fun_is_leaf, "f", failed, finish)
 
 
 def _check_top(recorded: Any, call: Any) -> None:
@@ -419,16 +430,21 @@ def _hit_reader(
 
     entry = types.SimpleNamespace(guarded=False, jitted=jitted)
     call = HitCall(shape, sources, None, defaults)
-    hit = hit_caller(None, partition, [call], lambda _: entry, fun_is_leaf, "f")
+    ran: list[list[Any]] = []  # the leaves of the run
+    plan = _plan(partition, call, lambda _: entry, fun_is_leaf)
+    hit = hit_caller(plan._replace(failed=lambda leaves, _: ran.append(leaves)))
     if hit is None:
         return None
 
     def read(fun: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        out = hit(fun, args, kwargs)
-        if out is MISS:
-            return None
-        assert type(out) is Unfinished and type(out.outcome) is _Ran
-        return out.leaves
+        ran.clear()
+        try:
+            out = hit(fun, args, kwargs)
+        except _Ran:
+            (leaves,) = ran
+            return leaves
+        assert out is MISS, out
+        return None
 
     return read
 
@@ -442,7 +458,7 @@ def test_top_finishes_the_output_with_the_leaves_the_call_was_read_with(sequence
     recorded = (sequence([x, x, x, x, x, "tag"]), 2.0)
     leaves, treedef = jtu.default_registry.flatten(recorded)
     partition = Partition(treedef, tuple(map(type, leaves)), TOP, lambda _: object())
-    spec = types.SimpleNamespace(from_traced=None, plain=True)
+    spec = types.SimpleNamespace(leaf_sources=None, plain=True)
     spec.build = lambda traced, inputs: (traced, inputs)
 
     def jitted(*traced):

@@ -46,8 +46,10 @@ STAGED_MAXBYTES = 16 * 2**20
 _flatten = jtu.default_registry.flatten
 
 # Bounds on the shapes of call a route's hit reads, on the routes whose hits a
-# level tries in turn, and on the shapes whose defaulted parameters are kept.
+# level tries in turn, on the outputs a route's hit builds inline, and on the
+# shapes whose defaulted parameters are kept.
 _MAX_HIT_CALLS = 8
+_MAX_LEARNED = 4
 _MAX_HITS_PER_LEVEL = 4
 _MAX_CALL_SHAPES = 64
 
@@ -64,14 +66,14 @@ def _in_jax_order(orders: tuple[tuple[Any, ...], ...]) -> bool:
 class Route:
     """The dispatcher's own state for one partition: the lookup of its entries
     (`get`: the top level's where `shares_top`), the shapes of call its hit reads
-    (`None`: one it cannot), the output spec the hit builds inline, the hit and
-    whether it is to be made again (`stale`: a shape or the spec is new)."""
+    (`None`: one it cannot), the output specs whose outputs the hit builds inline,
+    the hit and whether it is to be made again (`stale`: a shape or spec is new)."""
 
     partition: Partition
     get: Callable[[Hashable], Entry | None]
     shares_top: bool
     calls: dict[Shape, HitCall | None] = dataclasses.field(default_factory=dict)
-    learned: OutputSpec | None = None
+    learned: tuple[OutputSpec, ...] = ()
     hit: Hit | None = None
     stale: bool = False
     # Whether its keys say which static leaves are one object (see
@@ -94,7 +96,7 @@ class Route:
 
     def forget_calls(self) -> None:
         self.calls.clear()
-        self.learned = None
+        self.learned = ()
         self.hit = None
         self.stale = False
 
@@ -194,14 +196,16 @@ class Dispatcher:
     def _learn(self, route: Route, spec: OutputSpec | None) -> None:
         """After a run on the reference path: makes `route`'s hit again where it
         reads a shape of call it did not (see `_route`), or where `spec`, a top-level
-        trace's, is the first whose output is built from traced leaves alone (then
-        built inline). Hits are made here alone, never while a hit runs."""
+        trace's, is a plain output's new to it (then built inline, the first
+        `_MAX_LEARNED` of them). Hits and the code that builds outputs are made here
+        alone: never while a hit runs, nor in a trace."""
         if not self._reads_calls(route):
             return
-        staged = route.partition.staged
-        if route.learned is None and spec is not None and not staged:
-            if spec.leaf_sources is not None:
-                route.learned, route.stale = spec, True
+        learned = route.learned
+        if spec is not None and spec.leaf_sources is not None:
+            new = not route.partition.staged and spec not in learned
+            if new and len(learned) < _MAX_LEARNED:
+                route.learned, route.stale = (*learned, spec), True
         if route.stale:
             route.stale = False
             self._make_hit(route)
@@ -482,9 +486,8 @@ class Dispatcher:
             self._check_processes_agree(route, leaves)
         defaulted = () if called is None else self._defaulted(called)
         top = level == ABSTRACT or (level == STAGED and cache is self.entries[TOP])
-        compile_build = _fastpath.output_builder if self._fast else None
         entry = make_entry(
-            EntryMaker(self.function, self.options, self.trace_log, compile_build),
+            EntryMaker(self.function, self.options, self.trace_log),
             fun,
             TOP if top else level,
             partition,

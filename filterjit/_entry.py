@@ -25,7 +25,6 @@ from ._level import ABSTRACT, EAGER, Level, STAGED, TOP
 from ._nested import nested_caller
 from ._options import Options, UNSPECIFIED
 from ._output import (
-    BuilderCompiler,
     Carried,
     container_index,
     FilledContainers,
@@ -195,13 +194,12 @@ def _signature(labels: list[str]) -> inspect.Signature:
 
 
 class EntryMaker(NamedTuple):
-    """What every entry of one dispatcher is made with: the function, its options,
-    its trace log, and how output builders may be compiled (the fast path's)."""
+    """What every entry of one dispatcher is made with: the function, its options
+    and its trace log."""
 
     function: Function
     options: Options
     trace_log: TraceLog
-    compile_build: BuilderCompiler | None
 
 
 def make_entry(
@@ -218,7 +216,7 @@ def make_entry(
     parameters the call left to their defaults (not donated). `keeps_call`:
     whether it keeps the call's static leaves, for a trace at the top level (a
     nested entry's calls hand over their own)."""
-    function, options, trace_log, compile_build = maker
+    function, options, trace_log = maker
     treedef, dynamic_positions = partition.treedef, partition.dynamic_positions
     labels = [p.label for p in leaf_parameters]
     # Keep no traced leaf alive.
@@ -290,9 +288,7 @@ def make_entry(
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None and not nested:
             log.record(labels, roles, inputs, None if entry is None else entry.traces)
-        return jit_output(
-            output, inputs, runtime_check, boxed, compile_build, containers
-        )
+        return jit_output(output, inputs, runtime_check, boxed, containers)
 
     def run_taking_call(call: CallUnderWay, *dynamic: object) -> Any:
         return trace(call, dynamic)

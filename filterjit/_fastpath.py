@@ -1,8 +1,8 @@
 """The fast path, off when the environment sets `FILTERJIT_FASTPATH=0`: generated
 hits (`hit_caller`) that read a call as `_readers` does, without binding or
-flattening it, key it, look it up and run it, calling nothing of the dispatcher's,
-and output builders; each gives exactly what the reference path
-(`Dispatcher.call`) gives, as `tests/test_fastpath.py` checks.
+flattening it, key it, look it up, run it and build its output, calling nothing of
+the dispatcher's but what their plan hands them; each gives exactly what the
+reference path (`Dispatcher.call`) gives, as `tests/test_fastpath.py` checks.
 """
 
 import functools
@@ -20,27 +20,9 @@ from ._readers import compile_function, Writer
 from ._structure import PyTreeDef, shape_of
 
 
-# Read when a hit or builder is made: a test that changes it clears
-# the caches (`filterjit.clear_caches()`) to drop those already made.
+# Read when a hit is made: a test that changes it clears the caches
+# (`filterjit.clear_caches()`) to drop those already made.
 ENABLED = os.environ.get("FILTERJIT_FASTPATH", "1") != "0"
-
-
-def output_builder(
-    treedef: PyTreeDef, sources: Sequence[tuple[str, object]]
-) -> Callable[..., Any] | None:
-    """`build(out, inputs)`, `treedef.unflatten` of an output's leaves as one
-    expression, each leaf `("out", i)`, the traced leaf `out[i]`; `("input", p)`,
-    the call's leaf `inputs[p]`; or `("constant", value)` (`inputs` optional
-    without an input). For a structure of tuples, lists, `None` and dicts with
-    string keys; else `None`."""
-    if not ENABLED:
-        return None
-    writer = Writer()
-    built = _output(writer, treedef, sources, "o")
-    if built is None:
-        return None
-    parameters = "o, i" if any(kind == "input" for kind, _ in sources) else "o, i=None"
-    return compile_function("build", parameters, [f"return {built}"], writer.namespace)
 
 
 def takes_defaults(sources: Sources) -> bool:
@@ -84,8 +66,8 @@ class HitPlan(NamedTuple):
     `failed(leaves, error)` names an error in the user's terms (or returns, and the
     hit raises it as it was); `finish(out, leaves, waited, tree)`, an output that
     needs more than its spec (the dispatcher's: see `Dispatcher._finish`);
-    `learned`, the output spec of a trace whose output is built from traced leaves
-    alone, built inline; `takes_call`: whether entries take a `CallUnderWay` first
+    `learned`, the specs of plain outputs of the partition's traces, whose outputs
+    it builds inline; `takes_call`: whether entries take a `CallUnderWay` first
     (see `Options.same_at_every_level`)."""
 
     partition: Partition
@@ -95,7 +77,7 @@ class HitPlan(NamedTuple):
     name: str
     failed: Callable[[list[Any], Exception], None]
     finish: Callable[[Carried, list[Any], bool, object], Any]
-    learned: OutputSpec | None = None
+    learned: tuple[OutputSpec, ...] = ()
     takes_call: bool = False
 
 
@@ -258,15 +240,19 @@ def _branch(
         ]
         if current:
             run = _under_way(f"(None, {whole})", run)
-        # The output of the trace the plan learned, built inline (`s is` its spec).
+        # The outputs of the traces the plan learned, built inline (`s is` a spec),
+        # the call's leaves `i` where one hands an input back.
         inline: list[str] = []
-        learned = plan.learned
-        spec = None if learned is None else learned.leaf_sources
-        if spec and (built := _output(writer, *spec, "d")):
-            inline = [
-                f"    if s is {writer.constant(learned)}:",
-                f"        return {built}",
-            ]
+        for spec in plan.learned:
+            if spec.leaf_sources is None:
+                continue
+            output, sources = spec.leaf_sources
+            built = _output(writer, output, sources, "d")
+            if built is not None:
+                inline.append(f"    if s is {writer.constant(spec)}:")
+                if any(kind == "input" for kind, _ in sources):
+                    inline.append(f"        i = {whole}")
+                inline.append(f"        return {built}")
         finish = [
             *inline,
             "    if s.plain:",
@@ -359,9 +345,11 @@ def _key(
 def _output(
     writer: Writer, treedef: PyTreeDef, sources: Sequence[tuple[str, object]], out: str
 ) -> str | None:
-    """`treedef.unflatten` of an output's leaves as one expression (see
-    `output_builder`), the traced leaf `i` being `{out}[i]`; `None` where a
-    node is of another kind, or it is nested deeper than `MAX_DEPTH`."""
+    """`treedef.unflatten` of an output's leaves as one expression, each leaf
+    `("out", i)`, the traced leaf `{out}[i]`; `("input", p)`, the call's leaf
+    `i[p]`; or `("constant", value)`. For a structure of tuples, lists, `None` and
+    dicts with string keys; else `None`, as where it is nested deeper than
+    `MAX_DEPTH`."""
     if shape_of(treedef)[1]:
         return None
     leaves = iter(sources)

@@ -51,14 +51,6 @@ jtu.register_pytree_node(
 )
 
 
-# `compile(treedef, sources)`: `build(out, inputs)` compiled as one expression for
-# an output of that structure whose leaves come from `sources` (see `leaf_sources`),
-# or `None` where it cannot (the fast path's `output_builder`, handed down).
-BuilderCompiler = Callable[
-    [PyTreeDef, list[tuple[str, Any]]], Callable[..., Any] | None
-]
-
-
 def leaf_sources(
     template: Sequence[object],
     dynamic_positions: list[int],
@@ -80,16 +72,10 @@ def _builder(
     dynamic_positions: list[int],
     passthrough: list[tuple[int, int]],
     copies: list[int],
-    compile_build: BuilderCompiler | None,
 ) -> Callable[[Any, list[Any]], Any]:
     """`build(out, inputs)`: the output's leaves taken at once from a pool of the
     traced leaves `out`, this call's inputs handed back and `template`'s static
     leaves; NumPy arrays at `copies` copied."""
-    if not copies and compile_build is not None:
-        sources = leaf_sources(template, dynamic_positions, passthrough)
-        built = compile_build(treedef, sources)
-        if built is not None:
-            return built
     from_pool = [*dynamic_positions, *(position for position, _ in passthrough)]
     pooled = set(from_pool)
     static = [p for p in range(len(template)) if p not in pooled]
@@ -140,7 +126,6 @@ class OutputSpec:
         inputs: Sequence[object],
         runtime_check: bool,
         orders: tuple[tuple[object, ...], ...] | None,
-        compile_build: BuilderCompiler | None = None,
         handed: "HandedNodes | None" = None,
     ):
         input_positions: dict[int, list[int]] = {}
@@ -176,9 +161,7 @@ class OutputSpec:
         template = [None if p in pooled else leaf for p, leaf in enumerate(leaves)]
         # `build(out, inputs)`: a top-level call's output from the traced leaves and
         # the call's leaves.
-        self.build = _builder(
-            treedef, template, dynamic, passthrough, [], compile_build
-        )
+        self.build = _builder(treedef, template, dynamic, passthrough, [])
         # `build_nested(out, inputs)`: a nested call's, whose concrete arrays are the
         # function's own (a NumPy array copied, each call its own, as undecorated)
         # and whose dicts are in their insertion order, which JAX's rebuild sorts.
@@ -191,7 +174,6 @@ class OutputSpec:
                 [dynamic[i] for i in kept],
                 passthrough,
                 [p for p, leaf in concrete.items() if isinstance(leaf, np.ndarray)],
-                compile_build,
             )
             take = items_getter(kept)
             self.build_nested = lambda out, inputs: nested(take(out), inputs)
@@ -208,13 +190,12 @@ class OutputSpec:
         # `HandedNodes`), found in the call's pytree; then the other dicts ordered.
         self.handed = handed
         self.orders = orders
-        # Whether a top-level call needs nothing but `build`.
+        # Whether a top-level call needs nothing but `build`; then the output's
+        # structure and where its leaves come from, so that a hit may build it
+        # inline (see `_fastpath.hit_caller`).
         self.plain = not (aliases or runtime_check)
-        # Where `build` needs not even the call's leaves (the output is built from
-        # the traced leaves alone), the output's structure and where its leaves come
-        # from, so that a hit may build it inline (see `_fastpath.hit_caller`).
         self.leaf_sources = None
-        if self.plain and not passthrough:
+        if self.plain:
             self.leaf_sources = treedef, leaf_sources(template, dynamic, passthrough)
 
     def finish_nested(
@@ -376,16 +357,14 @@ def jit_output(
     inputs: Sequence[object],
     runtime_check: bool,
     boxed: bool,
-    compile_build: BuilderCompiler | None = None,
     containers: ContainerIndex | None = None,
 ) -> Any:
     """What the jitted function returns for the user's `output`, traced with
     `inputs` (the call's leaves, tracers for traced ones): every array leaf is an
     output of the jit, as in `jax.jit`. `boxed`: keep the user's structure (for
     `out_shardings`, a prefix of it); inputs handed back are then the traced
-    call's (equal to this call's: they are keyed by value). `compile_build`: how
-    the output's builders may be compiled. `containers`: the call's, which it
-    may hand back."""
+    call's (equal to this call's: they are keyed by value). `containers`: the
+    call's, which it may hand back."""
     leaves, treedef = jtu.tree_flatten(output)
     handed = None if containers is None else _handed_nodes(output, containers)
     # Dicts whose order JAX's rebuild changes: restored for nested calls (not in
@@ -400,9 +379,7 @@ def jit_output(
             [leaf if is_array(leaf) else _Static(leaf) for leaf in leaves]
         )
     orders = None if in_order else found
-    spec = OutputSpec(
-        treedef, leaves, inputs, runtime_check, orders, compile_build, handed
-    )
+    spec = OutputSpec(treedef, leaves, inputs, runtime_check, orders, handed)
     traced = [leaves[p] for p in spec.dynamic_positions]
     if runtime_check:
         # A marker for the call to wait for, which raises a check failed in the

@@ -344,11 +344,11 @@ def test_a_warm_hit_runs_few_of_filterjits_functions():
     # (`_trace._TraceAttribute.value`): a function more, in the level check.
     reader = _hit_functions(_trace.level_reader.current)
     assert plain_hit == ["__call__", *reader, "hit"] and len(reader) <= 1, plain_hit
-    # A static output handed back adds its builder alone; one made from the traced
-    # leaves alone is built inside the hit (see the test below).
+    # A static output, handed back or made from the traced leaves alone, is built
+    # inside the hit (see the test below).
     static = filter_jit(plain)
     static_hit = _hit_functions(lambda: static(x, 2))
-    assert static_hit == [*plain_hit, "build"], static_hit
+    assert static_hit == plain_hit, static_hit
     made = filter_jit(lambda x, n: (x * n, "made"))
     assert _hit_functions(lambda: made(x, 2)) == plain_hit
 
@@ -389,42 +389,49 @@ def _inline_or_built(x, n):
 
 @pytest.mark.skipif(not _trace.private_api_available, reason="the public fallback")
 def test_top_builds_inline_only_the_output_of_the_trace_it_learned():
-    # The hit is made once the first call has run, from a plan holding that trace's
-    # output spec, and builds that very trace's output inline (`s is` its spec)
-    # where it can; every other trace of the partition is built by its own spec.
-    # No call after the first makes the hit again: no code is written on a hit.
+    # The hit is made again on the reference path alone, after a run whose trace's
+    # plain output is new to the partition, from a plan holding that trace's spec,
+    # and builds that very trace's output inline (`s is` its spec) where it can;
+    # a spec it holds not, or cannot write, builds the output itself.
     g = filter_jit(_inline_or_built)
     dispatcher = g._dispatcher
     x = jnp.arange(2.0)
-    made = []
+    seen, made = set(), []
     for n in [4, 4, 4, 2, 2, 3, 3, 2, 4, 3, 2, 4]:
+        hit = dispatcher.hits[_trace.TOP]
         assert_tree_allclose(g(x, n), _inline_or_built(x, n))
+        # Made again on a new trace only (no code is written on a hit).
+        assert (dispatcher.hits[_trace.TOP] is hit) == (n in seen), n
+        seen.add(n)
         made.append(dispatcher.hits[_trace.TOP])
-    first = made[0]
-    assert all(hit is first for hit in made)
-    # The first trace (n=4) is learned; its namedtuple is not written inline, so
-    # every output is built by its spec.
     (route,) = dispatcher.routes[_trace.TOP].values()
-    assert first is route.hit and route.learned is not None
-    assert "build" in _hit_functions(lambda: g(x, 3))
-    assert "<lambda>" in _hit_functions(lambda: g(x, 4))  # its spec's `unflatten`
+    assert made[-1] is route.hit and len(route.learned) == 3
+    for n in [2, 3]:  # a tuple and a dict, written inline
+        hit = _hit_functions(lambda: g(x, n))
+        assert hit[-1] == "hit" and "build" not in hit, hit
+    # A namedtuple is not written inline: its spec's `unflatten`.
+    assert "<lambda>" in _hit_functions(lambda: g(x, 4))
     assert "hit_caller" not in _hit_functions(lambda: g(x, 2))
-    assert dispatcher.hits[_trace.TOP] is first
 
-    g = filter_jit(_inline_or_built)  # the same dispatcher, its caches cleared
-    filterjit.clear_caches()
-    made = []
-    for n in [2, 2, 3, 3, 4, 4, 3, 2]:
-        assert_tree_allclose(g(x, n), _inline_or_built(x, n))
-        made.append(dispatcher.hits[_trace.TOP])
-    learned = made[0]
-    assert learned is not first and all(hit is learned for hit in made)
-    hit = _hit_functions(lambda: g(x, 2))
-    assert hit[-1] == "hit" and "build" not in hit, hit  # built in the hit
-    assert "build" in _hit_functions(lambda: g(x, 3))  # its own spec
-    for n in [3, 2, 4, 2, 3]:
-        assert_tree_allclose(g(x, n), _inline_or_built(x, n))
-    assert dispatcher.hits[_trace.TOP] is learned
+
+def test_a_hit_builds_a_bounded_number_of_outputs_inline():
+    # The first `_MAX_LEARNED` plain outputs' specs of a partition; the outputs of
+    # later traces are built by their own specs, and the hit is no longer made
+    # again for them.
+    def tagged(x, n):
+        return x * n, f"tag {n}"
+
+    g = filter_jit(tagged)
+    x = jnp.arange(2.0)
+    count = _dispatch._MAX_LEARNED + 2
+    for n in [*range(count), *range(count)]:
+        assert_tree_allclose(g(x, n), tagged(x, n))
+    (route,) = g._dispatcher.routes[_trace.TOP].values()
+    assert len(route.learned) == _dispatch._MAX_LEARNED
+    for n in range(count):
+        hit = _hit_functions(lambda: g(x, n))
+        inline = n < _dispatch._MAX_LEARNED
+        assert (hit[-1] == "hit") == inline and ("<lambda>" in hit) != inline, hit
 
 
 def test_the_environment_turns_the_fast_path_off():

@@ -7,6 +7,7 @@ import collections
 import operator
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any
 
 import equinox as eqx
@@ -22,8 +23,9 @@ from jax import lax
 from jax.core import Tracer
 
 from filterjit import filter_jit
-from filterjit._fastpath import output_builder
+from filterjit._fastpath import _output as written_output
 from filterjit._level import TOP
+from filterjit._readers import compile_function, Writer
 
 
 def test_static_output_leaves_keep_the_cpp_fast_path():
@@ -282,9 +284,9 @@ _outputs = st.recursive(
 @property_settings()
 @given(_outputs, st.data())
 def test_output_builders_rebuild_what_jax_unflattens(output, data):
-    # `output_builder` writes `treedef.unflatten` out as one expression: where it
-    # writes one, it must give JAX's output, leaf for leaf, from wherever each
-    # leaf comes (a traced leaf, an input handed back, a constant).
+    # A hit writes `treedef.unflatten` out as one expression: where it writes
+    # one, it must give JAX's output, leaf for leaf, from wherever each leaf comes
+    # (a traced leaf, an input handed back, a constant).
     leaves, treedef = jtu.tree_flatten(output)
     kinds = data.draw(
         st.lists(
@@ -303,7 +305,12 @@ def test_output_builders_rebuild_what_jax_unflattens(output, data):
             inputs.append(leaf)
         else:
             sources.append(("constant", leaf))
-    build = output_builder(treedef, sources)
+    writer = Writer()
+    expression = written_output(writer, treedef, sources, "o")
+    build = None
+    if expression is not None:
+        lines = [f"return {expression}"]
+        build = compile_function("build", "o, i=None", lines, writer.namespace)
     written = {tuple, list, type(None), dict}
     nodes = _node_types(treedef)
     string_keys = all(
@@ -367,14 +374,25 @@ def test_a_top_level_call_builds_its_static_output_from_the_traced_leaves(
     assert all(map(operator.is_, jtu.tree_leaves(by_itself), jtu.tree_leaves(built)))
 
 
-def test_an_output_handed_back_is_not_built_from_the_traced_leaves_alone():
+@pytest.mark.parametrize(
+    "tags",
+    [
+        (object(), object()),  # keyed by identity
+        (Decimal("1.0"), Decimal("1.00")),  # equal by `==`, apart by their digits
+        (frozenset([1, 9]), frozenset([9, 1])),
+    ],
+    ids=["objects", "decimals", "frozensets"],
+)
+def test_an_output_handed_back_is_the_calls_own_object(tags):
+    # On a miss and on every hit, from the call's leaves (`("input", p)`), never
+    # the traced call's nor an earlier one's.
     f = filter_jit(lambda x, tag: (x + 1, tag))
-    tag = object()
-    assert f(jnp.ones(2), tag)[1] is tag
-    other = object()
-    assert f(jnp.ones(2), other)[1] is other  # this call's object
-    for entry in _entries(f):  # one for each tag: they are keyed by identity
-        assert entry.jitted(jnp.ones(2)).spec.leaf_sources is None
+    for _ in range(3):
+        for tag in tags:
+            assert f(jnp.ones(2), tag)[1] is tag
+    for entry in _entries(f):
+        (output, sources) = entry.jitted(jnp.ones(2)).spec.leaf_sources
+        assert ("input", 1) in sources
 
 
 def _entries(wrapper: Any) -> list[Any]:

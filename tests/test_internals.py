@@ -2,7 +2,8 @@
 its row names and nowhere else, as the row's syntax finds it on the syntax trees of
 the package's modules (calls, names, attribute reads, type tests, imports), not in
 their text; a fast-path mirror of a decision, code the fast path writes out, is
-paired with the test that checks it against the reference path."""
+paired with the test that checks it against the reference path; and each layer of
+its first table imports only the layers under it."""
 
 import ast
 import functools
@@ -785,3 +786,79 @@ def test_prose_is_not_a_second_site(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     )
     path.write_text(path.read_text(encoding="utf-8") + prose, encoding="utf-8")
     assert {d.name: second_sites(d) for d in DECISIONS} == before
+
+
+# The layers
+
+
+def layers(page: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The page's layers, top first, each with the modules it names (not what the
+    cell says of them in parentheses)."""
+    found = []
+    for name, modules, _holds in _table(page, "# Internals"):
+        named = re.sub(r"\([^)]*\)", "", modules)
+        found.append((name, tuple(re.findall(r"`([\w.]+)`", named))))
+    return found
+
+
+def _imported(path: Path, package: Path) -> Iterator[tuple[str, int]]:
+    """The package's modules that the module at `path` imports, as the page names
+    them, with the line of each import."""
+    parts = path.relative_to(package).with_suffix("").parts
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom) or node.level == 0:
+            continue
+        base = list(parts[: len(parts) - node.level])
+        if node.module is not None:
+            yield ".".join([*base, node.module]), node.lineno
+        else:
+            for alias in node.names:
+                yield ".".join([*base, alias.name]), node.lineno
+
+
+def upward_imports() -> list[str]:
+    """Each import of a module of an upper layer than the importing module's (a
+    module named in two layers counts in the upper one)."""
+    named = layers(PAGE.read_text(encoding="utf-8"))
+    rank: dict[str, int] = {}
+    for index, (_, modules) in enumerate(named):
+        for module in modules:
+            rank.setdefault(module, index)
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path, PACKAGE)
+        if module not in rank:
+            continue
+        for target, line in _imported(path, PACKAGE):
+            if rank.get(target, rank[module]) < rank[module]:
+                layer, upper = named[rank[module]][0], named[rank[target]][0]
+                found.append(f"{module}:{line} ({layer}) imports {target} ({upper})")
+    return found
+
+
+def test_each_layer_imports_only_the_layers_under_it():
+    named = layers(PAGE.read_text(encoding="utf-8"))
+    assert [name for name, _ in named][:2] == ["entry points", "export"]
+    listed = {module for _, modules in named for module in modules}
+    private = {module_name(path, PACKAGE) for path in PACKAGE.rglob("_*.py")}
+    unlisted = {m for m in private if not m.endswith(("__init__", "__main__"))}
+    assert unlisted <= listed, f"in no layer of docs/internals.md: {unlisted - listed}"
+    upward = "\n".join(upward_imports())
+    assert not upward, f"imports of an upper layer:\n{upward}"
+
+
+@pytest.mark.parametrize(
+    ("module", "code"),
+    [
+        ("_fastpath", "from ._dispatch import Dispatcher\n"),  # under the dispatcher
+        ("_exact", "from . import _owners\n"),  # a record, of the wrapper's layer
+        ("_export._values", "from .._jit import filter_jit\n"),
+    ],
+)
+def test_an_upward_import_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, code: str
+):
+    package = _copy_package(tmp_path, monkeypatch)
+    path = package.joinpath(*module.split(".")).with_suffix(".py")
+    path.write_text(path.read_text(encoding="utf-8") + "\n" + code, encoding="utf-8")
+    assert any(line.startswith(f"{module}:") for line in upward_imports())

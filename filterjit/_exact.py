@@ -116,6 +116,8 @@ def _sequence(values: Sequence[Any], memo: _Memo) -> tuple[Any, Any]:
         return float, floats_key(values)
     if found <= ATOMS:
         return kinds, tuple(float_key(v) if type(v) is float else v for v in values)
+    if all((_KEYS_OF.get(kind) or _key_of_class(kind)) is _itself for kind in found):
+        return kinds, tuple(values)  # each its own key (see `_key`): classes, say
     return kinds, tuple(_key(value, memo) for value in values)
 
 

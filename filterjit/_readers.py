@@ -180,35 +180,53 @@ class Writer:
         fields = self.variable()
         self.lines.append(f"{fields} = _dict_of({x}, '__dict__')")
         self.check(f"len({fields}) != {len(dynamic) + len(static)}")
-        if static:
-            # Each the very object recorded, where that proves them the same (then
-            # `==` of the tuples is true), else equal, and exactly, by the key's
-            # hash recomputed too: `scale=1` is not the `scale=1.0` recorded, and an
-            # object changed in place is not the one recorded.
-            recorded = self.constant(recorded_values)
-            if len(static) <= 4:
-                taken = [f"{fields}[{self.constant(key)}]" for key in static]
-                same = " and ".join(
-                    f"{value} is {self.constant(known)}"
-                    for value, known in zip(taken, recorded_values)
-                )
-                statics = f"({''.join(f'{value}, ' for value in taken)})"
-            else:
-                statics = self.items(fields, static)
-                same = f"all(map(_is, {statics}, {recorded}))"
-            differs = f"{statics} != {recorded}"
-            exact = exact_values(recorded_values)
-            if exact is not None:
-                keyed, hashed = self.constant(exact), self.constant(hash(exact))
-                found = self.variable()
-                differs += (
-                    f" or hash({found} := _exact_key({statics})) != {hashed}"
-                    f" or {found} != {keyed}"
-                )
-            if unchanging(recorded_values):
-                differs = f"not ({same}) and ({differs})"
-            self.check(differs)
+        # Each the very object recorded, where that proves it the same (then `==` is
+        # true), else equal, and exactly, by the key's hash recomputed too: `scale=1`
+        # is not the `scale=1.0` recorded, and an object changed in place is not the
+        # one recorded. Those that may change in place (a dict) are checked apart, so
+        # that the others are settled by identity.
+        fixed = [i for i, value in enumerate(recorded_values) if unchanging((value,))]
+        changing = [i for i in range(len(static)) if i not in fixed]
+        for group in (fixed, changing):
+            if group:
+                names = [static[i] for i in group]
+                values = tuple(recorded_values[i] for i in group)
+                self._statics(fields, names, values, group is fixed)
         return self.values(treedef, types, self.items(fields, dynamic))
+
+    def _statics(
+        self,
+        fields: str,
+        names: list[str],
+        recorded_values: tuple[object, ...],
+        by_identity: bool,
+    ) -> None:
+        """Checks a Module's static fields `names` (read of its `__dict__`, `fields`)
+        against `recorded_values`: equal, and exactly; settled at once where each is
+        the very object recorded, `by_identity` (the values are `unchanging`)."""
+        recorded = self.constant(recorded_values)
+        if len(names) <= 4:
+            taken = [f"{fields}[{self.constant(name)}]" for name in names]
+            same = " and ".join(
+                f"{value} is {self.constant(known)}"
+                for value, known in zip(taken, recorded_values)
+            )
+            statics = f"({''.join(f'{value}, ' for value in taken)})"
+        else:
+            statics = self.items(fields, names)
+            same = f"all(map(_is, {statics}, {recorded}))"
+        differs = f"{statics} != {recorded}"
+        exact = exact_values(recorded_values)
+        if exact is not None:
+            keyed, hashed = self.constant(exact), self.constant(hash(exact))
+            found = self.variable()
+            differs += (
+                f" or hash({found} := _exact_key({statics})) != {hashed}"
+                f" or {found} != {keyed}"
+            )
+        if by_identity:
+            differs = f"not ({same}) and ({differs})"
+        self.check(differs)
 
     def call(
         self, treedef: PyTreeDef, types: tuple[type, ...], sources: Sources

@@ -155,3 +155,15 @@ def test_alternating_static_fields_keep_one_trace_each():
         for scale in (2, 2.0):
             Counted(scale)(x)
     assert [type(scale) for scale in traces] == [int, float]
+
+
+def test_a_sequence_of_values_that_are_their_own_keys_keys_as_them():
+    # Classes, functions and values compared by their own `==` are their own keys
+    # (their types beside them), in a sequence as alone: a dict of annotations, say.
+    spec = jax.sharding.PartitionSpec("x")
+    values = [jax.Array, len, spec, "s", None]
+    assert key(values) == (list, (tuple(map(type, values)), tuple(values)))
+    assert key(values) != key([jax.Array, len, spec, "s", 0])
+    annotations = {"x": jax.Array, "return": jax.Array}
+    kinds = (type(jax.Array),) * 2
+    assert key(annotations)[1][1] == (kinds, (jax.Array, jax.Array))

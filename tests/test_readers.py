@@ -458,7 +458,7 @@ def test_top_finishes_the_output_with_the_leaves_the_call_was_read_with(sequence
     recorded = (sequence([x, x, x, x, x, "tag"]), 2.0)
     leaves, treedef = jtu.default_registry.flatten(recorded)
     partition = Partition(treedef, tuple(map(type, leaves)), TOP, lambda _: object())
-    spec = types.SimpleNamespace(leaf_sources=None, plain=True)
+    spec = types.SimpleNamespace(plain=True)
     spec.build = lambda traced, inputs: (traced, inputs)
 
     def jitted(*traced):

@@ -70,10 +70,13 @@ class BoundedCache(Generic[_V]):
 def per_class(compute: Callable[[type], object]) -> Callable[[type], Any]:
     """`compute`, remembered per class as long as the class lives."""
     found: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
+    # Read as the dictionary reads itself, by a weak reference to the class, without
+    # its method's call.
+    by_reference, reference = found.data, weakref.ref
 
     def lookup(cls: type) -> Any:
         try:
-            return found[cls]
+            return by_reference[reference(cls)]
         except KeyError:
             found[cls] = value = compute(cls)
             return value

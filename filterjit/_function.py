@@ -279,6 +279,9 @@ class ClassAttributes(NamedTuple):
 
     computed: frozenset[str]
     found: dict[str, Any]
+    # Its instances' metadata where it is its class's (see `class_read`), as
+    # `filter_jit` copies it: filled by the first such instance wrapped.
+    metadata: dict[str, Any]
 
 
 @per_class
@@ -296,7 +299,24 @@ def class_attributes(cls: type) -> ClassAttributes | None:
     if "__getattr__" in found or found.pop("__getattribute__") is not _READ_BY_MODULE:
         return None
     computed = frozenset(n for n, v in found.items() if hasattr(type(v), "__get__"))
-    return ClassAttributes(computed, {n: found[n] for n in found.keys() - computed})
+    return ClassAttributes(computed, {n: found[n] for n in found.keys() - computed}, {})
+
+
+# What is read of a callable itself, past its call: its metadata and its record's
+# reads (a bound method's `__func__` among them).
+_READS = frozenset((*METADATA, *RECORD_READS))
+
+
+def class_read(fun: object) -> ClassAttributes | None:
+    """The attributes of `fun`'s class where all that is read of `fun` itself
+    (`METADATA`, `RECORD_READS`) is its class's: an `eqx.Module` whose class
+    computes none of it and whose own `__dict__` holds none of it (a Module made
+    anew at every step is wrapped at every step); else `None`."""
+    attributes = class_attributes(type(fun))
+    if attributes is None or attributes.computed:
+        return None
+    own = own_dict(fun)
+    return attributes if own is not None and own.keys().isdisjoint(_READS) else None
 
 
 def attribute_reader(fun: object) -> Callable[[str, Any], Any]:
@@ -306,7 +326,7 @@ def attribute_reader(fun: object) -> Callable[[str, Any], Any]:
     own = own_dict(fun)
     if attributes is None or own is None:
         return ft.partial(getattr, fun)
-    computed, found = attributes
+    computed, found, _ = attributes
 
     def read(name: str, default: Any) -> Any:
         if name in computed:
@@ -490,14 +510,14 @@ def owner_of(fun: Any) -> tuple[Any, Any]:
         # A bound method (`Method`) apart from a partial (for donation).
         return owner, (type(fun), key, len(fun.args), tuple(fun.keywords))
     cls = type(fun)
+    # A Module, part of each call's pytree (its fields keyed by each call): its
+    # record is its class's but for what it holds or computes itself.
+    if class_read(fun) is not None:
+        return _call_owner(cls), ()
     attributes = class_attributes(cls)
     own = own_dict(fun)
     if attributes is not None and own is not None:
-        # A Module, part of each call's pytree (its fields keyed by each call): its
-        # record is its class's but for what it holds or computes itself.
         names = [n for n in RECORD_READS if n in own or n in attributes.computed]
-        if not names:
-            return _call_owner(cls), ()
         read = attribute_reader(fun)
         return _call_owner(cls), tuple((n, static_key(read(n, None))) for n in names)
     leaves, treedef = jtu.tree_flatten(fun)

@@ -7,7 +7,6 @@ import inspect
 import sys
 import types
 import typing
-import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, Generic, overload, ParamSpec, TypeVar
 
@@ -21,11 +20,9 @@ from ._fastpath import Hit, MISS
 from ._function import (
     as_held,
     attribute_reader,
-    class_attributes,
+    class_read,
     is_partial,
-    METADATA,
     name_of,
-    own_dict,
     signature_of,
     unwrapped,
 )
@@ -65,31 +62,16 @@ def _metadata(fun: object) -> dict[str, Any]:
     }
 
 
-# What `_metadata` reads of a Module: its class's unless the instance holds it.
-_READ = frozenset((*METADATA, "__func__"))
-# Per Module class, its instances' metadata where it is its class's (see
-# `_copy_metadata`): a Module made anew at every step is wrapped at every step.
-_class_metadata: "weakref.WeakKeyDictionary[type, dict[str, Any]]" = (
-    weakref.WeakKeyDictionary()
-)
-
-
 def _copy_metadata(wrapper: Any, fun: object) -> None:
     # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
     wrapper.__wrapped__ = fun
-    attributes = class_attributes(type(fun))
-    own = own_dict(fun)
-    if (
-        attributes is None
-        or own is None
-        or not own.keys().isdisjoint(_READ)
-        or not attributes.computed.isdisjoint(_READ)
-    ):
+    attributes = class_read(fun)
+    if attributes is None:
         metadata = _metadata(fun)
     else:  # its class's, read once
-        metadata = _class_metadata.get(type(fun))
-        if metadata is None:
-            metadata = _class_metadata.setdefault(type(fun), _metadata(fun))
+        metadata = attributes.metadata
+        if not metadata:
+            metadata.update(_metadata(fun))
     wrapper.__dict__.update(metadata)
 
 

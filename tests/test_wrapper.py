@@ -296,6 +296,11 @@ def test_a_module_wrapped_anew_has_the_metadata_of_each_instance():
         assert wrapped.__qualname__ == _Documented.__qualname__
         assert wrapped.__module__ == __name__
         assert wrapped.__globals__ is globals()
+    # One instance of the class with metadata of its own, between two without.
+    own = _Documented(jnp.array(3.0))
+    object.__setattr__(own, "__doc__", "Its own.")
+    docs = [filter_jit(m).__doc__ for m in (_Documented(1.0), own, _Documented(2.0))]
+    assert docs == ["A documented layer.", "Its own.", "A documented layer."]
     for label in ("encoder", "decoder"):
         assert filter_jit(_Named(label)).__name__ == label
         assert filter_jit(_Described(label)).__doc__ == label

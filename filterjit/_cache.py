@@ -69,16 +69,20 @@ class BoundedCache(Generic[_V]):
 
 def per_class(compute: Callable[[type], object]) -> Callable[[type], Any]:
     """`compute`, remembered per class as long as the class lives."""
-    found: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
-    # Read as the dictionary reads itself, by a weak reference to the class, without
-    # its method's call.
-    by_reference, reference = found.data, weakref.ref
+    # By weak references to the classes, as `weakref.WeakKeyDictionary` keeps them,
+    # read without its method's call: a class's plain weak reference, made once and
+    # shared, equals the stored one (which forgets the entry) while the class lives.
+    found: dict[weakref.ref[type], Any] = {}
+
+    def forget(reference: weakref.ref[type]) -> None:
+        found.pop(reference, None)
 
     def lookup(cls: type) -> Any:
         try:
-            return by_reference[reference(cls)]
+            return found[weakref.ref(cls)]
         except KeyError:
-            found[cls] = value = compute(cls)
+            value = compute(cls)
+            found[weakref.ref(cls, forget)] = value
             return value
 
     return lookup

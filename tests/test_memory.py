@@ -12,6 +12,7 @@ from differential import assert_tree_allclose
 from helpers import evict_with_bound
 
 from filterjit import filter_jit
+from filterjit._cache import per_class
 from filterjit._dispatch import STAGED_MAXBYTES
 
 
@@ -260,3 +261,23 @@ def test_a_tuple_of_many_arrays_passed_again_is_not_kept():
     refs = call() + call()
     gc.collect()
     assert [r for r in refs if r() is not None] == []
+
+
+def test_what_is_remembered_of_a_class_is_freed_with_it():
+    """A per-class memo (a Module class's attributes, its instances' metadata)
+    keeps neither the class nor its value past the class's life."""
+
+    class Remembered:
+        pass
+
+    memo = per_class(lambda cls: Remembered())
+
+    class Local:
+        pass
+
+    value = memo(Local)
+    assert memo(Local) is value  # computed once
+    cls, kept = weakref.ref(Local), weakref.ref(value)
+    del Local, value
+    gc.collect()
+    assert cls() is None and kept() is None

@@ -299,7 +299,10 @@ def test_a_module_wrapped_anew_has_the_metadata_of_each_instance():
     # One instance of the class with metadata of its own, between two without.
     own = _Documented(jnp.array(3.0))
     object.__setattr__(own, "__doc__", "Its own.")
-    docs = [filter_jit(m).__doc__ for m in (_Documented(1.0), own, _Documented(2.0))]
+    docs = [
+        filter_jit(m).__doc__
+        for m in (_Documented(jnp.array(1.0)), own, _Documented(jnp.array(2.0)))
+    ]
     assert docs == ["A documented layer.", "Its own.", "A documented layer."]
     for label in ("encoder", "decoder"):
         assert filter_jit(_Named(label)).__name__ == label

@@ -5,7 +5,7 @@ import functools as ft
 import inspect
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import jax
 import jax.tree_util as jtu
@@ -59,7 +59,6 @@ class JitWrapper(Wrapper[_P, _R]):
         "_outside",
         "_function",
         "_record",
-        "_static",
         "_jit_kwargs",
         "_nested",
         "__dict__",
@@ -67,8 +66,7 @@ class JitWrapper(Wrapper[_P, _R]):
     )
     _outside: Any  # the `jax.jit` object
     _function: Callable[_P, _R]
-    _record: Function  # for `explain`: its name and parameters
-    _static: tuple[tuple[int, ...], tuple[str, ...]]  # as jax.jit infers them
+    _record: "_Record | None"  # made on first use: see `_recorded`
     _jit_kwargs: dict[str, Any]
     _nested: FilterJitWrapper[_P, _R] | None  # made on first use: most never nest
 
@@ -76,8 +74,7 @@ class JitWrapper(Wrapper[_P, _R]):
     def __init__(self, fun: Any, jit_kwargs: dict[str, Any]):
         self._outside = jax.jit(fun, **jit_kwargs)
         self._function = fun
-        self._record = Function(fun)
-        self._static = _static_arguments(self._record.parameters, jit_kwargs)
+        self._record = None
         self._jit_kwargs = jit_kwargs
         self._nested = None
         self.__dict__.update(vars(self._outside))
@@ -146,9 +143,10 @@ class JitWrapper(Wrapper[_P, _R]):
         if level == STAGED:
             return self._nested_wrapper()._explain(args, kwargs)
         # jax.jit's roles: an argument is static as a whole, or its leaves traced.
-        numbers, names = self._static
+        record = self._recorded()
+        numbers, names = record.static
         numbers = {n % len(args) if n < 0 else n for n in numbers if args}
-        named = self._record.label
+        named = record.function.label
         arguments = [(named(i), i in numbers, arg) for i, arg in enumerate(args)]
         arguments += [(name, name in names, arg) for name, arg in kwargs.items()]
         rows = []
@@ -164,7 +162,17 @@ class JitWrapper(Wrapper[_P, _R]):
                     text = f"{type(leaf).__name__}: not a JAX type"
                     rows.append(Row(where, "traced", text, type(leaf)))
         level_name = Level(level).description
-        return Explanation(self._record.name, level_name, rows, None, decorator="jit")
+        name = record.function.name
+        return Explanation(name, level_name, rows, None, decorator="jit")
+
+    def _recorded(self) -> "_Record":
+        # Made once, on first use: a wrapper made anew at every call (as libraries
+        # write `jit(f)(x)`) reads no signature beyond jax.jit's own.
+        if self._record is None:
+            function = Function(self._function)
+            static = _static_arguments(function.parameters, self._jit_kwargs)
+            self._record = _Record(function, static)
+        return self._record
 
     # jax.jit's private methods, which JAX's tests and some libraries call.
     def _cache_size(self) -> int:
@@ -176,6 +184,14 @@ class JitWrapper(Wrapper[_P, _R]):
     @property
     def _cache_miss(self) -> Any:
         return self._outside._cache_miss
+
+
+class _Record(NamedTuple):
+    """What `explain` reads of a `jit` wrapper's function: its record, and its
+    static arguments as jax.jit infers them (numbers, names)."""
+
+    function: Function
+    static: tuple[tuple[int, ...], tuple[str, ...]]
 
 
 def _as_tuple(value: Any) -> tuple[Any, ...]:

@@ -12,7 +12,7 @@ import hashlib
 import operator
 import struct
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import equinox as eqx
@@ -276,12 +276,13 @@ def determined(kind: type) -> bool:
     )
 
 
-def unchanging(data: Sequence[Any]) -> bool:
+def unchanging(data: Iterable[Any]) -> bool:
     """Whether values that are the very objects of `data` have its key: each is
-    compared by identity, or immutable and not a container (through tuples)."""
+    compared by identity, or immutable and not a container (through tuples and
+    frozensets, which cannot change, and the same one iterates alike)."""
     for value in data:
         kind = type(value)
-        if kind is tuple:
+        if kind is tuple or kind is frozenset:
             if not unchanging(value):
                 return False
         elif not determined(kind):

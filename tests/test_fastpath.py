@@ -329,6 +329,18 @@ def _hit_functions(call):
     return names
 
 
+class _Tag:
+    """A tag compared by identity, as lineax's are."""
+
+
+_SYMMETRIC, _DIAGONAL = _Tag(), _Tag()
+
+
+class Tagged(eqx.Module):
+    w: jax.Array
+    tags: frozenset[object] = eqx.field(static=True)
+
+
 @pytest.mark.skipif(not _trace.private_api_available, reason="the public fallback")
 def test_a_warm_hit_runs_few_of_filterjits_functions():
     """2 for a plain function, 3 for a Module method and 3 nested: the wrapper's
@@ -362,6 +374,11 @@ def test_a_warm_hit_runs_few_of_filterjits_functions():
     m = Scaled(jnp.ones(3))
     method_hit = _hit_functions(lambda: m(x, 2))
     assert method_hit == ["__get__", *plain_hit], method_hit
+    # A Module's static fields holding the objects the trace was keyed with (a
+    # frozenset of tags, as `lineax`'s operators hold) are settled by identity.
+    tagged = filter_jit(lambda op, x: op.w * x)
+    operator = Tagged(jnp.ones(3), frozenset({_SYMMETRIC, _DIAGONAL}))
+    assert _hit_functions(lambda: tagged(operator, x)) == plain_hit
     nested_hit = []
 
     @jax.jit

@@ -69,7 +69,9 @@ def _by_knob(x: Any, knob: Knob) -> Any:
 
 
 @LEVELS
-@pytest.mark.parametrize("where", ["alone", "in a tuple", "in a Module"])
+@pytest.mark.parametrize(
+    "where", ["alone", "in a tuple", "in a Module", "in a Module's frozenset"]
+)
 def test_a_value_type_changed_in_place_is_seen(level, where):
     class Holding(eqx.Module):
         knob: Any = eqx.field(static=True)
@@ -78,16 +80,18 @@ def test_a_value_type_changed_in_place_is_seen(level, where):
         "alone": lambda knob: knob,
         "in a tuple": lambda knob: (knob,),
         "in a Module": Holding,
+        "in a Module's frozenset": lambda knob: Holding(frozenset([knob])),
     }[where]
 
     def f(x: Any, held: Any) -> Any:
-        knob = (
-            held
-            if where == "alone"
-            else held[0]
-            if where != "in a Module"
-            else held.knob
-        )
+        if where == "alone":
+            knob = held
+        elif where == "in a tuple":
+            knob = held[0]
+        elif where == "in a Module":
+            knob = held.knob
+        else:
+            (knob,) = held.knob
         return x * knob.k
 
     g = filter_jit(f)

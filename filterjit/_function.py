@@ -510,6 +510,8 @@ def owner_of(fun: Any) -> tuple[Any, Any]:
         # A bound method (`Method`) apart from a partial (for donation).
         return owner, (type(fun), key, len(fun.args), tuple(fun.keywords))
     cls = type(fun)
+    if cls is types.FunctionType:  # compared by identity: its caches its own
+        return fun, None
     # A Module, part of each call's pytree (its fields keyed by each call): its
     # record is its class's but for what it holds or computes itself.
     if class_read(fun) is not None:

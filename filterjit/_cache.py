@@ -69,20 +69,13 @@ class BoundedCache(Generic[_V]):
 
 def per_class(compute: Callable[[type], object]) -> Callable[[type], Any]:
     """`compute`, remembered per class as long as the class lives."""
-    # By weak references to the classes, as `weakref.WeakKeyDictionary` keeps them,
-    # read without its method's call: a class's plain weak reference, made once and
-    # shared, equals the stored one (which forgets the entry) while the class lives.
-    found: dict[weakref.ref[type], Any] = {}
-
-    def forget(reference: weakref.ref[type]) -> None:
-        found.pop(reference, None)
+    found: weakref.WeakKeyDictionary[type, Any] = weakref.WeakKeyDictionary()
 
     def lookup(cls: type) -> Any:
         try:
-            return found[weakref.ref(cls)]
+            return found[cls]
         except KeyError:
-            value = compute(cls)
-            found[weakref.ref(cls, forget)] = value
+            found[cls] = value = compute(cls)
             return value
 
     return lookup

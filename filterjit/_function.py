@@ -279,8 +279,7 @@ class ClassAttributes(NamedTuple):
 
     computed: frozenset[str]
     found: dict[str, Any]
-    # Its instances' metadata where it is its class's (see `class_read`), as
-    # `filter_jit` copies it: filled by the first such instance wrapped.
+    # Its instances' metadata where it is its class's (see `class_read`), once.
     metadata: dict[str, Any]
 
 
@@ -302,16 +301,14 @@ def class_attributes(cls: type) -> ClassAttributes | None:
     return ClassAttributes(computed, {n: found[n] for n in found.keys() - computed}, {})
 
 
-# What is read of a callable itself, past its call: its metadata and its record's
-# reads (a bound method's `__func__` among them).
+# What is read of a callable itself, past its call (see `class_read`).
 _READS = frozenset((*METADATA, *RECORD_READS))
 
 
 def class_read(fun: object) -> ClassAttributes | None:
     """The attributes of `fun`'s class where all that is read of `fun` itself
     (`METADATA`, `RECORD_READS`) is its class's: an `eqx.Module` whose class
-    computes none of it and whose own `__dict__` holds none of it (a Module made
-    anew at every step is wrapped at every step); else `None`."""
+    computes none of it and whose own `__dict__` holds none of it; else `None`."""
     attributes = class_attributes(type(fun))
     if attributes is None or attributes.computed:
         return None

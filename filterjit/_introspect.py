@@ -164,7 +164,7 @@ def num_traces(fun: Any) -> int:  # checked below, with a message that helps
         if (size := jit_cache_size(fun._outside)) is None:
             raise TypeError(
                 "num_traces: this version of JAX does not say how many times "
-                f"jax.jit traced {fun._recorded().function.name}."
+                f"jax.jit traced {name_of(fun._function)}."
             )
         return size
     if not isinstance(fun, FilterJitWrapper):

@@ -5,7 +5,7 @@ import functools as ft
 import inspect
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, overload
+from typing import Any, overload
 
 import jax
 import jax.tree_util as jtu
@@ -66,7 +66,7 @@ class JitWrapper(Wrapper[_P, _R]):
     )
     _outside: Any  # the `jax.jit` object
     _function: Callable[_P, _R]
-    _record: "_Record | None"  # made on first use: see `_recorded`
+    _record: Function | None  # for `explain`: its name and parameters
     _jit_kwargs: dict[str, Any]
     _nested: FilterJitWrapper[_P, _R] | None  # made on first use: most never nest
 
@@ -74,6 +74,8 @@ class JitWrapper(Wrapper[_P, _R]):
     def __init__(self, fun: Any, jit_kwargs: dict[str, Any]):
         self._outside = jax.jit(fun, **jit_kwargs)
         self._function = fun
+        # Made by the first `explain`: a wrapper made anew at every call (as
+        # libraries write `jit(f)(x)`) reads no signature beyond jax.jit's own.
         self._record = None
         self._jit_kwargs = jit_kwargs
         self._nested = None
@@ -143,10 +145,12 @@ class JitWrapper(Wrapper[_P, _R]):
         if level == STAGED:
             return self._nested_wrapper()._explain(args, kwargs)
         # jax.jit's roles: an argument is static as a whole, or its leaves traced.
-        record = self._recorded()
-        numbers, names = record.static
+        if self._record is None:  # read once, here alone (see `__init__`)
+            self._record = Function(self._function)
+        record = self._record
+        numbers, names = _static_arguments(record.parameters, self._jit_kwargs)
         numbers = {n % len(args) if n < 0 else n for n in numbers if args}
-        named = record.function.label
+        named = record.label
         arguments = [(named(i), i in numbers, arg) for i, arg in enumerate(args)]
         arguments += [(name, name in names, arg) for name, arg in kwargs.items()]
         rows = []
@@ -162,17 +166,7 @@ class JitWrapper(Wrapper[_P, _R]):
                     text = f"{type(leaf).__name__}: not a JAX type"
                     rows.append(Row(where, "traced", text, type(leaf)))
         level_name = Level(level).description
-        name = record.function.name
-        return Explanation(name, level_name, rows, None, decorator="jit")
-
-    def _recorded(self) -> "_Record":
-        # Made once, on first use: a wrapper made anew at every call (as libraries
-        # write `jit(f)(x)`) reads no signature beyond jax.jit's own.
-        if self._record is None:
-            function = Function(self._function)
-            static = _static_arguments(function.parameters, self._jit_kwargs)
-            self._record = _Record(function, static)
-        return self._record
+        return Explanation(record.name, level_name, rows, None, decorator="jit")
 
     # jax.jit's private methods, which JAX's tests and some libraries call.
     def _cache_size(self) -> int:
@@ -184,14 +178,6 @@ class JitWrapper(Wrapper[_P, _R]):
     @property
     def _cache_miss(self) -> Any:
         return self._outside._cache_miss
-
-
-class _Record(NamedTuple):
-    """What `explain` reads of a `jit` wrapper's function: its record, and its
-    static arguments as jax.jit infers them (numbers, names)."""
-
-    function: Function
-    static: tuple[tuple[int, ...], tuple[str, ...]]
 
 
 def _as_tuple(value: Any) -> tuple[Any, ...]:

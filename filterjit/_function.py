@@ -499,9 +499,9 @@ class Function:
         return found
 
 
-def owner_of(fun: Any) -> tuple[Any, Any]:
+def owner_of(fun: Any, by_class: bool = False) -> tuple[Any, Any]:
     """What owns the caches of `fun` (a callable as `as_held` holds it), and its key
-    there (see `_owners`)."""
+    there (see `_owners`); `by_class`: `class_read(fun)` is known to be a record."""
     if issubclass(type(fun), jtu.Partial):  # not `isinstance`: see `as_held`
         owner, key = owner_of(fun.func)
         # A bound method (`Method`) apart from a partial (for donation).
@@ -511,7 +511,7 @@ def owner_of(fun: Any) -> tuple[Any, Any]:
         return fun, None
     # A Module, part of each call's pytree (its fields keyed by each call): its
     # record is its class's but for what it holds or computes itself.
-    if class_read(fun) is not None:
+    if by_class or class_read(fun) is not None:
         return _call_owner(cls), ()
     attributes = class_attributes(cls)
     own = own_dict(fun)

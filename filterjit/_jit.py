@@ -21,6 +21,7 @@ from ._function import (
     as_held,
     attribute_reader,
     class_read,
+    ClassAttributes,
     is_partial,
     name_of,
     signature_of,
@@ -62,16 +63,12 @@ def _metadata(fun: object) -> dict[str, Any]:
     }
 
 
-def _copy_metadata(wrapper: Any, fun: object) -> None:
+def _copy_metadata(wrapper: Any, fun: object, by_class: ClassAttributes | None) -> None:
     # As functools.wraps does; the wrapper JAX unflattens may hold a placeholder.
     wrapper.__wrapped__ = fun
-    attributes = class_read(fun)
-    if attributes is None:
-        metadata = _metadata(fun)
-    else:  # its class's, read once
-        metadata = attributes.metadata
-        if not metadata:
-            metadata.update(_metadata(fun))
+    metadata = _metadata(fun) if by_class is None else by_class.metadata
+    if not metadata:  # its class's (`class_read`), read once
+        metadata.update(_metadata(fun))
     wrapper.__dict__.update(metadata)
 
 
@@ -157,15 +154,16 @@ class FilterJitWrapper(Wrapper[_P, _R]):
     __globals__: dict[str, Any]
 
     def __init__(self, fun: Callable[_P, _R], options: Options):
-        held = as_held(fun)
+        by_class = class_read(fun)  # asked once: the owner's key and metadata read it
+        held = fun if by_class is not None else as_held(fun)  # as it holds a Module
         self._fun = held
         self._options = options
-        self._dispatcher = dispatcher_for(held, options)
+        self._dispatcher = dispatcher_for(held, options, by_class is not None)
         if isinstance(options.donate, tuple):
             check_donated_names(self._dispatcher.function, options.donate)
         self._dispatcher.trace_log.made_for(held)
         self._hits = self._dispatcher.hits
-        _copy_metadata(self, fun)  # `__wrapped__`: the callable as given
+        _copy_metadata(self, fun, by_class)  # `__wrapped__`: the callable as given
 
     if not typing.TYPE_CHECKING:
         __call__ = level_switch(_trace.level_reader)
@@ -252,9 +250,10 @@ def _unflatten(
     wrapper = object.__new__(FilterJitWrapper)
     (fun,) = children
     wrapper.__dict__.update(_fun=fun, _options=options)
-    _copy_metadata(wrapper, fun)
+    by_class = class_read(fun)
+    _copy_metadata(wrapper, fun, by_class)
     with contextlib.suppress(Exception):  # a placeholder rather than a function
-        wrapper._dispatcher = dispatcher_for(fun, options)
+        wrapper._dispatcher = dispatcher_for(fun, options, by_class is not None)
         wrapper._hits = wrapper._dispatcher.hits
     return wrapper
 

@@ -79,9 +79,9 @@ def _forget(key: Any, holder: "_Holder | None") -> None:
             del _without_dict[key]
 
 
-def dispatcher_for(fun: object, options: Options) -> Dispatcher:
-    """The dispatcher shared by the wrappers of `fun` with `options`."""
-    owner, key = owner_of(fun)
+def dispatcher_for(fun: object, options: Options, by_class: bool) -> Dispatcher:
+    """The dispatcher the wrappers of `fun` with `options` share (see `owner_of`)."""
+    owner, key = owner_of(fun, by_class)
     if (holder := _holder(owner)) is None:
         return Dispatcher(fun, options)
     dispatchers = holder.dispatchers

@@ -160,7 +160,7 @@ def reference_twin(wrapper: Any) -> Any:
     from filterjit import _jit
     from filterjit._dispatch import Dispatcher
 
-    def reference_dispatcher(fun: Any, options: Any) -> Any:
+    def reference_dispatcher(fun: Any, options: Any, by_class: bool) -> Any:
         return Dispatcher(fun, options, fast=False)
 
     with mock.patch.object(_jit, "dispatcher_for", reference_dispatcher):

@@ -173,6 +173,33 @@ def test_wrapped_is_the_callable_as_given():
         assert inspect.signature(wrapped) == inspect.signature(fun)
 
 
+def test_the_held_callable_is_the_one_as_held_makes():
+    """The wrapper skips `as_held` for a Module whose record is its class's; for
+    every kind of callable, what it holds is what `as_held` makes."""
+    from filterjit._function import as_held
+
+    own = _Documented(jnp.array(3.0))
+    object.__setattr__(own, "__doc__", "Its own.")
+    module = _Documented(jnp.array(1.0))
+    given: list[Callable[..., Any]] = [
+        scale,
+        module,
+        own,
+        module.__call__,  # Equinox's bound method: a Module holding `__func__`
+        ft.partial(module, 2.0),
+        jax.tree_util.Partial(scale, n=3),
+        _Scaler().scale,
+        eqx.filter_vmap(scale),
+    ]
+    for fun in given:
+        held, expected = filter_jit(fun)._fun, as_held(fun)
+        assert type(held) is type(expected)
+        assert jax.tree_util.tree_structure(held) == jax.tree_util.tree_structure(
+            expected
+        )
+        assert (held is fun) == (expected is fun)
+
+
 def test_a_wrapper_unflattened_by_jax_keeps_its_metadata():
     wrapped = filter_jit(scale)
     seen = []

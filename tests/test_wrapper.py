@@ -186,7 +186,7 @@ def test_the_held_callable_is_the_one_as_held_makes():
         module,
         own,
         module.__call__,  # Equinox's bound method: a Module holding `__func__`
-        ft.partial(module, 2.0),
+        ft.partial(module, jnp.array(2.0)),
         jax.tree_util.Partial(scale, n=3),
         _Scaler().scale,
         eqx.filter_vmap(scale),

@@ -155,7 +155,7 @@ class FilterJitWrapper(Wrapper[_P, _R]):
 
     def __init__(self, fun: Callable[_P, _R], options: Options):
         by_class = class_read(fun)  # asked once: the owner's key and metadata read it
-        held = fun if by_class is not None else as_held(fun)  # as it holds a Module
+        held = fun if by_class is not None else as_held(fun)  # what as_held makes of it
         self._fun = held
         self._options = options
         self._dispatcher = dispatcher_for(held, options, by_class is not None)

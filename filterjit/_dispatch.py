@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import threading
 import weakref
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -62,43 +62,30 @@ def _in_jax_order(orders: tuple[tuple[Any, ...], ...]) -> bool:
         return False
 
 
-@dataclasses.dataclass(eq=False, slots=True)
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
 class Route:
-    """The dispatcher's own state for one partition: the lookup of its entries
-    (`get`: the top level's where `shares_top`), the shapes of call its hit reads
-    (`None`: one it cannot), the output specs whose outputs the hit builds inline,
-    the hit and whether it is to be made again (`stale`: a shape or spec is new)."""
+    """The dispatcher's record of one partition, replaced whole under its `key` in
+    the dispatcher's routes, never changed: the lookup of its entries (`get`: the
+    top level's where `shares_top`), the parameter of each leaf, the shapes of call
+    its hit reads (`None`: one it cannot), the output specs whose outputs the hit
+    builds inline, and the hit. `keys_aliases`: its keys say which static leaves
+    are one object (see `Dispatcher._key_aliases`), and it has no hit."""
 
     partition: Partition
     get: Callable[[Hashable], Entry | None]
     shares_top: bool
-    calls: dict[Shape, HitCall | None] = dataclasses.field(default_factory=dict)
+    key: tuple[Any, ...]
+    leaf_parameters: list[LeafParameter]
+    calls: Mapping[Shape, HitCall | None] = dataclasses.field(default_factory=dict)
     learned: tuple[OutputSpec, ...] = ()
     hit: Hit | None = None
-    stale: bool = False
-    # Whether its keys say which static leaves are one object (see
-    # `Dispatcher._key_aliases`); its hit off.
     keys_aliases: bool = False
-    # Its key in the dispatcher's routes (see `Dispatcher._route`).
-    key: tuple[Any, ...] = ()
-    _leaf_parameters: list[LeafParameter] | None = None
 
-    def __post_init__(self) -> None:
-        self.key = (self.partition.treedef, self.partition.types)
+    def labels(self) -> list[str]:
+        return [p.label for p in self.leaf_parameters]
 
-    def leaf_parameters(self, function: Function) -> list[LeafParameter]:
-        if self._leaf_parameters is None:
-            self._leaf_parameters = function.leaf_parameters(self.partition.treedef)
-        return self._leaf_parameters
-
-    def labels(self, function: Function) -> list[str]:
-        return [p.label for p in self.leaf_parameters(function)]
-
-    def forget_calls(self) -> None:
-        self.calls.clear()
-        self.learned = ()
-        self.hit = None
-        self.stale = False
+    def without_hit(self) -> "Route":
+        return dataclasses.replace(self, calls={}, learned=(), hit=None)
 
 
 def _over_bound(cache: BoundedCache[Entry], nbytes: int, entry: Entry) -> object | None:
@@ -134,9 +121,10 @@ class Dispatcher:
         staged = BoundedCache[Entry](STAGED_MAXSIZE, STAGED_MAXBYTES)
         # Ahead-of-time stages share the top level's entries (see `abstract`).
         self.entries = (top, eager, staged, top)
-        # Per level, the latest routes called, latest first, and their hits chained
-        # (`miss` where there is none): changed in place, as wrappers hold it.
-        self._latest: list[list[Route]] = [[] for _ in Level]
+        # Per level, the keys of the latest routes called, latest first, and their
+        # hits chained (`miss` where there is none): changed in place, as wrappers
+        # hold it.
+        self._latest: list[list[tuple[Any, ...]]] = [[] for _ in Level]
         self.hits: list[Hit] = [miss] * LEVELS
         # Whether a nested call may use the top level's entries (see `_lookup`).
         self._shares_top = options.same_at_every_level
@@ -167,7 +155,6 @@ class Dispatcher:
         made = entry is None
         if entry is None:
             entry = self._make(level, fun, route, leaves, called, cache, key)
-        keyed_aliases = route.keys_aliases
         try:
             out, spec = self._run(level, route, entry, tree, leaves)
         except BaseException as error:
@@ -183,54 +170,54 @@ class Dispatcher:
             if isinstance(error, TypeError):  # a leaf JAX cannot trace, named
                 self._check_traceable(route, leaves)
             raise
-        if route.keys_aliases and not keyed_aliases:
-            # Its trace made keys say which static leaves are one object: the entry
-            # serves only calls whose leaves are one object as this call's were.
+        if spec is not None and spec.aliases and not route.keys_aliases:
+            # Its trace made keys say which static leaves are one object (`_finish`):
+            # the entry serves only calls whose leaves are one object as this one's.
             shared = cache is not self.entries[level]
             aliased = self._key(partition, tree, leaves, shared, called, True)
             cache.discard(key, entry)
             cache.put(aliased, entry, partition.captured_bytes(leaves))
-        self._learn(route, spec)
+        self._learn(route, shape, spec)
         return out
 
-    def _learn(self, route: Route, spec: OutputSpec | None) -> None:
-        """After a run on the reference path: makes `route`'s hit again where it
-        reads a shape of call it did not (see `_route`), or where `spec`, a top-level
-        trace's, is a plain output's new to it (then built inline, the first
-        `_MAX_LEARNED` of them). Hits and the code that builds outputs are made here
-        alone: never while a hit runs, nor in a trace."""
+    def _learn(self, route: Route, shape: Shape, spec: OutputSpec | None) -> None:
+        """After a run on the reference path: where the call's `shape` is new to
+        `route` (its hit reads it if it can), or `spec`, a top-level trace's, is a
+        plain output's new to it (then built inline, the first `_MAX_LEARNED` of
+        them), `route` is replaced by one with a hit made from their new plan. Hits
+        and the code that builds outputs are made here alone: never while a hit
+        runs, nor in a trace. The hit is made without the lock (it may run a user's
+        `__eq__`); a route replaced meanwhile is left as it is (its next call learns
+        again)."""
         if not self._reads_calls(route):
             return
-        learned = route.learned
+        calls, learned = route.calls, route.learned
+        if shape not in calls and len(calls) < _MAX_HIT_CALLS:
+            calls = {**calls, shape: self._hit_call(route, shape)}
         if spec is not None and spec.leaf_sources is not None:
             new = not route.partition.staged and spec not in learned
             if new and len(learned) < _MAX_LEARNED:
-                route.learned, route.stale = (*learned, spec), True
-        if route.stale:
-            route.stale = False
-            self._make_hit(route)
-
-    def _make_hit(self, route: Route) -> None:
-        """Makes `route`'s hit without the lock (it may run a user's `__eq__`), and
-        has it serve its level under the lock, unless hits were turned off."""
-        hit = hit_caller(self.plan_of(route, route.get))
+                learned = (*learned, spec)
+        if calls is route.calls and learned is route.learned:
+            return
+        plan = dataclasses.replace(route, calls=calls, learned=learned)
+        hit = hit_caller(self.plan_of(plan, plan.get))
+        level = route.partition.level
         with self._lock:
-            if not self._reads_calls(route):
-                return
-            route.hit = hit
-            level = route.partition.level
-            if route in self._latest[level]:
-                self._chain(level)
+            routes = self.routes[level]
+            if routes.get(route.key) is route:
+                routes.put(route.key, dataclasses.replace(plan, hit=hit))
+                if any(key is route.key for key in self._latest[level]):
+                    self._chain(level)
 
     def plan_of(self, route: Route, get: Callable[[Hashable], Entry | None]) -> HitPlan:
-        """The plan of the hit of `route`'s calls as the route holds them now,
-        finding entries with `get`."""
+        """The plan of the hit of `route`'s calls, finding entries with `get`."""
         partition, function = route.partition, self.function
-        labels = route.labels(function)
+        labels = route.labels()
         level = partition.level
         return HitPlan(
             partition,
-            tuple(call for call in list(route.calls.values()) if call is not None),
+            tuple(call for call in route.calls.values() if call is not None),
             get,
             function.fun_is_leaf,
             function.name,
@@ -312,8 +299,8 @@ class Dispatcher:
         shape: Shape | None,
     ) -> Route:
         """The route of a structure and leaf types at `level`. Given a `shape`, the
-        route is made if new, its hit reads calls of that shape if it can, and is
-        the latest at its level; else (`None`) it is only looked at."""
+        route is made if new and is the latest at its level; else (`None`) it is
+        only looked at."""
         types = tuple(map(type, leaves))
         cache = self.routes[level]
         try:
@@ -329,7 +316,8 @@ class Dispatcher:
             if shape is None:  # looked at
                 program_of = lambda s: self._programs.get(s) or object()  # noqa: E731
                 partition = Partition(treedef, types, level, program_of)
-                return Route(partition, lambda _: None, False)
+                parameters = self.function.leaf_parameters(treedef)
+                return Route(partition, lambda _: None, False, (), parameters)
             program_of = lambda s: self._programs.setdefault(s, object())  # noqa: E731
             partition = Partition(treedef, types, level, program_of)
             # Nested, its calls use the top level's entries where the options allow
@@ -337,29 +325,35 @@ class Dispatcher:
             shares = (
                 partition.staged and self._shares_top and not partition.array_positions
             )
-            route = Route(partition, self.entries[TOP if shares else level].get, shares)
-            if cache.get((treedef, types)) is not None:  # equal, not exactly
-                route.key = (treedef, types, partition.exact)
-            cache.put(route.key, route)
+            key = (treedef, types)
+            if cache.get(key) is not None:  # equal, not exactly
+                key = (treedef, types, partition.exact)
+            get = self.entries[TOP if shares else level].get
+            parameters = self.function.leaf_parameters(treedef)
+            route = Route(partition, get, shares, key, parameters)
+            cache.put(key, route)
         elif shape is None:
             return route
-        reads = self._reads_calls(route) and len(route.calls) < _MAX_HIT_CALLS
-        if reads and shape not in route.calls:
-            route.calls[shape] = self._hit_call(route, shape)
-            route.stale = True  # its hit made again once the call has run
         with self._lock:  # not a hit that `_forget_calls` dropped meanwhile
             latest = self._latest[level]
-            if not latest or latest[0] is not route:
-                # Not routes evicted meanwhile: what the cache dropped, hits drop.
-                kept = [r for r in latest if r is not route and cache.get(r.key) is r]
-                latest[:] = [route, *kept[: _MAX_HITS_PER_LEVEL - 1]]
+            if not latest or latest[0] is not route.key:
+                kept = [r.key for r in self._latest_routes(level) if r is not route]
+                latest[:] = [route.key, *kept[: _MAX_HITS_PER_LEVEL - 1]]
                 self._chain(level)
         return route
 
+    def _latest_routes(self, level: Level) -> list[Route]:
+        """The routes under `level`'s latest keys (under the lock), not those evicted
+        since nor those made since under equal keys: what the cache dropped, hits
+        drop."""
+        keys = self._latest[level]
+        found = map(self.routes[level].get, keys)
+        return [r for r, key in zip(found, keys) if r is not None and r.key is key]
+
     def _chain(self, level: Level) -> None:
         """Has the hits of `level`'s latest routes serve it (under the lock)."""
-        hits = [route.hit for route in self._latest[level] if route.hit is not None]
-        self.hits[level] = chained(hits)
+        routes = self._latest_routes(level)
+        self.hits[level] = chained([r.hit for r in routes if r.hit is not None])
 
     def _reads_calls(self, route: Route) -> bool:
         """Whether `route` gets hits: the fast path is on, and its keys do not say
@@ -435,7 +429,7 @@ class Dispatcher:
         runtime check waits, to raise a failed check at the call."""
         spec = out.spec
         if spec.aliases and not route.keys_aliases:
-            self._key_aliases(route)
+            self._key_aliases(level, route)
         if level == STAGED:
             return spec.finish_nested(out.leaves, leaves, tree, nodes)
         if spec.runtime_check and not waited:
@@ -450,14 +444,17 @@ class Dispatcher:
             self._defaulted_by_shape = {}
             self._forget_calls()
 
-    def _key_aliases(self, route: Route) -> None:
+    def _key_aliases(self, level: Level, route: Route) -> None:
         """Keys `route`'s calls by which static leaves are one object from now on: a
         trace handed back one of several that were one object (`OutputSpec.aliases`),
         so its program serves only calls in which they are again. Its hit goes."""
         with self._lock:
-            route.keys_aliases = True
-            route.forget_calls()
-            self._chain(route.partition.level)
+            routes = self.routes[level]
+            found = routes.get(route.key)
+            if found is not None and not found.keys_aliases:
+                aliased = dataclasses.replace(found.without_hit(), keys_aliases=True)
+                routes.put(route.key, aliased)
+                self._chain(level)
 
     def _forget_calls(self) -> None:
         """Drops every route's hit, until its calls record their shapes again."""
@@ -466,7 +463,7 @@ class Dispatcher:
             latest.clear()
         for routes in self.routes:
             for route in routes.values():
-                route.forget_calls()
+                routes.put(route.key, route.without_hit())
 
     def _make(
         self,
@@ -491,7 +488,7 @@ class Dispatcher:
             fun,
             TOP if top else level,
             partition,
-            route.leaf_parameters(self.function),
+            route.leaf_parameters,
             leaves,
             defaulted,
             # Only nested calls, which hand over their own, trace a nested entry.
@@ -512,7 +509,7 @@ class Dispatcher:
 
     def _check_traceable(self, route: Route, leaves: list[object]) -> None:
         name, dynamic = self.function.name, route.partition.dynamic_positions
-        check_traceable(name, route.labels(self.function), leaves, dynamic)
+        check_traceable(name, route.labels(), leaves, dynamic)
 
     def _check_processes_agree(self, route: Route, leaves: list[object]) -> None:
         """Before compiling a program that spans processes: that every process
@@ -521,7 +518,7 @@ class Dispatcher:
         options, dynamic = self.options, partition.take_dynamic(leaves)
         if not spans_processes(dynamic, options.in_shardings, options.out_shardings):
             return
-        labels = route.labels(self.function)
+        labels = route.labels()
         statics = [(labels[p], leaves[p]) for p in partition.static_positions]
         statics.append(("(the structure of the arguments)", partition.treedef))
         check_statics_agree(self.function.name, statics)
@@ -534,7 +531,7 @@ class Dispatcher:
         route, _, _, entry = self._lookup(level, fun, tree, leaves, treedef, None)
         dynamic = route.partition.take_dynamic(leaves)
         hit = entry is not None and tuple(map(aval_key, dynamic)) in entry.traced_avals
-        labels, roles = route.labels(self.function), route.partition.roles()
+        labels, roles = route.labels(), route.partition.roles()
         return self.trace_log.explanation(level, labels, roles, leaves, hit)
 
     def abstract(self, fun: object, args: Args, kwargs: Kwargs) -> "AheadOfTime":

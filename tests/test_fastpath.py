@@ -13,6 +13,7 @@ each other and with the undecorated function.
 """
 
 import collections
+import dataclasses
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from helpers import (
     reference_read,
     reference_twin,
     subprocess_env,
+    ValueBox,
 )
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule, RuleBasedStateMachine
@@ -429,6 +431,42 @@ def test_top_builds_inline_only_the_output_of_the_trace_it_learned():
     # A namedtuple is not written inline: its spec's `unflatten`.
     assert "<lambda>" in _hit_functions(lambda: g(x, 4))
     assert "hit_caller" not in _hit_functions(lambda: g(x, 2))
+
+
+@needs_fast_path
+def test_a_route_is_replaced_whole_never_changed():
+    # What a call teaches a route (a new shape of call) makes a new route in its
+    # place; the one a plan was made from holds what it held. A trace that hands
+    # back one of two static inputs that were one object replaces it again, with
+    # keys that say so and no hit.
+    def scaled(x, scale=2.0):
+        return x * scale
+
+    g = filter_jit(scaled)
+    routes = g._dispatcher.routes[_trace.TOP]
+    x = jnp.arange(2.0)
+    g(x)
+    (first,) = routes.values()
+    calls, hit = dict(first.calls), first.hit
+    assert hit is not None and list(calls) == [(1,)]
+    assert_tree_allclose(g(x, scale=3.0), scaled(x, scale=3.0))
+    (second,) = routes.values()
+    assert second is not first and second.key is first.key
+    assert dict(first.calls) == calls and first.hit is hit
+    assert list(second.calls) == [(1,), (1, "scale")] and second.hit is not hit
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        second.hit = None  # pyright: ignore[reportAttributeAccessIssue]
+
+    h = filter_jit(lambda x, pair: (x, pair))
+    routes = h._dispatcher.routes[_trace.TOP]
+    h(x, (ValueBox(1), ValueBox(1)))
+    (before,) = routes.values()
+    assert before.hit is not None and not before.keys_aliases
+    two = ValueBox(2)
+    assert h(x, (two, two))[1] == (two, two)  # a trace hands back one object twice
+    (after,) = routes.values()
+    assert after.keys_aliases and after.hit is None and not after.calls
+    assert before.hit is not None and not before.keys_aliases
 
 
 def test_a_hit_builds_a_bounded_number_of_outputs_inline():

@@ -429,7 +429,7 @@ class Dispatcher:
         runtime check waits, to raise a failed check at the call."""
         spec = out.spec
         if spec.aliases and not route.keys_aliases:
-            self._key_aliases(level, route)
+            self._key_aliases(route)
         if level == STAGED:
             return spec.finish_nested(out.leaves, leaves, tree, nodes)
         if spec.runtime_check and not waited:
@@ -444,10 +444,11 @@ class Dispatcher:
             self._defaulted_by_shape = {}
             self._forget_calls()
 
-    def _key_aliases(self, level: Level, route: Route) -> None:
+    def _key_aliases(self, route: Route) -> None:
         """Keys `route`'s calls by which static leaves are one object from now on: a
         trace handed back one of several that were one object (`OutputSpec.aliases`),
         so its program serves only calls in which they are again. Its hit goes."""
+        level = route.partition.level
         with self._lock:
             routes = self.routes[level]
             found = routes.get(route.key)

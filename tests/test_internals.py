@@ -674,6 +674,12 @@ SECOND_SITE_ADDED = {
         "def _label(i):\n    return f'args[{i}]'\n",
         "_errors._label",
     ),
+    "when a hit is made": (  # a hit made by a trace, not after a run
+        "_entry",
+        "def _hit_now(plan):\n    from ._fastpath import hit_caller\n"
+        "    return hit_caller(plan)\n",
+        "_entry._hit_now",
+    ),
     "finishing an output": (
         "_aot",
         "class _Stage:\n    def out(self, spec, out, inputs):\n"

@@ -307,9 +307,8 @@ class Dispatcher:
             # Structures equal by `==` but not exactly (see `_exact`) have routes of
             # their own, found by their exact keys too.
             route = cache.get((treedef, types))
-            if route is not None and route.partition.exact is not None:
-                if not route.partition.exactly(treedef):
-                    route = cache.get((treedef, types, exact_aux(treedef)))
+            if route is not None and not route.partition.exactly(treedef):
+                route = cache.get((treedef, types, exact_aux(treedef)))
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, None, e) from e
         if route is None:

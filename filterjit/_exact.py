@@ -236,32 +236,16 @@ def static_key_function(kind: type) -> Callable[[Any], Any] | None:
     return lambda value: key_of(value, _Memo())
 
 
-def _unmistaken(value: Any) -> bool:
-    """Whether `==` between `value` and anything is exact: a string, bytes, a
-    constant, an object compared by identity (a function, a class), through
-    tuples. (`1 == True == 1.0`; an enum member may equal an int.)"""
-    kind = type(value)
-    if kind is tuple:
-        return all(map(_unmistaken, value))
-    if kind in _ITSELF:
-        return kind is not int and kind is not bool
-    return kind.__eq__ is object.__eq__ or issubclass(kind, _BY_IDENTITY)
-
-
 # Types whose `==` is identity, though not `object`'s.
 _BY_IDENTITY = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
 
-def exact_values(values: Sequence[object]) -> Any:
-    """The key of `values` (a tuple or a list), which the caller compares by `==`
-    alone; `None` where that is exact."""
-    return None if _unmistaken(tuple(values)) else key(values)
-
-
 def exact_aux(treedef: PyTreeDef) -> Any:
-    """`exact_values` of `treedef`'s nodes' auxiliary data (a Module's static
-    fields, a `jtu.Partial`'s function), which `==` of structures compares."""
-    return exact_values(aux_data(treedef))
+    """The key of `treedef`'s nodes' auxiliary data (a Module's static fields, a
+    `jtu.Partial`'s function, a dict's keys), which `==` of structures compares
+    alone: a string equals a `str` enum member, and a recorded object whatever
+    claims to equal it, so no structure is exact by `==` alone."""
+    return key(aux_data(treedef))
 
 
 def determined(kind: type) -> bool:

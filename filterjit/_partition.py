@@ -127,8 +127,7 @@ class Partition:
         return (self.program, *self._keys_of_statics(self._take_static(leaves)))
 
     def exactly(self, treedef: PyTreeDef) -> bool:
-        """Whether `treedef`, equal to this partition's by `==`, is exactly equal
-        (for a partition whose `exact` is not `None`)."""
+        """Whether `treedef`, equal to this partition's by `==`, is exactly equal."""
         return _exact.same_exact(treedef, self._aux, self.exact, self._hashed)
 
     def statics(self, leaves: Sequence[object]) -> Sequence[Any]:

@@ -6,7 +6,7 @@ and a comparison of structures would see; else it gives `None`:
 - a leaf of the exact type recorded, and where that type may yet be registered
   as a pytree node (a user's class), a leaf still (`jax.tree_util.all_leaves`);
 - an exact `list`, `tuple` or namedtuple of the recorded length, a `dict` with
-  the recorded string keys, `None`;
+  the recorded keys, each a `str`, `None`;
 - an `eqx.Module` of the exact class recorded, read from its `__dict__` on every
   call (frozen is not immutable), holding exactly its fields, its static fields
   equal to the recorded ones, and of the same types (see `_exact`);
@@ -30,7 +30,7 @@ import jax
 
 from ._binding import DefaultsGuard, Keywords, same_kwdefaults, Source, Sources
 from ._cache import per_class
-from ._exact import ATOMS, exact_values, key as exact_key, unchanging
+from ._exact import ATOMS, key as exact_key, unchanging
 from ._leaves import is_leaf_type
 from ._structure import PyTreeDef, shape_of
 
@@ -141,9 +141,13 @@ class Writer:
             return self.values(treedef, types, x, held)
         if kind is dict and all(type(key) is str for key in data):
             # JAX takes the values in sorted key order: for string keys, one order
-            # whatever they were inserted in. All there, no other (a missing raises).
+            # whatever they were inserted in. All there, no other (a missing raises),
+            # each a `str` (a `str` enum member equals its value).
             count = len(treedef.children())
             self.check(f"type({x}) is not dict or len({x}) != {count}")
+            if count:
+                strings = self.constant(frozenset({str}))
+                self.check(f"{{*map(type, {x})}} != {strings}")
             return self.values(treedef, types, self.items(x, data))
         if kind is Keywords:
             self.check(f"type({x}) is not {self.constant(Keywords)}")
@@ -215,15 +219,14 @@ class Writer:
         else:
             statics = self.items(fields, names)
             same = f"all(map(_is, {statics}, {recorded}))"
-        differs = f"{statics} != {recorded}"
-        exact = exact_values(recorded_values)
-        if exact is not None:
-            keyed, hashed = self.constant(exact), self.constant(hash(exact))
-            found = self.variable()
-            differs += (
-                f" or hash({found} := _exact_key({statics})) != {hashed}"
-                f" or {found} != {keyed}"
-            )
+        exact = exact_key(recorded_values)
+        keyed, hashed = self.constant(exact), self.constant(hash(exact))
+        found = self.variable()
+        differs = (
+            f"{statics} != {recorded}"
+            f" or hash({found} := _exact_key({statics})) != {hashed}"
+            f" or {found} != {keyed}"
+        )
         if by_identity:
             differs = f"not ({same}) and ({differs})"
         self.check(differs)

@@ -8,6 +8,7 @@ of traces."""
 
 import dataclasses
 import decimal
+import enum
 import functools as ft
 from typing import Any
 
@@ -190,6 +191,66 @@ def test_a_module_holding_an_object_traces_once(level):
         assert_tree_allclose(_at(level, lambda x: filter_jit(model.method)(x)), X)
         assert_tree_allclose(_at(level, lambda x: filter_jit(model)(x)), X)
     assert len(TRACES) == 2
+
+
+class _Mode(enum.StrEnum):
+    DOUBLE = "double"
+
+
+class _Liar:
+    """Says it equals anything."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = object.__hash__
+
+
+def _tenfold_if_odd(x: Any, value: Any) -> Any:
+    return x * (10.0 if type(value) in (_Mode, _Liar) else 2.0)
+
+
+class _Noted(eqx.Module):
+    value: Any = eqx.field(static=True)
+
+    def __call__(self, x: Any) -> Any:
+        return _tenfold_if_odd(x, self.value)
+
+
+def _call_noted(x: Any, noted: _Noted) -> Any:
+    return noted(x)
+
+
+def _by_key(x: Any, table: dict[Any, Any]) -> Any:
+    return _tenfold_if_odd(x * sum(table.values()), *table)
+
+
+# Per role: the undecorated function, its decoration, and the argument made of the
+# value.
+_ROLES = {
+    "a Module's static field": (_call_noted, filter_jit, _Noted),
+    "a dict's key": (_by_key, filter_jit, lambda v: {v: jnp.ones(())}),
+    "the callable": (
+        _call_noted,
+        lambda _: lambda x, noted: filter_jit(noted)(x),
+        _Noted,
+    ),
+}
+
+
+@LEVELS
+@pytest.mark.parametrize("role", list(_ROLES))
+@pytest.mark.parametrize(
+    "values", [("double", _Mode.DOUBLE), (_Marker(), _Liar())], ids=["str", "liar"]
+)
+def test_values_equal_by_eq_but_of_other_types_are_keyed_apart(level, role, values):
+    # `==` of structures calls a string and the `str` enum member equal to it the
+    # same, and an object and one that says it equals anything; the rule keys each
+    # with its type.
+    fun, decorate, make = _ROLES[role]
+    decorated = decorate(fun)
+    for value in [*values, *values]:
+        assert_tree_allclose(_at(level, decorated, make(value)), fun(X, make(value)))
 
 
 def test_a_wrapper_of_an_equinox_transform_made_anew_traces_once():

@@ -68,8 +68,7 @@ class Route:
     the dispatcher's routes, never changed: the lookup of its entries (`get`: the
     top level's where `shares_top`), the parameter of each leaf, the shapes of call
     its hit reads (`None`: one it cannot), the output specs whose outputs the hit
-    builds inline, and the hit. `keys_aliases`: its keys say which static leaves
-    are one object (see `Dispatcher._key_aliases`), and it has no hit."""
+    builds inline, and the hit."""
 
     partition: Partition
     get: Callable[[Hashable], Entry | None]
@@ -79,13 +78,9 @@ class Route:
     calls: Mapping[Shape, HitCall | None] = dataclasses.field(default_factory=dict)
     learned: tuple[OutputSpec, ...] = ()
     hit: Hit | None = None
-    keys_aliases: bool = False
 
     def labels(self) -> list[str]:
         return [p.label for p in self.leaf_parameters]
-
-    def without_hit(self) -> "Route":
-        return dataclasses.replace(self, calls={}, learned=(), hit=None)
 
 
 def _over_bound(cache: BoundedCache[Entry], nbytes: int, entry: Entry) -> object | None:
@@ -151,7 +146,6 @@ class Dispatcher:
         route, cache, key, entry = self._lookup(
             level, fun, tree, leaves, treedef, shape, called
         )
-        partition = route.partition
         made = entry is None
         if entry is None:
             entry = self._make(level, fun, route, leaves, called, cache, key)
@@ -170,13 +164,6 @@ class Dispatcher:
             if isinstance(error, TypeError):  # a leaf JAX cannot trace, named
                 self._check_traceable(route, leaves)
             raise
-        if spec is not None and spec.aliases and not route.keys_aliases:
-            # Its trace made keys say which static leaves are one object (`_finish`):
-            # the entry serves only calls whose leaves are one object as this one's.
-            shared = cache is not self.entries[level]
-            aliased = self._key(partition, tree, leaves, shared, called, True)
-            cache.discard(key, entry)
-            cache.put(aliased, entry, partition.captured_bytes(leaves))
         self._learn(route, shape, spec)
         return out
 
@@ -189,7 +176,7 @@ class Dispatcher:
         runs, nor in a trace. The hit is made without the lock (it may run a user's
         `__eq__`); a route replaced meanwhile is left as it is (its next call learns
         again)."""
-        if not self._reads_calls(route):
+        if not self._fast:  # FILTERJIT_FASTPATH=0
             return
         calls, learned = route.calls, route.learned
         if shape not in calls and len(calls) < _MAX_HIT_CALLS:
@@ -224,7 +211,7 @@ class Dispatcher:
             functools.partial(
                 name_failure, function.name, labels, partition.dynamic_positions
             ),
-            _finisher(self, level, route),
+            _finisher(self, level),
             route.learned,
             self._shares_top,  # entries take a `CallUnderWay` (see `_entry`)
         )
@@ -258,9 +245,15 @@ class Dispatcher:
             partition.orders is None or _in_jax_order(partition.orders(tree))
         )
         cache = self.entries[TOP if shared else level]
-        key = self._key(partition, tree, leaves, shared, called, route.keys_aliases)
+        key = self._key(partition, tree, leaves, shared, called)
         try:
             entry = cache.get(key)
+            if entry is not None and not entry.serves(leaves):
+                # Its trace saw one object where this call has several: the entry of
+                # calls whose static leaves are one object as this call's are.
+                ids = [id(leaves[position]) for position in partition.static_positions]
+                key = (key, tuple(map(ids.index, ids)))
+                entry = cache.get(key)
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, partition, e) from e
         if entry is not None and not entry.valid():
@@ -274,18 +267,15 @@ class Dispatcher:
         leaves: list[object],
         shared: bool,
         called: Shape | None,
-        aliases: bool,
     ) -> Any:
         """A call's cache key, made here and nowhere else: the partition's key of
-        the leaves; nested, the insertion order of its dicts; `aliases`, which
-        static leaves are one object (see `_key_aliases`); `called`, the
-        defaulted parameters where donation depends on them (`_defaulted`)."""
+        the leaves; nested, the insertion order of its dicts; `called`, the
+        defaulted parameters where donation depends on them (`_defaulted`). (An
+        entry that serves only calls whose static leaves are one object as its
+        trace's were keys the others by which are one object: `_lookup`.)"""
         key = partition.reference_key(leaves)
         if partition.orders is not None and not shared:
             key = (key, partition.orders(tree))
-        if aliases:
-            ids = [id(leaves[position]) for position in partition.static_positions]
-            key = (key, tuple(map(ids.index, ids)))
         if called is not None:
             key = (key, self._defaulted(called))
         return key
@@ -336,7 +326,8 @@ class Dispatcher:
         with self._lock:  # not a hit that `_forget_calls` dropped meanwhile
             latest = self._latest[level]
             if not latest or latest[0] is not route.key:
-                kept = [r.key for r in self._latest_routes(level) if r is not route]
+                routes = self._latest_routes(level)
+                kept = [r.key for r in routes if r.key is not route.key]
                 latest[:] = [route.key, *kept[: _MAX_HITS_PER_LEVEL - 1]]
                 self._chain(level)
         return route
@@ -353,11 +344,6 @@ class Dispatcher:
         """Has the hits of `level`'s latest routes serve it (under the lock)."""
         routes = self._latest_routes(level)
         self.hits[level] = chained([r.hit for r in routes if r.hit is not None])
-
-    def _reads_calls(self, route: Route) -> bool:
-        """Whether `route` gets hits: the fast path is on, and its keys do not say
-        which static leaves are one object."""
-        return self._fast and not route.keys_aliases
 
     def _hit_call(self, route: Route, shape: Shape) -> HitCall | None:
         """How a hit reads calls of `shape` on `route`, or `None` where it cannot."""
@@ -409,14 +395,13 @@ class Dispatcher:
                 if call is not None:
                     call.under_way = None
         if type(out) is Carried:
-            finished = self._finish(level, route, out, leaves, True, tree, nodes)
+            finished = self._finish(level, out, leaves, True, tree, nodes)
             return finished, out.spec
         return out, None
 
     def _finish(
         self,
         level: Level,
-        route: Route,
         out: Carried,
         leaves: list[object],
         waited: bool = False,
@@ -427,8 +412,6 @@ class Dispatcher:
         with the call's containers). At the top level, a trace that holds a
         runtime check waits, to raise a failed check at the call."""
         spec = out.spec
-        if spec.aliases and not route.keys_aliases:
-            self._key_aliases(route)
         if level == STAGED:
             return spec.finish_nested(out.leaves, leaves, tree, nodes)
         if spec.runtime_check and not waited:
@@ -443,19 +426,6 @@ class Dispatcher:
             self._defaulted_by_shape = {}
             self._forget_calls()
 
-    def _key_aliases(self, route: Route) -> None:
-        """Keys `route`'s calls by which static leaves are one object from now on: a
-        trace handed back one of several that were one object (`OutputSpec.aliases`),
-        so its program serves only calls in which they are again. Its hit goes."""
-        level = route.partition.level
-        with self._lock:
-            routes = self.routes[level]
-            found = routes.get(route.key)
-            if found is not None and not found.keys_aliases:
-                aliased = dataclasses.replace(found.without_hit(), keys_aliases=True)
-                routes.put(route.key, aliased)
-                self._chain(level)
-
     def _forget_calls(self) -> None:
         """Drops every route's hit, until its calls record their shapes again."""
         self.hits[:] = [miss] * LEVELS
@@ -463,7 +433,10 @@ class Dispatcher:
             latest.clear()
         for routes in self.routes:
             for route in routes.values():
-                routes.put(route.key, route.without_hit())
+                routes.put(
+                    route.key,
+                    dataclasses.replace(route, calls={}, learned=(), hit=None),
+                )
 
     def _make(
         self,
@@ -557,9 +530,9 @@ class Dispatcher:
 
 
 def _finisher(
-    dispatcher: Dispatcher, level: Level, route: Route
+    dispatcher: Dispatcher, level: Level
 ) -> Callable[[Carried, list[Any], bool, object], Any]:
-    """`dispatcher._finish` of `route`'s outputs at `level`, for its hit: holding the
+    """`dispatcher._finish` of outputs at `level`, for a hit: holding the
     dispatcher weakly, so that its hits make no cycle through it (it is freed with
     its function, as it would be without hits). A hit runs only from a wrapper,
     which holds the dispatcher."""
@@ -568,7 +541,7 @@ def _finisher(
     def finish(out: Carried, leaves: list[Any], waited: bool, tree: object) -> Any:
         found = held()
         assert found is not None, "a hit runs only from a wrapper holding it"
-        return found._finish(level, route, out, leaves, waited, tree)
+        return found._finish(level, out, leaves, waited, tree)
 
     return finish
 

@@ -56,6 +56,7 @@ class Entry:
         "traced_avals",
         "traces",
         "guarded",
+        "aliases",
         "with_call",
         "nested",
         "_dropped_with",
@@ -84,7 +85,15 @@ class Entry:
         self.traces = Traces()  # the rows of its traces, for the retrace log
         # Whether calls take the checked path (`Dispatcher._run`); nested, always.
         self.guarded = bool(captured) or staged
+        # Groups of input positions that held one object in a trace that handed one
+        # back (`OutputSpec.aliases`): it serves only calls in which each group holds
+        # one object again (`serves`), and hits leave every call to the dispatcher.
+        self.aliases: tuple[tuple[int, ...], ...] = ()
         self._dropped_with: Any = None
+
+    def serves(self, leaves: Sequence[object]) -> bool:
+        """Whether each of `aliases` holds one object in a call's `leaves`."""
+        return all(all(leaves[p] is leaves[g[0]] for p in g) for g in self.aliases)
 
     def valid(self) -> bool:
         """Whether no NumPy array compiled in has been changed since it was keyed."""
@@ -288,7 +297,10 @@ def make_entry(
             entry.traced_avals.add(tuple(map(aval_key, dynamic)))
         if log is not None and not nested:
             log.record(labels, roles, inputs, None if entry is None else entry.traces)
-        return jit_output(output, inputs, runtime_check, boxed, containers)
+        out = jit_output(output, inputs, runtime_check, boxed, containers)
+        if entry is not None and type(out) is Carried and out.spec.aliases:
+            entry.aliases, entry.guarded = (*entry.aliases, *out.spec.aliases), True
+        return out
 
     def run_taking_call(call: CallUnderWay, *dynamic: object) -> Any:
         return trace(call, dynamic)

@@ -206,21 +206,20 @@ def _branch(
         key = found
     traced = ", ".join(arguments)
     if partition.staged:
-        # `None.captured`: no entry.
-        found = ["        if e.captured and not e.valid():"]
+        # `None.captured`: no entry. One whose trace handed back an object that was
+        # at several places: the dispatcher's (see `Entry.aliases`).
+        found = ["        if e.aliases or e.captured and not e.valid():"]
         # With the call's own pytree, for a trace (as `_entry.run_nested`).
         nested = f"    o = e.nested(u{', ' if traced else ''}{traced})"
         run = _under_way(f"({tree}, l)", [nested])
-        finish = [
-            "    if s.aliases:",
-            f"        return _finish(o, l, False, {tree})",
-            # The call's containers as a trace listed them before the function ran.
-            f"    return s.finish_nested(d, l, {tree}, u.nodes)",
-        ]
+        # The call's containers as a trace listed them before the function ran.
+        finish = [f"    return s.finish_nested(d, l, {tree}, u.nodes)"]
     else:
         found = [
             "        g = e.guarded  # `None.guarded`: no entry",
-            "        if g and e.captured and not e.valid():  # NumPy constant changed",
+            # A NumPy constant changed, or a trace handed back an object that was at
+            # several places (see `Entry.aliases`): the dispatcher's.
+            "        if g and (e.aliases or e.captured and not e.valid()):",
         ]
         # Where static leaves equal by `==` may differ, a trace takes this call's own.
         takes_call = plan.takes_call

@@ -152,8 +152,8 @@ class OutputSpec:
                 dynamic.append(position)
                 concrete[position] = leaf
         # Groups of input positions that held one object when traced, of which one
-        # came back: the dispatcher keys calls by which inputs are one object from
-        # then on (`Dispatcher._key_aliases`), so that the group holds one object.
+        # came back: its entry serves only calls in which each group holds one object
+        # (`Entry.serves`); the others are keyed by which inputs are one object.
         self.aliases = tuple(aliases)
         self.runtime_check = runtime_check
         self.dynamic_positions = tuple(dynamic)

@@ -169,6 +169,69 @@ def test_aliased_statics_at_top_level() -> None:
     assert decorated([ints[0], ints[0]]) == decorated(ints) == ints
 
 
+def _twice_and_pair(x: Any, pair: Any) -> Any:
+    return x * 2.0, pair
+
+
+_THROUGH = {
+    "top": lambda f, x, pair: f(x, pair)[1],
+    "grad": lambda f, x, pair: _through_grad(f, x, pair),
+    "jit": lambda f, x, pair: _through_jit(f, x, pair),
+}
+
+
+def _through_grad(f: Any, x: Any, pair: Any) -> Any:
+    seen = []
+    jax.grad(lambda x: seen.append(f(x, pair)[1]) or f(x, pair)[0].sum())(x)
+    return seen[0]
+
+
+def _through_jit(f: Any, x: Any, pair: Any) -> Any:
+    seen = []
+    jax.jit(lambda x: seen.append(f(x, pair)[1]) or x)(x)
+    return seen[0]
+
+
+@on_each_path
+@pytest.mark.parametrize("first", list(_THROUGH))
+@pytest.mark.parametrize("then", list(_THROUGH))
+def test_a_trace_that_saw_one_object_twice_serves_only_such_calls(first, then):
+    # A trace of `(v, v)` handing the pair back cannot tell which place each object
+    # came from: its program serves calls whose two places hold one object, at
+    # every level that shares it, however it was reached (a hit's new trace, too).
+    v, w = ValueBox(1), ValueBox(1)
+    f = filter_jit(_twice_and_pair)
+    x2, x3 = jnp.ones(2), jnp.ones(3)
+    _THROUGH[first](f, x2, (v, w))
+    aliased = _THROUGH[first](f, x3, (v, v))
+    assert aliased[0] is v and aliased[1] is v
+    for through in _THROUGH.values():
+        for x in (x2, x3):
+            distinct = through(f, x, (v, w))
+            assert distinct[0] is v and distinct[1] is w
+            one = through(f, x, (w, w))
+            assert one[0] is w and one[1] is w
+
+
+@on_each_path
+def test_one_object_twice_traces_no_more_than_equinox_at_two_levels():
+    v = ValueBox(1)
+    counts = []
+    for jit in (filter_jit, eqx.filter_jit):
+        traces = []
+
+        def f(x: Any, pair: Any) -> Any:
+            traces.append(None)
+            return x * 2.0, pair
+
+        g = jit(f)
+        for _ in range(2):
+            assert g(jnp.ones(3), (v, v))[1] == (v, v)
+            jax.grad(lambda x: g(x, (v, v))[0].sum())(jnp.ones(3))
+        counts.append(len(traces))
+    assert counts[0] <= counts[1], counts
+
+
 def test_aliased_statics_inside_jit() -> None:
     decorated = filterjit.filter_jit(identity)
     a, b, c = np.zeros(2), np.zeros(2), np.zeros(2)

@@ -31,7 +31,6 @@ from helpers import (
     reference_read,
     reference_twin,
     subprocess_env,
-    ValueBox,
 )
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, rule, RuleBasedStateMachine
@@ -436,9 +435,7 @@ def test_top_builds_inline_only_the_output_of_the_trace_it_learned():
 @needs_fast_path
 def test_a_route_is_replaced_whole_never_changed():
     # What a call teaches a route (a new shape of call) makes a new route in its
-    # place; the one a plan was made from holds what it held. A trace that hands
-    # back one of two static inputs that were one object replaces it again, with
-    # keys that say so and no hit.
+    # place; the one a plan was made from holds what it held.
     def scaled(x, scale=2.0):
         return x * scale
 
@@ -456,17 +453,6 @@ def test_a_route_is_replaced_whole_never_changed():
     assert list(second.calls) == [(1,), (1, "scale")] and second.hit is not hit
     with pytest.raises(dataclasses.FrozenInstanceError):
         second.hit = None  # pyright: ignore[reportAttributeAccessIssue]
-
-    h = filter_jit(lambda x, pair: (x, pair))
-    routes = h._dispatcher.routes[_trace.TOP]
-    h(x, (ValueBox(1), ValueBox(1)))
-    (before,) = routes.values()
-    assert before.hit is not None and not before.keys_aliases
-    two = ValueBox(2)
-    assert h(x, (two, two))[1] == (two, two)  # a trace hands back one object twice
-    (after,) = routes.values()
-    assert after.keys_aliases and after.hit is None and not after.calls
-    assert before.hit is not None and not before.keys_aliases
 
 
 def test_a_hit_builds_a_bounded_number_of_outputs_inline():

@@ -187,13 +187,13 @@ class Dispatcher:
                 learned = (*learned, spec)
         if calls is route.calls and learned is route.learned:
             return
-        plan = dataclasses.replace(route, calls=calls, learned=learned)
-        hit = hit_caller(self.plan_of(plan, plan.get))
+        taught = dataclasses.replace(route, calls=calls, learned=learned)
+        hit = hit_caller(self.plan_of(taught, taught.get))
         level = route.partition.level
         with self._lock:
             routes = self.routes[level]
             if routes.get(route.key) is route:
-                routes.put(route.key, dataclasses.replace(plan, hit=hit))
+                routes.put(route.key, dataclasses.replace(taught, hit=hit))
                 if any(key is route.key for key in self._latest[level]):
                     self._chain(level)
 
@@ -251,8 +251,7 @@ class Dispatcher:
             if entry is not None and not entry.serves(leaves):
                 # Its trace saw one object where this call has several: the entry of
                 # calls whose static leaves are one object as this call's are.
-                ids = [id(leaves[position]) for position in partition.static_positions]
-                key = (key, tuple(map(ids.index, ids)))
+                key = self._key(partition, tree, leaves, shared, called, True)
                 entry = cache.get(key)
         except Exception as e:
             raise key_error(self.function, fun, leaves, treedef, partition, e) from e
@@ -267,15 +266,19 @@ class Dispatcher:
         leaves: list[object],
         shared: bool,
         called: Shape | None,
+        aliases: bool = False,
     ) -> Any:
         """A call's cache key, made here and nowhere else: the partition's key of
-        the leaves; nested, the insertion order of its dicts; `called`, the
-        defaulted parameters where donation depends on them (`_defaulted`). (An
-        entry that serves only calls whose static leaves are one object as its
-        trace's were keys the others by which are one object: `_lookup`.)"""
+        the leaves; nested, the insertion order of its dicts; `aliases`, which
+        static leaves are one object (for a call an entry does not serve: see
+        `Entry.serves`); `called`, the defaulted parameters where donation depends
+        on them (`_defaulted`)."""
         key = partition.reference_key(leaves)
         if partition.orders is not None and not shared:
             key = (key, partition.orders(tree))
+        if aliases:
+            ids = [id(leaves[position]) for position in partition.static_positions]
+            key = (key, tuple(map(ids.index, ids)))
         if called is not None:
             key = (key, self._defaulted(called))
         return key

@@ -299,7 +299,8 @@ def make_entry(
             log.record(labels, roles, inputs, None if entry is None else entry.traces)
         out = jit_output(output, inputs, runtime_check, boxed, containers)
         if entry is not None and type(out) is Carried and out.spec.aliases:
-            entry.aliases, entry.guarded = (*entry.aliases, *out.spec.aliases), True
+            entry.aliases = (*entry.aliases, *out.spec.aliases)
+            entry.guarded = True
         return out
 
     def run_taking_call(call: CallUnderWay, *dynamic: object) -> Any:

@@ -33,6 +33,7 @@ from . import _trace, _tracebacks
 from ._donated import check_not_deleted
 from ._function import Function
 from ._leaves import compares_elementwise, is_array, NUMPY_TYPES
+from ._level import EAGER, Level, TOP
 from ._partition import Partition
 from ._structure import PyTreeDef
 
@@ -194,11 +195,42 @@ def integer_scalars(
     ]
 
 
-# Where filter_jit traces NumPy and JAX scalars, and why: the notes' common part.
-_WHERE = (
-    "wherever no `jax.jit` encloses the call, at the top level and under `jax.grad`, "
-    "`jax.vmap` or another transform applied outside one"
+# Where filter_jit traces NumPy and JAX scalars, by the level of the call.
+_WHERE = {
+    TOP: "was called at the top level, where filter_jit traces NumPy and JAX scalars "
+    "as it traces arrays",
+    EAGER: "was called under eager transforms (`jax.grad`, `jax.vmap` or another, "
+    "with no `jax.jit` around the call), where filter_jit traces NumPy and JAX "
+    "scalars as it traces arrays, as at the top level",
+}
+# Where the level is unknown: every place it does.
+_WHERE_ANY = (
+    "traces NumPy and JAX scalars as it traces arrays wherever no `jax.jit` encloses "
+    "the call: at the top level, and under `jax.grad`, `jax.vmap` or another "
+    "transform applied outside one"
 )
+
+
+def _traced_where(name: str, level: Level | None) -> str:
+    """Why a call of `name` at `level` (`None`: unknown) traced its NumPy and JAX
+    scalars: the notes' common first part."""
+    where = _WHERE_ANY
+    if level is not None and _trace.private_api_available:
+        where = _WHERE.get(level, _WHERE_ANY)
+    return f"`{name}` {where}"
+
+
+def _scalar_fixes(label: str, python_type: str) -> str:
+    """The two fixes for a traced scalar, `label`, whose value Python needed: the
+    notes' common last part."""
+    return (
+        f"Pass a Python {python_type} instead (`{python_type}({label})`): every "
+        "Python scalar is static (filter_jit has no `static_argnums`), and each new "
+        "value traces anew. Or make the call inside a `jax.jit` (a training step's, "
+        f"say) that holds `{label}` as a constant (closed over, not one of its "
+        "arguments): inside it, filter_jit passes NumPy and concrete JAX values on "
+        "as they are."
+    )
 
 
 def name_failure(
@@ -247,13 +279,10 @@ def explain_failure(
     first = scalars[0]
     python_type = "bool" if first.dtype.kind == "b" else "int"
     error.add_note(
-        f"filter_jit: `{name}` traces NumPy and JAX scalars as it traces arrays "
-        f"{_WHERE} (here {listed}), and Python cannot use the value of a traced "
-        "scalar (as a shape, in `range(n)`, `if n` or an index). Pass a Python int "
-        f"or bool instead (`{python_type}({first.label})`): it is static, "
-        "and each new value traces anew (filter_jit has no `static_argnums`: every "
-        "Python scalar is static). For a loop over a traced count, use "
-        "`jax.lax.fori_loop`."
+        f"filter_jit: {_traced_where(name, _trace.trace_level())} (here {listed}). "
+        "Python cannot use the value of a traced scalar (as a shape, in `range(n)`, "
+        f"`int(n)`, `if n` or an index). {_scalar_fixes(first.label, python_type)} "
+        "For a loop over a traced count, use `jax.lax.fori_loop`."
     )
 
 
@@ -290,16 +319,12 @@ def note_loop_in_trace(error: Exception, name: str, scalars: Sequence[_Scalar]) 
     if not named:
         return
     listed = "; ".join(f"`{s.label}`, a scalar of dtype {s.dtype}" for s in named)
-    first = named[0].label
     error.add_note(
-        f"filter_jit: the `lax.fori_loop` here has bounds that `{name}` traced: it "
-        f"traces NumPy and JAX scalars as it traces arrays {_WHERE} (here {listed}). "
-        "A `fori_loop` whose start or stop is traced is a `lax.while_loop`, which "
-        "reverse-mode differentiation cannot go through. Pass a Python int instead "
-        f"(`int({first})`): it is static, and the loop is a `lax.scan` again. Or "
-        "make the call inside a `jax.jit` that holds the scalar as a constant (say "
-        f"`jax.jit(lambda x: {name}(x, {first}))(x)`): inside a staged "
-        "computation filter_jit passes NumPy and concrete JAX values on as they are."
+        f"filter_jit: the `lax.fori_loop` here has bounds that `{name}` traced: "
+        f"{_traced_where(name, None)} (here {listed}). A `fori_loop` whose start or "
+        "stop is traced is a `lax.while_loop`, which reverse-mode differentiation "
+        "cannot go through (with static bounds it is a `lax.scan`). "
+        f"{_scalar_fixes(named[0].label, 'int')}"
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from traceback import format_exception
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,6 +54,7 @@ def test_nested_array_exception_leaves_outer_trace_usable():
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(filterjit.__file__))
+_TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 # Raises a shape error in a cold call (traced for the first time, on the reference
@@ -264,22 +266,80 @@ def test_a_traced_scalar_that_python_needs_gets_the_note(case, scalar):
     notes = [n for n in getattr(info.value, "__notes__", ()) if "filter_jit" in n]
     assert len(notes) == 1, (str(info.value), info.value.__notes__)
     kind = "NumPy" if isinstance(scalar, np.generic) else "JAX"
+    assert "was called at the top level" in notes[0]
     assert f"(here `n`, a {kind} int" in notes[0]
     assert "`int(n)`" in notes[0]
     # JAX's advice about an option filter_jit does not take is gone.
     assert "try using `static_argnums`" not in str(info.value)
-    # And the note is right: a Python int runs.
+    # And the note is right: a Python int runs; inside a `jax.jit` holding `n`, the
+    # call does what the undecorated one does (a JAX `n > 1` is traced there too).
     f(jnp.ones(6), 3)
+    outcomes = []
+    for g in (f, _NEEDS_A_VALUE[case]):
+        try:
+            outcomes.append(jax.jit(lambda x: g(x, scalar))(jnp.ones(6)))
+        except Exception as error:
+            outcomes.append(type(error))
+    assert jax.tree.all(jax.tree.map(np.array_equal, *outcomes)), outcomes
 
 
-def test_a_traced_scalar_under_an_eager_transform_gets_the_note():
-    f = filter_jit(lambda x, n: (x * jnp.zeros(n)).sum())
-    for transform in (jax.grad, ft.partial(jax.vmap, in_axes=(0, None))):
-        with pytest.raises(TypeError) as info:
-            transform(f)(jnp.ones(2), np.int32(3))
-        (note,) = [n for n in info.value.__notes__ if "filter_jit" in n]
-        assert "(here `n`, a NumPy int32)" in note and "`int(n)`" in note
-        assert "under `jax.grad`, `jax.vmap`" in note  # where, and so why
+class _Config(eqx.Module):
+    n: Any
+
+
+def _pad_mask(x, n_valid):  # a library's helper: its size a NumPy config value
+    mask = jnp.ones(n_valid)  # where Python needs the value
+    return jnp.pad(mask, (0, x.shape[0] - n_valid)) * x
+
+
+# Eager transforms around a loss whose helper needs its size's value.
+_EAGER: dict[str, Callable[[Callable[[Any], Any], Any], Any]] = {
+    "grad": lambda loss, x: jax.grad(loss)(x),
+    "vjp": lambda loss, x: jax.vjp(loss, x)[1](1.0),
+    "jvp": lambda loss, x: jax.jvp(loss, (x,), (x,)),
+    "vmap": lambda loss, x: jax.vmap(loss)(x[None]),
+}
+
+
+@pytest.mark.parametrize("transform", list(_EAGER))
+def test_a_numpy_size_under_an_eager_transform_gets_the_note_and_its_fixes_run(
+    transform,
+):
+    # Debugging a step without its `jax.jit`: the helper's NumPy size, a constant
+    # inside the `jax.jit`, is traced under the eager transform, as at the top level.
+    run = _EAGER[transform]
+    config = _Config(np.int64(12))
+    pad_mask = filter_jit(_pad_mask)
+    x = jnp.arange(16.0)
+    nested = filter_jit(lambda x, config: pad_mask(x, config.n).sum())
+    for loss, label, name in [
+        (lambda x: pad_mask(x, config.n).sum(), "n_valid", "_pad_mask"),
+        (lambda x: nested(x, config), "config.n", "<lambda>"),  # nested helper
+    ]:
+        with pytest.raises(TypeError, match="Shapes must be") as info:
+            run(loss, x)
+        notes = [n for n in getattr(info.value, "__notes__", ()) if "filter_jit" in n]
+        assert len(notes) == 1, (str(info.value), getattr(info.value, "__notes__", ()))
+        assert f"{name}` was called under eager transforms" in notes[0]  # where
+        assert "as at the top level" in notes[0]  # and why
+        assert f"(here `{label}`, a NumPy int64)" in notes[0]
+        assert f"`int({label})`" in notes[0]  # the fixes
+        assert f"`jax.jit` (a training step's, say) that holds `{label}`" in notes[0]
+        # At the user's line: the innermost frame shown outside JAX is the
+        # helper's, and none is filterjit's.
+        codes = [frame.f_code for frame in traceback_frames(info.value)]
+        ours = [c for c in codes if c.co_filename.startswith(_PACKAGE + os.sep)]
+        outside_jax = [c for c in codes if c.co_filename.startswith(_TESTS)]
+        assert ours == [] and outside_jax[-1] is _pad_mask.__code__, codes
+    # The note is right: a Python int, or the `jax.jit` kept, runs as the
+    # undecorated program does.
+    reference = run(lambda x: _pad_mask(x, config.n).sum(), x)
+    fixed = [
+        run(lambda x: pad_mask(x, int(config.n)).sum(), x),
+        jax.jit(lambda x: run(lambda x: pad_mask(x, config.n).sum(), x))(x),
+    ]
+    for out in fixed:
+        assert jax.tree.all(jax.tree.map(np.array_equal, out, reference))
 
 
 def test_a_prng_key_among_the_traced_arguments_leaves_the_users_error_as_it_is():
@@ -332,7 +392,7 @@ def test_the_reverse_mode_loop_error_in_a_trace_names_the_traced_scalar_and_the_
     assert f"(here `{bound}`, a scalar of dtype int32)" in notes[0]
     assert "`jax.grad`" in notes[0]  # why it was traced there
     assert f"`int({bound})`" in notes[0]
-    assert f"jax.jit(lambda x: {loop.__name__}(x, {bound}))(x)" in notes[0]
+    assert f"`jax.jit` (a training step's, say) that holds `{bound}`" in notes[0]
     # Shown once, though JAX quotes the error in the loop's stack it attaches.
     printed = "".join(format_exception(info.value))
     assert printed.count("filter_jit: the `lax.fori_loop`") == 1, printed
@@ -428,7 +488,7 @@ def test_a_numpy_or_jax_integer_in_range_names_the_argument_and_the_fix(make):
         steps(jnp.ones(1), make(3))
     notes = [n for n in getattr(info.value, "__notes__", []) if "filter_jit" in n]
     assert len(notes) == 1, notes
-    assert "steps` traces NumPy and JAX scalars" in notes[0]
+    assert "steps` was called at the top level" in notes[0]
     assert re.search(r"`count`, a (NumPy|JAX) int(32|64)", notes[0]), notes[0]
     assert "Pass a Python int" in notes[0] and "`int(count)`" in notes[0]
     assert steps(jnp.ones(1), 3).tolist() == [4.0]  # as the note says

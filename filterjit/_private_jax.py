@@ -76,3 +76,11 @@ try:
     from jax._src.lib.mlir import ir  # pyright: ignore[reportPrivateImportUsage]
 except ImportError:  # pragma: no cover
     mlir = ir = None
+
+# For loading an export (`_export._program`): the reader of a serialized
+# `jax.export.Exported` (a flatbuffer), so that its parts are checked before JAX
+# parses them.
+try:
+    from jax._src.export import serialization_generated as export_flatbuffers
+except ImportError:  # pragma: no cover - the canary test says when this happens
+    export_flatbuffers = None

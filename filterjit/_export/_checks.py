@@ -1,11 +1,9 @@
 """A call of an export checked against what it saved: its arguments' structure and
 static values, its arrays' shapes and dtypes, and its symbolic sizes."""
 
-import ast
 import dataclasses
 import json
-import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -14,6 +12,7 @@ from jax.core import ShapedArray, Tracer
 
 from .._leaves import is_array
 from .._partition import static_key
+from . import _dims as dims
 from ._names import (
     fields_of,
     is_named,
@@ -191,22 +190,28 @@ def check_sizes(fun_name: str, sizes: list[tuple[str, int, Any]]) -> None:
     dimension alone (`b`), or solved where an expression holds one unknown
     (`2*b`); then every expression must give the size it stands for."""
     values: dict[str, tuple[int, str]] = {}  # each dimension's value, and where
-    expressions: list[tuple[str, int, str, ast.expr]] = []
+    expressions: list[tuple[str, int, str, dims.Dimension]] = []
     for where, size, expected in sizes:
         text = str(expected)
-        if text.isidentifier():
-            first = values.setdefault(text, (size, where))
-            if first[0] != size:
-                raise TypeError(
-                    f"{fun_name}: `{where}` is {size}, but `{first[1]}` is "
-                    f"{first[0]}, and the export has `{text}` for both. Pass arrays "
-                    "whose sizes agree."
-                )
-        else:  # JAX writes a power `b^2`
-            tree = ast.parse(text.replace("^", "**"), mode="eval").body
-            expressions.append((where, size, text, tree))
+        try:
+            tree = dims.parse(text)
+        except dims.DimensionError:
+            continue  # a form this reader does not know: JAX's check names it
+        if tree[0] == "sum" and len(tree[1]) == 1 and tree[1][0][0] == 1:
+            ((_, product),) = tree[1]
+            if len(product[1]) == 1 and product[1][0][0] == "name":
+                text = product[1][0][1]
+                first = values.setdefault(text, (size, where))
+                if first[0] != size:
+                    raise TypeError(
+                        f"{fun_name}: `{where}` is {size}, but `{first[1]}` is "
+                        f"{first[0]}, and the export has `{text}` for both. Pass "
+                        "arrays whose sizes agree."
+                    )
+                continue
+        expressions.append((where, size, text, tree))
     for where, size, text, tree in expressions:
-        unknown = sorted(_dimension_names(tree) - set(values))
+        unknown = sorted(dims.names(tree) - set(values))
         if len(unknown) == 1 and not _solve(tree, unknown[0], size, values, where):
             raise TypeError(
                 f"{fun_name}: `{where}` is {size}, but the export has `{text}` "
@@ -215,63 +220,26 @@ def check_sizes(fun_name: str, sizes: list[tuple[str, int, Any]]) -> None:
             )
     for where, size, text, tree in expressions:
         env = {name: value for name, (value, _) in values.items()}
-        if not _dimension_names(tree) <= set(env):
+        if not dims.names(tree) <= set(env):
             continue  # dimensions no size determines: JAX's own check names them
-        if _evaluate(tree, env) != size:
+        try:
+            found = dims.evaluate(tree, env)
+        except ZeroDivisionError:
+            continue  # JAX's own check names it
+        if found != size:
             given = ", ".join(
                 f"`{name}` = {values[name][0]} (from `{values[name][1]}`)"
-                for name in sorted(_dimension_names(tree))
+                for name in sorted(dims.names(tree))
             )
             raise TypeError(
                 f"{fun_name}: `{where}` is {size}, but the export has `{text}` "
-                f"there, which is {_evaluate(tree, env)} with {given}. Pass arrays "
-                "whose sizes agree."
+                f"there, which is {found} with {given}. Pass arrays whose sizes "
+                "agree."
             )
 
 
-_DIMENSION_FUNCTIONS: dict[str, Callable[..., int]] = {
-    "floordiv": operator.floordiv,
-    "mod": operator.mod,
-    "max": max,
-    "min": min,
-    "non_negative": lambda a: max(a, 0),
-}
-_OPERATORS: dict[type, Callable[[int, int], int]] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Pow: operator.pow,
-}
-
-
-def _dimension_names(tree: ast.expr) -> set[str]:
-    return {
-        node.id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Name) and node.id not in _DIMENSION_FUNCTIONS
-    }
-
-
-def _evaluate(tree: ast.expr, env: dict[str, int]) -> int:
-    """The value of a dimension expression as JAX writes it (`2*b + 1`,
-    `floordiv(b, 2)`), its dimensions' values in `env`."""
-    if isinstance(tree, ast.Constant) and type(tree.value) is int:
-        return tree.value
-    if isinstance(tree, ast.Name):
-        return env[tree.id]
-    if isinstance(tree, ast.UnaryOp) and isinstance(tree.op, ast.USub):
-        return -_evaluate(tree.operand, env)
-    if isinstance(tree, ast.BinOp):
-        operation = _OPERATORS[type(tree.op)]
-        return operation(_evaluate(tree.left, env), _evaluate(tree.right, env))
-    if isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name):
-        function = _DIMENSION_FUNCTIONS[tree.func.id]
-        return function(*(_evaluate(argument, env) for argument in tree.args))
-    raise ValueError(f"not a dimension expression: {ast.unparse(tree)}")
-
-
 def _solve(
-    tree: ast.expr,
+    tree: dims.Dimension,
     name: str,
     size: int,
     values: dict[str, tuple[int, str]],
@@ -281,16 +249,19 @@ def _solve(
     linear in it (`2*b + 1`): `False` if no value gives `size`; `True` else."""
     env = {known: value for known, (value, _) in values.items()}
     try:
-        at_0 = _evaluate(tree, {**env, name: 0})
-        slope = _evaluate(tree, {**env, name: 1}) - at_0
-        linear = _evaluate(tree, {**env, name: 2}) - at_0 == 2 * slope
-    except (ValueError, KeyError, ZeroDivisionError):
+        at_0 = dims.evaluate(tree, {**env, name: 0})
+        slope = dims.evaluate(tree, {**env, name: 1}) - at_0
+        linear = dims.evaluate(tree, {**env, name: 2}) - at_0 == 2 * slope
+    except ZeroDivisionError:
         return True
     if slope == 0 or not linear:
         return True
     value = (size - at_0) // slope
     if (size - at_0) % slope != 0 or value < 1:
         return False
-    if _evaluate(tree, {**env, name: value}) == size:
-        values[name] = (value, where)
+    try:
+        if dims.evaluate(tree, {**env, name: value}) == size:
+            values[name] = (value, where)
+    except ZeroDivisionError:
+        pass
     return True

@@ -94,12 +94,15 @@ class Parameters:
 class Argument:
     """One bound argument: its key, whether the exporting call passed it, its saved
     data (`None`: a default that could not be saved) and its traced leaves' labels;
-    where exported in this process, its structure and the classes it names."""
+    whether the exporting call passed its parameter's default (static data equal to
+    it), so that a call leaving it to its default is the same call; where exported
+    in this process, its structure and the classes it names."""
 
     key: int | str
     given: bool
     data: Any
     labels: list[str]
+    default: bool = False
     treedef: PyTreeDef | None = None
     exact: Any = None
     classes: dict[str, type] = dataclasses.field(default_factory=dict)
@@ -108,6 +111,13 @@ class Argument:
 
 
 # -- The output: its structure with its static leaves, traced leaves marked.
+
+
+class Slot:
+    """The place of a traced leaf in an output's data, in the order it is read."""
+
+    def __init__(self, index: int):
+        self.index = index
 
 
 class Template:
@@ -119,6 +129,11 @@ class Template:
         self.leaves = [leaf for _, leaf in paths]
         self.labels = [label + jtu.keystr(path) for path, _ in paths]
         self.traced = sum(leaf is TRACED or leaf is SIZE for leaf in self.leaves)
+        self.sizes = [i for i, leaf in enumerate(self.leaves) if leaf is SIZE]
+        if data is not None:  # which traced leaf of the data each output fills
+            numbered = decode(data, fill=lambda leaf, index: Slot(index))
+            slots = [x for x in jtu.tree_leaves(numbered) if isinstance(x, Slot)]
+            self.slots = [slot.index for slot in slots]
         self.exact = exact_aux(self.treedef)
         self.prototype, self.label, self.data = prototype, label, data
 
@@ -133,18 +148,25 @@ class Template:
         return data
 
     def finish(self, outputs: Iterator[Any]) -> Any:
-        """The output of a call, from the program's outputs."""
-
-        def fill(leaf: Any) -> Any:
-            if leaf is SIZE:  # an empty array whose last axis has that size
-                return int(next(outputs).shape[-1])
-            return next(outputs)
-
+        """The output of a call, from the program's outputs (in the order its
+        structure flattens, as the program returned them); where loaded, rebuilt
+        from its data without running the classes' `__init__`."""
         if self.data is not None:
+            by_slot = [None] * len(self.slots)
+            for slot, value in zip(self.slots, outputs, strict=True):
+                by_slot[slot] = value
+
+            def fill(leaf: Sentinel, index: int) -> Any:
+                value = by_slot[index]
+                return int(value.shape[-1]) if leaf is SIZE else value
+
             return decode(self.data, fill=fill)
         leaves = [
-            x if x is not TRACED and x is not SIZE else fill(x) for x in self.leaves
+            x if x is not TRACED and x is not SIZE else next(outputs)
+            for x in self.leaves
         ]
+        for position in self.sizes:  # an empty array whose last axis has that size
+            leaves[position] = int(leaves[position].shape[-1])
         return self.treedef.unflatten(leaves)
 
 
@@ -299,7 +321,7 @@ class Exported(Generic[_P, _T]):
         `sizes`: collects each symbolic dimension's place, size and expression."""
         fun_name, name = self.fun_name, self._parameters.name(argument.key)
         if value is DEFAULT:
-            if argument.given:
+            if argument.given and not argument.default:
                 raise TypeError(
                     f"{fun_name}: argument `{name}` was passed when exported and "
                     "is left to its default now. Pass it, or export again."
@@ -400,6 +422,7 @@ class Exported(Generic[_P, _T]):
                     "given": argument.given,
                     "value": data,
                     "labels": argument.labels,
+                    "default": argument.default,
                 }
             )
         header = {

@@ -8,11 +8,18 @@ from typing import Any
 
 import jax
 import jax.tree_util as jtu
+import numpy as np
 
 from .. import _private_jax as jax_private
 from ._exported import Argument, DEFAULTS, Exported, KINDS, Parameters, Template
 from ._payload import PayloadError, unpack
-from ._values import check, decode, Malformed, need
+from ._program import (
+    check_entry_point,
+    check_serialized,
+    donated_inputs,
+    MAX_DERIVATIVES,
+)
+from ._values import check, decode, Malformed, need, SIZE, TRACED
 
 
 # Without JAX's list, the targets JAX itself emits for sharding and shape checks
@@ -85,13 +92,11 @@ custom_call_targets: Callable[[jax.export.Exported], list[str]] = (
 # Targets that hold an address in the process that made the program: never valid
 # in a payload, whatever the export allowed.
 _NEVER_ALLOWED = ("xla_python_", "xla_ffi_python_", "xla_ffi_partitioned_python_")
-# How a serialized MLIR module in bytecode begins (MLIR's bytecode format).
-_MLIR_BYTECODE = b"ML\xefR"
 
 
-def _check_custom_calls(exported: jax.export.Exported, depth: int) -> None:
+def _check_custom_calls(exported: jax.export.Exported) -> None:
     """Raises for a custom call outside JAX's stable targets and those the export
-    allowed, in the program and in its `depth` orders of derivatives."""
+    allowed, in one order of the program (the function or a derivative)."""
     allowed = set(STABLE_TARGETS)
     for disabled in exported.disabled_safety_checks:
         target = disabled.is_custom_call()
@@ -114,48 +119,30 @@ def _check_custom_calls(exported: jax.export.Exported, depth: int) -> None:
                 f"DisabledSafetyCheck.custom_call({target!r})]` if this process "
                 "provides it.",
             )
-    if depth > 0:
-        _check_custom_calls(_vjp_of(exported), depth - 1)
 
 
-def _vjp_of(exported: jax.export.Exported) -> jax.export.Exported:
-    """The program's derivative, which the header says the payload holds."""
-    if not exported.has_vjp():
-        raise PayloadError(
-            "program",
-            "the payload's header says its program holds its derivative "
-            "(`vjp_order`), and the program holds none (a corrupt or crafted "
-            "payload). Save it again.",
-        )
-    return exported.vjp()
-
-
-def _check_program(exported: jax.export.Exported, depth: int) -> None:
-    """Before JAX parses its StableHLO: the form of the program's module and its
-    inputs' calling convention, and its `depth` orders of derivatives'."""
-    count = len(exported.in_avals)
-    kept = exported.module_kept_var_idx
-    if not exported.mlir_module_serialized.startswith(_MLIR_BYTECODE):
-        raise PayloadError(
-            "program",
-            "the payload's program holds no StableHLO module in MLIR's bytecode "
-            "(a corrupt or crafted payload). Save it again.",
-        )
-    if list(kept) != sorted(set(kept)) or not all(0 <= i < count for i in kept):
-        raise PayloadError(
-            "program",
-            f"the payload's program keeps inputs {list(kept)} of {count}, which "
-            "`jax.export` cannot have written (a corrupt or crafted payload).",
-        )
-    if exported.in_tree != jtu.tree_structure((tuple(range(count)), {})):
-        raise PayloadError(
-            "program",
-            "the payload's program does not take its arrays as positional "
-            "arguments, as an export of filterjit does (a corrupt or crafted "
-            "payload).",
-        )
-    if depth > 0:
-        _check_program(_vjp_of(exported), depth - 1)
+def _check_program(exported: jax.export.Exported, vjp_order: int) -> list[int]:
+    """Each order of the program (as many as `check_serialized` found, the header's
+    `vjp_order`), read by JAX: its calling convention, its entry point's types
+    against its avals, its custom calls. Returns the inputs it donates."""
+    donated: list[int] = []
+    level = exported
+    for order in range(vjp_order + 1):
+        count = len(level.in_avals)
+        if level.in_tree != jtu.tree_structure((tuple(range(count)), {})):
+            raise PayloadError(
+                "program",
+                "the payload's program does not take its arrays as positional "
+                "arguments, as an export of filterjit does (a corrupt or crafted "
+                "payload).",
+            )
+        entry = check_entry_point(level, order)
+        if order == 0:
+            donated = donated_inputs(level, entry)
+        _check_custom_calls(level)
+        if order < vjp_order:
+            level = level.vjp()
+    return donated
 
 
 @contextlib.contextmanager
@@ -229,18 +216,25 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
         raise _malformed("its function, parameters or arguments") from None
     fun_name, parameters, arguments, output_data, donated, vjp_order = parts
     try:
-        output = Template(decode(output_data), "output", output_data)
-    except (PayloadError, TypeError):
-        raise  # a function it may not name; a class to register
-    except (Malformed, LookupError, ValueError, RecursionError):
+        marked = check(output_data)  # builds nothing: what it marks is counted
+    except (Malformed, RecursionError):
         raise _malformed("its output") from None
-    with _jax_reading():  # its Python parts: the StableHLO is not parsed yet
+    check_serialized(program, vjp_order)  # bounded, before JAX reads any of it
+    with _jax_reading():  # parses the StableHLO, and its derivatives'
         exported = jax.export.deserialize(bytearray(program))
-        _check_program(exported, vjp_order)
-    if len(set(donated)) != len(donated) or not all(
-        0 <= i < len(exported.in_avals) for i in donated
-    ):
-        raise _malformed("its donated inputs")
+        program_donates = _check_program(exported, vjp_order)
+    if sorted(donated) != program_donates:
+        raise PayloadError(
+            "header",
+            f"the payload's header donates inputs {sorted(donated)[:8]}, and its "
+            f"program donates {program_donates[:8]} (a corrupt or crafted "
+            "payload): a call would delete arrays its program does not take over.",
+        )
+    try:
+        output = Template(decode(output_data), "output", output_data)
+    except Malformed:
+        raise _malformed("its output") from None
+    _check_output(output, marked, exported)
     try:
         loaded = Exported(exported, fun_name, parameters, arguments, output, donated)
     except ValueError:
@@ -250,9 +244,25 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
             "arguments and output hold other arrays than its program takes "
             f"({len(exported.in_avals)}) and returns ({len(exported.out_avals)}).",
         ) from None
-    with _jax_reading():  # parses the StableHLO, and its derivatives'
-        _check_custom_calls(exported, vjp_order)
     return loaded
+
+
+def _check_output(output: Template, marked: int, exported: jax.export.Exported) -> None:
+    """Raises unless each array the output's data marks is a leaf of the output
+    rebuilt (not in a static field, a frozenset or a dict's key), and each symbolic
+    size is one the program returns as an empty `int8[0, size]`."""
+    if output.traced != marked:
+        raise _malformed(
+            f"its output (it marks {marked} arrays, {output.traced} of them leaves)"
+        )
+    outputs = [
+        i for i, leaf in enumerate(output.leaves) if leaf is TRACED or leaf is SIZE
+    ]
+    for aval, position in zip(exported.out_avals, outputs):
+        if output.leaves[position] is SIZE and not (
+            aval.dtype == np.int8 and len(aval.shape) == 2 and aval.shape[0] == 0
+        ):
+            raise _malformed(f"its output (a size where the program returns {aval})")
 
 
 def _read_header(
@@ -270,14 +280,17 @@ def _read_header(
     for argument in header["arguments"]:
         parts = ("key", "given", "value", "labels")
         key, given, value, labels = (argument[part] for part in parts)
+        default = argument["default"]
         need(type(key) in (int, str) and type(given) is bool)
+        need(type(default) is bool and (given or not default))
+        need(not default or (labels == [] and value is not None))
         need(isinstance(labels, list) and all(isinstance(x, str) for x in labels))
         if value is not None:
             check(value)
-        arguments.append(Argument(key, given, value, labels))
+        arguments.append(Argument(key, given, value, labels, default))
     donated, vjp_order = header["donated"], header["vjp_order"]
     need(isinstance(donated, list) and all(type(i) is int for i in donated))
-    need(type(vjp_order) is int and 0 <= vjp_order < 8)
+    need(type(vjp_order) is int and 0 <= vjp_order <= MAX_DERIVATIVES)
     parameters = Parameters(fun_name, saved, names)
     return fun_name, parameters, arguments, header["output"], donated, vjp_order
 

@@ -23,6 +23,11 @@ def is_namedtuple_type(kind: type) -> bool:
     return issubclass(kind, tuple) and hasattr(kind, "_fields")
 
 
+def is_node_type(kind: type) -> bool:
+    """Whether a payload saves instances of `kind` by their fields."""
+    return is_namedtuple_type(kind) or dataclasses.is_dataclass(kind)
+
+
 def fields_of(kind: type) -> list[str]:
     """The fields a node of a registrable type is saved and rebuilt by."""
     if is_namedtuple_type(kind):
@@ -160,6 +165,28 @@ PRIVATE_DEFAULTS = ("equinox.nn._mlp:_identity",)
 public classes (`eqx.nn.MLP`'s `final_activation`)."""
 
 
+TOUCHING_FILES_OR_PROCESSES = frozenset(
+    {
+        "jax.numpy:fromfile",
+        "jax.numpy:load",
+        "jax.numpy:save",
+        "jax.numpy:savez",
+        "jax.numpy:printoptions",
+        "jax.numpy:set_printoptions",
+        "equinox:clear_caches",
+        "equinox:default_deserialise_filter_spec",
+        "equinox:default_serialise_filter_spec",
+        "equinox:filter_pure_callback",
+        "equinox:tree_deserialise_leaves",
+        "equinox:tree_pprint",
+        "equinox:tree_serialise_leaves",
+    }
+)
+"""Public callables of `LIBRARY_MODULES` that no payload may name: they read or
+write files, print, call back into Python or change the process's state, which a
+model's outputs never need."""
+
+
 def _referable(value: Any) -> bool:
     return callable(value) and not isinstance(value, types.ModuleType)
 
@@ -168,6 +195,7 @@ def allowed_name(name: str) -> bool:
     """Whether `module:attribute` is among what a payload may name."""
     module_name, _, attribute = name.partition(":")
     public = module_name in LIBRARY_MODULES and not attribute.startswith("_")
+    public = public and name not in TOUCHING_FILES_OR_PROCESSES
     return (public and attribute.isidentifier()) or name in PRIVATE_DEFAULTS
 
 
@@ -179,8 +207,9 @@ def library_name(value: Any) -> str | None:
     for module_name in LIBRARY_MODULES:
         module = sys.modules.get(module_name)
         for attribute, item in list(vars(module).items()) if module else ():
-            if item is value and not attribute.startswith("_"):
-                return f"{module_name}:{attribute}"
+            name = f"{module_name}:{attribute}"
+            if item is value and allowed_name(name):
+                return name
     return next((n for n in PRIVATE_DEFAULTS if resolve_reference(n) is value), None)
 
 
@@ -204,7 +233,8 @@ def not_allowed(name: str) -> PayloadError:
         "header",
         f"the payload names `{name}`, which is not among what a payload may name "
         "(a crafted payload): the public functions and classes of "
-        f"{', '.join(LIBRARY_MODULES)}, Equinox's defaults "
+        f"{', '.join(LIBRARY_MODULES)} but those that touch files or processes "
+        f"(`TOUCHING_FILES_OR_PROCESSES`), Equinox's defaults "
         f"{', '.join(PRIVATE_DEFAULTS)}, and what `filterjit.register_serializable` "
         "registered.",
     )

@@ -11,7 +11,7 @@ import jax
 
 
 MAGIC = b"filterjit.export\n"
-FORMAT = 3
+FORMAT = 4
 """The payload format this version of filterjit writes and reads."""
 
 # After the magic: the format, the header's length and the program's length; after
@@ -63,6 +63,20 @@ class PayloadError(ValueError):
         self.region = region
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused where a key appears twice (which JSON readers
+    disagree on: the last one wins here, the first elsewhere)."""
+    found = dict(pairs)  # keys are strings, whose hashes Python randomizes
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return found
+
+
 def unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
     """The header and the program of a payload that `pack` made, its checksum and
     versions checked. Raises a `PayloadError` saying what is wrong otherwise."""
@@ -112,7 +126,17 @@ def unpack(data: bytes) -> tuple[dict[str, Any], bytes]:
             "changed or damaged byte). Save it again.",
         )
     try:
-        header = json.loads(data[_START : _START + header_length].decode("utf-8"))
+        header = json.loads(
+            data[_START : _START + header_length].decode("utf-8"),
+            object_pairs_hook=_object,
+        )
+    except _DuplicateKey as error:
+        raise PayloadError(
+            "header",
+            f"the payload's header is not valid (a crafted payload): its key "
+            f"{str(error)[:80]!r} appears twice in one object, which "
+            "`serialize()` never writes.",
+        ) from None
     except (UnicodeDecodeError, ValueError, RecursionError):
         header = None
     if not isinstance(header, dict):

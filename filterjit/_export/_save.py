@@ -3,6 +3,7 @@ what `filter_jit` keeps static (the arguments' and output's structures and stati
 leaves) as data."""
 
 import functools as ft
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
@@ -11,16 +12,17 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 
 from .._aot import Specialisation
-from .._binding import positional_names, Shape
+from .._binding import BOUND, positional_names, Shape
 from .._exact import exact_aux
-from .._function import Function
+from .._function import call_signature, Function
 from .._jax_jit import _as_tuple, JitWrapper
 from .._jit import filter_jit, FilterJitWrapper
 from .._options import make_options
 from .._output import finish
 from ._checks import is_traced
 from ._exported import Argument, encoded, Exported, Parameters, Template
-from ._values import Encoding, SIZE, TRACED
+from ._program import donated_inputs, entry_point
+from ._values import encode, Encoding, SIZE, TRACED, Unsavable
 
 
 _P = ParamSpec("_P")
@@ -111,6 +113,32 @@ def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
     return FilterJitWrapper(wrapper._function, options)
 
 
+def _defaults(fun: Any) -> dict[int | str, Any]:
+    """The saved data of each default of `fun`'s signature that a payload holds,
+    by the key its argument is bound at (a position, or a keyword-only name)."""
+    signature = call_signature(fun)
+    found: dict[int | str, Any] = {}
+    positional = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    )
+    parameters = [] if signature is None else signature.parameters.values()
+    keys = [
+        position if p.kind in positional else p.name
+        for position, p in enumerate(parameters)
+    ]
+    for key, parameter in zip(keys, parameters):
+        if parameter.kind in (*positional, inspect.Parameter.KEYWORD_ONLY):
+            if parameter.default is not inspect.Parameter.empty and (
+                parameter.default is not BOUND
+            ):
+                try:
+                    found[key] = encode(parameter.default, "", Encoding())
+                except Unsavable:
+                    pass  # an array, or what a payload cannot hold: compiled in
+    return found
+
+
 def _arguments(
     function: Function, fun: Any, called: Specialisation, shape: Shape
 ) -> tuple[list[Argument], list[int], list[tuple[str, Any]]]:
@@ -127,17 +155,19 @@ def _arguments(
     given = {key for key, (source, _) in sources.items() if source != "default"}
     opaque: list[tuple[str, Any]] = []
     encoding, arguments = Encoding(opaque), []
+    defaults = _defaults(fun)
     for key, prototype in [*enumerate(args), *sorted(kwargs.items())]:
         label, first = function.label(key), len(opaque)
         data = encoded(prototype, label, function.name, encoding)
         paths, treedef = jtu.tree_flatten_with_path(prototype)
         labels = [label + jtu.keystr(p) for p, leaf in paths if leaf is TRACED]
         argument = Argument(
-            key, key in given, data, labels, treedef, exact_aux(treedef)
+            key, key in given, data, labels, treedef=treedef, exact=exact_aux(treedef)
         )
         # The classes the arguments name, filled as they are encoded.
         argument.classes = encoding.names
         argument.opaque = first if len(opaque) > first else None
+        argument.default = key in given and key in defaults and defaults[key] == data
         arguments.append(argument)
     inputs = []
     for position, parameter in enumerate(function.leaf_parameters(partition.treedef)):
@@ -197,12 +227,22 @@ def _export(
         positions = called.partition.dynamic_positions
         by_leaf = {positions[i] for i, flag in enumerate(flags) if flag}
         donated = [i for i, position in enumerate(inputs) if position in by_leaf]
-    exported = jax.export.export(
-        jax.jit(program, donate_argnums=tuple(donated)),
-        platforms=platforms,
-        disabled_checks=disabled_checks,
-    )(*specs)
+    try:
+        exported = jax.export.export(
+            jax.jit(program, donate_argnums=tuple(donated)),
+            platforms=platforms,
+            disabled_checks=disabled_checks,
+        )(*specs)
+    except NotImplementedError as error:
+        if "host_callbacks" not in str(error):
+            raise
+        raise TypeError(_host_callbacks(function.name, program, specs)) from error
     (output,) = found
+    _refuse_symbolic_statics(output, function.name)
+    # What the program donates, as the loader reads it: an input JAX found no use
+    # for is not donated.
+    entry = entry_point(exported.mlir_module())
+    donated = donated_inputs(exported, entry)
     return Exported(
         exported,
         function.name,
@@ -212,3 +252,77 @@ def _export(
         donated,
         opaque,
     )
+
+
+def _refuse_symbolic_statics(output: Template, fun_name: str) -> None:
+    """Raises where the output holds a symbolic size in a static part (a Module's
+    static field, a dict's key), which no call could give a value."""
+    statics: list[tuple[str, Any]] = []
+    try:
+        encode(output.prototype, output.label, Encoding(statics))
+    except Unsavable:
+        pass  # what `serialize()` names
+    for where, value in statics:
+        if not isinstance(value, int) and jax.export.is_symbolic_dim(value):
+            raise TypeError(
+                f"{fun_name}: `{where}` is the symbolic size `{value}` in a static "
+                "part of the output (a static field, a dict's key), which the "
+                "export cannot give the size of a call. Return it where it is a "
+                "leaf (`xs.shape[0]` in a tuple, or a field that is not static), "
+                "or export with a concrete size."
+            )
+
+
+def _host_callbacks(
+    fun_name: str, program: Callable[..., Any], specs: list[Any]
+) -> str:
+    """Why a program with host callbacks cannot be exported, naming them (traced
+    again: this is the error's path alone)."""
+    found: list[str] = []
+
+    def walk(jaxpr: Any) -> None:
+        for equation in jaxpr.eqns:
+            if "callback" in equation.primitive.name:
+                found.append(_callback_name(equation))
+            for parameter in equation.params.values():
+                inner = (
+                    parameter if isinstance(parameter, tuple | list) else [parameter]
+                )
+                for item in inner:
+                    item = getattr(item, "jaxpr", item)  # a closed jaxpr's own
+                    if hasattr(item, "eqns"):
+                        walk(item)
+
+    walk(jax.make_jaxpr(program)(*specs).jaxpr)
+    named = ", ".join(dict.fromkeys(found)) or "a host callback"
+    return (
+        f"{fun_name}: cannot export a program that calls back into Python: "
+        f"{named}. A payload holds no Python, and a callback names a function of "
+        "this process. Export without it: for an Equinox runtime check, set the "
+        "environment variable `EQX_ON_ERROR=nan` before Equinox is imported (a "
+        "failed check then gives NaNs, not an error), or leave the check out "
+        "(diffrax: `diffeqsolve(..., throw=False)`, and read the solution's "
+        "`result`); leave out `jax.debug.print` and `jax.debug.callback`."
+    )
+
+
+_LIBRARIES = ("/jax/", "/jaxlib/", "/equinox/", "/filterjit/")
+
+
+def _callback_name(equation: Any) -> str:
+    """A host callback as the export error names it: the runtime check it is, and
+    where the user's code made it (where its traceback says)."""
+    traceback = equation.source_info.traceback
+    frames = [] if traceback is None else traceback.frames
+    files = [frame.file_name.replace("\\", "/") for frame in frames]
+    user = next(
+        (f for f, name in zip(frames, files) if not any(p in name for p in _LIBRARIES)),
+        None,
+    )
+    where = "" if user is None else f" at {user.file_name}:{user.line_num}"
+    if any(name.endswith("equinox/_errors.py") for name in files):
+        return (
+            "an Equinox runtime check (`eqx.error_if`, `eqx.branched_error_if`; "
+            f"diffrax's `throw=True` makes one){where}"
+        )
+    return f"`{equation.primitive.name}`{where}"

@@ -5,6 +5,8 @@ nothing, unpickles nothing and calls no user `__init__`."""
 import base64
 import dataclasses
 import enum
+import json
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,6 +18,7 @@ from ._names import (
     by_name,
     fields_of,
     is_namedtuple_type,
+    is_node_type,
     is_state_type,
     library_name,
     names_by_id,
@@ -24,6 +27,7 @@ from ._names import (
     state_type,
     type_name,
 )
+from ._payload import PayloadError
 
 
 class Sentinel:
@@ -160,31 +164,47 @@ def need(condition: bool) -> None:
         raise Malformed
 
 
+MAX_NESTING = 200
+"""How deeply a payload's values may nest (containers in containers)."""
+MAX_COLLISIONS = 8
+"""The most members of a saved frozenset (or keys of a dict) whose hashes may be
+equal: more cannot have been saved, and would make building it quadratic."""
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]{0,4299})")  # as `str(int)` writes one
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
+
+
 def _float(text: Any) -> float:
     need(isinstance(text, str) and len(text) < 64)
-    return float.fromhex(text)
+    try:
+        return float.fromhex(text)
+    except (ValueError, OverflowError):
+        raise Malformed from None
 
 
 def decode_scalar(data: Any) -> Any:
     """What `_SCALAR_DATA` saved."""
     tag = data[0]
     if tag == "none":
+        need(len(data) == 1)
         return None
+    if tag == "complex":
+        need(len(data) == 3)
+        return complex(_float(data[1]), _float(data[2]))
+    need(len(data) == 2)
     if tag == "bool":
         need(type(data[1]) is bool)
         return data[1]
     if tag == "int":
-        need(isinstance(data[1], str) and len(data[1]) < 5000)
+        need(isinstance(data[1], str) and _INTEGER.fullmatch(data[1]) is not None)
         return int(data[1])
     if tag == "float":
         return _float(data[1])
-    if tag == "complex":
-        return complex(_float(data[1]), _float(data[2]))
     if tag == "str":
         need(isinstance(data[1], str))
         return data[1]
     if tag == "bytes":
-        need(isinstance(data[1], str))
+        need(isinstance(data[1], str) and len(data[1]) % 4 == 0)
+        need(_BASE64.fullmatch(data[1]) is not None)
         return base64.b64decode(data[1], validate=True)
     raise Malformed
 
@@ -192,73 +212,111 @@ def decode_scalar(data: Any) -> Any:
 SCALAR_TAGS = frozenset({"none", "bool", "int", "float", "complex", "str", "bytes"})
 
 
-def unregistered(name: str) -> TypeError:
+def unregistered(name: str) -> PayloadError:
     short = name.rpartition(".")[2]
-    return TypeError(
-        f"filterjit.deserialize: the payload returns a `{name}`, a type that this "
-        "process has not registered, so it is not loaded (loading never imports "
-        "what a payload names). Import the class and register it under that "
-        f"name first: `filterjit.register_serializable({short})` where it is "
-        f"`{name}` here too, else `filterjit.register_serializable({short}, "
-        f"name={name!r})`."
+    return PayloadError(
+        "header",
+        f"the payload returns a `{name}`, a type that this process has not "
+        "registered, so it is not loaded (loading never imports what a payload "
+        "names). Import the class and register it under that name first: "
+        f"`filterjit.register_serializable({short})` where it is `{name}` here "
+        f"too, else `filterjit.register_serializable({short}, name={name!r})`.",
     )
 
 
 def decode(
     data: Any,
     classes: Mapping[str, Any] | None = None,
-    fill: Callable[[Any], Any] | None = None,
+    fill: Callable[[Sentinel, int], Any] | None = None,
 ) -> Any:
-    """The prototype that `encode` saved, its classes found in `classes` (else those
-    registered), built without `__init__`; with `fill`, each traced leaf (`TRACED`
-    or `SIZE`) replaced by `fill(leaf)`. Raises `Malformed` for data `encode` cannot
-    have written."""
-    return _Decoder(by_name if classes is None else classes, fill).decode(data)
+    """The prototype that `encode` saved (`TRACED` or `SIZE` at traced leaves), its
+    classes found in `classes` (else those registered), built without `__init__`;
+    with `fill`, the `i`-th traced leaf read is `fill(leaf, i)`. Raises `Malformed`
+    for data `encode` cannot have written, and `PayloadError` for a class or
+    function this process cannot give it. Check `data` first (`check`): this
+    builds its frozensets and dicts."""
+    return _Decoder(by_name if classes is None else classes, fill).decode(data, 0)
 
 
-def check(data: Any) -> None:
-    """Raises `Malformed` unless `data` is what `encode` writes, building nothing (a
-    call's argument is checked against the names of the classes it names)."""
-    _Decoder({}, None, build=False).decode(data)
+def check(data: Any) -> int:
+    """Raises `Malformed` unless `data` is what `encode` writes, building nothing
+    hashable (no frozenset, dict or instance): members of a frozenset and keys of a
+    dict are told apart by their saved data. Returns how many traced leaves (and
+    symbolic sizes) it marks."""
+    decoder = _Decoder({}, None, build=False)
+    decoder.decode(data, 0)
+    return decoder.marked
 
 
-def _hashable(value: Any) -> Any:
+def _distinct(items: list[Any]) -> None:
+    """Raises `Malformed` unless the saved data `items` are distinct (told apart by
+    their JSON text, whose hash Python randomizes)."""
+    texts = {json.dumps(item) for item in items}
+    need(len(texts) == len(items))
+
+
+def _spread(values: list[Any]) -> list[Any]:
+    """`values`, raising `Malformed` unless each is hashable and no more than
+    `MAX_COLLISIONS` of them share a hash: what a frozenset or dict of them costs
+    to build is then linear."""
     try:
-        hash(value)
+        hashes = sorted(hash(value) for value in values)
     except TypeError:
         raise Malformed from None
-    return value
+    run = 1
+    for before, after in zip(hashes, hashes[1:]):
+        run = run + 1 if before == after else 1
+        need(run <= MAX_COLLISIONS)
+    return values
 
 
 class _Decoder:
     def __init__(
         self,
         classes: Mapping[str, Any],
-        fill: Callable[[Any], Any] | None,
+        fill: Callable[[Sentinel, int], Any] | None,
         build: bool = True,
     ):
         self.classes = classes
         self.fill = fill
         self.build = build  # else only check: classes, enums and names unresolved
+        self.marked = 0  # the traced leaves and sizes read
 
-    def decode(self, data: Any) -> Any:
-        need(isinstance(data, list) and len(data) >= 1)
+    def decode(self, data: Any, depth: int) -> Any:
+        need(isinstance(data, list) and len(data) >= 1 and depth < MAX_NESTING)
+        depth += 1
         tag = data[0]
         if tag in ("traced", "size"):
             need(len(data) == 1)
             leaf = TRACED if tag == "traced" else SIZE
-            return leaf if self.fill is None else self.fill(leaf)
+            self.marked += 1
+            return leaf if self.fill is None else self.fill(leaf, self.marked - 1)
         if tag in SCALAR_TAGS:
             return decode_scalar(data)
         if tag in ("tuple", "list", "frozenset"):
             need(len(data) == 2 and isinstance(data[1], list))
-            items = [self.decode(item) for item in data[1]]
             if tag == "frozenset":
-                return frozenset(map(_hashable, items))
+                _distinct(data[1])
+            items = [self.decode(item, depth) for item in data[1]]
+            if not self.build:
+                return None
+            if tag == "frozenset":
+                members = frozenset(_spread(items))
+                need(len(members) == len(items))
+                return members
             return tuple(items) if tag == "tuple" else items
         if tag == "dict":
             need(len(data) == 2 and isinstance(data[1], list))
-            return dict(self._pair(pair) for pair in data[1])
+            for pair in data[1]:
+                need(isinstance(pair, list) and len(pair) == 2)
+            _distinct([key for key, _ in data[1]])
+            keys = [self.decode(key, depth) for key, _ in data[1]]
+            values = [self.decode(value, depth) for _, value in data[1]]
+            if not self.build:
+                return None
+            built = dict(zip(_spread(keys), values))
+            need(len(built) == len(keys))
+            return built
         if tag in ("dtype", "scalar_type"):
             need(len(data) == 2 and isinstance(data[1], str) and len(data[1]) < 40)
             need(data[1].isidentifier())
@@ -269,12 +327,13 @@ class _Decoder:
             need(str(dtype) == data[1])
             return dtype if tag == "dtype" else dtype.type
         if tag == "enum":
-            need(len(data) == 3 and isinstance(data[2], str))
+            need(len(data) == 3 and isinstance(data[1], str))
+            need(isinstance(data[2], str))
             if not self.build:
-                return need(isinstance(data[1], str))
-            kind = self.classes.get(data[1]) if isinstance(data[1], str) else None
+                return None
+            kind = self.classes.get(data[1])
             if kind is None:
-                raise unregistered(str(data[1]))
+                raise unregistered(data[1])
             need(isinstance(kind, type) and issubclass(kind, enum.Enum))
             need(data[2] in kind.__members__)
             return kind.__members__[data[2]]
@@ -287,66 +346,68 @@ class _Decoder:
                 return None
             found = resolve_reference(name)
             if found is None:
-                raise TypeError(
-                    f"filterjit.deserialize: the payload returns `{name}`, which is "
-                    "neither a JAX or Equinox function of a module already imported "
-                    "here nor registered (loading never imports what a payload "
-                    "names). Import that module, or register the function with "
-                    f"`filterjit.register_serializable(f, name={name!r})`."
+                raise PayloadError(
+                    "header",
+                    f"the payload returns `{name}`, which is neither a JAX or "
+                    "Equinox function of a module already imported here nor "
+                    "registered (loading never imports what a payload names). "
+                    "Import that module, or register the function with "
+                    f"`filterjit.register_serializable(f, name={name!r})`.",
                 )
             return found
         if tag == "state":
-            return self._state(data)
+            return self._state(data, depth)
         if tag == "node":
-            return self._node(data)
+            return self._node(data, depth)
         raise Malformed
 
-    def _pair(self, pair: Any) -> tuple[Any, Any]:
-        need(isinstance(pair, list) and len(pair) == 2)
-        return _hashable(self.decode(pair[0])), self.decode(pair[1])
-
-    def _state(self, data: Any) -> Any:
-        kind = state_type() if self.build else None
-        if kind is None and self.build:
-            raise TypeError(
-                "filterjit.deserialize: the payload returns an `eqx.nn.State`: "
-                "import equinox before loading it (loading never imports it)."
-            )
-        need(len(data) == 3)
-        keys, children = self.decode(data[1]), data[2]
-        need(isinstance(keys, tuple) and isinstance(children, list))
-        need(len(keys) == len(children))
-        need(all(isinstance(key, (str, int)) for key in keys))
-        values = [self.decode(child) for child in children]
-        if kind is None:  # only checking
+    def _state(self, data: Any, depth: int) -> Any:
+        need(len(data) == 3 and isinstance(data[2], list))
+        keys = data[1]
+        need(isinstance(keys, list) and len(keys) == 2 and keys[0] == "tuple")
+        need(isinstance(keys[1], list) and len(keys[1]) == len(data[2]))
+        need(all(isinstance(k, list) and k[:1] in (["str"], ["int"]) for k in keys[1]))
+        _distinct(keys[1])
+        built_keys = self.decode(keys, depth)
+        values = [self.decode(child, depth) for child in data[2]]
+        if not self.build:
             return None
-        return kind.tree_unflatten(keys, values)
+        kind = state_type()
+        if kind is None:
+            raise PayloadError(
+                "header",
+                "the payload returns an `eqx.nn.State`: import equinox before "
+                "loading it (loading never imports it).",
+            )
+        _spread(list(built_keys))
+        return kind.tree_unflatten(built_keys, values)
 
-    def _node(self, data: Any) -> Any:
+    def _node(self, data: Any, depth: int) -> Any:
         need(len(data) == 3 and isinstance(data[1], str))
         need(isinstance(data[2], list))
         name, saved = data[1], data[2]
         for pair in saved:
             need(isinstance(pair, list) and len(pair) == 2)
             need(isinstance(pair[0], str))
+        _distinct([field for field, _ in saved])
         if not self.build:
             for _, item in saved:
-                self.decode(item)
+                self.decode(item, depth)
             return None
         kind = self.classes.get(name)
         if kind is None:
             raise unregistered(name)
-        need(isinstance(kind, type))
+        need(isinstance(kind, type) and is_node_type(kind))
         fields = [field for field, _ in saved]
         expected = fields_of(kind)
         if fields != expected:
-            raise TypeError(
-                f"filterjit.deserialize: the payload's `{name}` has the fields "
-                f"{fields}, but the class registered under that name has "
-                f"{expected}. Load it with the version of the class it was saved "
-                "with."
+            raise PayloadError(
+                "header",
+                f"the payload's `{name}` has the fields {fields}, but the class "
+                f"registered under that name has {expected}. Load it with the "
+                "version of the class it was saved with.",
             )
-        values = [self.decode(item) for _, item in saved]
+        values = [self.decode(item, depth) for _, item in saved]
         if is_namedtuple_type(kind):
             return tuple.__new__(kind, values)
         node = object.__new__(kind)  # as jax.tree_util unflattens a Module

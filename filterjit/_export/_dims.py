@@ -14,8 +14,8 @@ MAX_TEXT = 1000
 """The longest dimension a payload may hold, in characters."""
 MAX_NESTING = 8
 """How deeply `floordiv`, `mod`, `max` and `min` may nest in one dimension."""
-MAX_POWER = 64
-"""The largest power of a factor (`b^64`)."""
+MAX_POWER = 8
+"""The largest power of a factor (`b^8`)."""
 MAX_TERMS = 256
 """The most terms one dimension may expand to while JAX reads it (the product of
 sums that `max` and `min` can simplify to, raised to their powers)."""

@@ -8,6 +8,7 @@ import jax
 import jax.extend.core
 
 from ._dispatch import Dispatcher
+from ._entry import ForCall
 from ._output import finish
 from ._tracebacks import hiding_frames
 
@@ -20,7 +21,8 @@ class Specialisation:
         self._function = dispatcher.function
         self.name = dispatcher.function.name
         entry, self.partition, self.dynamic, self.leaves = self._abstract(args, kwargs)
-        self.jitted: Any = entry.jitted  # a `jax.jit` object
+        # Its traces see this call's leaves, as every trace sees its own call's.
+        self.jitted = ForCall(entry, self.leaves)
         self.statics = list(self.partition.statics(self.leaves))
         self._donates = dispatcher.options.donate != "none"
         self._defaulted = self._left_to_defaults(args, kwargs)

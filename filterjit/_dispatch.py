@@ -17,7 +17,7 @@ from . import _fastpath, _trace
 from ._binding import Args, Kwargs, LeafParameter, Shape
 from ._cache import BoundedCache
 from ._diagnostics import Explanation, TraceLog
-from ._entry import aval_key, Entry, EntryMaker, make_entry, run_nested, with_leaves
+from ._entry import aval_key, Entry, EntryMaker, ForCall, make_entry, run_nested
 from ._errors import (
     call_checked,
     check_traceable,
@@ -213,7 +213,6 @@ class Dispatcher:
             ),
             _finisher(self, level),
             route.learned,
-            self._shares_top,  # entries take a `CallUnderWay` (see `_entry`)
         )
 
     def _flattened(
@@ -388,15 +387,11 @@ class Dispatcher:
             out, nodes = run_nested(entry, tree, leaves, dynamic)
         else:
             name = self.function.name
-            jitted, call = entry.jitted, None
-            if entry.with_call is not None and route.partition.by_eq:
+            jitted = entry.jitted
+            if route.partition.by_eq:
                 # Static leaves equal by `==` may differ: a trace takes this call's.
-                jitted, call = with_leaves(entry, leaves)
-            try:
-                out = call_checked(jitted, dynamic, name, entry.awaited, entry.labels)
-            finally:
-                if call is not None:
-                    call.under_way = None
+                jitted = ForCall(entry, leaves)
+            out = call_checked(jitted, dynamic, name, entry.awaited, entry.labels)
         if type(out) is Carried:
             finished = self._finish(level, out, leaves, True, tree, nodes)
             return finished, out.spec
@@ -467,20 +462,23 @@ class Dispatcher:
             route.leaf_parameters,
             leaves,
             defaulted,
-            # Only nested calls, which hand over their own, trace a nested entry.
-            keeps_call=level != STAGED or top,
         )
         nbytes = partition.captured_bytes(leaves)
         over_bound = _over_bound(cache, nbytes, entry)
         if over_bound is not None:
             nbytes = 0  # held for that trace alone, uncounted
+        # What the entry must not outlive: the trace it is kept for, and the arrays
+        # its key names by identity (the key of a dead one's id proves nothing).
+        mortals = [leaves[p] for p in partition.identity_positions]
+        if over_bound is not None:
+            mortals.append(over_bound)
         with self._lock:
             found = cache.get(key)
             if found is not None and found.valid():
                 return found
             cache.put(key, entry, nbytes)
-        if over_bound is not None:
-            entry.drop_with(over_bound, cache, key)
+            if mortals:
+                entry.drop_with(mortals, cache, key)
         return entry
 
     def _check_traceable(self, route: Route, leaves: list[object]) -> None:

@@ -20,7 +20,7 @@ from ._diagnostics import TraceLog, Traces
 from ._donated import record
 from ._errors import identifier, integer_scalars, note_loop_in_trace, traced_a_check
 from ._exact import ndarray_key
-from ._function import Function, python_function
+from ._function import bound_arrays, Function, python_function
 from ._level import ABSTRACT, EAGER, Level, STAGED, TOP
 from ._nested import nested_caller
 from ._options import Options, UNSPECIFIED
@@ -65,18 +65,19 @@ class Entry:
 
     def __init__(
         self,
-        jitted: Callable[..., object],
+        with_call: Callable[..., object],
         captured: Sequence[tuple[np.ndarray, object]],
         staged: bool,
         labels: list[str] | None = None,
-        with_call: Callable[..., object] | None = None,
     ):
-        # Called with the traced leaves (at the top level, ahead of time).
-        self.jitted = jitted
-        # Where nested calls can find it, called with a `CallUnderWay` first (see
-        # `run_nested`; at the top level, `TOP_CALL`), and what calls it nested.
+        # The jitted function, called with a `CallUnderWay` first, the call a trace
+        # sees (see `run_nested` and `ForCall`), then the traced leaves; what calls
+        # it nested; and what calls it with `TOP_CALL`, a trace then seeing the
+        # leaves of the call that made the entry (at C speed: a call whose static
+        # leaves its key proves the same).
         self.with_call = with_call
-        self.nested = None if with_call is None else nested_caller(with_call)
+        self.nested = nested_caller(with_call)
+        self.jitted = TopCall(with_call, TOP_CALL)
         self.labels = labels or []  # of the traced leaves, for errors
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
@@ -115,16 +116,17 @@ class Entry:
         ]
 
     def drop_with(
-        self, trace: object, cache: "BoundedCache[Entry]", key: Hashable
+        self, mortals: Sequence[object], cache: "BoundedCache[Entry]", key: Hashable
     ) -> None:
-        """Drops this entry from `cache` when `trace` ends (dies)."""
+        """Drops this entry from `cache` when the first of `mortals` dies (a trace
+        ends, an array keyed by its `id` is freed)."""
         cache_ref, entry_ref = weakref.ref(cache), weakref.ref(self)
 
         def drop(_: object) -> None:  # `discard` ignores an entry that died first
             if (alive := cache_ref()) is not None:
                 alive.discard(key, entry_ref())
 
-        self._dropped_with = weakref.ref(trace, drop)
+        self._dropped_with = [weakref.ref(mortal, drop) for mortal in mortals]
 
 
 class CallUnderWay(int):
@@ -178,15 +180,40 @@ def run_nested(
         call.under_way = call.nodes = None
 
 
-def with_leaves(entry: Entry, leaves: list[object]) -> tuple[Any, CallUnderWay]:
-    """`entry`'s jitted function for a top-level call, with the call's `leaves` at
-    hand for a trace (its static leaves, not those of the call that made the
-    entry: equal by `==`, they may differ), and the `CallUnderWay` holding them,
-    to be emptied when the call returns."""
-    assert entry.with_call is not None  # an entry that takes a call
-    call = CallUnderWay()
-    call.under_way = (None, leaves)
-    return ft.partial(entry.with_call, call), call
+class ForCall:
+    """An entry's jitted function for one top-level or ahead-of-time call, whose
+    traces see that call's `leaves` (its static leaves, not those of the call that
+    made the entry: equal by `==`, they may differ): called, lowered, traced or
+    shape-evaluated with the traced leaves alone, each time with a `CallUnderWay`
+    that holds the leaves meanwhile and is emptied when it returns (JAX keeps it
+    in its cache key)."""
+
+    __slots__ = ("_with_call", "_leaves")
+
+    def __init__(self, entry: Entry, leaves: list[object]):
+        self._with_call = entry.with_call
+        self._leaves = leaves
+
+    def _run(self, stage: str | None, dynamic: Sequence[object]) -> Any:
+        call = CallUnderWay()
+        call.under_way = (None, self._leaves)
+        run = self._with_call if stage is None else getattr(self._with_call, stage)
+        try:
+            return run(call, *dynamic)
+        finally:
+            call.under_way = call.nodes = None
+
+    def __call__(self, *dynamic: object) -> Any:
+        return self._run(None, dynamic)
+
+    def lower(self, *dynamic: object) -> Any:
+        return self._run("lower", dynamic)
+
+    def trace(self, *dynamic: object) -> Any:
+        return self._run("trace", dynamic)
+
+    def eval_shape(self, *dynamic: object) -> Any:
+        return self._run("eval_shape", dynamic)
 
 
 def _signature(labels: list[str]) -> inspect.Signature:
@@ -219,16 +246,17 @@ def make_entry(
     leaf_parameters: list[LeafParameter],
     leaves: Sequence[object],
     defaulted: tuple[str, ...] = (),
-    keeps_call: bool = True,
 ) -> Entry:
     """The entry for a call with these leaves, not yet traced. `defaulted`: the
-    parameters the call left to their defaults (not donated). `keeps_call`:
-    whether it keeps the call's static leaves, for a trace at the top level (a
-    nested entry's calls hand over their own)."""
+    parameters the call left to their defaults (not donated)."""
     function, options, trace_log = maker
     treedef, dynamic_positions = partition.treedef, partition.dynamic_positions
     labels = [p.label for p in leaf_parameters]
-    # Keep no traced leaf alive.
+    # The call's static leaves, kept for the traces of calls that hand over none
+    # (`TOP_CALL`): at the top level, where the key proves them the same. Every
+    # other call hands over its own (`ForCall`, `run_nested`), and nothing else is
+    # kept: no array, nor a value that may hold one.
+    keeps_call = level != STAGED and not partition.by_eq
     template: list[Any] = list(leaves) if keeps_call else [None] * len(leaves)
     for position in dynamic_positions:
         template[position] = None
@@ -237,7 +265,8 @@ def make_entry(
     staged = level == STAGED
     deep = partition.deep
     boxed = not staged and options.out_shardings is not UNSPECIFIED
-    arrays = [leaves[p] for p in partition.array_positions]
+    # The NumPy arrays its traces may compile in: checked for changes before use.
+    arrays = [leaves[p] for p in partition.array_positions] + bound_arrays(fun)
     captured = [(a, ndarray_key(a)) for a in arrays if isinstance(a, np.ndarray)]
     # `run` keeps alive neither its entry (a cycle) nor a function (its caches').
     entry_ref: Callable[[], Entry | None]
@@ -303,20 +332,13 @@ def make_entry(
             entry.guarded = True
         return out
 
-    def run_taking_call(call: CallUnderWay, *dynamic: object) -> Any:
+    def run(call: CallUnderWay, *dynamic: object) -> Any:
         return trace(call, dynamic)
 
-    def run_top(*dynamic: object) -> Any:
-        return trace(None, dynamic)
-
-    # Nested calls can find it (see `Options.same_at_every_level`).
-    takes_call = staged or options.same_at_every_level
-    run = run_taking_call if takes_call else run_top
     # So that JAX's messages point at the user's function and name its arguments.
     run.__name__ = function.name.rpartition(".")[2]
     run.__qualname__ = function.name
-    signature = _signature([*(["(call)"] if takes_call else []), *traced_labels])
-    run.__signature__ = signature  # pyright: ignore[reportFunctionMemberAccess]
+    run.__signature__ = _signature(["(call)", *traced_labels])  # pyright: ignore[reportFunctionMemberAccess]
     # JAX follows `__wrapped__` to a `__code__` (the function and its `self` unkept).
     if (found := python_function(fun)) is not None:
         code = found[0].__code__
@@ -337,19 +359,16 @@ def make_entry(
     donated: tuple[int, ...] = ()
     if level in (TOP, ABSTRACT) and options.donate != "none":
         donated = _donated(options, function, leaf_parameters, partition, defaulted)
-        jitkwargs["donate_argnums"] = donated
-    if takes_call:
-        jitkwargs["static_argnums"] = 0  # the `CallUnderWay`
-    jitted = with_call = jax.jit(run, **jitkwargs)
-    if takes_call:
-        jitted = TopCall(with_call, TOP_CALL)
-    else:
-        with_call = None
+        # Counted among the positional arguments, the `CallUnderWay` first.
+        jitkwargs["donate_argnums"] = tuple(i + 1 for i in donated)
+    # Every trace takes a `CallUnderWay` first, the call it is made for.
+    jitkwargs["static_argnums"] = 0
+    with_call = jax.jit(run, **jitkwargs)
     if options.donate in ("all", "all-except-first") and level == TOP:
-        jitted = _silencing(jitted)
+        with_call = _silencing(with_call)
     if donated:
-        jitted = _recording(jitted, donated, function.name, traced_labels)
-    entry = Entry(jitted, captured, staged, traced_labels, with_call)
+        with_call = _recording(with_call, donated, function.name, traced_labels)
+    entry = Entry(with_call, captured, staged, traced_labels)
     entry_ref = weakref.ref(entry)
     return entry
 
@@ -360,13 +379,14 @@ def _recording(
     name: str,
     labels: list[str],
 ) -> Any:
-    """`jitted`, noting (weakly) which arrays each call donated, for the error that
+    """`jitted` (which takes a `CallUnderWay` first), noting (weakly) which arrays
+    each call donated, for the error that
     passing one again raises (see `_donated`)."""
     donated_labels = [labels[i] for i in donated]
     every = donated == tuple(range(len(labels)))
 
-    def call(*dynamic: object) -> Any:
-        out = jitted(*dynamic)
+    def call(taken: CallUnderWay, *dynamic: object) -> Any:
+        out = jitted(taken, *dynamic)
         arrays = dynamic if every else [dynamic[i] for i in donated]
         record(arrays, name, donated_labels)
         return out

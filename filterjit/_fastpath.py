@@ -67,8 +67,7 @@ class HitPlan(NamedTuple):
     hit raises it as it was); `finish(out, leaves, waited, tree)`, an output that
     needs more than its spec (the dispatcher's: see `Dispatcher._finish`);
     `learned`, the specs of plain outputs of the partition's traces, whose outputs
-    it builds inline; `takes_call`: whether entries take a `CallUnderWay` first
-    (see `Options.same_at_every_level`)."""
+    it builds inline."""
 
     partition: Partition
     calls: tuple[HitCall, ...]
@@ -78,7 +77,6 @@ class HitPlan(NamedTuple):
     failed: Callable[[list[Any], Exception], None]
     finish: Callable[[Carried, list[Any], bool, object], Any]
     learned: tuple[OutputSpec, ...] = ()
-    takes_call: bool = False
 
 
 def chained(hits: Sequence[Hit]) -> Hit:
@@ -213,7 +211,7 @@ def _branch(
         nested = f"    o = e.nested(u{', ' if traced else ''}{traced})"
         run = _under_way(f"({tree}, l)", [nested])
         # The call's containers as a trace listed them before the function ran.
-        finish = [f"    return s.finish_nested(d, l, {tree}, u.nodes)"]
+        finish = [f"    return s.finish_nested(d, l, {tree}, n)"]
     else:
         found = [
             "        g = e.guarded  # `None.guarded`: no entry",
@@ -222,11 +220,10 @@ def _branch(
             "        if g and (e.aliases or e.captured and not e.valid()):",
         ]
         # Where static leaves equal by `==` may differ, a trace takes this call's own.
-        takes_call = plan.takes_call
-        current = takes_call and partition.by_eq
+        current = partition.by_eq
         under_way = "u" if current else "_top_call"
         checked = "_partial(e.with_call, u)" if current else "e.jitted"
-        jitted = f"e.with_call({under_way}, " if takes_call else "e.jitted("
+        jitted = f"e.with_call({under_way}, "
         run = [
             "    if g:  # run and waited for in one checked call",
             f"        o = _checked({checked}, [{traced}], _name, e.awaited, e.labels)",
@@ -289,14 +286,17 @@ def _static_tuple(writer: Writer, partition: Partition, leaves: list[str]) -> st
 
 
 def _under_way(call: str, run: list[str]) -> list[str]:
-    """The lines `run` with a new `CallUnderWay` `u` holding `call` meanwhile."""
+    """The lines `run` with a new `CallUnderWay` `u` holding `call` meanwhile, and
+    then emptied (JAX may keep it in its cache key), the containers a trace
+    listed in it kept as `n`."""
     return [
         "    u = _call_under_way()",
         f"    u.under_way = {call}",
         "    try:",
         *(f"    {line}" for line in run),
         "    finally:",
-        "        u.under_way = None",
+        "        n = u.nodes",
+        "        u.under_way = u.nodes = None",
     ]
 
 

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple, TypeGuard
 
 import equinox as eqx
 import jax.tree_util as jtu
+import numpy as np
 
 from ._binding import (
     argument_label,
@@ -49,6 +50,32 @@ def _inside(fun: object) -> tuple[Any, str] | None:
         return fun.func, ".func"
     func = getattr(fun, "__func__", None)
     return None if func is None else (func, ".__func__")
+
+
+def bound_arrays(fun: object) -> list[np.ndarray]:
+    """The NumPy arrays that a partial called as itself (a subclass with a
+    `__call__` of its own, which is no pytree) binds, through tuples, lists and
+    dicts: what its traces read that no call hands over as a leaf, and may change
+    in place between calls."""
+    if not isinstance(fun, ft.partial) or in_call_tree(fun):
+        return []
+    found: list[np.ndarray] = []
+    pending: list[Any] = [*fun.args, *fun.keywords.values()]
+    for _ in range(_MAX_BOUND_VALUES):
+        if not pending:
+            break
+        value = pending.pop()
+        if isinstance(value, np.ndarray):
+            found.append(value)
+        elif type(value) in (tuple, list):
+            pending += value
+        elif type(value) is dict:
+            pending += value.values()
+    return found
+
+
+# A bound on the walk of `bound_arrays` (values looked at).
+_MAX_BOUND_VALUES = 1000
 
 
 class Opened(NamedTuple):
@@ -518,7 +545,7 @@ def owner_of(fun: Any, by_class: bool = False) -> tuple[Any, Any]:
     if attributes is not None and own is not None:
         names = [n for n in RECORD_READS if n in own or n in attributes.computed]
         read = attribute_reader(fun)
-        return _call_owner(cls), tuple((n, static_key(read(n, None))) for n in names)
+        return _call_owner(cls), tuple((n, _owner_key(read(n, None))) for n in names)
     leaves, treedef = jtu.tree_flatten(fun)
     if not in_call_tree(fun, treedef):
         # Compared by identity, and so called as itself: the owner of its own caches
@@ -527,6 +554,19 @@ def owner_of(fun: Any, by_class: bool = False) -> tuple[Any, Any]:
     # Its structure and static leaves, keyed as static arguments are (arrays aside).
     keys = [None if is_array(x) else (type(x), static_key(x)) for x in leaves]
     return _call_owner(cls), (treedef, exact_aux(treedef), tuple(keys))
+
+
+def _owner_key(value: object) -> Any:
+    """The key of `value`, read of a callable, among an owner's dispatchers, which
+    live as long as the owner (a class's `__call__`): a callable (a method whose
+    receiver holds a model's weights) by identity through a weak reference, as
+    `jax.jit` keys a function; any other value as a static argument is keyed."""
+    if callable(value) and not isinstance(value, type):
+        try:
+            return weakref.ref(value)
+        except TypeError:
+            pass
+    return static_key(value)
 
 
 @per_class

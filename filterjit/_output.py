@@ -275,7 +275,7 @@ class ContainerIndex(NamedTuple):
     listed before the function ran, and by id the index of each that holds no
     tracer and is met once (a container passed at two places is not told apart:
     which one a later call hands back, where they are two, only its trace could
-    say)."""
+    say); in `nodes`, every other container is `None`."""
 
     nodes: list[Any]
     positions: dict[int, int]
@@ -291,7 +291,10 @@ def container_index(call: object) -> ContainerIndex:
             isinstance(leaf, Tracer) for leaf in jtu.tree_leaves(node)
         ):
             index[id(node)] = position
-    return ContainerIndex(nodes, index)
+    # Only those indexed are ever handed back: the others, which may hold tracers,
+    # are not kept (a trace's record must outlive none of its tracers).
+    kept = [node if id(node) in index else None for node in nodes]
+    return ContainerIndex(kept, index)
 
 
 def _handed_nodes(output: object, containers: ContainerIndex) -> HandedNodes | None:

@@ -22,7 +22,9 @@ def _key_function(kind: type, staged: bool) -> Callable[[Any], Any] | None:
     if staged and issubclass(kind, np.generic):
         return _exact.generic_key
     if staged and issubclass(kind, jax.Array):
-        return id  # immutable and held by the entry: its id is not reused while keyed
+        # Immutable: its identity proves its value while it lives, and an entry so
+        # keyed dies with it (`Partition.identity_positions`), before its id is reused.
+        return id
     return _exact.static_key_function(kind)
 
 
@@ -63,6 +65,7 @@ class Partition:
         "dynamic_positions",
         "static_positions",
         "array_positions",
+        "identity_positions",
         "take_dynamic",
         "_take_static",
         "rekeys",
@@ -97,6 +100,8 @@ class Partition:
         self.array_positions = tuple(
             p for p in static if staged and issubclass(types[p], ARRAY_TYPES)
         )
+        # The leaves keyed by their `id`: an entry of such a key must not outlive them.
+        self.identity_positions = tuple(static[i] for i, rekey in rekeys if rekey is id)
         # What `==` does not see of the auxiliary data (see `_exact`), and the data
         # itself where holding the very same objects proves a structure the same.
         aux = aux_data(treedef)

@@ -202,7 +202,7 @@ def fast_read(dispatcher: Any, level: int, fun: Any, args: Any, kwargs: Any) -> 
             raise _Read(leaves, tuple(dynamic))
         raise _Read(None, arguments)
 
-    entry = Entry(jitted, [], False, with_call=jitted)  # unguarded, no constants
+    entry = Entry(jitted, [], False)  # unguarded, no constants
 
     def get(key: Any) -> Any:
         keys.append(key)

@@ -114,13 +114,23 @@ def _function_text(value: Any) -> str | None:
     return f"{name} of {_short_repr.repr(pieces.args[0])}"
 
 
+def _array_type(array: Any) -> str:
+    """An array's dtype and shape, as JAX writes them (`f64[8,2]`): its own, as the
+    function sees an array passed on (JAX's view of a NumPy array, x64 off, is
+    32-bit; and JAX has none of a NumPy array of objects or strings)."""
+    # JAX's short names of dtypes (`f32`, `u8`, `bf16`), for any NumPy dtype.
+    name = array.dtype.name.replace("float", "f").replace("uint", "u")
+    name = name.replace("int", "i").replace("complex", "c")
+    return f"{name}[{','.join(map(str, array.shape))}]"
+
+
 def row(path: str, role: str, leaf: Any) -> Row:
     if role == "traced":
         aval = jax.typeof(leaf)
         text = aval.str_short(short_dtypes=True)
         text = f"weak {text}" if getattr(aval, "weak_type", False) else text
     elif is_array(leaf) and leaf.size > 6:
-        text = f"{type(leaf).__name__}({jax.typeof(leaf).str_short(short_dtypes=True)})"
+        text = f"{type(leaf).__name__}({_array_type(leaf)})"
     else:
         text = _function_text(leaf) or _short_repr.repr(leaf)
     code = ref = None

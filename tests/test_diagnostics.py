@@ -64,7 +64,39 @@ def test_explain_inside_a_trace_reports_the_nested_roles():
         ("n", "concrete"),
         ("opts['mode']", "concrete"),
     ]
-    assert explanation.rows[2].value == "ndarray(f32[9])"
+    assert explanation.rows[2].value == "ndarray(f64[9])"
+
+
+def test_explain_shows_the_dtype_the_function_sees_of_an_array_passed_on():
+    # Inside a staged trace a NumPy array reaches the function as it is: its own
+    # dtype, not JAX's 32-bit view of it (x64 off), nor none (objects, strings).
+    arrays = {
+        "f64[8]": np.ones(8),
+        "i64[2,4]": np.ones((2, 4), np.int64),
+        "u8[8]": np.ones(8, np.uint8),
+        "c128[8]": np.ones(8, np.complex128),
+        "bool[8]": np.ones(8, bool),
+        "object[8]": np.array([None] * 8),
+        "str32[8]": np.array(["a"] * 8),
+    }
+    seen = {}
+
+    @filter_jit
+    def f(x, arrays):
+        seen.update({key: (type(a), a.dtype) for key, a in arrays.items()})
+        return x
+
+    explained = []
+
+    def outer(x):
+        explained.append(filterjit.explain(f, x, arrays))
+        return f(x, arrays)
+
+    jax.jit(outer)(jnp.ones(1))
+    rows = {row.path: row for row in explained[0].rows}
+    for text, array in arrays.items():
+        assert seen[text] == (np.ndarray, array.dtype)  # as it is
+        assert rows[f"arrays[{text!r}]"][1:3] == ("concrete", f"ndarray({text})")
 
 
 def test_explain_unwrapped_function_and_modules():

@@ -10,6 +10,8 @@ and a comparison of structures would see; else it gives `None`:
 - an `eqx.Module` of the exact class recorded, read from its `__dict__` on every
   call (frozen is not immutable), holding exactly its fields, its static fields
   equal to the recorded ones, and of the same types (see `_exact`);
+- any other node (an `eqx.nn.State`, a user's registered class) flattened by JAX,
+  its structure exactly the recorded one;
 - each bound argument where it comes from: an immutable default (a tuple of
   leaves) taken once, as constants; any other read on every call, as it may
   have been changed in place.
@@ -30,9 +32,9 @@ import jax
 
 from ._binding import DefaultsGuard, Keywords, same_kwdefaults, Source, Sources
 from ._cache import per_class
-from ._exact import ATOMS, key as exact_key, unchanging
+from ._exact import ATOMS, exact_aux, key as exact_key, same_exact, unchanging
 from ._leaves import is_leaf_type
-from ._structure import PyTreeDef, shape_of
+from ._structure import aux_data, PyTreeDef, shape_of
 
 
 # Generated code is filed under the package's directory (JAX leaves its frames out
@@ -73,6 +75,8 @@ class Writer:
             "_exact_key": exact_key,
             "_is": operator.is_,
             "_all_leaves": jax.tree_util.all_leaves,
+            "_flatten": jax.tree_util.default_registry.flatten,
+            "_same_exact": same_exact,
         }
         self.names = itertools.count()
         self.counts: dict[str, int] = {}  # how many leaves each `*values` has
@@ -153,8 +157,29 @@ class Writer:
             self.check(f"type({x}) is not {self.constant(Keywords)}")
             return self.values(treedef, types, f"({x}.args, {x}.kwargs)")
         if isinstance(kind, type) and issubclass(kind, eqx.Module):
-            return self.module(treedef, types, x)
-        return None
+            read = self.module(treedef, types, x)
+            if read is not None:
+                return read
+        return self.flattened(treedef, types, x)
+
+    def flattened(
+        self, treedef: PyTreeDef, types: tuple[type, ...], x: str
+    ) -> list[str]:
+        """Any other node (an `eqx.nn.State`, a user's registered class): flattened
+        by JAX on every call, its structure equal to `treedef` and exactly so (see
+        `_exact.same_exact`), its leaves of `types`."""
+        recorded = aux_data(treedef)
+        known = recorded if unchanging(recorded) else None
+        exact = exact_aux(treedef)
+        leaves, structure = self.variable(), self.variable()
+        self.lines.append(f"{leaves}, {structure} = _flatten({x})")
+        self.check(
+            f"{structure} != {self.constant(treedef)} or not _same_exact("
+            f"{structure}, {self.constant(known)}, {self.constant(exact)}, "
+            f"{self.constant(hash(exact))})"
+        )
+        self.check(f"tuple(map(type, {leaves})) != {self.constant(types)}")
+        return [self.starred(leaves, len(types))]
 
     def module(
         self, treedef: PyTreeDef, types: tuple[type, ...], x: str

@@ -282,7 +282,8 @@ def explain_failure(
         f"filter_jit: {_traced_where(name, _trace.trace_level())} (here {listed}). "
         "Python cannot use the value of a traced scalar (as a shape, in `range(n)`, "
         f"`int(n)`, `if n` or an index). {_scalar_fixes(first.label, python_type)} "
-        "For a loop over a traced count, use `jax.lax.fori_loop`."
+        "For a loop over a traced count, use `jax.lax.fori_loop` (reverse mode "
+        "needs its bounds static)."
     )
 
 

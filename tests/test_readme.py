@@ -86,23 +86,35 @@ def test_readme_says_how_to_install_to_use_and_to_develop():
 
 
 def test_readme_is_a_short_pitch_and_contributing_holds_the_rest():
-    """The README reads in two minutes: what filterjit is, the before and after,
-    the top-level caveat, the speed against `jax.jit` and `equinox.filter_jit`,
-    install, three commands and links. How to develop, test and benchmark is in
+    """The README reads in two minutes, in a visitor's order: what filterjit is, the
+    before and after with the contract's three places, install, use, the speed
+    against `jax.jit` and `equinox.filter_jit`, how to develop and how long the
+    tests take, links. How to develop, test and benchmark in full is in
     CONTRIBUTING.md."""
     text = README.read_text()
-    assert len(text.splitlines()) <= 210
+    assert len(text.splitlines()) <= 200
     headings = re.findall(r"^## (.*)$", text, re.M)
-    assert headings[:3] == ["Before and after", "Speed", "Install"], headings
+    assert headings[:5] == [
+        "Before and after",
+        "Install",
+        "Use",
+        "Speed",
+        "Develop and test",
+    ], headings
     # One plain sentence first: what it is.
     first = text.split("\n\n")[1]
     assert first.startswith("filterjit ") and "equinox.filter_jit" in first
-    # The caveat: NumPy values are traced at the top level and under eager
-    # transforms, as at jax.jit.
+    # The contract in three places, one item each; NumPy values are traced at the
+    # top level and under eager transforms, as `jax.jit` traces them.
     before_after = text.split("## Before and after", 1)[1].split("\n## ", 1)[0]
-    caveat = " ".join(before_after.split())
-    assert "NumPy scalars and arrays are traced" in caveat
-    assert "eager transforms" in caveat and "top level" in caveat
+    places = [" ".join(item.split()) for item in before_after.split("\n- ")[1:]]
+    assert [place.split("**")[1] for place in places] == [
+        "At the top level",
+        "Under eager transforms",
+        "Inside a staged trace",
+    ]
+    assert "NumPy scalars and arrays are traced" in places[1]
+    assert "keep the `jax.jit`" in places[1]  # the fix, as the error's note says
     # The speed, quoted from the recorded run (test_quoted_ratios_are_the_recorded
     # _runs checks each figure): filterjit's and Equinox's, as multiples of jax.jit.
     speed = text.split("## Speed", 1)[1].split("\n## ", 1)[0]
@@ -111,11 +123,19 @@ def test_readme_is_a_short_pitch_and_contributing_holds_the_rest():
     assert len(rows) >= 3
     for row in rows:
         assert len(re.findall(r"\d\.\d+×", row)) >= 2, row
+    # Which training step each row is: a stateless one, a stateful one.
+    steps = [row for row in rows if "training step" in row]
+    assert steps and all(re.search(r"\bstate(less|ful) training", r) for r in steps)
+    # How long the test command takes, and what it skips.
+    develop_text = " ".join(text.split("## Develop and test", 1)[1].split())
+    assert re.search(r"`python -m pytest` takes about \d+ minutes", develop_text)
+    assert "skipped are the slow tier" in develop_text
+    assert "`python -m pytest --full`" in develop_text
     # Contributor material is in CONTRIBUTING.md, which the README links.
     contributing = README.parent / "CONTRIBUTING.md"
     assert "(CONTRIBUTING.md)" in text
     guide = contributing.read_text()
-    for detail in ("FILTERJIT_FASTPATH=0", "--full", "benchmarks/run.py --record"):
+    for detail in ("FILTERJIT_FASTPATH=0", "benchmarks/run.py --record"):
         assert detail not in text, detail
     for detail in (
         "FILTERJIT_FASTPATH=0 python -m pytest",
@@ -129,6 +149,19 @@ def test_readme_is_a_short_pitch_and_contributing_holds_the_rest():
     assert bash.findall(develop)[0] == bash.findall(guide)[0]
     for target in re.findall(r"\]\(([^)]+)\)", guide):
         assert (README.parent / target).exists(), target
+
+
+def test_the_documented_docs_commands_show_no_end_of_life_banner():
+    """Every `mkdocs` command the README and CONTRIBUTING.md give sets
+    NO_MKDOCS_2_WARNING, without which Material for MkDocs prints its end-of-life
+    banner first."""
+    for page in (README, README.parent / "CONTRIBUTING.md"):
+        commands = re.findall(
+            r"^.*\bmkdocs (?:build|serve)\b.*$", page.read_text(), re.M
+        )
+        assert commands, page.name
+        for command in commands:
+            assert "NO_MKDOCS_2_WARNING=1 mkdocs " in command, (page.name, command)
 
 
 def test_readme_states_version_license_and_supported_versions():

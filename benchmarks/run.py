@@ -42,6 +42,7 @@ import _plot  # noqa: E402
 import _profile  # noqa: E402
 import _programs  # noqa: E402
 import _specialise  # noqa: E402
+import _stateful  # noqa: E402
 import _varying  # noqa: E402
 import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
@@ -53,6 +54,7 @@ SECTIONS: dict[str, Callable[[harness.Settings], harness.Section]] = {
     "dispatch": _dispatch.run,
     "module": _module.run,
     "programs": _programs.run,
+    "stateful": _stateful.run,
     "nested": _nested.run,
     "async": _async.run,
     "memory": _memory.run,

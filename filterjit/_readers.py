@@ -173,11 +173,20 @@ class Writer:
         exact = exact_aux(treedef)
         leaves, structure = self.variable(), self.variable()
         self.lines.append(f"{leaves}, {structure} = _flatten({x})")
-        self.check(
-            f"{structure} != {self.constant(treedef)} or not _same_exact("
-            f"{structure}, {self.constant(known)}, {self.constant(exact)}, "
-            f"{self.constant(hash(exact))})"
+        same = (
+            f"_same_exact({structure}, {self.constant(known)}, "
+            f"{self.constant(exact)}, {self.constant(hash(exact))})"
         )
+        root = treedef.node_data()
+        if known is not None and len(known) == 1 and root[1] is known[0]:
+            # Its one node's data (a State's keys): the same objects settle it.
+            data = self.constant(root[1])
+            if type(root[1]) is tuple:
+                settled = f"all(map(_is, {structure}.node_data()[1], {data}))"
+            else:
+                settled = f"{structure}.node_data()[1] is {data}"
+            same = f"{settled} or {same}"
+        self.check(f"{structure} != {self.constant(treedef)} or not ({same})")
         self.check(f"tuple(map(type, {leaves})) != {self.constant(types)}")
         return [self.starred(leaves, len(types))]
 

@@ -8,6 +8,7 @@ the jit), its auxiliary data the `OutputSpec` that finishes it."""
 
 import collections
 import operator
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -313,42 +314,78 @@ def _handed_nodes(output: object, containers: ContainerIndex) -> HandedNodes | N
 
 
 class FilledContainers:
-    """The dicts and lists a nested call's caller passed, each with its name in
-    the user's terms and the ids of what it held before the function ran: a
-    traced value the function stores in one would leak to the caller, a tracer
-    of a trace that has ended."""
+    """The containers a nested call's caller passed or can reach through them (a
+    dict, a list, an object's attributes: a Module's fields, a namespace's), each
+    with its name in the user's terms and the ids of what it held before the
+    function ran: a traced value the function stores in one would leak to the
+    caller, a tracer of a trace that has ended."""
 
     def __init__(self, named: list[tuple[str, Any]]):
-        self.found: list[tuple[str, Any, set[int]]] = []
-        pending = list(named)
+        # (label, the argument's label, the container, whether its keys are
+        # attributes, the ids it held)
+        self.found: list[tuple[str, str, Any, bool, set[int]]] = []
+        seen: set[int] = set()
+        pending = [(label, label, value) for label, value in named]
         while pending and len(self.found) < _MAX_FILLED:
-            label, value = pending.pop()
-            kind = type(value)
-            if kind is dict:
-                items = list(value.items())
-            elif kind is list or kind is tuple:
-                items = list(enumerate(value))
-            else:
+            label, argument, value = pending.pop()
+            if id(value) in seen:
                 continue
-            if kind is not tuple:
-                self.found.append((label, value, {id(v) for _, v in items}))
-            pending += [(f"{label}[{key!r}]", item) for key, item in items]
+            seen.add(id(value))
+            opened = _opened(value)
+            if opened is None:
+                continue
+            container, attributes = opened
+            items = _items(container)
+            if type(container) is not tuple:
+                ids = {id(v) for _, v in items}
+                self.found.append((label, argument, container, attributes, ids))
+            pending += [
+                (_at(label, key, attributes), argument, item) for key, item in items
+            ]
 
     def check(self, name: str) -> None:
         """Raises where the function stored a new tracer in one of them."""
-        for label, container, before in self.found:
-            items = (
-                container.items() if type(container) is dict else enumerate(container)
-            )
-            for key, value in items:
+        for label, argument, container, attributes, before in self.found:
+            for key, value in _items(container):
                 if isinstance(value, Tracer) and id(value) not in before:
                     raise TypeError(
-                        f"{name} stored a traced value in `{label}[{key!r}]`, a "
-                        f"container its caller passed as `{label}`, inside a nested "
-                        "call: the caller would read a tracer of a trace that has "
-                        "ended. Return the value instead (`return out, value`), "
-                        "and store it where the function is called."
+                        f"{name} stored a traced value in "
+                        f"`{_at(label, key, attributes)}`, a container its caller "
+                        f"passed in `{argument}`, inside a nested call: the caller "
+                        "would read a tracer of a trace that has ended. Return the "
+                        "value instead (`return out, value`), and store it where "
+                        "the function is called."
                     )
+
+
+def _opened(value: object) -> tuple[Any, bool] | None:
+    """The container of `value` a function can store into, and whether its keys
+    are attribute names: a dict, list or tuple itself; an object's own
+    `__dict__` (a Module's fields, a namespace's); `None` for anything else (a
+    leaf, a class, a function, a module, an array)."""
+    kind = type(value)
+    if kind is dict or kind is list or kind is tuple:
+        return value, False
+    if isinstance(
+        value, (type, types.FunctionType, types.ModuleType, Tracer)
+    ) or is_array(value):
+        return None
+    try:
+        namespace = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return None
+    return (namespace, True) if type(namespace) is dict else None
+
+
+def _items(container: Any) -> list[tuple[Any, Any]]:
+    if type(container) is dict:
+        return list(container.items())
+    return list(enumerate(container))
+
+
+def _at(label: str, key: object, attribute: bool) -> str:
+    """The name of `label`'s item or attribute `key`."""
+    return f"{label}.{key}" if attribute else f"{label}[{key!r}]"
 
 
 # Containers looked at for values stored in them, per call (a bound on the walk).

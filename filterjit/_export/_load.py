@@ -231,9 +231,13 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
             "payload): a call would delete arrays its program does not take over.",
         )
     try:
-        output = Template(decode(output_data), "output", output_data)
+        prototype = decode(output_data)
     except Malformed:
         raise _malformed("its output") from None
+    try:  # flattened by JAX (dict keys sorted) and by the classes' registrations
+        output = Template(prototype, "output", output_data)
+    except (TypeError, ValueError) as error:
+        raise _malformed("its output (it cannot be flattened)") from error
     _check_output(output, marked, exported)
     try:
         loaded = Exported(exported, fun_name, parameters, arguments, output, donated)
@@ -292,6 +296,18 @@ def _read_header(
     need(isinstance(donated, list) and all(type(i) is int for i in donated))
     need(type(vjp_order) is int and 0 <= vjp_order <= MAX_DERIVATIVES)
     parameters = Parameters(fun_name, saved, names)
+    # The arguments are those the parameters bind: a call passing each by its key
+    # binds to the same keys, in the same order.
+    keys = [argument.key for argument in arguments]
+    count = sum(type(key) is int for key in keys)
+    need(keys[:count] == list(range(count)))
+    try:
+        positional, keywords = parameters.bind(
+            (None,) * count, dict.fromkeys(keys[count:])
+        )
+    except TypeError:
+        raise Malformed from None
+    need([*range(len(positional)), *keywords] == keys)
     return fun_name, parameters, arguments, header["output"], donated, vjp_order
 
 

@@ -356,6 +356,7 @@ def check_entry_point(exported: jax.export.Exported, order: int) -> EntryPoint:
         f"{len(entry.results)}, where its avals are {leading + len(kept)} and "
         f"{count}",
     )
+    _check_dimensions(exported)
     expected = [exported.in_avals[i] for i in kept]
     pairs = [
         *zip(entry.inputs[leading:], expected),
@@ -368,6 +369,35 @@ def check_entry_point(exported: jax.export.Exported, order: int) -> EntryPoint:
             f"its entry point has {found} where its aval is {aval.str_short()}",
         )
     return entry
+
+
+def _check_dimensions(exported: jax.export.Exported) -> None:
+    """Raises unless each dimension the outputs name is one the inputs name, and JAX
+    solves the inputs' dimensions from their shapes (as it does at a call)."""
+    named = [
+        dims.names(dims.parse(str(d)))
+        for aval in exported.in_avals
+        for d in aval.shape
+        if not isinstance(d, int)
+    ]
+    given = set().union(*named)
+    for aval in exported.out_avals:
+        for d in aval.shape:
+            if not isinstance(d, int):
+                unknown = dims.names(dims.parse(str(d))) - given
+                _need(
+                    not unknown,
+                    f"its outputs name dimensions {sorted(unknown)} "
+                    "that its inputs do not",
+                )
+    if given:
+        specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in exported.in_avals]
+        try:
+            jax.eval_shape(exported.call, *specs)
+        except Exception as error:  # JAX's shape checks, of JAX's own program
+            raise _refused(
+                f"JAX cannot solve its inputs' dimensions ({type(error).__name__})"
+            ) from None
 
 
 def donated_inputs(exported: jax.export.Exported, entry: EntryPoint) -> list[int]:

@@ -284,6 +284,7 @@ class _Decoder:
 
     def decode(self, data: Any, depth: int) -> Any:
         need(isinstance(data, list) and len(data) >= 1 and depth < MAX_NESTING)
+        need(isinstance(data[0], str))
         depth += 1
         tag = data[0]
         if tag in ("traced", "size"):

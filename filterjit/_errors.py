@@ -254,10 +254,10 @@ def name_failure(
 def explain_failure(
     error: Exception, name: str, labels: Sequence[str], dynamic: Sequence[Any]
 ) -> None:
-    """Puts the error of a top-level call of `name` in the user's terms: a donated
-    array (`check_not_deleted`); where Python needed a traced value, a note of which
-    traced arguments were NumPy or JAX integer or bool scalars, JAX's
-    `static_argnums` advice taken out."""
+    """Puts the error of a top-level or eager call of `name` in the user's terms: a
+    donated array (`check_not_deleted`); where Python needed a traced value, a note
+    of which traced arguments were NumPy or JAX integer or bool scalars, where the
+    call traced them and the fixes, JAX's `static_argnums` advice taken out."""
     check_not_deleted(error, name, labels, dynamic)
     is_plain = isinstance(error, TypeError | IndexError | ValueError)
     if not isinstance(error, _CONCRETIZATION_ERRORS) and not (

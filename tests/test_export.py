@@ -994,6 +994,17 @@ def test_canary_private_jax_for_loading() -> None:
     assert private._targets_private(plain) == private._targets_public(plain) == []
 
 
+def test_canary_private_jax_reader_of_programs() -> None:
+    # The program's serialized form is read by JAX's generated reader before JAX
+    # parses it: if it moved, no payload loads (and this says why).
+    from filterjit import _private_jax
+    from filterjit._export._program import check_serialized
+
+    assert _private_jax.export_flatbuffers is not None
+    exported = filterjit.export(jnp.sin)(jnp.ones(3)).exported
+    check_serialized(bytes(exported.serialize(vjp_order=1)), 1)
+
+
 def test_the_loader_without_private_jax(monkeypatch: pytest.MonkeyPatch) -> None:
     # The fallbacks: targets read from the module's text, and a shorter safe list.
     from filterjit._export import _load

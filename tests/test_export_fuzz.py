@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.core import ShapedArray
 
 import filterjit
 from filterjit._export._payload import FORMAT, MAGIC, pack, unpack
@@ -214,7 +215,7 @@ def _crafted(header: dict[str, Any], program: bytes) -> list[bytes]:
     )[1]
     exported = jax.export.deserialize(bytearray(program))
     huge = jax.export.symbolic_shape(" + ".join(f"d{i}" for i in range(300)))
-    wide = jax.core.ShapedArray((*huge, 3), jnp.float32)
+    wide = ShapedArray((*huge, 3), jnp.float32)
     changed = {
         "in_avals": (wide, *exported.in_avals[1:]),
         "nr_devices": (1 << 32) - 1,

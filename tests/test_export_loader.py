@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 from helpers import subprocess_env
+from jax.core import ShapedArray
 
 import filterjit
 from filterjit._export._payload import MAGIC, pack, unpack
@@ -317,7 +318,7 @@ def test_what_the_program_says_of_itself_is_checked() -> None:
     _refused(_replaced(data, platforms=()), "program", "platforms")
     _refused(_replaced(data, nr_devices=1 << 20), "program", "devices")
     # Its outputs' avals against its entry point's types.
-    wrong = (jax.core.ShapedArray((4,), jnp.float32),)
+    wrong = (ShapedArray((4,), jnp.float32),)
     _refused(_replaced(data, out_avals=wrong), "program", "entry point has")
 
 

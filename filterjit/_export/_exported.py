@@ -152,7 +152,7 @@ class Template:
         structure flattens, as the program returned them); where loaded, rebuilt
         from its data without running the classes' `__init__`."""
         if self.data is not None:
-            by_slot = [None] * len(self.slots)
+            by_slot: list[Any] = [None] * len(self.slots)
             for slot, value in zip(self.slots, outputs, strict=True):
                 by_slot[slot] = value
 

@@ -175,10 +175,16 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
     Nothing that the data names is imported, unpickled or initialised: classes of
     static outputs must be registered in this process with
     `filterjit.register_serializable` first (arguments need no registration), and
-    their instances are rebuilt without calling `__init__`. The payload's checksum,
-    versions and structure are checked, functions it names must be among those a
-    payload may name, and its program may call no custom call outside JAX's stable
-    targets unless the export allowed it (`disabled_checks`).
+    their instances are rebuilt without calling `__init__`. Everything the header
+    says is checked, and checked against the program: its versions, structure and
+    checksum; the functions it names (among those a payload may name); what the
+    program donates, returns and differentiates. The program's own parts are read
+    within fixed limits before JAX parses any of them (its shapes' text among
+    them: the export how-to states the limits), so that loading takes time linear
+    in the payload's length; its entry point's types are checked against its
+    avals, and it may call no custom call outside JAX's stable targets, at any
+    order of derivative it holds, unless the export allowed it
+    (`disabled_checks`).
 
     The checks find damage and refuse what `serialize()` cannot have written, but
     the program's StableHLO is read by JAX, whose reader can abort the process on
@@ -197,8 +203,8 @@ def deserialize(data: bytes | bytearray) -> Exported[..., Any]:
 
     A `filterjit.PayloadError` (a `ValueError`) saying where and what is wrong for
     every payload it refuses: truncated, corrupt or crafted, of another format or
-    of a newer JAX. A `TypeError` naming the class or function to register for a
-    static output this process cannot rebuild.
+    of a newer JAX, or returning a class or function this process has not
+    registered (the message names it and how to register it).
 
     !!! example
 

@@ -37,9 +37,11 @@ def pack(header: dict[str, Any], program: bytes) -> bytes:
 
 class PayloadError(ValueError):
     """Raised by `filterjit.deserialize` for every payload it refuses: truncated,
-    corrupt, of another format or of a newer JAX, or crafted (a header or program
+    corrupt, of another format or of a newer JAX, crafted (a header or program
     that `Exported.serialize()` cannot have written, a function outside what a
-    payload may name, a program calling a custom call it may not).
+    payload may name, a program calling a custom call it may not, or beyond the
+    loader's limits), or returning a class or function this process has not
+    registered.
 
     A `ValueError`; `region` says which part of the payload is refused: `"magic"`,
     `"format"`, `"lengths"`, `"checksum"`, `"header"` or `"program"`. The message

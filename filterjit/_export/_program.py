@@ -8,6 +8,7 @@ import re
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
@@ -88,15 +89,15 @@ def check_serialized(data: bytes, vjp_order: int) -> None:
         )
     reading = _Reading(data)
     try:
-        level = flatbuffers.Exported.GetRootAs(data, 0)
+        level: Any = flatbuffers.Exported.GetRootAs(data, 0)
         for order in range(vjp_order + 1):
-            _check_level(flatbuffers, level, reading, order == 0)
-            level = level.Vjp()
-            if level is None and order < vjp_order:
+            if level is None:
                 raise _refused(
                     f"its header says that it holds {vjp_order} orders of "
-                    f"derivatives (`vjp_order`), and it holds {order}"
+                    f"derivatives (`vjp_order`), and it holds {order - 1}"
                 )
+            _check_level(flatbuffers, level, reading, order == 0)
+            level = level.Vjp()
         if level is not None:
             raise _refused(
                 "it holds derivatives that its header does not declare "
@@ -314,7 +315,7 @@ def _element(dtype: Any) -> str | None:
     for one it holds by another layout (typed PRNG keys) or unknown here."""
     if dtype == jax.dtypes.float0:  # a cotangent of integers
         return "i1"
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+    if jnp.issubdtype(dtype, jax.dtypes.extended):
         return None
     name = np.dtype(dtype).name
     if name == "bool":

@@ -90,6 +90,8 @@ def difference(
 ) -> Difference | None:
     """The first difference of a value `now` from the saved data `then`."""
     tag = then[0]
+    if tag == "static":  # held as it is, arrays included: compared as a whole
+        return _leaf_difference(then[1], now, where, opaque)
     if tag == "traced" or is_traced(now):
         if tag == "traced" and is_traced(now):
             return None  # arrays are checked leaf by leaf

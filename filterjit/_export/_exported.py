@@ -95,14 +95,17 @@ class Argument:
     """One bound argument: its key, whether the exporting call passed it, its saved
     data (`None`: a default that could not be saved) and its traced leaves' labels;
     whether the exporting call passed its parameter's default (static data equal to
-    it), so that a call leaving it to its default is the same call; where exported
-    in this process, its structure and the classes it names."""
+    it), so that a call leaving it to its default is the same call; whether a
+    `filterjit.jit` wrapper's option makes it static (held as it is, arrays
+    included); where exported in this process, its structure and the classes it
+    names."""
 
     key: int | str
     given: bool
     data: Any
     labels: list[str]
     default: bool = False
+    static: bool = False  # made static by a `filterjit.jit` wrapper's option
     treedef: PyTreeDef | None = None
     exact: Any = None
     classes: dict[str, type] = dataclasses.field(default_factory=dict)
@@ -334,6 +337,14 @@ class Exported(Generic[_P, _T]):
             )
         opaque = [item for _, item in self._opaque]
         found = difference(argument.data, value, name, opaque)
+        if argument.static:  # compiled in, as `jax.jit`'s static arguments are
+            if found is not None:
+                raise ValueError(
+                    f"{fun_name}: static argument `{name}` was {found.then} when "
+                    f"exported and is {describe_value(value)} now. Static values "
+                    "are compiled in: export again with the new value."
+                )
+            return []
         if found is None and argument.treedef is not None:
             treedef = jtu.tree_structure(value)
             if treedef != argument.treedef or exact_aux(treedef) != argument.exact:
@@ -413,7 +424,11 @@ class Exported(Generic[_P, _T]):
                 )
             if index is not None:
                 data = None  # a default, left as it was: compiled in
-            if data is not None and argument.treedef is not None:
+            if (
+                data is not None
+                and argument.treedef is not None
+                and not argument.static
+            ):
                 name = self._parameters.name(argument.key)
                 _check_rebuilt(argument, data, name, self.fun_name, argument.classes)
             arguments.append(
@@ -423,6 +438,7 @@ class Exported(Generic[_P, _T]):
                     "value": data,
                     "labels": argument.labels,
                     "default": argument.default,
+                    "static": argument.static,
                 }
             )
         header = {

@@ -290,14 +290,16 @@ def _read_header(
     for argument in header["arguments"]:
         parts = ("key", "given", "value", "labels")
         key, given, value, labels = (argument[part] for part in parts)
-        default = argument["default"]
+        default, static = argument["default"], argument["static"]
         need(type(key) in (int, str) and type(given) is bool)
         need(type(default) is bool and (given or not default))
         need(not default or (labels == [] and value is not None))
+        need(type(static) is bool and (not static or labels == []))
+        need(static == (isinstance(value, list) and value[:1] == ["static"]))
         need(isinstance(labels, list) and all(isinstance(x, str) for x in labels))
         if value is not None:
             check(value)
-        arguments.append(Argument(key, given, value, labels, default))
+        arguments.append(Argument(key, given, value, labels, default, static))
     donated, vjp_order = header["donated"], header["vjp_order"]
     need(isinstance(donated, list) and all(type(i) is int for i in donated))
     need(type(vjp_order) is int and 0 <= vjp_order <= MAX_DERIVATIVES)

@@ -13,16 +13,17 @@ import jax.tree_util as jtu
 
 from .._aot import Specialisation
 from .._binding import BOUND, positional_names, Shape
+from .._entry import _leaf_shardings
 from .._exact import exact_aux
 from .._function import call_signature, Function
 from .._jax_jit import _as_tuple, JitWrapper
 from .._jit import filter_jit, FilterJitWrapper
-from .._options import make_options
+from .._options import make_options, UNSPECIFIED
 from .._output import finish
 from ._checks import is_traced
 from ._exported import Argument, encoded, Exported, Parameters, Template
 from ._program import donated_inputs, entry_point
-from ._values import encode, Encoding, SIZE, TRACED, Unsavable
+from ._values import encode, Encoding, SIZE, StaticArgument, TRACED, Unsavable
 
 
 _P = ParamSpec("_P")
@@ -71,17 +72,22 @@ def export(
         data = exported.serialize()  # filterjit.deserialize(data).call(x) elsewhere
         ```
     """
+    static: tuple[str, ...] = ()
     if isinstance(fun, JitWrapper):
-        wrapper = _as_filter_jit(fun)
+        wrapper, static = _as_filter_jit(fun)
     else:
         wrapper = fun if isinstance(fun, FilterJitWrapper) else filter_jit(fun)
     # Untyped: arrays may be given as `jax.ShapeDtypeStruct`s.
-    return ft.partial(_export, wrapper, platforms, tuple(disabled_checks))
+    return ft.partial(_export, wrapper, platforms, tuple(disabled_checks), static)
 
 
-def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
+def _as_filter_jit(
+    wrapper: JitWrapper[..., Any],
+) -> tuple[FilterJitWrapper[..., Any], tuple[str, ...]]:
     """A `filterjit.jit` wrapper as `filter_jit` with its keywords (donation and
-    shardings kept), exported as `jax.export.export` would export it."""
+    shardings kept), exported as `jax.export.export` would export it; and the
+    parameters it makes static (`static_argnums`, `static_argnames`), whose values
+    the export holds as they are, arrays included, boxed in a `StaticArgument`."""
     keywords = dict(wrapper._jit_kwargs)
     function = Function(wrapper._function)
     positional = positional_names(function.parameters)
@@ -103,14 +109,48 @@ def _as_filter_jit(wrapper: JitWrapper[..., Any]) -> FilterJitWrapper[..., Any]:
     static = named("static")
     donated = named("donate")
     if isinstance(keywords.get("in_shardings"), tuple | list):
-        # jax.jit's are the non-static arguments'; filter_jit's, every positional's.
+        # jax.jit's are the non-static arguments'; filter_jit's, every positional's
+        # (those `*args` collects after the named ones).
         given = iter(keywords["in_shardings"])
-        keywords["in_shardings"] = tuple(
-            None if parameter in static else next(given, None)
-            for parameter in positional
+        keywords["in_shardings"] = (
+            *(None if name in static else next(given, None) for name in positional),
+            *given,
         )
     options = make_options(donate=tuple(donated) or "none", **keywords)
-    return FilterJitWrapper(wrapper._function, options)
+    fun = wrapper._function
+    if static:
+        fun = _unboxing(fun)
+    return FilterJitWrapper(fun, options), tuple(static)
+
+
+def _unboxing(fun: Callable[..., Any]) -> Callable[..., Any]:
+    """`fun`, called with its static arguments unboxed; its signature and names
+    are `fun`'s."""
+
+    @ft.wraps(fun)
+    def unboxed(*args: Any, **kwargs: Any) -> Any:
+        args = tuple(a.value if type(a) is StaticArgument else a for a in args)
+        kwargs = {
+            k: v.value if type(v) is StaticArgument else v for k, v in kwargs.items()
+        }
+        return fun(*args, **kwargs)
+
+    unboxed.__signature__ = call_signature(fun)  # pyright: ignore[reportAttributeAccessIssue]
+    del unboxed.__wrapped__  # its calls pass boxes: nothing may call `fun` for it
+    return unboxed
+
+
+def _boxed(
+    function: Function, static: tuple[str, ...], args: Any, kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments of a call, those of the parameters `static` boxed."""
+    positional = positional_names(function.parameters)
+    args = tuple(
+        StaticArgument(a) if i < len(positional) and positional[i] in static else a
+        for i, a in enumerate(args)
+    )
+    kwargs = {k: StaticArgument(v) if k in static else v for k, v in kwargs.items()}
+    return args, kwargs
 
 
 def _defaults(fun: Any) -> dict[int | str, Any]:
@@ -168,6 +208,7 @@ def _arguments(
         argument.classes = encoding.names
         argument.opaque = first if len(opaque) > first else None
         argument.default = key in given and key in defaults and defaults[key] == data
+        argument.static = type(prototype) is StaticArgument
         arguments.append(argument)
     inputs = []
     for position, parameter in enumerate(function.leaf_parameters(partition.treedef)):
@@ -187,11 +228,14 @@ def _export(
     wrapper: FilterJitWrapper[..., Any],
     platforms: Sequence[str] | None,
     disabled_checks: Sequence[jax.export.DisabledSafetyCheck],
+    static: tuple[str, ...],
     /,
     *args: Any,
     **kwargs: Any,
 ) -> Exported[..., Any]:
     dispatcher, fun = wrapper._dispatcher, wrapper._fun
+    if static:
+        args, kwargs = _boxed(dispatcher.function, static, args, kwargs)
     # The very partition and jitted function of a top-level call with these arrays.
     called = Specialisation(dispatcher, fun, *args, **kwargs)
     function = dispatcher.function  # as the call read it
@@ -227,9 +271,18 @@ def _export(
         positions = called.partition.dynamic_positions
         by_leaf = {positions[i] for i, flag in enumerate(flags) if flag}
         donated = [i for i, position in enumerate(inputs) if position in by_leaf]
+    # The program's entry point records the shardings of the inputs it takes, as
+    # `jax.export.export` of a `jax.jit` with these `in_shardings` does.
+    keywords: dict[str, Any] = {"donate_argnums": tuple(donated)}
+    if dispatcher.options.in_shardings is not UNSPECIFIED:
+        per_leaf = _leaf_shardings(
+            function, dispatcher.options.in_shardings, called.partition, leaves
+        )
+        by_position = dict(zip(called.partition.dynamic_positions, per_leaf))
+        keywords["in_shardings"] = tuple(by_position[p] for p in inputs)
     try:
         exported = jax.export.export(
-            jax.jit(program, donate_argnums=tuple(donated)),
+            jax.jit(program, **keywords),
             platforms=platforms,
             disabled_checks=disabled_checks,
         )(*specs)

@@ -44,6 +44,30 @@ SIZE = Sentinel("<size>")
 """Where an output is a symbolic size, returned as the call's concrete size."""
 
 
+class StaticArgument:
+    """An argument a `filterjit.jit` wrapper makes static (`static_argnums`, any
+    hashable type, a NumPy scalar included): held as it is, compared by type and
+    value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is StaticArgument
+            and type(other.value) is type(self.value)
+            and bool(other.value == self.value)
+        )
+
+    def __hash__(self) -> int:
+        return hash((type(self.value), self.value))
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
 # -- Encoding.
 
 
@@ -98,6 +122,11 @@ def encode(value: Any, where: str, encoding: Encoding) -> Any:
                 for k, v in value.items()
             ],
         ]
+    if kind is StaticArgument:
+        return ["static", encode(value.value, where, encoding)]
+    if issubclass(kind, np.generic) and np.dtype(kind).kind in "biufc":
+        data = base64.b64encode(value.tobytes()).decode("ascii")
+        return ["numpy", str(value.dtype), data]  # a static argument's, exactly
     if isinstance(value, np.dtype):
         return ["dtype", str(value)]
     if isinstance(value, type) and issubclass(value, np.generic):
@@ -169,6 +198,7 @@ MAX_NESTING = 200
 MAX_COLLISIONS = 8
 """The most members of a saved frozenset (or keys of a dict) whose hashes may be
 equal: more cannot have been saved, and would make building it quadratic."""
+_NUMPY_SCALARS = frozenset(np.dtype(kind).name for kind in "?bhilqBHILQefdgFDG")
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]{0,4299})")  # as `str(int)` writes one
 _BASE64 = re.compile(r"[A-Za-z0-9+/]*={0,2}")
 
@@ -318,6 +348,16 @@ class _Decoder:
             built = dict(zip(_spread(keys), values))
             need(len(built) == len(keys))
             return built
+        if tag in ("static", "numpy"):  # an argument's alone, never built
+            need(not self.build)
+            if tag == "static":
+                need(len(data) == 2)
+                return self.decode(data[1], depth)
+            need(len(data) == 3 and isinstance(data[2], str))
+            need(isinstance(data[1], str) and data[1] in _NUMPY_SCALARS)
+            need(len(data[2]) == 4 * -(-np.dtype(data[1]).itemsize // 3))
+            need(_BASE64.fullmatch(data[2]) is not None)
+            return None
         if tag in ("dtype", "scalar_type"):
             need(len(data) == 2 and isinstance(data[1], str) and len(data[1]) < 40)
             need(data[1].isidentifier())
@@ -432,6 +472,11 @@ def describe(data: Any) -> str:
         return f"a `{data[1].rpartition('.')[2]}`"
     if tag == "ref":
         return data[1].replace(":", ".")
+    if tag == "static":
+        return describe(data[1])
+    if tag == "numpy":
+        value = np.frombuffer(base64.b64decode(data[2]), dtype=data[1])[0]
+        return f"np.{data[1]}({value!r})"
     if tag == "dtype":
         return f"dtype({data[1]!r})"
     if tag == "scalar_type":

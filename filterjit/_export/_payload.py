@@ -72,10 +72,11 @@ class _DuplicateKey(Exception):
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object, refused where a key appears twice (which JSON readers
     disagree on: the last one wins here, the first elsewhere)."""
-    found = dict(pairs)  # keys are strings, whose hashes Python randomizes
-    if len(found) != len(pairs):
-        seen: set[str] = set()
-        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    found: dict[str, Any] = {}  # keys are strings, whose hashes Python randomizes
+    for key, value in pairs:
+        if key in found:
+            raise _DuplicateKey(key)
+        found[key] = value
     return found
 
 

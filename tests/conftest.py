@@ -18,6 +18,7 @@ where there is one). The children those tests start still run on the CPU.
 
 import os
 import warnings
+from collections.abc import Iterator
 
 import hypothesis
 import jax
@@ -46,6 +47,40 @@ DEVICE_FILES = frozenset(
         "test_static_outputs_and_runtime_checks.py",
     }
 )
+
+
+# The test files of nested calls, run under `jax.checking_leaks()` (which collects
+# garbage at the end of every trace: about twice a trace's time, too much for the
+# whole tier).
+LEAK_CHECKED_FILES = frozenset(
+    {
+        "test_composition.py",
+        "test_containers_handed_back.py",
+        "test_fuzz_programs.py",
+        "test_leaf_kinds.py",
+        "test_one_trace_across_levels.py",
+        "test_outputs.py",
+        "test_structure.py",
+    }
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_tracer_outlives_its_trace(
+    request: pytest.FixtureRequest,
+) -> Iterator[None]:
+    """The tests of nested calls (`LEAK_CHECKED_FILES`) run under
+    `jax.checking_leaks()`: a tracer that a trace leaves behind (in a cache, a
+    record of the call, a container) fails them. Tests marked `leaks_unchecked`
+    run without: JAX's leak checker breaks what they test (an Equinox runtime
+    check that fails raises an `IndexError` under it, with or without
+    filterjit)."""
+    checked = request.node.path.name in LEAK_CHECKED_FILES
+    if not checked or request.node.get_closest_marker("leaks_unchecked"):
+        yield
+        return
+    with jax.checking_leaks():
+        yield
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -381,6 +381,7 @@ def use_path(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
 PER_CHUNK = 10
 
 
+@pytest.mark.leaks_unchecked  # it keeps the tracers its function sees, on purpose
 @pytest.mark.parametrize("path", ["fast", "reference"])
 def test_random_programs_default_tier(
     path: str, monkeypatch: pytest.MonkeyPatch
@@ -416,6 +417,7 @@ FOUND = [
 ]
 
 
+@pytest.mark.leaks_unchecked  # it keeps the tracers its function sees, on purpose
 @pytest.mark.parametrize("seed", FOUND)
 def test_programs_found_to_disagree(seed: int) -> None:
     why, _ = disagreement(program(seed))

@@ -64,6 +64,7 @@ def _kinds_seen(fun):
 # ------------------------------------------------------------------------ the top level
 
 
+@pytest.mark.leaks_unchecked  # it keeps the tracers its function sees, on purpose
 def test_top_level_traces_arrays_and_keeps_python_values_static():
     seen = []
 
@@ -91,6 +92,7 @@ def test_is_array():
 # ---------------------------------------------------------- inside a staged computation
 
 
+@pytest.mark.leaks_unchecked  # it keeps the tracers its function sees, on purpose
 @pytest.mark.parametrize(
     "stage",
     [
@@ -142,6 +144,7 @@ def test_staged_concrete_leaves_reach_the_function_unchanged(stage):
             assert got is want
 
 
+@pytest.mark.leaks_unchecked  # it keeps the tracers its function sees, on purpose
 def test_custom_vjp_rules_are_staged():
     f, seen = _kinds_seen(None)
     n = np.int32(3)
@@ -208,6 +211,7 @@ def test_eager_grad_traces_numpy_batches_once():
         np.testing.assert_allclose(g["w"], 2.0 * i * i)
 
 
+@pytest.mark.leaks_unchecked  # it keeps the tracers its function sees, on purpose
 def test_eager_vmap_and_jvp_trace_arrays():
     for transform in (
         lambda f: jax.vmap(lambda x: f(x, np.float32(1)))(jnp.ones(3)),

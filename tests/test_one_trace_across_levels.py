@@ -121,6 +121,7 @@ def _with_constants(x):
     return x + 1, np.arange(3), _FULL, {"b": 1, "a": 2}
 
 
+@pytest.mark.leaks_unchecked  # it keeps the tracers its function sees, on purpose
 @pytest.mark.parametrize("first", ["nested", "top"])
 def test_a_shared_trace_returns_what_each_level_expects(first):
     """Constant arrays in the output are outputs of the jit at the top level (as

@@ -314,6 +314,7 @@ def test_nested_containers_are_the_callers_own():
     assert seen[0][0] is config and seen[0][1] is items
 
 
+@pytest.mark.leaks_unchecked  # it keeps the tracers its function sees, on purpose
 def test_a_container_holding_a_traced_leaf_is_a_copy_in_order():
     seen = []
 

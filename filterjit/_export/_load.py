@@ -282,6 +282,7 @@ def _read_header(
     need(header["format"] == "filterjit.export")
     fun_name, saved, names = header["fun_name"], header["parameters"], header["names"]
     need(isinstance(fun_name, str))
+    need((saved is None or type(saved) is list) and type(names) is list)
     for parameter in [] if saved is None else saved:
         _check_parameter(parameter, 3)
     for parameter in names:

@@ -118,12 +118,64 @@ def _open_the_device(config: pytest.Config) -> None:
     os.environ["JAX_PLATFORMS"] = "cpu"  # read by the children's JAX only
 
 
+def _check_filterjits_annotations() -> None:
+    """Checks the annotations of filterjit's functions and methods on every call,
+    in this process (beartype's import hook on the package, before it is
+    imported): in each leg of the matrix, against what each version of JAX hands
+    it. A violation raises jaxtyping's `TypeCheckError`, a `TypeError`, as under
+    jaxtyping's import hook, which checked the same with beartype at about a third
+    more CPU time per test (filterjit's annotations hold no array shapes for it to
+    read)."""
+    from beartype import BeartypeConf
+    from beartype.claw import beartype_package
+    from jaxtyping import TypeCheckError
+
+    conf = BeartypeConf(claw_is_pep526=False, violation_type=TypeCheckError)
+    beartype_package("filterjit", conf=conf)
+
+
+# Where the run's processes keep the programs they compile (_share_compiled_programs),
+# and, in the process that made it, to remove it at the end.
+_COMPILED = "FILTERJIT_TESTS_COMPILED"
+_CACHE_OWNER = pytest.StashKey[str]()
+
+
+def _share_compiled_programs(config: pytest.Config) -> None:
+    """The processes of this run (this one and its xdist workers) keep the programs
+    they compile in one JAX persistent compilation cache, in a temporary directory
+    removed at the end: a program compiled again (the same by another test, or a
+    decorated function's and its undecorated reference's, which most tests compare)
+    is loaded, not compiled. The Python children the tests start do not use it.
+    Where JAX_COMPILATION_CACHE_DIR is set, JAX uses that one instead."""
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return
+    if _COMPILED not in os.environ:  # the run's first process: it makes the cache
+        import tempfile
+
+        os.environ[_COMPILED] = tempfile.mkdtemp(prefix="filterjit-tests-compiled-")
+        config.stash[_CACHE_OWNER] = os.environ[_COMPILED]
+    jax.config.update("jax_compilation_cache_dir", os.environ[_COMPILED])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cache = config.stash.get(_CACHE_OWNER, None)
+    if cache is not None:
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
+        del os.environ[_COMPILED]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    _check_filterjits_annotations()
     if config.getoption("--device"):
         _open_the_device(config)
     else:
         _keep_to_the_cpu()
+    _share_compiled_programs(config)
     # Before collection, so that the settings the test modules build see it. An
     # explicit --hypothesis-profile wins.
     if config.getoption("hypothesis_profile", None) is None:

@@ -171,7 +171,8 @@ def _scale(x: Float[Array, " n"], k: int) -> Float[Array, " n"]:
 
 def test_beartype_over_filter_jit_checks_every_call():
     # In a fresh interpreter: this test session instruments filterjit itself with
-    # beartype (jaxtyping's import hook), and beartype does not decorate twice.
+    # beartype (its import hook, tests/conftest.py), and beartype does not decorate
+    # twice.
     script = textwrap.dedent(
         """
         import jax.numpy as jnp

@@ -79,6 +79,9 @@ def _leg(
     )
 
 
+# Eight runs of pytest, each importing Equinox: in the slow tier, which CI's main leg
+# runs (the leg itself runs only with the main leg's versions).
+@pytest.mark.slow
 def test_the_equinox_leg_counts_wrappers_and_fails_on_a_regression(tmp_path):
     suite = _suite(tmp_path / "equinox", eqx.__version__)
     out = tmp_path / "outcomes.json"

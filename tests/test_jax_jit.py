@@ -529,6 +529,8 @@ def test_jax_internals_keep_jax_jit():
 """
 
 
+# The benchmark's tooling, not filterjit: in the slow tier, which CI's main leg runs.
+@pytest.mark.slow
 def test_the_parity_harness_swaps_every_spelling(tmp_path):
     # Finding 7: benchmarks/peers.py --target jax.jit swaps every jit a test file
     # makes, however spelled, and none that JAX makes.

@@ -1,7 +1,7 @@
 """Settings for the whole suite, and its two tiers.
 
 `python -m pytest` runs the default tier: every contract point, with a few
-Hypothesis examples per property (25, or 10 where each example compiles:
+Hypothesis examples per property (25, or 5 where each example compiles:
 `helpers.property_settings`). `python -m pytest --full` also runs the tests
 marked `slow` (the code on the docs pages, the slow examples) and the properties
 with 200 examples; `.ci/run` runs that. Both spread the test files over xdist

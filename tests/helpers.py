@@ -113,7 +113,7 @@ def cpp_cache_size(wrapped: Any) -> int:
 
 # Examples per property test whose every example traces and compiles, in the
 # default tier; the full tier runs the profile's (tests/conftest.py).
-COMPILED_DEFAULT_EXAMPLES = 10
+COMPILED_DEFAULT_EXAMPLES = 5
 
 
 def _full_tier() -> bool:
@@ -130,7 +130,7 @@ def property_settings(
 ) -> settings:
     """Settings for the property tests: `share` of the active profile's examples
     (tests/conftest.py: 25 in the default tier, 200 with --full), or, for a test
-    whose examples each compile (`compiled`), of 10 in the default tier; at most
+    whose examples each compile (`compiled`), of 5 in the default tier; at most
     `most`; derandomized, so that CI runs the same examples every time. Or a random
     soak of FILTERJIT_SOAK examples. `fixtures`: the test takes function-scoped
     fixtures, which run once per test, not per example (what they set holds for

@@ -92,6 +92,27 @@ def time_batch(call: Callable[[], Any], calls: int) -> Callable[[], float]:
     return batch
 
 
+def microseconds(
+    impls: Mapping[str, Callable[[], Any]], rounds: int, calls: int
+) -> dict[str, float]:
+    """Median µs per call of each implementation, compiled first, then timed in
+    the same interleaved rounds (see `interleave`)."""
+    for call in impls.values():  # compile
+        block(call())
+    medians = interleave(
+        {name: time_batch(call, calls) for name, call in impls.items()}, rounds
+    )
+    return {name: medians[name] * 1e6 for name in impls}
+
+
+def program_headers(names: Sequence[str], targets: bool) -> list[str]:
+    """The columns of a table of programs: each implementation's µs, then its
+    ratio to jax.jit (the first), then the target and its result if checked."""
+    headers = ["program", "jax.jit baseline", *(f"{name} (µs)" for name in names)]
+    headers += [f"{name} ÷ jax.jit" for name in names[1:]]
+    return headers + (["target", "result"] if targets else [])
+
+
 def block(tree: Any) -> None:
     jax.block_until_ready(tree)
 

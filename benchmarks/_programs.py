@@ -202,23 +202,13 @@ def run(settings: harness.Settings) -> harness.Section:
     rounds = settings.pick(full=31, quick=3)
     calls = settings.pick(full=200, quick=4)
     names = [harness.JAX, harness.EQX, harness.FILTERJIT, harness.FILTERJIT_JIT]
-    headers = ["program", "jax.jit baseline", *(f"{name} (µs)" for name in names)]
-    headers += [f"{name} ÷ jax.jit" for name in names[1:]]
-    if settings.targets:
-        headers += ["target", "result"]
+    headers = harness.program_headers(names, settings.targets)
     rows = []
     targets = []
     notes = []
     ratios = []
     for program, make in PROGRAMS.items():
-        impls = make()
-        for call in impls.values():  # compile
-            harness.block(call())
-        medians = harness.interleave(
-            {name: harness.time_batch(call, calls) for name, call in impls.items()},
-            rounds,
-        )
-        us = {name: medians[name] * 1e6 for name in impls}
+        us = harness.microseconds(make(), rounds, calls)
         row = [
             program,
             BASELINES[program],

@@ -262,7 +262,9 @@ class Caches(RuleBasedStateMachine):
 
     @rule(delta=st.sampled_from([1.0, -2.0]))
     def mutate_bound(self, delta: float) -> None:
-        self.callables["bound"].keywords["weights"]["w"][0] += delta
+        bound = self.callables["bound"]
+        assert isinstance(bound, CalledAsItself)
+        bound.keywords["weights"]["w"][0] += delta
 
     @rule(context=st.sampled_from(sorted(CONTEXTS)), m=st.integers(1, 4))
     def call_with_a_fresh_array(self, context: str, m: int) -> None:

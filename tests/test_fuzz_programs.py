@@ -392,6 +392,7 @@ def test_random_programs_default_tier(
 
 # Seeds 10 to 209, each chunk of ten on one path, the paths alternating.
 @pytest.mark.slow
+@pytest.mark.leaks_unchecked  # it keeps the tracers its function sees, on purpose
 @pytest.mark.parametrize("chunk", range(1, 21))
 def test_random_programs(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
     use_path(monkeypatch, "fast" if chunk % 2 else "reference")

@@ -211,7 +211,7 @@ def test_install_is_the_one_in_getting_started():
 
 
 def test_ci_runs_the_matrix():
-    """CI runs the floor, Python 3.12 and newest legs after the main one, and each
+    """CI runs the floor, Python 3.12 and newest legs beside the main one, and each
     leg runs the README's test command; the equinox leg beside them."""
     commands = _ci_commands()
     matrix_legs = ".ci/matrix --parallel floor py312 newest equinox"

@@ -109,6 +109,14 @@ def check_serialized(data: bytes, vjp_order: int) -> None:
         raise _refused(f"it cannot be read ({type(error).__name__})") from None
 
 
+def _length(table: Any, field: str) -> int:
+    """The length of a vector field of a flatbuffer table; 0 where this JAX's
+    schema has no such field (older ones write every aval and sharding in place,
+    with no table of unique ones)."""
+    length = getattr(table, f"{field}Length", None)
+    return 0 if length is None else length()
+
+
 def _check_level(flat: Any, level: Any, reading: _Reading, first: bool) -> None:
     """One `Exported` of the program: the function or one of its derivatives."""
     module = level.MlirModuleSerializedAsNumpy()
@@ -143,21 +151,19 @@ def _check_level(flat: Any, level: Any, reading: _Reading, first: bool) -> None:
         target = level.DisabledChecks(i).CustomCallTarget()
         if target is not None:
             reading.string(target, "a custom call's target")
-    for i in range(reading.count(level.UniqueAvalsLength(), 4, "its avals")):
+    for i in range(reading.count(_length(level, "UniqueAvals"), 4, "its avals")):
         reading.shape(level.UniqueAvals(i))
-    unique_avals = level.UniqueAvalsLength()
+    unique_avals = _length(level, "UniqueAvals")
     for i in range(reading.count(level.InAvalsLength(), 4, "its inputs")):
         reading.shape(level.InAvals(i))
     for i in range(reading.count(level.OutAvalsLength(), 4, "its outputs")):
         reading.shape(level.OutAvals(i))
-    inputs = level.InAvalsIdxsLength() or level.InAvalsLength()
-    outputs = level.OutAvalsIdxsLength() or level.OutAvalsLength()
-    for count, index in (
-        (level.InAvalsIdxsLength(), level.InAvalsIdxs),
-        (level.OutAvalsIdxsLength(), level.OutAvalsIdxs),
-    ):
-        for i in range(reading.count(count, 4, "its avals' indices")):
-            _need(0 <= index(i) < unique_avals, "an aval's index is out of range")
+    inputs = _length(level, "InAvalsIdxs") or level.InAvalsLength()
+    outputs = _length(level, "OutAvalsIdxs") or level.OutAvalsLength()
+    for field in ("InAvalsIdxs", "OutAvalsIdxs"):
+        for i in range(reading.count(_length(level, field), 4, "its avals' indices")):
+            index = getattr(level, field)(i)
+            _need(0 <= index < unique_avals, "an aval's index is out of range")
     kept = level.ModuleKeptVarIdxAsNumpy()
     kept = [] if isinstance(kept, int) else kept.tolist()
     _need(
@@ -166,11 +172,10 @@ def _check_level(flat: Any, level: Any, reading: _Reading, first: bool) -> None:
     )
     _check_tree(flat, level.InTree(), inputs, True, first)
     _check_tree(flat, level.OutTree(), outputs, False, first)
-    meshes = [
-        level.UniqueAbstractMeshes(i)
-        for i in range(reading.count(level.UniqueAbstractMeshesLength(), 4, "meshes"))
-    ]
-    for i in range(reading.count(level.UniqueNamedShardingsLength(), 4, "shardings")):
+    abstract = reading.count(_length(level, "UniqueAbstractMeshes"), 4, "meshes")
+    meshes = [level.UniqueAbstractMeshes(i) for i in range(abstract)]
+    shardings = reading.count(_length(level, "UniqueNamedShardings"), 4, "shardings")
+    for i in range(shardings):
         meshes.append(level.UniqueNamedShardings(i).Mesh())
     for i in range(reading.count(level.InShardingsLength(), 4, "shardings")):
         named = level.InShardings(i).NamedSharding()

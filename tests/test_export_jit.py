@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import subprocess_env
+from helpers import one_device_sharding, subprocess_env
 
 import filterjit
 
@@ -155,7 +155,7 @@ class _Threshold:
 
 def test_in_shardings_of_a_function_of_star_args() -> None:
     # Finding 13: `in_shardings=(s, s)` for `def f(*xs)` was refused ("got ()").
-    sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = one_device_sharding(jax.devices()[0])
     wrapper = filterjit.jit(_collected, in_shardings=(sharding, sharding))
     exported = filterjit.export(wrapper)(jnp.ones(3), jnp.ones(3))
     for served in (exported, filterjit.deserialize(exported.serialize())):

@@ -77,7 +77,7 @@ class Entry:
         # leaves its key proves the same).
         self.with_call = with_call
         self.nested = nested_caller(with_call)
-        self.jitted = TopCall(with_call, TOP_CALL)
+        self.jitted = ft.partial(with_call, TOP_CALL)
         self.labels = labels or []  # of the traced leaves, for errors
         # Nested: the NumPy arrays compiled in, with their keys when captured.
         self.captured = captured
@@ -147,21 +147,18 @@ class CallUnderWay(int):
 TOP_CALL = CallUnderWay()
 
 
-class TopCall(ft.partial[Any]):
-    """A jitted function that takes a `CallUnderWay` first, with one that holds
-    no call: called (at C speed), lowered, traced and shape-evaluated with the
-    traced leaves alone, as a top-level entry's `jitted` is."""
-
-    func: Any  # a `jax.jit` object
-
-    def lower(self, *dynamic: object) -> Any:
-        return self.func.lower(*self.args, *dynamic)
-
-    def trace(self, *dynamic: object) -> Any:
-        return self.func.trace(*self.args, *dynamic)
-
-    def eval_shape(self, *dynamic: object) -> Any:
-        return self.func.eval_shape(*self.args, *dynamic)
+def _run_under_way(
+    run: Callable[..., Any], under_way: tuple[Any, list[Any]], dynamic: Any
+) -> tuple[Any, list[Any] | None]:
+    """`run(call, *dynamic)` with a new `CallUnderWay` holding `under_way`, emptied
+    when it returns (JAX keeps it in its cache key); and the containers a trace
+    listed in it before the function ran (`None`: no trace ran)."""
+    call = CallUnderWay()
+    call.under_way = under_way
+    try:
+        return run(call, *dynamic), call.nodes
+    finally:
+        call.under_way = call.nodes = None
 
 
 def run_nested(
@@ -171,22 +168,14 @@ def run_nested(
     `dynamic`, its pytree `tree` and all its `leaves` at hand for a trace; and the
     containers of `tree` as a trace listed them before the function ran (`None`:
     no trace ran)."""
-    assert entry.nested is not None  # every entry a nested call finds takes it
-    call = CallUnderWay()
-    call.under_way = (tree, leaves)
-    try:
-        return entry.nested(call, *dynamic), call.nodes
-    finally:
-        call.under_way = call.nodes = None
+    return _run_under_way(entry.nested, (tree, leaves), dynamic)
 
 
 class ForCall:
     """An entry's jitted function for one top-level or ahead-of-time call, whose
     traces see that call's `leaves` (its static leaves, not those of the call that
     made the entry: equal by `==`, they may differ): called, lowered, traced or
-    shape-evaluated with the traced leaves alone, each time with a `CallUnderWay`
-    that holds the leaves meanwhile and is emptied when it returns (JAX keeps it
-    in its cache key)."""
+    shape-evaluated with the traced leaves alone (see `_run_under_way`)."""
 
     __slots__ = ("_with_call", "_leaves")
 
@@ -195,13 +184,8 @@ class ForCall:
         self._leaves = leaves
 
     def _run(self, stage: str | None, dynamic: Sequence[object]) -> Any:
-        call = CallUnderWay()
-        call.under_way = (None, self._leaves)
         run = self._with_call if stage is None else getattr(self._with_call, stage)
-        try:
-            return run(call, *dynamic)
-        finally:
-            call.under_way = call.nodes = None
+        return _run_under_way(run, (None, self._leaves), dynamic)[0]
 
     def __call__(self, *dynamic: object) -> Any:
         return self._run(None, dynamic)
@@ -279,11 +263,11 @@ def make_entry(
     traced_labels = [labels[p] for p in dynamic_positions]
     traced_types = [partition.types[p] for p in dynamic_positions]
 
-    def trace(taken: CallUnderWay | None, dynamic: Sequence[object]) -> Any:
+    def trace(taken: CallUnderWay, dynamic: Sequence[object]) -> Any:
         """The function called with a call's traced leaves `dynamic`: in the
         call's own pytree and leaves `taken.under_way` (at the top level, its
         leaves alone), else in a copy of those of the call that made the entry."""
-        under_way = None if taken is None else taken.under_way
+        under_way = taken.under_way
         entry = entry_ref()
         assert keeps_call or under_way is not None  # see `keeps_call`
         inputs = list(template if under_way is None else under_way[1])
@@ -301,7 +285,6 @@ def make_entry(
         # the trace to find its own by the same indexes.
         containers = None if deep or boxed else container_index(call)
         if nested:
-            assert taken is not None
             taken.nodes = None if containers is None else containers.nodes
         f, args, kwargs = function.split_call(fun_ref(), call)
         filled = None
@@ -380,8 +363,8 @@ def _recording(
     labels: list[str],
 ) -> Any:
     """`jitted` (which takes a `CallUnderWay` first), noting (weakly) which arrays
-    each call donated, for the error that
-    passing one again raises (see `_donated`)."""
+    each call donated, for the error that passing one again raises (see
+    `_donated`)."""
     donated_labels = [labels[i] for i in donated]
     every = donated == tuple(range(len(labels)))
 
